@@ -1,0 +1,119 @@
+"""How every training worker is launched: one source of truth for rendezvous and env.
+
+The PyTorchJob (``workloads/job.py``) and the local lab (``lab/``) both build from this
+module, so the cluster and the laptop run ``torchrun`` with the same rendezvous timeouts,
+the same environment and the same entry point. Pure: no torch import, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# torch's etcd-v2 backend speaks the etcd v2 API: etcd 3.5 with --enable-v2=true.
+RDZV_BACKEND = "etcd-v2"
+RDZV_PORT = 2379
+# The module torchrun runs in every worker (``torchrun --module training.train``).
+TRAIN_MODULE = "training.train"
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """Rendezvous timeouts. torchrun's defaults take ~46 s to recover from a lost node."""
+
+    last_call_timeout_s: int = 1
+    """Wait after min nodes joined for stragglers. Default 30 s is most of the 46 s."""
+    keep_alive_interval_s: int = 1
+    """Heartbeat period; a dead node is dropped after interval x max_attempt seconds."""
+    keep_alive_max_attempt: int = 3
+    """Missed heartbeats before a node is declared dead (3 x 1 s: tolerant of etcd jitter)."""
+    join_timeout_s: int = 900
+    """First round waits this long for min nodes: GPU Spot nodes autoscale from zero."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting when a timeout is not a positive integer."""
+        for name in (
+            "last_call_timeout_s",
+            "keep_alive_interval_s",
+            "keep_alive_max_attempt",
+            "join_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"rendezvous {name} must be an integer >= 1, got {value!r}")
+
+    def conf(self) -> dict[str, str]:
+        """torchrun's ``--rdzv-conf`` keys (DynamicRendezvousHandler's parameters)."""
+        return {
+            "last_call_timeout": str(self.last_call_timeout_s),
+            "keep_alive_interval": str(self.keep_alive_interval_s),
+            "keep_alive_max_attempt": str(self.keep_alive_max_attempt),
+            "join_timeout": str(self.join_timeout_s),
+        }
+
+    def conf_arg(self) -> str:
+        """The conf as torchrun's ``key=value,key=value`` string."""
+        return ",".join(f"{k}={v}" for k, v in self.conf().items())
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    """What the PyTorchJob's ``elasticPolicy`` says, and what the lab's agents get as PET_* env."""
+
+    rdzv_host: str
+    rdzv_id: str
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    rdzv_port: int = RDZV_PORT
+    nproc_per_node: int = 1
+    rendezvous: RendezvousSettings = RendezvousSettings()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting when a bound is out of range."""
+        if self.min_nodes < 1:
+            raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(
+                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})"
+            )
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if not self.rdzv_id:
+            raise ValueError("rdzv_id must not be empty: each run needs a fresh id")
+        self.rendezvous.validate()
+
+    def pet_env(self) -> dict[str, str]:
+        """The env the training operator sets from elasticPolicy; torchrun reads PET_* as flags."""
+        return {
+            "PET_RDZV_BACKEND": RDZV_BACKEND,
+            "PET_RDZV_ENDPOINT": f"{self.rdzv_host}:{self.rdzv_port}",
+            "PET_RDZV_ID": self.rdzv_id,
+            "PET_NNODES": f"{self.min_nodes}:{self.max_nodes}",
+            "PET_MAX_RESTARTS": str(self.max_restarts),
+            "PET_NPROC_PER_NODE": str(self.nproc_per_node),
+            "PET_RDZV_CONF": self.rendezvous.conf_arg(),
+        }
+
+
+def worker_env(
+    *, checkpoint_uri: str, local_dir: str, collective_timeout_s: int
+) -> dict[str, str]:
+    """Env every worker container gets, in the cluster and in the lab."""
+    if collective_timeout_s < 1:
+        raise ValueError(f"collective_timeout_s must be >= 1, got {collective_timeout_s}")
+    return {
+        # torch 2.13 hangs a *new* node on scale-up when the agent's TCP store is shared.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TRAIN_CHECKPOINT_URI": checkpoint_uri,
+        "TRAIN_LOCAL_DIR": local_dir,
+        # A frozen peer (no RST from a deleted VM) ends the collective after this, not 30 min.
+        "TRAIN_COLLECTIVE_TIMEOUT_S": str(collective_timeout_s),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def train_command(train_args: list[str]) -> list[str]:
+    """The container command: torchrun takes its elastic flags from PET_* env."""
+    return ["torchrun", "--module", TRAIN_MODULE, *train_args]
