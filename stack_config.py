@@ -76,6 +76,8 @@ class LabConfig:
     location: str = "westus3"
     name_prefix: str = "spotlab"
     namespace: str = "spot-lab"
+    service_account: str = "trainer"
+    """Training pods' ServiceAccount; the training identity's federated credential names it."""
     image_builder: str = "acr"
     """"acr" builds in the registry (no local Docker daemon); "docker" builds locally."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
