@@ -97,9 +97,7 @@ class ElasticPolicy:
         }
 
 
-def worker_env(
-    *, checkpoint_uri: str, local_dir: str, collective_timeout_s: int
-) -> dict[str, str]:
+def worker_env(*, checkpoint_uri: str, local_dir: str, collective_timeout_s: int) -> dict[str, str]:
     """Env every worker container gets, in the cluster and in the lab."""
     if collective_timeout_s < 1:
         raise ValueError(f"collective_timeout_s must be >= 1, got {collective_timeout_s}")

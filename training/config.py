@@ -1,0 +1,152 @@
+"""The training program's configuration: defaults, then ``TRAIN_*`` env, then CLI flags.
+
+One dataclass per section; every field has a default and a docstring. Each field is a flag
+(``--checkpoint-uri``) with an env fallback (``TRAIN_CHECKPOINT_URI``), so the PyTorchJob can set
+per-cluster values as env while the command line stays the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+ENV_PREFIX = "TRAIN_"
+
+
+class ConfigError(ValueError):
+    """A flag or env value is wrong; the message names it and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    data_dir: str = ""
+    """Directory with CIFAR-10 binary batches (``data_batch_N.bin``). Required."""
+
+
+@dataclass
+class ModelSection:
+    model_width: int = 16
+    """Channels of the first ResNet stage (the others are 2x and 4x)."""
+    model_blocks: int = 2
+    """Residual blocks per stage."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 0.05
+    """SGD learning rate."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 5e-4
+    """L2 weight decay."""
+    global_batch_size: int = 256
+    """Samples per optimiser step, whatever the world size."""
+    micro_batch_size: int = 64
+    """Largest forward chunk per rank; bigger shares use gradient accumulation."""
+
+
+@dataclass
+class CheckpointConfig:
+    checkpoint_uri: str = ""
+    """Durable checkpoints: a directory (Blob CSI mount) or an https:// Blob URL. Required."""
+    local_dir: str = "/tmp/spot-lab-local"
+    """Node-local directory for emergency saves, picked up by the survivors' next round."""
+    checkpoint_every_steps: int = 100
+    """Durable save every K steps (0 = off)."""
+    checkpoint_every_seconds: float = 0.0
+    """Durable save every T seconds (0 = off)."""
+    checkpoint_keep: int = 3
+    """Durable checkpoints kept; older ones are deleted once a newer one is committed."""
+
+
+@dataclass
+class RunConfig:
+    max_steps: int = 1000
+    """Optimiser steps to train for."""
+    seed: int = 0
+    """Seeds the model init, the sample order and the augmentation."""
+    log_every: int = 10
+    """Steps between metrics lines."""
+    collective_timeout_s: int = 30
+    """Process-group timeout: a frozen peer ends in a restart after this, not a 30 min hang."""
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def sections(self) -> list[Any]:
+        return [self.data, self.model, self.optim, self.checkpoint, self.run]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(s, f.name) for s in self.sections() for f in fields(s)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _convert(raw: str, kind: type, where: str) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{where} must be {kind.__name__}, got {raw!r}") from None
+
+
+def parse_config(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> TrainConfig:
+    """Build the config from defaults, ``TRAIN_*`` env and flags, then validate it."""
+    env = os.environ if env is None else env
+    cfg = TrainConfig()
+    parser = argparse.ArgumentParser(prog="training.train", description=__doc__)
+    for section in cfg.sections():
+        for f in fields(section):
+            parser.add_argument(
+                _flag(f.name), default=None, help=f"(env {ENV_PREFIX}{f.name.upper()})"
+            )
+    args = parser.parse_args(argv)
+    for section in cfg.sections():
+        for f in fields(section):
+            kind = type(getattr(section, f.name))
+            cli = getattr(args, f.name)
+            env_value = env.get(ENV_PREFIX + f.name.upper())
+            if cli is not None:
+                setattr(section, f.name, _convert(cli, kind, _flag(f.name)))
+            elif env_value:
+                setattr(section, f.name, _convert(env_value, kind, ENV_PREFIX + f.name.upper()))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ConfigError naming the flag when a value is out of range."""
+    required = {"data_dir": cfg.data.data_dir, "checkpoint_uri": cfg.checkpoint.checkpoint_uri}
+    for name, value in required.items():
+        if not value:
+            raise ConfigError(f"{_flag(name)} (or {ENV_PREFIX}{name.upper()}) is required")
+    at_least = {
+        "model_width": (cfg.model.model_width, 1),
+        "model_blocks": (cfg.model.model_blocks, 1),
+        "global_batch_size": (cfg.optim.global_batch_size, 1),
+        "micro_batch_size": (cfg.optim.micro_batch_size, 1),
+        "checkpoint_every_steps": (cfg.checkpoint.checkpoint_every_steps, 0),
+        "checkpoint_every_seconds": (cfg.checkpoint.checkpoint_every_seconds, 0),
+        "checkpoint_keep": (cfg.checkpoint.checkpoint_keep, 1),
+        "max_steps": (cfg.run.max_steps, 1),
+        "log_every": (cfg.run.log_every, 1),
+        "collective_timeout_s": (cfg.run.collective_timeout_s, 1),
+        "seed": (cfg.run.seed, 0),
+    }
+    for name, (value, low) in at_least.items():
+        if value < low:
+            raise ConfigError(f"{_flag(name)} must be >= {low}, got {value}")
+    if not cfg.optim.lr > 0:
+        raise ConfigError(f"--lr must be > 0, got {cfg.optim.lr}")
