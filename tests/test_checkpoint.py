@@ -1,0 +1,186 @@
+"""The checkpoint commit protocol, on both backends: torn writes, checksums, fallback, retention."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from training.checkpoint import (
+    BackgroundSaver,
+    CheckpointError,
+    CheckpointRepository,
+    Entry,
+    Manifest,
+    SavePolicy,
+    deserialize,
+    serialize,
+    sha256,
+    snapshot,
+)
+from training.storage import FileStore, ObjectStore
+
+
+def _state(step: int) -> bytes:
+    return serialize({"step": step, "w": torch.full((4,), float(step))})
+
+
+def _repo(store: ObjectStore, keep: int = 3) -> CheckpointRepository:
+    return CheckpointRepository(store, keep=keep)
+
+
+def test_commit_then_load_round_trips(object_store: ObjectStore) -> None:
+    repo = _repo(object_store)
+    assert repo.load_latest() is None and repo.head() is None
+    repo.commit(5, _state(5))
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 5
+    assert torch.equal(deserialize(loaded.data)["w"], torch.full((4,), 5.0))
+
+
+def test_torn_newest_checkpoint_falls_back_to_previous(object_store: ObjectStore) -> None:
+    repo = _repo(object_store)
+    repo.commit(5, _state(5))
+    newest = repo.commit(10, _state(10))
+    data = object_store.get(newest.name)
+    object_store.put(newest.name, data[: len(data) // 2])  # a torn write after commit
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 5
+
+
+def test_bit_flip_fails_the_checksum(object_store: ObjectStore) -> None:
+    repo = _repo(object_store)
+    repo.commit(3, _state(3))
+    newest = repo.commit(4, _state(4))
+    data = bytearray(object_store.get(newest.name))
+    data[len(data) // 2] ^= 0xFF
+    object_store.put(newest.name, bytes(data))
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 3
+
+
+def test_missing_newest_object_falls_back(object_store: ObjectStore) -> None:
+    repo = _repo(object_store)
+    repo.commit(1, _state(1))
+    newest = repo.commit(2, _state(2))
+    object_store.delete(newest.name)
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 1
+
+
+def test_torn_manifest_uses_the_other_one(object_store: ObjectStore) -> None:
+    repo = _repo(object_store)
+    repo.commit(1, _state(1))
+    repo.commit(2, _state(2))
+    newest = max(repo._read_manifests(), key=lambda m: m.seq)
+    name = repo.manifests[newest.seq % 2]
+    object_store.put(name, object_store.get(name)[:-7])  # torn manifest write
+    assert repo.head() is not None and repo.head().step == 1
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 1
+
+
+class _TearingStore(FileStore):
+    """Writes only half of every checkpoint object: a write that never completed."""
+
+    def put(self, name: str, data: bytes) -> None:
+        super().put(name, data[: len(data) // 2] if name.endswith(".pt") else data)
+
+
+def test_a_torn_write_never_becomes_the_committed_checkpoint(tmp_path) -> None:
+    good = _repo(FileStore(tmp_path))
+    good.commit(7, _state(7))
+    tearing = _repo(_TearingStore(tmp_path))
+    with pytest.raises(CheckpointError, match="torn"):
+        tearing.commit(8, _state(8))
+    assert good.head() is not None and good.head().step == 7
+    assert [n for n in FileStore(tmp_path).list("ckpt-") if n.endswith(".pt")] == [good.head().name]
+    loaded = good.load_latest()
+    assert loaded is not None and loaded.entry.step == 7
+
+
+def test_retention_keeps_last_n_and_prunes_the_rest(object_store: ObjectStore) -> None:
+    repo = _repo(object_store, keep=2)
+    for step in range(1, 6):
+        repo.commit(step, _state(step))
+    on_store = sorted(int(n.split("-")[1]) for n in object_store.list("ckpt-") if n.endswith(".pt"))
+    # keep=2 in the newest manifest; the previous manifest still names one more.
+    assert on_store == [3, 4, 5]
+    assert [e.step for e in repo.manifest().entries] == [5, 4]
+
+
+def test_retention_never_deletes_the_last_good_checkpoint(tmp_path) -> None:
+    store = FileStore(tmp_path)
+    repo = _repo(store, keep=1)
+    first = repo.commit(1, _state(1))
+    with pytest.raises(CheckpointError):
+        _repo(_TearingStore(tmp_path), keep=1).commit(2, _state(2))
+    assert store.get(first.name) and repo.load_latest().entry == first
+
+
+def test_manifest_decode_rejects_garbage_and_tampering() -> None:
+    manifest = Manifest(3, (Entry("ckpt-0000000001-00000000.pt", 1, sha256(b"x"), 1),))
+    assert Manifest.decode(manifest.encode()) == manifest
+    assert Manifest.decode(b"{not json") is None
+    tampered = manifest.encode().replace(b'"seq": 3', b'"seq": 4')
+    assert Manifest.decode(tampered) is None
+
+
+def test_checkpoints_load_weights_only() -> None:
+    class Evil:
+        def __reduce__(self):
+            return (print, ("unpickled code ran",))
+
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"x": Evil()}, buffer)
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        deserialize(buffer.getvalue())
+
+
+def test_snapshot_is_independent_of_the_live_tensors() -> None:
+    live = {"model": {"w": torch.zeros(3)}, "opt": [torch.ones(2)], "step": 4}
+    copy = snapshot(live)
+    live["model"]["w"].add_(1)
+    live["opt"][0].add_(1)
+    assert torch.equal(copy["model"]["w"], torch.zeros(3))
+    assert torch.equal(copy["opt"][0], torch.ones(2)) and copy["step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "step", "last_step", "elapsed", "expected"),
+    [
+        (SavePolicy(10, 0), 10, 0, 0.0, True),
+        (SavePolicy(10, 0), 11, 10, 0.0, False),
+        (SavePolicy(10, 0), 10, 10, 0.0, False),
+        (SavePolicy(0, 5.0), 3, 1, 5.0, True),
+        (SavePolicy(0, 5.0), 3, 1, 4.9, False),
+        (SavePolicy(0, 0), 100, 0, 1e9, False),
+    ],
+)
+def test_save_policy(
+    policy: SavePolicy, step: int, last_step: int, elapsed: float, expected: bool
+) -> None:
+    assert policy.should_save(step, last_step, 100.0, 100.0 + elapsed) is expected
+
+
+def test_background_saver_skips_while_busy_and_commits(tmp_path) -> None:
+    release = threading.Event()
+
+    class SlowStore(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            if name.endswith(".pt"):
+                release.wait(10)
+            super().put(name, data)
+
+    saved: list[int] = []
+    saver = BackgroundSaver(
+        _repo(SlowStore(tmp_path)), lambda entry, seconds: saved.append(entry.step)
+    )
+    assert saver.submit(1, {"w": torch.ones(1)})
+    assert saver.busy and not saver.submit(2, {"w": torch.ones(1)})
+    release.set()
+    saver.wait()
+    assert saved == [1] and _repo(FileStore(tmp_path)).head().step == 1

@@ -1,0 +1,163 @@
+"""Real elastic training: torchrun agents on a real etcd, faults injected, trajectories compared.
+
+A run with evictions, losses and world-size changes must end where an uninterrupted run ends
+(within float tolerance: reduction order differs with the world size), and lose no completed
+step whenever a replica survives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.process_tree import tree
+from tests.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
+from training.data import write_synthetic_cifar10
+
+pytestmark = [pytest.mark.slow]
+
+MAX_STEPS = 16
+ARGS = [*TINY, "--max-steps", str(MAX_STEPS), "--log-every", "1", "--checkpoint-every-steps", "4"]
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    root = tmp_path_factory.mktemp("etcd")
+    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_synthetic_cifar10(root, train_records=480, test_records=48, seed=1)
+    return root
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, etcd: EmbeddedEtcd, dataset: Path) -> Iterator:
+    made: list[Cluster] = []
+
+    def make(name: str, **kwargs) -> Cluster:
+        root = tmp_path / name
+        root.mkdir()
+        cluster = Cluster(root, etcd.client_port, dataset, **kwargs)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, etcd: EmbeddedEtcd, dataset: Path) -> dict[str, torch.Tensor]:
+    """An uninterrupted run at world size 2."""
+    cluster = Cluster(tmp_path_factory.mktemp("reference"), etcd.client_port, dataset, min_nodes=2, max_nodes=2)
+    try:
+        for node in ("r0", "r1"):
+            cluster.start(node, ARGS)
+        assert cluster.wait_exit("r0", 180) == 0 and cluster.wait_exit("r1", 60) == 0, cluster.tail()
+    finally:
+        cluster.close()
+    return final_parameters(cluster.checkpoints)
+
+
+def _resumes_after(cluster: Cluster, ts: float) -> list[dict]:
+    return [e for e in cluster.events("resumed") if e["ts"] > ts]
+
+
+@pytest.mark.timeout(300)
+def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrupted(
+    cluster_factory, reference
+) -> None:
+    first = cluster_factory("three-nodes")
+    for node in ("a", "b", "c"):
+        first.start(node, ARGS)
+    first.wait_until(lambda: first.max_step() >= 6, 180, "step 6")
+    for node in ("a", "b", "c"):
+        first.kill(node)
+    durable_step = max(e["step"] for e in first.events("checkpoint_saved"))
+    assert 4 <= durable_step < MAX_STEPS
+
+    second = cluster_factory("one-node")
+    second.checkpoints = first.checkpoints  # same durable storage, new nodes, new run id
+    second.start("d", ARGS)
+    assert second.wait_exit("d", 180) == 0, second.tail()
+    resumed = second.events("resumed")[0]
+    assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", durable_step, 1)
+    assert max_abs_difference(final_parameters(first.checkpoints), reference) < TOLERANCE
+
+
+@pytest.mark.timeout(300)
+def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(cluster_factory, reference) -> None:
+    cluster = cluster_factory("kill-one")
+    for node in ("a", "b", "c"):
+        cluster.start(node, ARGS)
+    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    killed_at = cluster.max_step()
+    fault_ts = max(r["ts"] for r in cluster.records())
+    cluster.kill("c")
+    survivors = [n for n in ("a", "b")]
+    for node in survivors:
+        assert cluster.wait_exit(node, 180) == 0, cluster.tail()
+    resumed = _resumes_after(cluster, fault_ts)[0]
+    assert resumed["world_size"] == 2 and resumed["source"] == "local"
+    assert resumed["lost_steps"] == 0 and resumed["step"] >= killed_at
+    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    assert {e["reason"] for e in saves} == {"peer_failure"} and len(saves) == 2
+    assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
+    cluster = cluster_factory("sigterm")
+    for node in ("a", "b"):
+        cluster.start(node, [*ARGS[:-1], "1000"])  # no periodic saves: only the SIGTERM save
+    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    for node in ("a", "b"):
+        os.kill(cluster.nodes[node].pid, signal.SIGTERM)  # both evicted: scale to zero
+    for node in ("a", "b"):
+        cluster.wait_exit(node, 60)
+    completed = cluster.max_step()
+    saves = cluster.events("emergency_save")
+    assert {e["reason"] for e in saves} == {"sigterm"}
+    assert {e["step"] for e in saves} == {completed}
+    assert [e["durable"] for e in saves].count(True) == 1  # rank 0 commits for everyone
+
+    restart = cluster_factory("after-sigterm")
+    restart.checkpoints = cluster.checkpoints
+    restart.start("c", ARGS)
+    assert restart.wait_exit("c", 180) == 0, restart.tail()
+    resumed = restart.events("resumed")[0]
+    assert (resumed["source"], resumed["step"]) == ("durable", completed)
+
+
+@pytest.mark.timeout(300)
+def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(cluster_factory, reference) -> None:
+    cluster = cluster_factory("freeze", collective_timeout_s=5)
+    for node in ("a", "b", "c"):
+        cluster.start(node, ARGS)
+    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    frozen = tree(cluster.nodes["c"].pid)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)  # a VM that vanished: no FIN, no RST
+    fault_ts = max(r["ts"] for r in cluster.records())
+    try:
+        cluster.wait_until(lambda: bool(_resumes_after(cluster, fault_ts)), 60, "a resume after the freeze")
+    finally:
+        cluster.kill("c")
+    failures = [e for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
+    assert failures and all("timed out" in e["error"].lower() for e in failures)
+    resumed = _resumes_after(cluster, fault_ts)[0]
+    assert resumed["world_size"] == 2 and resumed["lost_steps"] == 0
+    for node in ("a", "b"):
+        assert cluster.wait_exit(node, 180) == 0, cluster.tail()
+    assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE

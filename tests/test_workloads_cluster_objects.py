@@ -1,0 +1,321 @@
+"""Builders of the lab's core Kubernetes objects: specific paths and the Kubernetes schemas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from workloads.manifests.device_plugin import DevicePluginSpec, device_plugin_daemonset
+from workloads.manifests.etcd import (
+    EtcdSpec,
+    etcd_client_host,
+    etcd_client_service,
+    etcd_command,
+    etcd_disruption_budget,
+    etcd_network_policy,
+    etcd_peer_service,
+    etcd_statefulset,
+)
+from workloads.manifests.namespace import namespace_manifest, training_service_account
+from workloads.manifests.operator import OPERATOR_POD_LABELS, training_operator_source
+from workloads.manifests.priority import (
+    PriorityClassSpec,
+    lab_priority_classes,
+    priority_class_manifest,
+)
+from workloads.manifests.scheduling import (
+    GPU_SPOT_POOL,
+    SPOT_TOLERATION,
+    SYSTEM_POOL,
+    TRAINER_LABELS,
+)
+from workloads.manifests.volume import (
+    CHECKPOINT_MOUNT_OPTIONS,
+    DATASET_MOUNT_OPTIONS,
+    BlobVolumeSpec,
+    blob_persistent_volume,
+    blob_volume_claim,
+)
+
+K8S_VERSION = "1.33"
+
+
+def _etcd_spec(**overrides: Any) -> EtcdSpec:
+    values: dict[str, Any] = {
+        "namespace": "spot-lab",
+        "priority_class": "spotlab-rendezvous",
+        "operator_namespace": "kubeflow",
+        "operator_pod_labels": dict(OPERATOR_POD_LABELS),
+    }
+    values.update(overrides)
+    return EtcdSpec(**values)
+
+
+def _volume_spec(**overrides: Any) -> BlobVolumeSpec:
+    values: dict[str, Any] = {
+        "name": "spot-lab-checkpoints",
+        "namespace": "spot-lab",
+        "storage_account": "spotlab1a2b3c",
+        "resource_group": "spotlab-rg",
+        "container": "checkpoints",
+        "kubelet_client_id": "00000000-0000-0000-0000-0000000000aa",
+        "stack": "dev",
+    }
+    values.update(overrides)
+    return BlobVolumeSpec(**values)
+
+
+def _all_objects() -> list[dict[str, Any]]:
+    etcd = _etcd_spec()
+    training, rendezvous = lab_priority_classes("spotlab")
+    return [
+        namespace_manifest("spot-lab"),
+        training_service_account("trainer", "spot-lab", "client-id"),
+        priority_class_manifest(training),
+        priority_class_manifest(rendezvous),
+        etcd_statefulset(etcd),
+        etcd_client_service(etcd),
+        etcd_peer_service(etcd),
+        etcd_disruption_budget(etcd),
+        etcd_network_policy(etcd),
+        device_plugin_daemonset(DevicePluginSpec()),
+        blob_persistent_volume(_volume_spec()),
+        blob_volume_claim(_volume_spec()),
+        blob_persistent_volume(_volume_spec(mount_options=DATASET_MOUNT_OPTIONS)),
+    ]
+
+
+@pytest.mark.parametrize(
+    "obj", _all_objects(), ids=lambda o: f"{o['kind']}-{o['metadata']['name']}"
+)
+def test_every_object_validates_strictly_against_kubernetes(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# ---- etcd ------------------------------------------------------------------------------------
+
+
+def _etcd_container(spec: EtcdSpec) -> dict[str, Any]:
+    (container,) = etcd_statefulset(spec)["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_etcd_image_is_a_pinned_3_5_release_with_the_v2_api() -> None:
+    container = _etcd_container(_etcd_spec())
+    assert container["image"].startswith("quay.io/coreos/etcd:v3.5.")
+    assert "--enable-v2=true" in container["command"]
+
+
+def test_etcd_members_know_each_other_by_stable_dns_names() -> None:
+    command = etcd_command(_etcd_spec())
+    peers = "etcd-peers.spot-lab.svc.cluster.local:2380"
+    initial = next(a for a in command if a.startswith("--initial-cluster="))
+    assert initial == (
+        f"--initial-cluster=etcd-0=http://etcd-0.{peers},"
+        f"etcd-1=http://etcd-1.{peers},etcd-2=http://etcd-2.{peers}"
+    )
+    assert (
+        "--initial-advertise-peer-urls=http://$(POD_NAME).etcd-peers"
+        + (".spot-lab.svc.cluster.local:2380")
+        in command
+    )
+    sts = etcd_statefulset(_etcd_spec())["spec"]
+    assert sts["serviceName"] == "etcd-peers"
+    assert sts["podManagementPolicy"] == "Parallel"
+    assert sts["replicas"] == 3
+
+
+def test_etcd_runs_on_the_system_pool_only() -> None:
+    pod = etcd_statefulset(_etcd_spec())["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == SYSTEM_POOL
+    assert SPOT_TOLERATION not in pod["tolerations"]
+    assert all(t["key"] != "nvidia.com/gpu" for t in pod["tolerations"])
+    assert pod["priorityClassName"] == "spotlab-rendezvous"
+
+
+def test_etcd_probes_resources_and_storage() -> None:
+    container = _etcd_container(_etcd_spec())
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2379}
+    assert container["livenessProbe"]["httpGet"]["path"].startswith("/health")
+    assert container["livenessProbe"]["httpGet"]["port"] == 2379
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    (claim,) = etcd_statefulset(_etcd_spec())["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/etcd"} in container[
+        "volumeMounts"
+    ]
+
+
+def test_etcd_client_service_is_the_rdzv_host() -> None:
+    spec = _etcd_spec()
+    service = etcd_client_service(spec)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert [p["port"] for p in service["spec"]["ports"]] == [2379]
+    assert service["spec"]["selector"] == spec.labels
+    assert etcd_client_host(spec) == "etcd.spot-lab.svc.cluster.local"
+    assert service["metadata"]["name"] == etcd_client_host(spec).split(".")[0]
+
+
+def test_etcd_peer_service_is_headless_and_publishes_unready_members() -> None:
+    service = etcd_peer_service(_etcd_spec())
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert {p["port"] for p in service["spec"]["ports"]} == {2379, 2380}
+
+
+def test_etcd_disruption_budget_keeps_quorum() -> None:
+    assert etcd_disruption_budget(_etcd_spec())["spec"]["minAvailable"] == 2
+    assert etcd_disruption_budget(_etcd_spec(replicas=5))["spec"]["minAvailable"] == 3
+
+
+def test_etcd_network_policy_admits_trainers_and_the_operator_only() -> None:
+    spec = _etcd_spec()
+    policy = etcd_network_policy(spec)["spec"]
+    assert policy["podSelector"] == {"matchLabels": spec.labels}
+    assert policy["policyTypes"] == ["Ingress"]
+    clients, members = policy["ingress"]
+    assert clients["ports"] == [{"protocol": "TCP", "port": 2379}]
+    assert clients["from"] == [
+        {"podSelector": {"matchLabels": TRAINER_LABELS}},
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}},
+            "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
+        },
+    ]
+    # The peer port is open to the other members, and to nobody else.
+    assert members["from"] == [{"podSelector": {"matchLabels": spec.labels}}]
+    assert {"protocol": "TCP", "port": 2380} in members["ports"]
+
+
+def test_etcd_without_an_operator_namespace_admits_trainers_only() -> None:
+    policy = etcd_network_policy(_etcd_spec(operator_namespace=None))["spec"]
+    assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": TRAINER_LABELS}}]
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_etcd_needs_an_odd_quorum_of_at_least_three(replicas: int) -> None:
+    with pytest.raises(ValueError, match="etcd replicas must be odd and >= 3"):
+        etcd_statefulset(_etcd_spec(replicas=replicas))
+
+
+# ---- priority classes ------------------------------------------------------------------------
+
+
+def test_training_is_preemptible_and_below_the_rendezvous() -> None:
+    training, rendezvous = (priority_class_manifest(s) for s in lab_priority_classes("lab"))
+    assert training["metadata"]["name"] == "lab-training"
+    assert training["preemptionPolicy"] == "Never"
+    assert training["value"] < rendezvous["value"]
+    assert rendezvous["preemptionPolicy"] == "PreemptLowerPriority"
+    assert training["globalDefault"] is False and rendezvous["globalDefault"] is False
+
+
+def test_priority_class_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="preemption_policy must be one of Never"):
+        priority_class_manifest(PriorityClassSpec("x", 1, "Sometimes", "d"))
+    with pytest.raises(ValueError, match="value must be in"):
+        priority_class_manifest(PriorityClassSpec("x", 2_000_000_000, "Never", "d"))
+
+
+# ---- device plugin ---------------------------------------------------------------------------
+
+
+def test_device_plugin_on_gpu_spot_nodes() -> None:
+    daemonset = device_plugin_daemonset(DevicePluginSpec())
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert SPOT_TOLERATION in pod["tolerations"]
+    assert pod["nodeSelector"] == GPU_SPOT_POOL
+    assert daemonset["metadata"]["namespace"] == "kube-system"
+
+
+# ---- Blob CSI volumes ------------------------------------------------------------------------
+
+
+def test_blob_pv_mounts_with_the_kubelet_identity_not_a_key() -> None:
+    pv = blob_persistent_volume(_volume_spec())["spec"]
+    assert pv["csi"]["driver"] == "blob.csi.azure.com"
+    assert pv["csi"]["volumeAttributes"] == {
+        "protocol": "fuse2",
+        "storageAccount": "spotlab1a2b3c",
+        "resourceGroup": "spotlab-rg",
+        "containerName": "checkpoints",
+        "AzureStorageAuthType": "MSI",
+        "AzureStorageIdentityClientID": "00000000-0000-0000-0000-0000000000aa",
+    }
+    assert "nodeStageSecretRef" not in pv["csi"]
+    assert pv["accessModes"] == ["ReadWriteMany"]
+    assert pv["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_blob_volume_handle_is_unique_and_free_of_reserved_characters() -> None:
+    handle = blob_persistent_volume(_volume_spec())["spec"]["csi"]["volumeHandle"]
+    assert handle == "spotlab1a2b3c_checkpoints_dev"
+    other = blob_persistent_volume(_volume_spec(container="data", name="spot-lab-data"))
+    assert other["spec"]["csi"]["volumeHandle"] != handle
+    with pytest.raises(ValueError, match="must not contain '#' or '/'"):
+        blob_persistent_volume(_volume_spec(stack="dev#2"))
+
+
+def test_checkpoint_mount_turns_off_every_cache() -> None:
+    options = blob_persistent_volume(_volume_spec())["spec"]["mountOptions"]
+    assert options == list(CHECKPOINT_MOUNT_OPTIONS)
+    for option in (
+        "-o direct_io",
+        "--file-cache-timeout=0",
+        "--use-attr-cache=false",
+        "-o attr_timeout=0",
+        "-o entry_timeout=0",
+        "-o negative_timeout=0",
+        "-o allow_other",
+    ):
+        assert option in options
+
+
+def test_dataset_mount_is_read_only() -> None:
+    pv = blob_persistent_volume(_volume_spec(mount_options=DATASET_MOUNT_OPTIONS))
+    assert "-o ro" in pv["spec"]["mountOptions"]
+
+
+def test_claim_binds_to_its_volume_by_name() -> None:
+    spec = _volume_spec()
+    claim = blob_volume_claim(spec)
+    assert claim["spec"]["volumeName"] == blob_persistent_volume(spec)["metadata"]["name"]
+    assert claim["spec"]["storageClassName"] == ""
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["metadata"]["namespace"] == "spot-lab"
+
+
+@pytest.mark.parametrize("field", ["storage_account", "container", "kubelet_client_id"])
+def test_blob_volume_needs_every_coordinate(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} must not be empty"):
+        blob_persistent_volume(_volume_spec(**{field: ""}))
+
+
+# ---- namespace, identity, operator -----------------------------------------------------------
+
+
+def test_service_account_is_bound_to_the_training_identity() -> None:
+    account = training_service_account("trainer", "spot-lab", "client-123")
+    assert account["metadata"]["annotations"] == {"azure.workload.identity/client-id": "client-123"}
+    with pytest.raises(ValueError, match="client_id must not be empty"):
+        training_service_account("trainer", "spot-lab", "")
+
+
+def test_namespace_enforces_baseline_pod_security() -> None:
+    labels = namespace_manifest("spot-lab")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_operator_overlay_is_pinned_to_the_release_tag() -> None:
+    assert training_operator_source() == (
+        "github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
+    )
+    with pytest.raises(ValueError, match="must be a v1 release tag"):
+        training_operator_source("master")

@@ -1,0 +1,233 @@
+"""``LabWorkloads`` under Pulumi mocks: what it registers, through which provider, in what order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pulumi
+import pytest
+
+from stack_config import JobConfig, LabConfig
+from tests.pulumi_harness import ProgramRun, Registered, run_pulumi
+from workloads import LabWorkloads, LabWorkloadsArgs
+from workloads.manifests.operator import training_operator_source
+
+IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
+BLOB_ENDPOINT = "https://spotlab1a2b3c.blob.core.windows.net/"
+KUBELET_CLIENT_ID = "00000000-0000-0000-0000-0000000000aa"
+TRAINING_CLIENT_ID = "00000000-0000-0000-0000-0000000000bb"
+PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+PV = "kubernetes:core/v1:PersistentVolume"
+
+
+def _config(**job: Any) -> LabConfig:
+    return LabConfig(project="spot-lab", stack="dev", job=JobConfig(**job))
+
+
+def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
+    cfg = config or _config()
+
+    def program() -> None:
+        workloads = LabWorkloads(
+            "lab",
+            LabWorkloadsArgs(
+                config=cfg,
+                kubeconfig=pulumi.Output.secret("apiVersion: v1\nkind: Config\n"),
+                image=pulumi.Output.from_input(image),
+                storage_account_name="spotlab1a2b3c",
+                storage_resource_group="spotlab-rg",
+                data_container="data",
+                checkpoints_container="checkpoints",
+                blob_endpoint=BLOB_ENDPOINT,
+                kubelet_client_id=KUBELET_CLIENT_ID,
+                training_client_id=TRAINING_CLIENT_ID,
+            ),
+        )
+        pulumi.export("namespace", workloads.namespace)
+        pulumi.export("job_name", workloads.job_name)
+        pulumi.export("watch_commands", workloads.watch_commands)
+
+    return run_pulumi(program, {}, project="spot-lab", stack="dev")
+
+
+@pytest.fixture(scope="module")
+def default_run() -> ProgramRun:
+    return _run()
+
+
+def _name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
+
+
+def _job(run: ProgramRun) -> Registered:
+    return run.one(PYTORCHJOB)
+
+
+def _elastic(run: ProgramRun) -> dict[str, Any]:
+    return _job(run).inputs["spec"]["elasticPolicy"]
+
+
+def _worker_env(run: ProgramRun) -> dict[str, str]:
+    worker = _job(run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]
+    (container,) = worker["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_every_component_is_registered_under_lab_workloads(default_run: ProgramRun) -> None:
+    root = default_run.one("spot-lab:workloads:LabWorkloads")
+    children = {(r.type, r.name) for r in default_run.children_of(root)}
+    assert children == {
+        ("pulumi:providers:kubernetes", "lab-kubernetes"),
+        ("spot-lab:workloads:LabNamespace", "lab-namespace"),
+        ("spot-lab:workloads:PriorityClasses", "lab-priority"),
+        ("spot-lab:workloads:TrainingOperator", "lab-operator"),
+        ("spot-lab:workloads:NvidiaDevicePlugin", "lab-device-plugin"),
+        ("spot-lab:workloads:Rendezvous", "lab-etcd"),
+        ("spot-lab:workloads:BlobVolume", "lab-data"),
+        ("spot-lab:workloads:BlobVolume", "lab-checkpoints"),
+        ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
+    }
+
+
+def test_one_server_side_apply_provider_for_every_kubernetes_object(
+    default_run: ProgramRun,
+) -> None:
+    provider = default_run.one("pulumi:providers:kubernetes")
+    assert provider.inputs["enableServerSideApply"] in (True, "true")
+    assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
+    objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
+    assert len(objects) == 16
+    for obj in objects:
+        assert obj.provider is not None, obj.name
+        assert obj.provider.startswith(provider.urn), obj.name
+
+
+def test_objects_are_named_after_their_component(default_run: ProgramRun) -> None:
+    for obj in default_run.resources:
+        if obj.type.startswith("kubernetes:"):
+            assert obj.name.startswith(f"{obj.parent_name}-"), obj.name
+
+
+def test_the_operator_is_the_pinned_kustomize_overlay(default_run: ProgramRun) -> None:
+    overlay = default_run.one("kubernetes:kustomize/v2:Directory")
+    assert overlay.inputs["directory"] == training_operator_source("v1.9.4")
+    assert overlay.parent_name == "lab-operator"
+
+
+def test_job_waits_for_operator_etcd_volumes_and_namespace(default_run: ProgramRun) -> None:
+    job = _job(default_run)
+    waits_for = {_name(urn) for urn in job.dependencies}
+    assert {
+        "lab-operator-kustomize",
+        "lab-etcd-statefulset",
+        "lab-etcd-client",
+        "lab-data-pvc",
+        "lab-checkpoints-pvc",
+        "lab-namespace-namespace",
+        "lab-priority-training",
+    } <= waits_for
+
+
+def test_namespaced_objects_wait_for_the_namespace(default_run: ProgramRun) -> None:
+    namespace = default_run.one("kubernetes:core/v1:Namespace")
+    for obj in default_run.resources:
+        namespaced = obj.type.startswith("kubernetes:") and isinstance(
+            obj.inputs.get("metadata"), dict
+        )
+        if namespaced and obj.inputs["metadata"].get("namespace") == "spot-lab":
+            assert namespace.urn in obj.dependencies, obj.name
+
+
+def test_a_new_spec_replaces_the_job(default_run: ProgramRun) -> None:
+    job = _job(default_run)
+    assert job.replace_on_changes == ["spec"]
+    assert job.delete_before_replace is True
+
+
+def test_job_carries_the_image_and_the_rendezvous(default_run: ProgramRun) -> None:
+    job = _job(default_run)
+    (container,) = job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["image"] == IMAGE
+    policy = _elastic(default_run)
+    assert policy["rdzvBackend"] == "etcd-v2"
+    assert policy["rdzvHost"] == "etcd.spot-lab.svc.cluster.local"
+    assert policy["rdzvPort"] == 2379
+    assert job.inputs["metadata"]["name"] == "spotlab-train"
+
+
+def test_min_and_max_replicas_flow_from_config_to_the_job(default_run: ProgramRun) -> None:
+    run = _run(_config(min_replicas=2, max_replicas=5, replicas=4))
+    policy = _elastic(run)
+    assert (policy["minReplicas"], policy["maxReplicas"]) == (2, 5)
+    worker = _job(run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 4
+    assert policy["rdzvId"] != _elastic(default_run)["rdzvId"]
+
+
+def test_hpa_metrics_flow_from_config_when_enabled(default_run: ProgramRun) -> None:
+    assert "metrics" not in _elastic(default_run)
+    (metric,) = _elastic(_run(_config(hpa_cpu_utilization=65)))["metrics"]
+    assert metric["resource"]["target"]["averageUtilization"] == 65
+
+
+def test_a_new_image_is_a_new_rendezvous(default_run: ProgramRun) -> None:
+    other = _run(image=IMAGE.replace("0123456789ab", "fedcba987654"))
+    assert _elastic(other)["rdzvId"] != _elastic(default_run)["rdzvId"]
+
+
+def test_volumes_use_the_azure_outputs(default_run: ProgramRun) -> None:
+    volumes = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in default_run.of_type(PV)}
+    assert set(volumes) == {"spot-lab-data", "spot-lab-checkpoints"}
+    attributes = volumes["spot-lab-checkpoints"]["csi"]["volumeAttributes"]
+    assert attributes["AzureStorageIdentityClientID"] == KUBELET_CLIENT_ID
+    assert attributes["storageAccount"] == "spotlab1a2b3c"
+    assert attributes["resourceGroup"] == "spotlab-rg"
+    assert volumes["spot-lab-data"]["csi"]["volumeAttributes"]["containerName"] == "data"
+    assert "-o direct_io" in volumes["spot-lab-checkpoints"]["mountOptions"]
+    assert "-o ro" in volumes["spot-lab-data"]["mountOptions"]
+
+
+def test_service_account_is_bound_to_the_training_identity(default_run: ProgramRun) -> None:
+    account = default_run.one("kubernetes:core/v1:ServiceAccount")
+    assert account.inputs["metadata"]["name"] == "trainer"
+    assert account.inputs["metadata"]["annotations"] == {
+        "azure.workload.identity/client-id": TRAINING_CLIENT_ID
+    }
+
+
+def test_checkpoints_go_to_the_mount_or_the_blob_api(default_run: ProgramRun) -> None:
+    assert _worker_env(default_run)["TRAIN_CHECKPOINT_URI"] == "/mnt/checkpoints/spotlab-train"
+    blob = _run(_config(checkpoint_backend="blob"))
+    assert _worker_env(blob)["TRAIN_CHECKPOINT_URI"] == f"{BLOB_ENDPOINT}checkpoints/spotlab-train"
+
+
+def test_etcd_and_priority_classes_are_wired_together(default_run: ProgramRun) -> None:
+    etcd = default_run.one(STATEFULSET).inputs["spec"]["template"]["spec"]
+    classes = {
+        r.inputs["metadata"]["name"]: r.inputs
+        for r in default_run.of_type("kubernetes:scheduling.k8s.io/v1:PriorityClass")
+    }
+    assert etcd["priorityClassName"] == "spotlab-rendezvous"
+    worker = _job(default_run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["template"]["spec"]["priorityClassName"] == "spotlab-training"
+    assert classes["spotlab-training"]["value"] < classes["spotlab-rendezvous"]["value"]
+    assert classes["spotlab-training"]["preemptionPolicy"] == "Never"
+
+
+def test_outputs_name_the_namespace_job_and_watch_commands(default_run: ProgramRun) -> None:
+    assert default_run.outputs["namespace"] == "spot-lab"
+    assert default_run.outputs["job_name"] == "spotlab-train"
+    commands = default_run.outputs["watch_commands"]
+    assert commands["jobs"] == "kubectl get pytorchjobs -n spot-lab"
+    assert "training.kubeflow.org/job-name=spotlab-train" in commands["logs"]
+
+
+def test_names_follow_the_config() -> None:
+    run = _run(replace(_config(), name_prefix="lab2", namespace="exp"))
+    assert run.outputs["job_name"] == "lab2-train"
+    assert _elastic(run)["rdzvHost"] == "etcd.exp.svc.cluster.local"
+    assert run.one(PYTORCHJOB).inputs["metadata"]["namespace"] == "exp"

@@ -1,0 +1,431 @@
+"""The elastic PyTorchJob builder: specific paths, the v1.9.4 API, and the launch contract."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes.client
+import kubernetes_validate
+import pytest
+from kubeflow.training import models as kubeflow_models
+from kubeflow.training.api_client import ApiClient
+
+from stack_config import JobConfig, LabConfig
+from training.launch import RDZV_PORT, RendezvousSettings, train_command, worker_env
+from workloads.manifests.job import (
+    CHECKPOINT_MOUNT,
+    DATA_MOUNT,
+    LOCAL_MOUNT,
+    ElasticJobSpec,
+    checkpoint_uri,
+    elastic_job_spec,
+    elastic_policy,
+    pytorchjob_manifest,
+    rendezvous_id,
+    training_args,
+    watch_commands,
+)
+from workloads.manifests.scheduling import GPU_SPOT_POOL, SPOT_TOLERATION
+
+K8S_VERSION = "1.33"
+IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
+RDZV_HOST = "etcd.spot-lab.svc.cluster.local"
+
+
+def _job_spec(**overrides: Any) -> ElasticJobSpec:
+    values: dict[str, Any] = {
+        "name": "spotlab-train",
+        "namespace": "spot-lab",
+        "image": IMAGE,
+        "rdzv_host": RDZV_HOST,
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "replicas": 2,
+        "max_restarts": 100,
+        "service_account": "trainer",
+        "priority_class": "spotlab-training",
+        "data_claim": "spot-lab-data",
+        "checkpoint_backend": "mount",
+        "checkpoint_uri": f"{CHECKPOINT_MOUNT}/spotlab-train",
+        "checkpoints_claim": "spot-lab-checkpoints",
+        "max_steps": 20000,
+        "global_batch_size": 256,
+        "checkpoint_every_steps": 100,
+        "checkpoint_every_seconds": 300,
+        "collective_timeout_s": 30,
+        "worker_cpu": "3",
+        "worker_memory": "12Gi",
+    }
+    values.update(overrides)
+    return ElasticJobSpec(**values)
+
+
+def _elastic(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["elasticPolicy"]
+
+
+def _pod(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def _container(manifest: dict[str, Any]) -> dict[str, Any]:
+    (container,) = _pod(manifest)["containers"]
+    return container
+
+
+def _env(manifest: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _container(manifest)["env"]}
+
+
+# ---- what the operator gets ------------------------------------------------------------------
+
+
+def test_elastic_policy_is_etcd_v2_on_the_rendezvous_service() -> None:
+    policy = _elastic(pytorchjob_manifest(_job_spec()))
+    assert policy["rdzvBackend"] == "etcd-v2"
+    assert policy["rdzvHost"] == RDZV_HOST
+    assert policy["rdzvPort"] == RDZV_PORT == 2379
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (1, 3, 100)
+    assert "standalone" not in policy
+    assert "nProcPerNode" not in policy
+
+
+def test_rdzv_conf_is_the_shared_rendezvous_settings() -> None:
+    settings = RendezvousSettings(last_call_timeout_s=2, keep_alive_interval_s=3)
+    policy = _elastic(pytorchjob_manifest(_job_spec(rendezvous=settings)))
+    assert policy["rdzvConf"] == [{"key": k, "value": v} for k, v in settings.conf().items()]
+    assert {"key": "last_call_timeout", "value": "2"} in policy["rdzvConf"]
+
+
+def test_operator_env_matches_what_the_lab_gives_its_agents() -> None:
+    """Derive PET_* from the manifest as the operator does; it must equal ElasticPolicy's."""
+    spec = _job_spec(min_replicas=2, max_replicas=4, replicas=3)
+    manifest = pytorchjob_manifest(spec)
+    policy = _elastic(manifest)
+    from_manifest = {
+        "PET_RDZV_BACKEND": policy["rdzvBackend"],
+        "PET_RDZV_ENDPOINT": f"{policy['rdzvHost']}:{policy['rdzvPort']}",
+        "PET_RDZV_ID": policy["rdzvId"],
+        "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+        "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
+        "PET_NPROC_PER_NODE": manifest["spec"]["nprocPerNode"],
+        "PET_RDZV_CONF": ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"]),
+    }
+    assert from_manifest == elastic_policy(spec).pet_env()
+
+
+def test_hpa_metrics_only_when_a_cpu_target_is_set() -> None:
+    assert "metrics" not in _elastic(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=0)))
+    (metric,) = _elastic(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=70)))["metrics"]
+    assert metric["type"] == "Resource"
+    assert metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+
+
+def test_worker_replicas_only_restarting_on_failure() -> None:
+    manifest = pytorchjob_manifest(_job_spec(replicas=3))
+    replica_specs = manifest["spec"]["pytorchReplicaSpecs"]
+    assert list(replica_specs) == ["Worker"]
+    assert replica_specs["Worker"]["replicas"] == 3
+    assert replica_specs["Worker"]["restartPolicy"] == "OnFailure"
+    assert manifest["spec"]["nprocPerNode"] == "1"
+    assert manifest["apiVersion"] == "kubeflow.org/v1"
+    assert manifest["kind"] == "PyTorchJob"
+
+
+# ---- rendezvous id ---------------------------------------------------------------------------
+
+
+def test_rdzv_id_is_stable_for_an_unchanged_spec() -> None:
+    assert rendezvous_id(_job_spec()) == rendezvous_id(_job_spec())
+    assert _elastic(pytorchjob_manifest(_job_spec()))["rdzvId"] == rendezvous_id(_job_spec())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"image": IMAGE.replace("0123456789ab", "ba9876543210")},
+        {"max_replicas": 5},
+        {"max_steps": 30000},
+        {"rendezvous": RendezvousSettings(join_timeout_s=60)},
+    ],
+    ids=["image-tag", "max-replicas", "max-steps", "rendezvous"],
+)
+def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> None:
+    before = rendezvous_id(_job_spec())
+    after = rendezvous_id(_job_spec(**change))
+    assert after != before
+    assert after.startswith("spotlab-train-")
+
+
+# ---- the worker container --------------------------------------------------------------------
+
+
+def test_container_runs_torchrun_on_the_exact_image() -> None:
+    spec = _job_spec()
+    container = _container(pytorchjob_manifest(spec))
+    assert container["name"] == "pytorch"
+    assert container["image"] == IMAGE
+    assert container["command"] == train_command(training_args(spec))
+    assert container["command"][:3] == ["torchrun", "--module", "training.train"]
+    assert f"--data-dir={DATA_MOUNT}" in container["command"]
+    assert "--max-steps=20000" in container["command"]
+    assert "--global-batch-size=256" in container["command"]
+    assert "--checkpoint-every-steps=100" in container["command"]
+    assert "--checkpoint-every-seconds=300" in container["command"]
+
+
+def test_dataset_may_sit_in_a_folder_of_the_container() -> None:
+    args = training_args(_job_spec(data_subdir="cifar-10-batches-bin/"))
+    assert args[0] == f"--data-dir={DATA_MOUNT}/cifar-10-batches-bin"
+
+
+def test_env_is_the_shared_worker_env() -> None:
+    env = _env(pytorchjob_manifest(_job_spec(collective_timeout_s=45)))
+    assert env == worker_env(
+        checkpoint_uri=f"{CHECKPOINT_MOUNT}/spotlab-train",
+        local_dir=LOCAL_MOUNT,
+        collective_timeout_s=45,
+    )
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_mount_backend_mounts_the_checkpoints_claim() -> None:
+    manifest = pytorchjob_manifest(_job_spec())
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in _pod(manifest)["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims == {"data": "spot-lab-data", "checkpoints": "spot-lab-checkpoints"}
+    mounts = {m["name"]: m for m in _container(manifest)["volumeMounts"]}
+    assert mounts["checkpoints"]["mountPath"] == CHECKPOINT_MOUNT
+    assert _env(manifest)["TRAIN_CHECKPOINT_URI"].startswith(CHECKPOINT_MOUNT + "/")
+    assert mounts["data"] == {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}
+
+
+def test_blob_backend_writes_through_the_blob_api_without_the_mount() -> None:
+    uri = checkpoint_uri(
+        "blob",
+        run="spotlab-train",
+        blob_endpoint="https://spotlabsa.blob.core.windows.net/",
+        container="checkpoints",
+    )
+    assert uri == "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train"
+    manifest = pytorchjob_manifest(
+        _job_spec(checkpoint_backend="blob", checkpoint_uri=uri, checkpoints_claim=None)
+    )
+    assert _env(manifest)["TRAIN_CHECKPOINT_URI"] == uri
+    assert "checkpoints" not in {v["name"] for v in _pod(manifest)["volumes"]}
+    assert "checkpoints" not in {m["name"] for m in _container(manifest)["volumeMounts"]}
+
+
+def test_one_gpu_and_cpu_memory_requests() -> None:
+    resources = _container(pytorchjob_manifest(_job_spec(worker_cpu="2500m")))["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == "1"
+    assert resources["requests"] == {"cpu": "2500m", "memory": "12Gi"}
+
+
+def test_scheduled_on_the_gpu_spot_pool_as_preemptible_workload() -> None:
+    pod = _pod(pytorchjob_manifest(_job_spec()))
+    assert pod["nodeSelector"] == GPU_SPOT_POOL
+    assert SPOT_TOLERATION in pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["priorityClassName"] == "spotlab-training"
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["terminationGracePeriodSeconds"] == 25
+
+
+def test_pods_use_workload_identity_and_carry_the_trainer_label() -> None:
+    manifest = pytorchjob_manifest(_job_spec())
+    labels = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
+    assert labels["azure.workload.identity/use"] == "true"
+    assert labels["spot-lab/role"] == "trainer"
+
+
+def test_shared_memory_and_node_local_scratch() -> None:
+    manifest = pytorchjob_manifest(_job_spec(shm_size="4Gi"))
+    volumes = {v["name"]: v for v in _pod(manifest)["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert volumes["local"]["emptyDir"] == {}
+    mounts = {m["name"]: m["mountPath"] for m in _container(manifest)["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+    assert mounts["local"] == LOCAL_MOUNT == _env(manifest)["TRAIN_LOCAL_DIR"]
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"checkpoint_backend": "nfs"}, "checkpoint_backend must be one of mount, blob"),
+        ({"checkpoints_claim": None}, "checkpoints_claim is required"),
+        ({"replicas": 4}, "replicas (4) must be within"),
+        ({"min_replicas": 0, "replicas": 0}, "min_nodes must be >= 1"),
+        ({"termination_grace_s": 30}, "termination_grace_s must be in 1..29"),
+        ({"hpa_cpu_utilization": 101}, "hpa_cpu_utilization must be 0"),
+        ({"image": "spotlabacr.azurecr.io/spot-lab-train"}, "image must carry an explicit tag"),
+        ({"gpus_per_worker": 0}, "gpus_per_worker must be >= 1"),
+    ],
+)
+def test_bad_specs_name_the_setting(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pytorchjob_manifest(_job_spec(**overrides))
+
+
+def test_checkpoint_uri_rejects_unknown_backends_and_plain_http() -> None:
+    with pytest.raises(ValueError, match="must be one of mount, blob"):
+        checkpoint_uri("s3", run="r")
+    with pytest.raises(ValueError, match="https:// blob_endpoint"):
+        checkpoint_uri("blob", run="r", blob_endpoint="http://x/", container="c")
+
+
+# ---- from the stack config -------------------------------------------------------------------
+
+
+def test_spec_from_stack_config() -> None:
+    cfg = LabConfig(
+        project="spot-lab",
+        stack="dev",
+        name_prefix="lab",
+        job=JobConfig(min_replicas=2, max_replicas=5, replicas=4, checkpoint_backend="blob"),
+    )
+    spec = elastic_job_spec(
+        cfg,
+        image=IMAGE,
+        rdzv_host=RDZV_HOST,
+        priority_class="lab-training",
+        data_claim="d",
+        checkpoints_claim="c",
+        checkpoint_uri="https://a.blob.core.windows.net/checkpoints/lab-train",
+    )
+    assert spec.name == "lab-train"
+    assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 4)
+    assert spec.checkpoints_claim is None  # the blob backend mounts no checkpoint volume
+    assert spec.rendezvous == cfg.job.rendezvous
+
+
+def test_watch_commands_follow_the_job() -> None:
+    commands = watch_commands("spot-lab", "spotlab-train", max_replicas=8)
+    assert commands["jobs"] == "kubectl get pytorchjobs -n spot-lab"
+    assert "-l training.kubeflow.org/job-name=spotlab-train" in commands["logs"]
+    assert "--max-log-requests=8" in commands["logs"]
+    assert commands["describe"] == "kubectl describe pytorchjob spotlab-train -n spot-lab"
+
+
+# ---- the v1.9.4 API: nothing pruned ----------------------------------------------------------
+
+# The generated SDK names the HPA metric type after its Go package; it is this client model.
+MODEL_ALIASES = {"K8sIoApiAutoscalingV2MetricSpec": "V2MetricSpec"}
+# The CRD's structural schema keeps only these keys of the pod template's metadata.
+TEMPLATE_METADATA_KEYS = {"annotations", "finalizers", "labels", "name", "namespace"}
+PRIMITIVES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "float": (int, float),
+    "object": (object,),
+}
+
+
+def _model(type_name: str) -> Any:
+    name = MODEL_ALIASES.get(type_name, type_name)
+    model = getattr(kubeflow_models, name, None) or getattr(kubernetes.client, name, None)
+    if model is None:
+        raise LookupError(f"no model {type_name}")
+    return model
+
+
+def unknown_fields(value: Any, type_name: str, path: str = "") -> list[str]:
+    """Paths in ``value`` the typed models do not know (what the API server would prune)."""
+    if type_name.startswith("list["):
+        if not isinstance(value, list):
+            return [f"{path}: expected a list"]
+        inner = type_name[5:-1]
+        return [p for i, v in enumerate(value) for p in unknown_fields(v, inner, f"{path}[{i}]")]
+    if type_name.startswith("dict("):
+        inner = type_name[5:-1].split(", ", 1)[1]
+        return [p for k, v in value.items() for p in unknown_fields(v, inner, f"{path}.{k}")]
+    if type_name in PRIMITIVES:
+        wrong = isinstance(value, bool) and type_name == "int"
+        return [] if isinstance(value, PRIMITIVES[type_name]) and not wrong else [f"{path}: type"]
+    model = _model(type_name)
+    by_json = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    problems = [f"{path}.{k}" for k in value if k not in by_json]
+    for key, item in value.items():
+        if key in by_json:
+            problems += unknown_fields(item, model.openapi_types[by_json[key]], f"{path}.{key}")
+    return problems
+
+
+def _manifests() -> list[dict[str, Any]]:
+    blob_uri = "https://a.blob.core.windows.net/checkpoints/spotlab-train"
+    return [
+        pytorchjob_manifest(_job_spec()),
+        pytorchjob_manifest(_job_spec(hpa_cpu_utilization=60)),
+        pytorchjob_manifest(
+            _job_spec(checkpoint_backend="blob", checkpoint_uri=blob_uri, checkpoints_claim=None)
+        ),
+    ]
+
+
+@pytest.mark.parametrize("manifest", _manifests(), ids=["mount", "hpa", "blob"])
+def test_no_field_would_be_pruned_by_the_v1_9_4_api(manifest: dict[str, Any]) -> None:
+    assert unknown_fields(manifest, "KubeflowOrgV1PyTorchJob") == []
+    template = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert set(template["metadata"]) <= TEMPLATE_METADATA_KEYS
+
+
+def test_the_pruning_check_catches_a_typo() -> None:
+    manifest = json.loads(json.dumps(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=60))))
+    manifest["spec"]["elasticPolicy"]["rdzvBakend"] = "etcd-v2"
+    manifest["spec"]["elasticPolicy"]["metrics"][0]["resource"]["targt"] = {}
+    _pod(manifest)["containers"][0]["resources"]["limit"] = {}
+    assert unknown_fields(manifest, "KubeflowOrgV1PyTorchJob") == [
+        ".spec.elasticPolicy.rdzvBakend",
+        ".spec.elasticPolicy.metrics[0].resource.targt",
+        ".spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limit",
+    ]
+
+
+def test_round_trip_through_the_typed_pytorchjob_model() -> None:
+    manifest = pytorchjob_manifest(_job_spec())
+
+    class Response:
+        data = json.dumps(manifest)
+
+    client = ApiClient()
+    job = client.deserialize(Response(), "KubeflowOrgV1PyTorchJob")
+    assert isinstance(job, kubeflow_models.KubeflowOrgV1PyTorchJob)
+    assert client.sanitize_for_serialization(job) == manifest
+
+
+def test_worker_pod_and_hpa_metrics_validate_against_kubernetes() -> None:
+    manifest = pytorchjob_manifest(_job_spec(hpa_cpu_utilization=60))
+    template = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", **template["metadata"]}}
+    kubernetes_validate.validate({**pod, "spec": template["spec"]}, K8S_VERSION, strict=True)
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "h"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j"},
+            "maxReplicas": 3,
+            "metrics": _elastic(manifest)["metrics"],
+        },
+    }
+    kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
+
+
+def test_kubernetes_validation_rejects_a_broken_pod() -> None:
+    template = pytorchjob_manifest(_job_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]
+    spec = json.loads(json.dumps(template["template"]["spec"]))
+    spec["terminationGracePeriod"] = 25
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": spec}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -1,0 +1,128 @@
+"""The whole program under mocks: the workloads get the Azure side's outputs and fit its pools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.pulumi_harness import ProgramRun, Registered, run_program
+from workloads.manifests.scheduling import GPU_SPOT_POOL, SYSTEM_POOL
+
+STACKS = ["dev", "a100"]
+PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+GPU_POOL = "azure-native:containerservice:AgentPool"
+CLUSTER = "azure-native:containerservice:ManagedCluster"
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def run(request: pytest.FixtureRequest) -> ProgramRun:
+    return run_program(request.param)
+
+
+def _pod_spec(resource: Registered) -> dict[str, Any]:
+    spec = resource.inputs["spec"]
+    if resource.type == PYTORCHJOB:
+        return spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    return spec["template"]["spec"]
+
+
+def tolerated(taint: str, tolerations: list[dict[str, Any]]) -> bool:
+    """Whether a node taint ``key[=value]:Effect`` is tolerated (Kubernetes' matching rules)."""
+    key_value, effect = taint.rsplit(":", 1)
+    key, _, value = key_value.partition("=")
+    for t in tolerations:
+        if t.get("effect") not in (None, "", effect):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, "", key):
+            return True
+        if t.get("key") == key and t.get("operator", "Equal") == "Equal" and t["value"] == value:
+            return True
+    return False
+
+
+def _system_pool(run: ProgramRun) -> dict[str, Any]:
+    (profile,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
+    return profile
+
+
+def test_workers_fit_the_gpu_spot_pool(run: ProgramRun) -> None:
+    pool = run.one(GPU_POOL).inputs
+    for workload in (run.one(PYTORCHJOB), run.one("kubernetes:apps/v1:DaemonSet")):
+        pod = _pod_spec(workload)
+        assert pod["nodeSelector"].items() <= pool["nodeLabels"].items()
+        for taint in pool["nodeTaints"]:
+            assert tolerated(taint, pod["tolerations"]), (workload.name, taint)
+    assert GPU_SPOT_POOL.items() <= pool["nodeLabels"].items()
+
+
+def test_etcd_fits_the_system_pool_and_not_the_spot_pool(run: ProgramRun) -> None:
+    etcd = _pod_spec(run.one("kubernetes:apps/v1:StatefulSet"))
+    system = _system_pool(run)
+    assert etcd["nodeSelector"].items() <= system["nodeLabels"].items()
+    assert SYSTEM_POOL.items() <= system["nodeLabels"].items()
+    for taint in system.get("nodeTaints") or []:
+        assert tolerated(taint, etcd["tolerations"]), taint
+    spot_taints = run.one(GPU_POOL).inputs["nodeTaints"]
+    assert not any(tolerated(t, etcd["tolerations"]) for t in spot_taints)
+
+
+def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
+    job = _pod_spec(run.one(PYTORCHJOB))
+    assert job["containers"][0]["image"] == run.outputs["image"]
+    attributes = {
+        r.inputs["spec"]["csi"]["volumeAttributes"]["containerName"]: r.inputs["spec"]["csi"][
+            "volumeAttributes"
+        ]
+        for r in run.of_type("kubernetes:core/v1:PersistentVolume")
+    }
+    assert set(attributes) == {run.outputs["dataContainer"], run.outputs["checkpointsContainer"]}
+    for attrs in attributes.values():
+        assert attrs["storageAccount"] == run.outputs["storageAccount"]
+        assert attrs["resourceGroup"] == run.outputs["resourceGroup"]
+        assert attrs["AzureStorageIdentityClientID"] == run.outputs["kubeletClientId"]
+    account = run.one("kubernetes:core/v1:ServiceAccount").inputs["metadata"]
+    assert (
+        account["annotations"]["azure.workload.identity/client-id"]
+        == (run.outputs["trainingClientId"])
+    )
+
+
+def test_stack_exports_the_watch_commands(run: ProgramRun) -> None:
+    job = run.outputs["jobName"]
+    assert run.outputs["watchCommands"]["jobs"] == (
+        f"kubectl get pytorchjobs -n {run.outputs['namespace']}"
+    )
+    assert f"training.kubeflow.org/job-name={job}" in run.outputs["watchCommands"]["logs"]
+
+
+def test_config_overrides_reach_the_job() -> None:
+    run = run_program(
+        "dev",
+        {
+            "workerMinReplicas": "2",
+            "workerMaxReplicas": "3",
+            "workerReplicas": "3",
+            "maxRestarts": "250",
+            "hpaCpuUtilization": "55",
+            "checkpointBackend": "blob",
+        },
+    )
+    job = run.one(PYTORCHJOB).inputs["spec"]
+    policy = job["elasticPolicy"]
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (2, 3, 250)
+    assert job["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert policy["metrics"][0]["resource"]["target"]["averageUtilization"] == 55
+    env = {e["name"]: e["value"] for e in _pod_spec(run.one(PYTORCHJOB))["containers"][0]["env"]}
+    assert env["TRAIN_CHECKPOINT_URI"] == (
+        f"{run.outputs['blobEndpoint']}{run.outputs['checkpointsContainer']}/{run.outputs['jobName']}"
+    )
+
+
+def test_tolerated_follows_kubernetes_matching() -> None:
+    spot = {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot"}
+    assert tolerated("kubernetes.azure.com/scalesetpriority=spot:NoSchedule", [spot])
+    assert not tolerated("kubernetes.azure.com/scalesetpriority=regular:NoSchedule", [spot])
+    assert not tolerated("nvidia.com/gpu=present:NoSchedule", [spot])
+    exists = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}
+    assert not tolerated("nvidia.com/gpu=present:NoSchedule", [exists])

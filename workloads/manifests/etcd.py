@@ -1,0 +1,299 @@
+"""etcd, the rendezvous: a small etcd cluster on the system pool that spot evictions never touch.
+
+torch's ``etcd-v2`` rendezvous backend keeps the membership of every round in etcd, so the
+job survives losing any worker (unlike ``c10d``, whose store lives inside worker 0's agent).
+Three members keep quorum while one system node is drained for an upgrade.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.launch import RDZV_PORT
+from workloads.manifests.scheduling import (
+    CRITICAL_ADDONS_TOLERATION,
+    RENDEZVOUS_LABELS,
+    SYSTEM_POOL,
+    TRAINER_LABELS,
+)
+
+# Pinned to 3.5.x: torch's etcd-v2 backend speaks the v2 API, which etcd 3.6 removed.
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
+PEER_PORT = 2380
+DATA_DIR = "/var/lib/etcd"
+
+
+@dataclass(frozen=True)
+class EtcdSpec:
+    """Everything that shapes the rendezvous etcd cluster."""
+
+    namespace: str
+    priority_class: str
+    """The rendezvous PriorityClass (above the training workers')."""
+    name: str = "etcd"
+    """StatefulSet and client Service name; the Service's DNS name is the rdzvHost."""
+    image: str = ETCD_IMAGE
+    replicas: int = 3
+    """Odd and >= 3: quorum survives one member being drained or lost."""
+    storage_class: str = "managed-csi"
+    """AKS's built-in Azure Disk class; a restarted member must find its data to rejoin."""
+    storage_size: str = "1Gi"
+    cpu_request: str = "100m"
+    memory_request: str = "256Mi"
+    memory_limit: str = "512Mi"
+    client_port: int = RDZV_PORT
+    node_selector: dict[str, str] = field(default_factory=lambda: dict(SYSTEM_POOL))
+    client_pod_labels: dict[str, str] = field(default_factory=lambda: dict(TRAINER_LABELS))
+    """Pods in the namespace allowed to reach the client port: the training workers."""
+    operator_namespace: str | None = None
+    """Namespace of the training operator, also admitted to the client port (None: not)."""
+    operator_pod_labels: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when the cluster shape cannot keep quorum."""
+        if self.replicas < 3 or self.replicas % 2 == 0:
+            raise ValueError(
+                f"etcd replicas must be odd and >= 3 (quorum must survive a drained node), "
+                f"got {self.replicas}"
+            )
+        if self.client_port == PEER_PORT:
+            raise ValueError(f"etcd client_port must differ from the peer port {PEER_PORT}")
+
+    @property
+    def peer_service(self) -> str:
+        """The headless Service that gives each member a stable DNS name."""
+        return f"{self.name}-peers"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels on every etcd pod and object."""
+        return {"app.kubernetes.io/name": "etcd", **RENDEZVOUS_LABELS}
+
+    @property
+    def quorum(self) -> int:
+        """Members that must be up for etcd to accept writes."""
+        return self.replicas // 2 + 1
+
+
+def etcd_client_host(spec: EtcdSpec) -> str:
+    """The client Service's DNS name: the PyTorchJob's ``rdzvHost``."""
+    return f"{spec.name}.{spec.namespace}.svc.cluster.local"
+
+
+def _member_host(spec: EtcdSpec, member: str) -> str:
+    return f"{member}.{spec.peer_service}.{spec.namespace}.svc.cluster.local"
+
+
+def etcd_command(spec: EtcdSpec) -> list[str]:
+    """The etcd command line; ``$(POD_NAME)`` is expanded by the kubelet from the env."""
+    members = [f"{spec.name}-{i}" for i in range(spec.replicas)]
+    initial_cluster = ",".join(f"{m}=http://{_member_host(spec, m)}:{PEER_PORT}" for m in members)
+    own_host = _member_host(spec, "$(POD_NAME)")
+    return [
+        "/usr/local/bin/etcd",
+        "--name=$(POD_NAME)",
+        f"--data-dir={DATA_DIR}/data",
+        f"--listen-client-urls=http://0.0.0.0:{spec.client_port}",
+        f"--advertise-client-urls=http://{own_host}:{spec.client_port}",
+        f"--listen-peer-urls=http://0.0.0.0:{PEER_PORT}",
+        f"--initial-advertise-peer-urls=http://{own_host}:{PEER_PORT}",
+        f"--initial-cluster={initial_cluster}",
+        "--initial-cluster-state=new",
+        f"--initial-cluster-token={spec.name}-{spec.namespace}",
+        # torch's etcd-v2 rendezvous uses the v2 API, off by default in 3.5.
+        "--enable-v2=true",
+        # Rendezvous keys churn on every round; compact hourly so the database stays small.
+        "--auto-compaction-retention=1",
+    ]
+
+
+def _etcd_container(spec: EtcdSpec) -> dict[str, Any]:
+    port = spec.client_port
+    return {
+        "name": "etcd",
+        "image": spec.image,
+        "command": etcd_command(spec),
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [
+            {"name": "client", "containerPort": port},
+            {"name": "peer", "containerPort": PEER_PORT},
+        ],
+        # Ready only with a leader: the client Service then sends requests only to members
+        # that can answer them.
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": port},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        # Alive = this member answers, leader or not (etcd >= 3.5.3): restarting members
+        # that lost quorum would only make the outage longer.
+        "livenessProbe": {
+            "httpGet": {"path": "/health?serializable=true", "port": port},
+            "initialDelaySeconds": 15,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+        "resources": {
+            "requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
+            "limits": {"memory": spec.memory_limit},
+        },
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+
+
+def _spread_members(spec: EtcdSpec) -> dict[str, Any]:
+    # Prefer one member per node, so one lost node costs at most one member.
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": spec.labels},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+
+
+def etcd_statefulset(spec: EtcdSpec) -> dict[str, Any]:
+    """The etcd StatefulSet: one member per pod, each with its own data disk."""
+    spec.validate()
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.labels},
+        "spec": {
+            "serviceName": spec.peer_service,
+            "replicas": spec.replicas,
+            # All members must start together: none is ready until a quorum is up, so the
+            # default one-by-one start would wait forever on member 0.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": spec.labels},
+            "template": {
+                "metadata": {"labels": spec.labels},
+                "spec": {
+                    "priorityClassName": spec.priority_class,
+                    "nodeSelector": dict(spec.node_selector),
+                    "tolerations": [dict(CRITICAL_ADDONS_TOLERATION)],
+                    "affinity": _spread_members(spec),
+                    "containers": [_etcd_container(spec)],
+                },
+            },
+            # Deleting the rendezvous deletes its disks; scaling down keeps them for a rejoin.
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Delete",
+                "whenScaled": "Retain",
+            },
+            # A PVC per member: a restarted member must keep its data to rejoin the cluster
+            # (with an emptyDir it would come back as a stranger with the same name).
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": spec.storage_class,
+                        "resources": {"requests": {"storage": spec.storage_size}},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def etcd_client_service(spec: EtcdSpec) -> dict[str, Any]:
+    """The ClusterIP Service the training agents connect to (the rdzvHost)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.labels},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": spec.labels,
+            "ports": [{"name": "client", "port": spec.client_port, "targetPort": "client"}],
+        },
+    }
+
+
+def etcd_peer_service(spec: EtcdSpec) -> dict[str, Any]:
+    """The headless Service behind each member's stable DNS name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": spec.peer_service,
+            "namespace": spec.namespace,
+            "labels": spec.labels,
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Members must resolve each other before any of them is ready (no quorum yet).
+            "publishNotReadyAddresses": True,
+            "selector": spec.labels,
+            "ports": [
+                {"name": "client", "port": spec.client_port, "targetPort": "client"},
+                {"name": "peer", "port": PEER_PORT, "targetPort": "peer"},
+            ],
+        },
+    }
+
+
+def etcd_disruption_budget(spec: EtcdSpec) -> dict[str, Any]:
+    """Drains and upgrades may take members down only while a quorum stays up."""
+    spec.validate()
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.labels},
+        "spec": {"minAvailable": spec.quorum, "selector": {"matchLabels": spec.labels}},
+    }
+
+
+def _client_peers(spec: EtcdSpec) -> list[dict[str, Any]]:
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": dict(spec.client_pod_labels)}}]
+    if spec.operator_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}
+                },
+                "podSelector": {"matchLabels": dict(spec.operator_pod_labels)},
+            }
+        )
+    return peers
+
+
+def etcd_network_policy(spec: EtcdSpec) -> dict[str, Any]:
+    """Only the training pods and the operator reach the client port; only members the peers.
+
+    etcd serves plain HTTP inside the cluster, so this policy is its access control. The
+    kubelet's probes come from the node itself, which the policy engine always admits.
+    """
+    members = [{"podSelector": {"matchLabels": spec.labels}}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.labels},
+        "spec": {
+            "podSelector": {"matchLabels": spec.labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": _client_peers(spec),
+                    "ports": [{"protocol": "TCP", "port": spec.client_port}],
+                },
+                {
+                    "from": members,
+                    "ports": [
+                        {"protocol": "TCP", "port": spec.client_port},
+                        {"protocol": "TCP", "port": PEER_PORT},
+                    ],
+                },
+            ],
+        },
+    }

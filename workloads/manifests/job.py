@@ -1,0 +1,357 @@
+"""The elastic PyTorchJob: Worker pods only, torchrun in each, rendezvous in etcd.
+
+The Kubeflow operator turns ``elasticPolicy`` into ``PET_*`` env and torchrun reads those as
+its flags, so the values here are the same ``ElasticPolicy`` and ``worker_env`` the local
+lab gives its agents (``training/launch.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stack_config import LabConfig
+from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
+from workloads.manifests.scheduling import (
+    GPU_SPOT_POOL,
+    POOL_LABEL,
+    RENDEZVOUS_LABELS,
+    ROLE_LABEL,
+    TRAINER_LABELS,
+    gpu_spot_tolerations,
+)
+
+PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+PYTORCHJOB_KIND = "PyTorchJob"
+CHECKPOINT_BACKENDS = ("mount", "blob")
+DATA_MOUNT = "/mnt/data"
+CHECKPOINT_MOUNT = "/mnt/checkpoints"
+LOCAL_MOUNT = "/mnt/local"
+CONTAINER_NAME = "pytorch"
+"""The operator's webhook requires a container with this name."""
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+"""The operator puts this label on every pod of a job."""
+# Azure deletes an evicted Spot VM at least 30 s after its notice; the kubelet must have
+# stopped the pod (and the emergency save must be done) before then.
+EVICTION_NOTICE_S = 30
+DEFAULT_GRACE_S = 25
+
+
+@dataclass(frozen=True)
+class ElasticJobSpec:
+    """Everything that shapes the PyTorchJob; ``pytorchjob_manifest`` turns it into a dict."""
+
+    name: str
+    namespace: str
+    image: str
+    """Full image reference with its content-hash tag: a new tag is a new job."""
+    rdzv_host: str
+    """DNS name of the etcd client Service."""
+    min_replicas: int
+    max_replicas: int
+    replicas: int
+    """Workers requested at start (min <= replicas <= max)."""
+    max_restarts: int
+    service_account: str
+    priority_class: str
+    data_claim: str
+    """PVC of the dataset container (mounted read-only)."""
+    checkpoint_backend: str
+    """"mount": files on the checkpoints PVC; "blob": the Blob API straight from the pod."""
+    checkpoint_uri: str
+    """TRAIN_CHECKPOINT_URI: a path under the checkpoints mount, or an https:// Blob URL."""
+    checkpoints_claim: str | None
+    """PVC of the checkpoints container; mounted only with the "mount" backend."""
+    max_steps: int
+    global_batch_size: int
+    checkpoint_every_steps: int
+    checkpoint_every_seconds: int
+    collective_timeout_s: int
+    worker_cpu: str
+    worker_memory: str
+    hpa_cpu_utilization: int = 0
+    """0: no HPA; else the operator's HPA targets this average CPU utilisation (%)."""
+    rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+    gpus_per_worker: int = 1
+    """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
+    data_subdir: str = ""
+    """Folder of the CIFAR-10 binary batches inside the data container ("" = its root)."""
+    shm_size: str = "2Gi"
+    termination_grace_s: int = DEFAULT_GRACE_S
+    node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and the allowed values."""
+        if self.checkpoint_backend not in CHECKPOINT_BACKENDS:
+            raise ValueError(
+                f"checkpoint_backend must be one of {', '.join(CHECKPOINT_BACKENDS)}, "
+                f"got {self.checkpoint_backend!r}"
+            )
+        if self.checkpoint_backend == "mount" and not self.checkpoints_claim:
+            raise ValueError('checkpoints_claim is required with checkpoint_backend "mount"')
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) must be within "
+                f"[min_replicas, max_replicas] = [{self.min_replicas}, {self.max_replicas}]"
+            )
+        if not 0 < self.termination_grace_s < EVICTION_NOTICE_S:
+            raise ValueError(
+                f"termination_grace_s must be in 1..{EVICTION_NOTICE_S - 1} (inside Azure's "
+                f"{EVICTION_NOTICE_S} s eviction notice), got {self.termination_grace_s}"
+            )
+        if not 0 <= self.hpa_cpu_utilization <= 100:
+            raise ValueError(
+                "hpa_cpu_utilization must be 0 (no HPA) or a percentage 1-100, "
+                f"got {self.hpa_cpu_utilization}"
+            )
+        if self.gpus_per_worker < 1:
+            raise ValueError(f"gpus_per_worker must be >= 1, got {self.gpus_per_worker}")
+        if not self.image or ":" not in self.image.rsplit("/", 1)[-1]:
+            raise ValueError(f"image must carry an explicit tag, got {self.image!r}")
+        elastic_policy(self).validate()
+
+
+def rendezvous_id(spec: ElasticJobSpec) -> str:
+    """A rendezvous id unique to this image and spec.
+
+    A rendezvous closed by an orderly shutdown (or an exhausted restart budget) stays closed
+    for its id, so a reused id would hang the next job. Hashing the whole spec, image tag
+    included, gives every new image or spec a fresh id while an unchanged one keeps its id.
+    """
+    canonical = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
+    return f"{spec.name}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+def elastic_policy(spec: ElasticJobSpec) -> ElasticPolicy:
+    """The launch contract the operator hands to torchrun as ``PET_*`` env."""
+    return ElasticPolicy(
+        rdzv_host=spec.rdzv_host,
+        rdzv_id=rendezvous_id(spec),
+        min_nodes=spec.min_replicas,
+        max_nodes=spec.max_replicas,
+        max_restarts=spec.max_restarts,
+        nproc_per_node=spec.gpus_per_worker,
+        rendezvous=spec.rendezvous,
+    )
+
+
+def hpa_metrics(cpu_utilization: int) -> list[dict[str, Any]]:
+    """autoscaling/v2 MetricSpecs for the operator's HPA: average CPU utilisation."""
+    return [
+        {
+            "type": "Resource",
+            "resource": {
+                "name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": cpu_utilization},
+            },
+        }
+    ]
+
+
+def elastic_policy_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
+    """``spec.elasticPolicy``: etcd-v2 rendezvous, node bounds and restart budget."""
+    policy = elastic_policy(spec)
+    manifest: dict[str, Any] = {
+        "rdzvBackend": policy.pet_env()["PET_RDZV_BACKEND"],
+        "rdzvHost": policy.rdzv_host,
+        "rdzvPort": policy.rdzv_port,
+        "rdzvId": policy.rdzv_id,
+        "rdzvConf": [{"key": k, "value": v} for k, v in policy.rendezvous.conf().items()],
+        "minReplicas": policy.min_nodes,
+        "maxReplicas": policy.max_nodes,
+        "maxRestarts": policy.max_restarts,
+    }
+    if spec.hpa_cpu_utilization > 0:
+        manifest["metrics"] = hpa_metrics(spec.hpa_cpu_utilization)
+    return manifest
+
+
+def training_args(spec: ElasticJobSpec) -> list[str]:
+    """Flags of ``training.train``; checkpoint location and timeouts come as env."""
+    data_dir = f"{DATA_MOUNT}/{spec.data_subdir.strip('/')}" if spec.data_subdir else DATA_MOUNT
+    return [
+        f"--data-dir={data_dir}",
+        f"--max-steps={spec.max_steps}",
+        f"--global-batch-size={spec.global_batch_size}",
+        f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
+        f"--checkpoint-every-seconds={spec.checkpoint_every_seconds}",
+    ]
+
+
+def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
+    env = worker_env(
+        checkpoint_uri=spec.checkpoint_uri,
+        local_dir=LOCAL_MOUNT,
+        collective_timeout_s=spec.collective_timeout_s,
+    )
+    mounts = [
+        {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "local", "mountPath": LOCAL_MOUNT},
+    ]
+    if spec.checkpoint_backend == "mount":
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": train_command(training_args(spec)),
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "resources": {
+            "requests": {"cpu": spec.worker_cpu, "memory": spec.worker_memory},
+            "limits": {"nvidia.com/gpu": str(spec.gpus_per_worker), "memory": spec.worker_memory},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim}},
+        # DataLoader workers and NCCL pass tensors through /dev/shm; the runtime's 64 MiB
+        # default breaks both.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        # Node-local disk for emergency saves: survives a container restart in the same pod.
+        {"name": "local", "emptyDir": {}},
+    ]
+    if spec.checkpoint_backend == "mount":
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoints_claim}}
+        )
+    return volumes
+
+
+def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
+    """The Worker pod: one GPU, on the GPU Spot pool, preemptible, with workload identity."""
+    return {
+        "metadata": {"labels": {**TRAINER_LABELS, **WORKLOAD_IDENTITY_USE}},
+        "spec": {
+            "serviceAccountName": spec.service_account,
+            "priorityClassName": spec.priority_class,
+            "terminationGracePeriodSeconds": spec.termination_grace_s,
+            "nodeSelector": dict(spec.node_selector),
+            "tolerations": gpu_spot_tolerations(),
+            "containers": [_worker_container(spec)],
+            "volumes": _worker_volumes(spec),
+        },
+    }
+
+
+def pytorchjob_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
+    """The elastic PyTorchJob (kubeflow.org/v1) for ``spec``."""
+    spec.validate()
+    return {
+        "apiVersion": PYTORCHJOB_API_VERSION,
+        "kind": PYTORCHJOB_KIND,
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": {"app.kubernetes.io/part-of": "spot-lab"},
+        },
+        "spec": {
+            "nprocPerNode": str(spec.gpus_per_worker),
+            "elasticPolicy": elastic_policy_manifest(spec),
+            # Keep finished pods (the operator's default, stated): their logs tell how a run
+            # ended. No backoffLimit: restarts after evictions are expected, and the operator
+            # would count every one of them against it.
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {
+                # Elastic jobs have no Master: every worker is equal and rank 0 is whoever
+                # the rendezvous picks, so losing any one pod is survivable.
+                "Worker": {
+                    "replicas": spec.replicas,
+                    # Restart a failed container in place (it rejoins the rendezvous); the
+                    # operator recreates pods whose node was evicted.
+                    "restartPolicy": "OnFailure",
+                    "template": worker_pod_template(spec),
+                }
+            },
+        },
+    }
+
+
+def checkpoint_uri(
+    backend: str, *, run: str, blob_endpoint: str | None = None, container: str | None = None
+) -> str:
+    """Where checkpoints of ``run`` live: under the mount, or a Blob URL for the Blob API."""
+    if backend == "mount":
+        return f"{CHECKPOINT_MOUNT}/{run}"
+    if backend == "blob":
+        if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
+            raise ValueError(
+                'checkpoint backend "blob" needs an https:// blob_endpoint and a container, '
+                f"got {blob_endpoint!r} and {container!r}"
+            )
+        return f"{blob_endpoint.rstrip('/')}/{container}/{run}"
+    raise ValueError(
+        f"checkpoint backend must be one of {', '.join(CHECKPOINT_BACKENDS)}, got {backend!r}"
+    )
+
+
+def elastic_job_spec(
+    config: LabConfig,
+    *,
+    image: str,
+    rdzv_host: str,
+    priority_class: str,
+    data_claim: str,
+    checkpoints_claim: str,
+    checkpoint_uri: str,
+) -> ElasticJobSpec:
+    """The job spec the stack config asks for; the job is ``<prefix>-train``."""
+    job = config.job
+    return ElasticJobSpec(
+        name=job_name(config),
+        namespace=config.namespace,
+        image=image,
+        rdzv_host=rdzv_host,
+        min_replicas=job.min_replicas,
+        max_replicas=job.max_replicas,
+        replicas=job.replicas,
+        max_restarts=job.max_restarts,
+        service_account=config.service_account,
+        priority_class=priority_class,
+        data_claim=data_claim,
+        checkpoint_backend=job.checkpoint_backend,
+        checkpoint_uri=checkpoint_uri,
+        checkpoints_claim=checkpoints_claim if job.checkpoint_backend == "mount" else None,
+        max_steps=job.max_steps,
+        global_batch_size=job.global_batch_size,
+        checkpoint_every_steps=job.checkpoint_every_steps,
+        checkpoint_every_seconds=job.checkpoint_every_seconds,
+        collective_timeout_s=job.collective_timeout_s,
+        worker_cpu=job.worker_cpu,
+        worker_memory=job.worker_memory,
+        hpa_cpu_utilization=job.hpa_cpu_utilization,
+        rendezvous=job.rendezvous,
+    )
+
+
+def job_name(config: LabConfig) -> str:
+    """The PyTorchJob's name; also the run name its checkpoints are kept under."""
+    return f"{config.name_prefix}-train"
+
+
+def watch_commands(namespace: str, job: str, max_replicas: int) -> dict[str, str]:
+    """Ready-to-paste kubectl lines to follow the job."""
+    pods = f"-l {JOB_NAME_LABEL}={job}"
+    etcd = f"-l {ROLE_LABEL}={RENDEZVOUS_LABELS[ROLE_LABEL]}"
+    return {
+        "jobs": f"kubectl get pytorchjobs -n {namespace}",
+        "describe": f"kubectl describe pytorchjob {job} -n {namespace}",
+        "pods": f"kubectl get pods -n {namespace} {pods} -o wide --watch",
+        # One stream per worker; kubectl's default cap is 5.
+        "logs": (
+            f"kubectl logs -f -n {namespace} {pods} --prefix "
+            f"--max-log-requests={max(5, max_replicas)}"
+        ),
+        "events": f"kubectl get events -n {namespace} --sort-by=.lastTimestamp --watch",
+        "rendezvous": f"kubectl get pods -n {namespace} {etcd} -o wide",
+        "gpu_nodes": (
+            f"kubectl get nodes -l {POOL_LABEL}={GPU_SPOT_POOL[POOL_LABEL]} "
+            "-L kubernetes.azure.com/scalesetpriority,node.kubernetes.io/instance-type"
+        ),
+    }

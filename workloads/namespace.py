@@ -1,0 +1,52 @@
+"""The lab's namespace and the training ServiceAccount bound to the training identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from workloads.manifests.namespace import namespace_manifest, training_service_account
+from workloads.ordering import child_options
+
+
+@dataclass
+class LabNamespaceArgs:
+    """Inputs of ``LabNamespace``."""
+
+    name: str
+    """Namespace of etcd, the volume claims and the training job."""
+    service_account: str
+    """ServiceAccount the training pods run as (the federated credential names it)."""
+    training_client_id: pulumi.Input[str]
+    """Client id of the training identity (workload identity)."""
+
+
+class LabNamespace(pulumi.ComponentResource):
+    """The namespace plus the training pods' ServiceAccount."""
+
+    name: pulumi.Output[str]
+    service_account: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: LabNamespaceArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:workloads:LabNamespace", name, None, opts)
+        ns = namespace_manifest(args.name)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace",
+            metadata=ns["metadata"],
+            opts=child_options(self, opts),
+        )
+        account = pulumi.Output.from_input(args.training_client_id).apply(
+            lambda client_id: training_service_account(args.service_account, args.name, client_id)
+        )
+        service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-service-account",
+            metadata=account["metadata"],
+            opts=child_options(self, opts, depends_on=[namespace]),
+        )
+        self.name = namespace.metadata.name
+        self.service_account = service_account.metadata.name
+        self.register_outputs({"name": self.name, "service_account": self.service_account})
