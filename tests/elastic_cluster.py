@@ -20,32 +20,66 @@ from training.launch import ElasticPolicy, RendezvousSettings, train_command, wo
 from training.storage import FileStore
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "24", "--micro-batch-size", "8"]
+TINY = [
+    "--model-width",
+    "4",
+    "--model-blocks",
+    "1",
+    "--global-batch-size",
+    "24",
+    "--micro-batch-size",
+    "8",
+]
 
 
 class Cluster:
     """Nodes started with the same PET_* env and worker env as the PyTorchJob's pods."""
 
-    def __init__(self, root: Path, rdzv_port: int, data_dir: Path, *, min_nodes: int = 1, max_nodes: int = 3,
-                 collective_timeout_s: int = 5) -> None:
+    def __init__(
+        self,
+        root: Path,
+        rdzv_port: int,
+        data_dir: Path,
+        *,
+        min_nodes: int = 1,
+        max_nodes: int = 3,
+        collective_timeout_s: int = 5,
+    ) -> None:
         self.root = root
-        self.policy = ElasticPolicy(rdzv_host="127.0.0.1", rdzv_port=rdzv_port, rdzv_id=f"test-{uuid.uuid4().hex[:8]}",
-                                    min_nodes=min_nodes, max_nodes=max_nodes, max_restarts=20,
-                                    rendezvous=RendezvousSettings(join_timeout_s=60))
+        self.policy = ElasticPolicy(
+            rdzv_host="127.0.0.1",
+            rdzv_port=rdzv_port,
+            rdzv_id=f"test-{uuid.uuid4().hex[:8]}",
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            max_restarts=20,
+            rendezvous=RendezvousSettings(join_timeout_s=60),
+        )
         self.data_dir = data_dir
         self.checkpoints = root / "checkpoints"
         self.collective_timeout_s = collective_timeout_s
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, train_args: list[str]) -> None:
-        env = {**os.environ, **self.policy.pet_env(), "OMP_NUM_THREADS": "1",
-               **worker_env(checkpoint_uri=str(self.checkpoints), local_dir=str(self.root / f"local-{name}"),
-                            collective_timeout_s=self.collective_timeout_s)}
+        env = {
+            **os.environ,
+            **self.policy.pet_env(),
+            "OMP_NUM_THREADS": "1",
+            **worker_env(
+                checkpoint_uri=str(self.checkpoints),
+                local_dir=str(self.root / f"local-{name}"),
+                collective_timeout_s=self.collective_timeout_s,
+            ),
+        }
         command = train_command(["--data-dir", str(self.data_dir), *train_args])
         command[0] = str(Path(sys.executable).with_name("torchrun"))
-        with open(self.root / f"{name}.out", "wb") as out, open(self.root / f"{name}.err", "wb") as err:
-            self.nodes[name] = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=err,
-                                                start_new_session=True)
+        with (
+            open(self.root / f"{name}.out", "wb") as out,
+            open(self.root / f"{name}.err", "wb") as err,
+        ):
+            self.nodes[name] = subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=out, stderr=err, start_new_session=True
+            )
 
     def records(self, name: str | None = None) -> list[dict[str, Any]]:
         names = [name] if name else list(self.nodes)
@@ -66,14 +100,18 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; logs in {self.root}:\n{self.tail()}")
+                raise AssertionError(
+                    f"timed out waiting for {what}; logs in {self.root}:\n{self.tail()}"
+                )
             time.sleep(0.1)
 
     def wait_exit(self, name: str, timeout_s: float) -> int:
         try:
             return self.nodes[name].wait(timeout_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"node {name} still running after {timeout_s}s:\n{self.tail()}") from None
+            raise AssertionError(
+                f"node {name} still running after {timeout_s}s:\n{self.tail()}"
+            ) from None
 
     def kill(self, name: str) -> None:
         kill_tree(self.nodes[name].pid)

@@ -58,13 +58,19 @@ def cluster_factory(tmp_path: Path, etcd: EmbeddedEtcd, dataset: Path) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, etcd: EmbeddedEtcd, dataset: Path) -> dict[str, torch.Tensor]:
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, etcd: EmbeddedEtcd, dataset: Path
+) -> dict[str, torch.Tensor]:
     """An uninterrupted run at world size 2."""
-    cluster = Cluster(tmp_path_factory.mktemp("reference"), etcd.client_port, dataset, min_nodes=2, max_nodes=2)
+    cluster = Cluster(
+        tmp_path_factory.mktemp("reference"), etcd.client_port, dataset, min_nodes=2, max_nodes=2
+    )
     try:
         for node in ("r0", "r1"):
             cluster.start(node, ARGS)
-        assert cluster.wait_exit("r0", 180) == 0 and cluster.wait_exit("r1", 60) == 0, cluster.tail()
+        assert cluster.wait_exit("r0", 180) == 0 and cluster.wait_exit("r1", 60) == 0, (
+            cluster.tail()
+        )
     finally:
         cluster.close()
     return final_parameters(cluster.checkpoints)
@@ -92,12 +98,18 @@ def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrup
     second.start("d", ARGS)
     assert second.wait_exit("d", 180) == 0, second.tail()
     resumed = second.events("resumed")[0]
-    assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", durable_step, 1)
+    assert (resumed["source"], resumed["step"], resumed["world_size"]) == (
+        "durable",
+        durable_step,
+        1,
+    )
     assert max_abs_difference(final_parameters(first.checkpoints), reference) < TOLERANCE
 
 
 @pytest.mark.timeout(300)
-def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(cluster_factory, reference) -> None:
+def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
+    cluster_factory, reference
+) -> None:
     cluster = cluster_factory("kill-one")
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
@@ -141,7 +153,9 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(cluster_factory, reference) -> None:
+def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
+    cluster_factory, reference
+) -> None:
     cluster = cluster_factory("freeze", collective_timeout_s=5)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
@@ -151,7 +165,9 @@ def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(cluster_fac
         os.kill(pid, signal.SIGSTOP)  # a VM that vanished: no FIN, no RST
     fault_ts = max(r["ts"] for r in cluster.records())
     try:
-        cluster.wait_until(lambda: bool(_resumes_after(cluster, fault_ts)), 60, "a resume after the freeze")
+        cluster.wait_until(
+            lambda: bool(_resumes_after(cluster, fault_ts)), 60, "a resume after the freeze"
+        )
     finally:
         cluster.kill("c")
     failures = [e for e in cluster.events("peer_failure") if e["ts"] > fault_ts]

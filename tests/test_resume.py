@@ -24,13 +24,19 @@ def _state(step: int) -> bytes:
 
 def _worker(rank: int, world: int, init_file: str, root: str, results: dict) -> None:
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
     )
     try:
         base = Path(root)
         local = NodeLocalState(base / f"local-{rank}", RUN)
         durable_dir = base / f"durable-view-{rank}"
-        durable = CheckpointRepository(FileStore(durable_dir if durable_dir.exists() else base / "durable"))
+        durable = CheckpointRepository(
+            FileStore(durable_dir if durable_dir.exists() else base / "durable")
+        )
         resume = agree_on_resume(rank, torch.device("cpu"), local, durable)
         w = resume.state["w"].tolist() if resume.state else None
         results[rank] = (resume.step, resume.source, resume.from_rank, resume.lost_steps, w)
@@ -40,7 +46,12 @@ def _worker(rank: int, world: int, init_file: str, root: str, results: dict) -> 
 
 def _agree(tmp_path: Path, world: int) -> dict[int, tuple]:
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path), results), nprocs=world, join=True)
+    mp.spawn(
+        _worker,
+        args=(world, str(tmp_path / "init"), str(tmp_path), results),
+        nprocs=world,
+        join=True,
+    )
     return dict(results)
 
 

@@ -106,7 +106,7 @@ def parse_config(
     """Build the config from defaults, ``TRAIN_*`` env and flags, then validate it."""
     env = os.environ if env is None else env
     cfg = TrainConfig()
-    parser = argparse.ArgumentParser(prog="training.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="training.train", description=__doc__, allow_abbrev=False)
     for section in cfg.sections():
         for f in fields(section):
             parser.add_argument(

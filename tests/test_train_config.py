@@ -1,0 +1,87 @@
+"""The training program's flags: defaults, then TRAIN_* env, then flags; clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config import ConfigError, parse_config
+from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+
+REQUIRED = ["--data-dir", "/data", "--checkpoint-uri", "/ckpt"]
+
+
+def test_defaults_then_env_then_flags() -> None:
+    env = {"TRAIN_MAX_STEPS": "50", "TRAIN_LR": "0.2", "TRAIN_CHECKPOINT_URI": "/from-env"}
+    cfg = parse_config(["--data-dir", "/data", "--max-steps", "70"], env=env)
+    assert cfg.run.max_steps == 70  # the flag beats the env
+    assert cfg.optim.lr == 0.2  # the env beats the default
+    assert cfg.checkpoint.checkpoint_uri == "/from-env"
+    assert cfg.optim.global_batch_size == 256  # the default
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--checkpoint-uri", "/c"], {}, "--data-dir .*TRAIN_DATA_DIR.* is required"),
+        (["--data-dir", "/d"], {}, "--checkpoint-uri .* is required"),
+        ([*REQUIRED, "--max-steps", "ten"], {}, "--max-steps must be int, got 'ten'"),
+        (REQUIRED, {"TRAIN_GLOBAL_BATCH_SIZE": "x"}, "TRAIN_GLOBAL_BATCH_SIZE must be int"),
+        ([*REQUIRED, "--global-batch-size", "0"], {}, "--global-batch-size must be >= 1, got 0"),
+        ([*REQUIRED, "--collective-timeout-s", "0"], {}, "--collective-timeout-s must be >= 1"),
+        ([*REQUIRED, "--checkpoint-keep", "0"], {}, "--checkpoint-keep must be >= 1"),
+        ([*REQUIRED, "--lr", "-1"], {}, "--lr must be > 0"),
+    ],
+)
+def test_bad_values_name_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(argv, env=env)
+
+
+def test_unknown_flag_is_rejected() -> None:
+    with pytest.raises(SystemExit):
+        parse_config([*REQUIRED, "--max-step", "3"], env={})
+
+
+def test_elastic_policy_is_torchruns_env() -> None:
+    policy = ElasticPolicy(
+        rdzv_host="etcd.lab.svc", rdzv_id="job-1", min_nodes=1, max_nodes=4, max_restarts=50
+    )
+    env = policy.pet_env()
+    assert env["PET_RDZV_BACKEND"] == "etcd-v2"
+    assert env["PET_RDZV_ENDPOINT"] == "etcd.lab.svc:2379"
+    assert env["PET_NNODES"] == "1:4"
+    assert (
+        env["PET_RDZV_CONF"]
+        == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=900"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_nodes": 0}, "min_nodes must be >= 1"),
+        ({"min_nodes": 3, "max_nodes": 2}, r"max_nodes \(2\) must be >= min_nodes \(3\)"),
+        ({"rdzv_id": ""}, "rdzv_id must not be empty"),
+        (
+            {"rendezvous": RendezvousSettings(last_call_timeout_s=0)},
+            "last_call_timeout_s must be an integer >= 1",
+        ),
+    ],
+)
+def test_elastic_policy_validation(kwargs: dict, message: str) -> None:
+    base = {"rdzv_host": "h", "rdzv_id": "r", "min_nodes": 1, "max_nodes": 2, "max_restarts": 3}
+    with pytest.raises(ValueError, match=message):
+        ElasticPolicy(**{**base, **kwargs}).validate()
+
+
+def test_worker_env_carries_the_scale_up_workaround_and_timeouts() -> None:
+    env = worker_env(checkpoint_uri="/ckpt", local_dir="/local", collective_timeout_s=30)
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "30"
+    assert train_command(["--max-steps", "5"]) == [
+        "torchrun",
+        "--module",
+        "training.train",
+        "--max-steps",
+        "5",
+    ]
