@@ -2,18 +2,25 @@
 
 Defaults and descriptions live in ``Pulumi.yaml``; stack files override them. ``load()``
 turns the raw key/value pairs into a frozen ``LabConfig`` and ``validate()`` checks every
-rule before a single resource is registered.
+rule before a single resource is registered. Both are pure: no pulumi import, no I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from decimal import Decimal, InvalidOperation
 
 from training.launch import RendezvousSettings
 
 
 class ConfigError(ValueError):
     """A stack config value is wrong; the message names the key and what is allowed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid stack config:\n  " + "\n  ".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -83,3 +90,321 @@ class LabConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gpu_pool: GpuPoolConfig = field(default_factory=GpuPoolConfig)
     job: JobConfig = field(default_factory=JobConfig)
+
+    def key(self, name: str) -> str:
+        """A config key as the user types it: ``spot-lab:gpuMaxNodes``."""
+        return f"{self.project}:{name}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One project config key and the ``LabConfig`` field it fills."""
+
+    key: str
+    """The key in Pulumi.yaml (without the project namespace)."""
+    path: str
+    """Dotted path of the field: ``gpu_pool.max_nodes``, ``job.rendezvous.join_timeout_s``."""
+    kind: type
+    """``str`` or ``int``; spot price and Kubernetes version are strings, parsed here."""
+
+
+# Every project config key; Pulumi.yaml declares the same keys with the same defaults.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("location", "location", str),
+    Setting("namePrefix", "name_prefix", str),
+    Setting("namespace", "namespace", str),
+    Setting("serviceAccount", "service_account", str),
+    Setting("imageBuilder", "image_builder", str),
+    Setting("kubernetesVersion", "cluster.kubernetes_version", str),
+    Setting("systemVmSize", "cluster.system_vm_size", str),
+    Setting("systemNodeCount", "cluster.system_node_count", int),
+    Setting("gpuVmSize", "gpu_pool.vm_size", str),
+    Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
+    Setting("gpuMaxNodes", "gpu_pool.max_nodes", int),
+    Setting("spotMaxPrice", "gpu_pool.spot_max_price", str),
+    Setting("workerMinReplicas", "job.min_replicas", int),
+    Setting("workerMaxReplicas", "job.max_replicas", int),
+    Setting("workerReplicas", "job.replicas", int),
+    Setting("maxRestarts", "job.max_restarts", int),
+    Setting("collectiveTimeoutSeconds", "job.collective_timeout_s", int),
+    Setting("checkpointBackend", "job.checkpoint_backend", str),
+    Setting("checkpointEverySteps", "job.checkpoint_every_steps", int),
+    Setting("checkpointEverySeconds", "job.checkpoint_every_seconds", int),
+    Setting("maxSteps", "job.max_steps", int),
+    Setting("globalBatchSize", "job.global_batch_size", int),
+    Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),
+    Setting("workerCpu", "job.worker_cpu", str),
+    Setting("workerMemory", "job.worker_memory", str),
+    Setting("rdzvLastCallTimeout", "job.rendezvous.last_call_timeout_s", int),
+    Setting("rdzvKeepAliveInterval", "job.rendezvous.keep_alive_interval_s", int),
+    Setting("rdzvKeepAliveMaxAttempt", "job.rendezvous.keep_alive_max_attempt", int),
+    Setting("rdzvJoinTimeout", "job.rendezvous.join_timeout_s", int),
+)
+KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS)
+
+CHECKPOINT_BACKENDS = ("mount", "blob")
+IMAGE_BUILDERS = ("acr", "docker")
+DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
+
+
+def _parse(setting: Setting, raw: str, project: str) -> object:
+    """The typed value of one raw config string (spot price stays a float, version optional)."""
+    key = f"{project}:{setting.key}"
+    if setting.kind is int:
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ConfigError([f"{key} must be an integer, got {raw!r}"]) from None
+    if setting.key == "spotMaxPrice":
+        return _parse_spot_price(raw, key)
+    if setting.key == "kubernetesVersion":
+        return raw.strip() or None
+    return raw.strip()
+
+
+def _parse_spot_price(raw: str, key: str) -> float:
+    allowed = "-1 (pay up to the on-demand price) or a positive USD/hour, at most 5 decimals"
+    try:
+        price = Decimal(raw.strip())
+    except InvalidOperation:
+        raise ConfigError([f"{key} must be {allowed}, got {raw!r}"]) from None
+    exponent = price.as_tuple().exponent
+    decimals = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    if not price.is_finite() or (price != -1 and (price <= 0 or decimals > 5)):
+        raise ConfigError([f"{key} must be {allowed}, got {raw!r}"])
+    return float(price)
+
+
+def _with(obj: object, path: list[str], value: object) -> object:
+    """A copy of a frozen dataclass tree with one nested field replaced."""
+    if len(path) == 1:
+        return replace(obj, **{path[0]: value})
+    child = getattr(obj, path[0])
+    return replace(obj, **{path[0]: _with(child, path[1:], value)})
+
+
+def load(
+    raw: Mapping[str, str], project: str, stack: str, location: str | None = None
+) -> LabConfig:
+    """Build a ``LabConfig`` from raw project config (keys without namespace, string values).
+
+    Missing keys keep the dataclass defaults (equal to Pulumi.yaml's). ``location`` is the
+    ``azure-native:location`` value; when set it wins over the project's ``location`` key.
+    Unknown keys and unparseable values raise ``ConfigError``, all problems at once.
+    """
+    by_key = {s.key: s for s in SETTINGS}
+    problems = [
+        f"{project}:{key} is not a setting of this project; known keys: {', '.join(KEYS)}"
+        for key in raw
+        if key not in by_key
+    ]
+    cfg = LabConfig(project=project, stack=stack)
+    for key, value in raw.items():
+        if key not in by_key:
+            continue
+        try:
+            cfg = _with(cfg, by_key[key].path.split("."), _parse(by_key[key], value, project))
+        except ConfigError as err:
+            problems.extend(err.problems)
+    if location:
+        cfg = replace(cfg, location=location.strip())
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def config_values(cfg: LabConfig) -> dict[str, object]:
+    """Each key's effective value (for logs and for checking Pulumi.yaml's defaults)."""
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        value: object = cfg
+        for part in setting.path.split("."):
+            value = getattr(value, part)
+        values[setting.key] = value
+    return values
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+GPU_FAMILY = re.compile(r"^Standard_N[CDV]\w+$")
+# NCv3 (V100): retired 2025-09-30, so AKS can no longer create these pools.
+RETIRED_NCV3 = re.compile(r"^Standard_NC\d+r?s_v3$")
+CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
+K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+REGION = re.compile(r"^[a-z][a-z0-9]+$")
+# Becomes part of the storage account (3-24 lowercase alphanumerics) and registry names.
+NAME_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,11}$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+CPU_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
+MEMORY_QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def validate(cfg: LabConfig) -> None:
+    """Raise ``ConfigError`` listing every broken rule, each naming its key and what is allowed."""
+    problems = [
+        *_naming_problems(cfg),
+        *_cluster_problems(cfg),
+        *_gpu_pool_problems(cfg),
+        *_replica_problems(cfg),
+        *_training_problems(cfg),
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
+def _at_least(cfg: LabConfig, values: dict[str, int], low: int) -> list[str]:
+    return [
+        f"{cfg.key(key)} must be an integer >= {low}, got {value!r}"
+        for key, value in values.items()
+        if not isinstance(value, int) or isinstance(value, bool) or value < low
+    ]
+
+
+def _one_of(cfg: LabConfig, key: str, value: str, allowed: tuple[str, ...]) -> list[str]:
+    if value in allowed:
+        return []
+    return [f"{cfg.key(key)} must be one of {', '.join(allowed)}; got {value!r}"]
+
+
+def _naming_problems(cfg: LabConfig) -> list[str]:
+    problems = []
+    if not REGION.match(cfg.location):
+        problems.append(
+            f"azure-native:location (or {cfg.key('location')}) must be an Azure region name "
+            f"such as westus3, got {cfg.location!r}"
+        )
+    if not NAME_PREFIX.match(cfg.name_prefix):
+        problems.append(
+            f"{cfg.key('namePrefix')} must be 2-12 lowercase letters or digits starting with a "
+            "letter (it starts the storage account name: 3-24 lowercase alphanumerics, "
+            f"globally unique), got {cfg.name_prefix!r}"
+        )
+    for key, value in (("namespace", cfg.namespace), ("serviceAccount", cfg.service_account)):
+        if not DNS_LABEL.match(value):
+            problems.append(
+                f"{cfg.key(key)} must be a DNS label (1-63 lowercase letters, digits or '-', "
+                f"starting and ending alphanumeric), got {value!r}"
+            )
+    return problems + _one_of(cfg, "imageBuilder", cfg.image_builder, IMAGE_BUILDERS)
+
+
+def _cluster_problems(cfg: LabConfig) -> list[str]:
+    cluster = cfg.cluster
+    problems = _at_least(cfg, {"systemNodeCount": cluster.system_node_count}, 1)
+    version = cluster.kubernetes_version
+    if version is not None and not K8S_VERSION.match(version):
+        problems.append(
+            f"{cfg.key('kubernetesVersion')} must be empty (AKS default) or a version such as "
+            f"1.33 or 1.33.2, got {version!r}"
+        )
+    if not CPU_VM_SIZE.match(cluster.system_vm_size):
+        problems.append(
+            f"{cfg.key('systemVmSize')} must be a CPU VM size such as Standard_D4s_v5 "
+            f"(not an N-series GPU size), got {cluster.system_vm_size!r}"
+        )
+    return problems
+
+
+def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
+    pool = cfg.gpu_pool
+    key = cfg.key("gpuVmSize")
+    problems = _at_least(cfg, {"gpuMinNodes": pool.min_nodes}, 0)
+    problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
+    if RETIRED_NCV3.match(pool.vm_size):
+        problems.append(
+            f"{key}: {pool.vm_size} (NCv3) was retired on 2025-09-30; "
+            f"use {DEFAULT_GPU_VM_SIZE} (T4) or another NC/ND/NV size"
+        )
+    elif not GPU_FAMILY.match(pool.vm_size):
+        problems.append(
+            f"{key} must be a GPU VM size of the NC, ND or NV families such as "
+            f"{DEFAULT_GPU_VM_SIZE}, got {pool.vm_size!r}"
+        )
+    if not problems and pool.min_nodes > pool.max_nodes:
+        problems.append(
+            f"{cfg.key('gpuMinNodes')} ({pool.min_nodes}) must be <= "
+            f"{cfg.key('gpuMaxNodes')} ({pool.max_nodes})"
+        )
+    if pool.spot_max_price != -1 and not pool.spot_max_price > 0:
+        problems.append(
+            f"{cfg.key('spotMaxPrice')} must be -1 (pay up to the on-demand price) or a "
+            f"positive USD/hour, got {pool.spot_max_price!r}"
+        )
+    return problems
+
+
+def _replica_problems(cfg: LabConfig) -> list[str]:
+    job = cfg.job
+    problems = _at_least(cfg, {"workerMinReplicas": job.min_replicas}, 1)
+    problems += _at_least(
+        cfg, {"workerMaxReplicas": job.max_replicas, "workerReplicas": job.replicas}, 1
+    )
+    problems += _at_least(cfg, {"maxRestarts": job.max_restarts}, 0)
+    if problems:
+        return problems
+    low, high = cfg.key("workerMinReplicas"), cfg.key("workerMaxReplicas")
+    if job.min_replicas > job.max_replicas:
+        problems.append(f"{low} ({job.min_replicas}) must be <= {high} ({job.max_replicas})")
+    elif not job.min_replicas <= job.replicas <= job.max_replicas:
+        problems.append(
+            f"{cfg.key('workerReplicas')} ({job.replicas}) must be within [{low}, {high}] = "
+            f"[{job.min_replicas}, {job.max_replicas}]"
+        )
+    # One worker per GPU node: each worker asks for a whole GPU.
+    if job.max_replicas > cfg.gpu_pool.max_nodes:
+        problems.append(
+            f"{high} ({job.max_replicas}) must be <= {cfg.key('gpuMaxNodes')} "
+            f"({cfg.gpu_pool.max_nodes}): each worker needs its own GPU node"
+        )
+    return problems
+
+
+def _training_problems(cfg: LabConfig) -> list[str]:
+    job, rdzv = cfg.job, cfg.job.rendezvous
+    problems = _one_of(cfg, "checkpointBackend", job.checkpoint_backend, CHECKPOINT_BACKENDS)
+    positive = {
+        "collectiveTimeoutSeconds": job.collective_timeout_s,
+        "maxSteps": job.max_steps,
+        "globalBatchSize": job.global_batch_size,
+        "rdzvLastCallTimeout": rdzv.last_call_timeout_s,
+        "rdzvKeepAliveInterval": rdzv.keep_alive_interval_s,
+        "rdzvKeepAliveMaxAttempt": rdzv.keep_alive_max_attempt,
+        "rdzvJoinTimeout": rdzv.join_timeout_s,
+    }
+    problems += _at_least(cfg, positive, 1)
+    every = {
+        "checkpointEverySteps": job.checkpoint_every_steps,
+        "checkpointEverySeconds": job.checkpoint_every_seconds,
+    }
+    problems += _at_least(cfg, every, 0)
+    if job.checkpoint_every_steps == 0 and job.checkpoint_every_seconds == 0:
+        problems.append(
+            f"{cfg.key('checkpointEverySteps')} and {cfg.key('checkpointEverySeconds')} are both "
+            "0: no checkpoint would ever be saved; set at least one above 0"
+        )
+    if not problems and job.global_batch_size < job.max_replicas:
+        problems.append(
+            f"{cfg.key('globalBatchSize')} ({job.global_batch_size}) must be >= "
+            f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}): every rank needs a sample"
+        )
+    if not 0 <= job.hpa_cpu_utilization <= 100:
+        problems.append(
+            f"{cfg.key('hpaCpuUtilization')} must be 0 (no HPA) or a percentage 1-100, "
+            f"got {job.hpa_cpu_utilization!r}"
+        )
+    return problems + _worker_resource_problems(cfg)
+
+
+def _worker_resource_problems(cfg: LabConfig) -> list[str]:
+    job, problems = cfg.job, []
+    if not CPU_QUANTITY.match(job.worker_cpu):
+        problems.append(
+            f"{cfg.key('workerCpu')} must be a CPU quantity like 3, 2.5 or 500m, "
+            f"got {job.worker_cpu!r}"
+        )
+    if not MEMORY_QUANTITY.match(job.worker_memory):
+        problems.append(
+            f"{cfg.key('workerMemory')} must be a memory quantity like 12Gi or 512Mi, "
+            f"got {job.worker_memory!r}"
+        )
+    return problems

@@ -85,3 +85,18 @@ def test_worker_env_carries_the_scale_up_workaround_and_timeouts() -> None:
         "--max-steps",
         "5",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("false", False), ("0", False), ("TRUE", True), ("yes", True)]
+)
+def test_boolean_flags(raw: str, expected: bool) -> None:
+    assert (
+        parse_config([*REQUIRED, "--emergency-saves", raw], env={}).checkpoint.emergency_saves
+        is expected
+    )
+
+
+def test_boolean_flag_rejects_other_words() -> None:
+    with pytest.raises(ConfigError, match="--emergency-saves must be true or false, got 'maybe'"):
+        parse_config([*REQUIRED, "--emergency-saves", "maybe"], env={})

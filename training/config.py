@@ -60,6 +60,8 @@ class CheckpointConfig:
     """Durable save every T seconds (0 = off)."""
     checkpoint_keep: int = 3
     """Durable checkpoints kept; older ones are deleted once a newer one is committed."""
+    emergency_saves: bool = True
+    """Save the last completed step on SIGTERM or a peer's loss (off: periodic saves only)."""
 
 
 @dataclass
@@ -93,7 +95,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _convert(raw: str, kind: type, where: str) -> Any:
+    if kind is bool:
+        if raw.lower() not in _BOOLEANS:
+            raise ConfigError(f"{where} must be true or false, got {raw!r}")
+        return _BOOLEANS[raw.lower()]
     try:
         return kind(raw)
     except ValueError:

@@ -259,7 +259,8 @@ class Trainer:
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
         while self.state.step < max_steps:
             if stop.requested:
-                self.emergency_save("sigterm")
+                if self.cfg.checkpoint.emergency_saves:
+                    self.emergency_save("sigterm")
                 return EXIT_RESTART
             try:
                 loss_sum, count = self.train_step()
@@ -276,7 +277,8 @@ class Trainer:
                 if not is_peer_failure(exc):
                     raise
                 self.events.event("peer_failure", step=self.state.step, error=str(exc)[:200])
-                self.emergency_save("peer_failure")
+                if self.cfg.checkpoint.emergency_saves:
+                    self.emergency_save("peer_failure")
                 return EXIT_RESTART
             self.maybe_save(last_save)
         self.finish()

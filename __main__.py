@@ -1,0 +1,153 @@
+"""`pulumi up` for the Elastic Spot Training Lab: AKS with a GPU Spot pool, storage, a registry,
+identities, the training image, and the elastic PyTorchJob on top.
+
+This file only wires: config is read and validated once, then each component gets the
+typed settings and the outputs of the components it depends on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_azure_native as azure_native
+
+import stack_config
+from infra.cluster import AksCluster, AksClusterArgs
+from infra.identity import TrainingIdentity, TrainingIdentityArgs
+from infra.image import TrainingImage, TrainingImageArgs
+from infra.naming import lab_names
+from infra.registry import LabRegistry, LabRegistryArgs
+from infra.storage import LabStorage, LabStorageArgs
+from workloads import LabWorkloads, LabWorkloadsArgs
+
+PROJECT_DIR = Path(__file__).resolve().parent
+
+
+def read_config() -> stack_config.LabConfig:
+    """The stack config, validated; the only place the program touches ``pulumi.Config``."""
+    project = pulumi.get_project()
+    config = pulumi.Config(project)
+    raw = {key: value for key in stack_config.KEYS if (value := config.get(key)) is not None}
+    location = pulumi.Config("azure-native").get("location")
+    cfg = stack_config.load(raw, project, pulumi.get_stack(), location)
+    stack_config.validate(cfg)
+    return cfg
+
+
+@dataclass(frozen=True)
+class AzureLab:
+    """The Azure side of the stack, as the workloads and the stack outputs need it."""
+
+    resource_group: azure_native.resources.ResourceGroup
+    cluster: AksCluster
+    storage: LabStorage
+    registry: LabRegistry
+    training_identity: TrainingIdentity
+    image: TrainingImage
+
+
+def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
+    """Resource group, AKS, storage, registry, the training identity and the training image."""
+    names = lab_names(cfg)
+    tags = {"project": cfg.project, "stack": cfg.stack}
+    resource_group = azure_native.resources.ResourceGroup(
+        "lab", resource_group_name=names.resource_group, location=cfg.location, tags=tags
+    )
+    rg = resource_group.name
+    cluster = AksCluster(
+        "cluster",
+        AksClusterArgs(rg, names.cluster, cfg.location, cfg.cluster, cfg.gpu_pool, tags),
+    )
+    storage = LabStorage(
+        "storage",
+        LabStorageArgs(rg, names.storage_account, cfg.location, cluster.kubelet_object_id, tags),
+    )
+    registry = LabRegistry(
+        "registry",
+        LabRegistryArgs(rg, names.registry, cfg.location, cluster.kubelet_object_id, tags),
+    )
+    training_identity = TrainingIdentity(
+        "training-identity",
+        TrainingIdentityArgs(
+            resource_group_name=rg,
+            identity_name=names.training_identity,
+            location=cfg.location,
+            oidc_issuer_url=cluster.oidc_issuer_url,
+            namespace=cfg.namespace,
+            service_account=cfg.service_account,
+            storage_account_id=storage.account_id,
+            tags=tags,
+        ),
+    )
+    image = TrainingImage(
+        "training-image",
+        TrainingImageArgs(
+            registry_name=registry.name,
+            login_server=registry.login_server,
+            project_dir=PROJECT_DIR,
+            context="training",
+            repository=names.image_repository,
+            builder=cfg.image_builder,
+        ),
+    )
+    return AzureLab(resource_group, cluster, storage, registry, training_identity, image)
+
+
+def export_azure(azure: AzureLab) -> None:
+    """Stack outputs: where everything is, and how to reach the cluster."""
+    rg, cluster = azure.resource_group.name, azure.cluster
+    pulumi.export("resourceGroup", rg)
+    pulumi.export("clusterName", cluster.name)
+    pulumi.export("nodeResourceGroup", cluster.node_resource_group)
+    pulumi.export("kubeconfig", cluster.kubeconfig)
+    pulumi.export("registryLoginServer", azure.registry.login_server)
+    pulumi.export("storageAccount", azure.storage.account_name)
+    pulumi.export("dataContainer", azure.storage.data_container)
+    pulumi.export("checkpointsContainer", azure.storage.checkpoints_container)
+    pulumi.export("blobEndpoint", azure.storage.blob_endpoint)
+    pulumi.export("image", azure.image.image_ref)
+    pulumi.export("imageTag", azure.image.tag)
+    pulumi.export("trainingClientId", azure.training_identity.client_id)
+    pulumi.export("kubeletClientId", cluster.kubelet_client_id)
+    pulumi.export(
+        "getCredentials",
+        pulumi.Output.concat(
+            "az aks get-credentials --resource-group ", rg, " --name ", cluster.name
+        ),
+    )
+
+
+# ---- Kubernetes workloads: etcd, device plugin, training operator, the elastic job ----------
+def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
+    """Everything inside the cluster, and the commands to watch the job."""
+    workloads = LabWorkloads(
+        "workloads",
+        LabWorkloadsArgs(
+            config=cfg,
+            kubeconfig=azure.cluster.kubeconfig,
+            image=azure.image.image_ref,
+            storage_account_name=azure.storage.account_name,
+            storage_resource_group=azure.resource_group.name,
+            data_container=azure.storage.data_container,
+            checkpoints_container=azure.storage.checkpoints_container,
+            blob_endpoint=azure.storage.blob_endpoint,
+            kubelet_client_id=azure.cluster.kubelet_client_id,
+            training_client_id=azure.training_identity.client_id,
+        ),
+    )
+    pulumi.export("namespace", workloads.namespace)
+    pulumi.export("jobName", workloads.job_name)
+    pulumi.export("watchCommands", workloads.watch_commands)
+
+
+def main() -> None:
+    """Read config, stand up Azure, then the workloads on the cluster."""
+    cfg = read_config()
+    azure = deploy_azure(cfg)
+    export_azure(azure)
+    deploy_workloads(cfg, azure)
+
+
+main()

@@ -1,0 +1,1 @@
+"""Azure resources of the lab: one ComponentResource per concept, specs built by pure functions."""

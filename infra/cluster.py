@@ -1,0 +1,205 @@
+"""The AKS cluster: a CPU system pool inline, and the GPU Spot pool as its own AgentPool.
+
+Only the system pool is inline: editing inline pools puts every pool of the cluster into
+"Scaling" (pulumi-azure-native #4264, #2719), and a separate ``AgentPool`` can be changed or
+replaced alone. Spec builders are pure and return the SDK's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_azure_native as azure_native
+
+from stack_config import ClusterConfig, GpuPoolConfig
+
+# Our node label (AKS reserves the kubernetes.azure.com/ and kubernetes.io/ prefixes).
+POOL_LABEL = "spot-lab/pool"
+SYSTEM_POOL = "system"
+GPU_SPOT_POOL = "gpu-spot"
+# AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+# Only pods that ask for a GPU (and tolerate this) land on the expensive nodes.
+GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
+SYSTEM_POOL_NAME = "system"
+GPU_POOL_NAME = "gpuspot"
+
+
+def system_pool_profile(cluster: ClusterConfig) -> dict[str, Any]:
+    """The inline system pool: regular (not Spot) CPU nodes for etcd, the operator and AKS."""
+    profile: dict[str, Any] = {
+        "name": SYSTEM_POOL_NAME,
+        "mode": "System",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": cluster.system_vm_size,
+        "count": cluster.system_node_count,
+        "scale_set_priority": "Regular",
+        "node_labels": {POOL_LABEL: SYSTEM_POOL},
+    }
+    if cluster.kubernetes_version:
+        profile["orchestrator_version"] = cluster.kubernetes_version
+    return profile
+
+
+def gpu_spot_pool_spec(pool: GpuPoolConfig, kubernetes_version: str | None) -> dict[str, Any]:
+    """The GPU Spot pool's ``AgentPool`` arguments (without resource group and cluster)."""
+    spec: dict[str, Any] = {
+        "agent_pool_name": GPU_POOL_NAME,
+        "mode": "User",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": pool.vm_size,
+        # Priority and eviction policy can be set only when the pool is created.
+        "scale_set_priority": "Spot",
+        # Delete (not Deallocate): an evicted node frees its quota and the autoscaler
+        # brings up a fresh one when capacity returns.
+        "scale_set_eviction_policy": "Delete",
+        "spot_max_price": pool.spot_max_price,
+        "enable_auto_scaling": True,
+        "min_count": pool.min_nodes,
+        "max_count": pool.max_nodes,
+        "count": pool.min_nodes,
+        "node_taints": [SPOT_TAINT, GPU_TAINT],
+        "node_labels": {POOL_LABEL: GPU_SPOT_POOL},
+        # AKS installs the NVIDIA driver only (the device plugin is ours); creation-time only.
+        "gpu_profile": {"driver": "Install"},
+    }
+    if kubernetes_version:
+        spec["orchestrator_version"] = kubernetes_version
+    return spec
+
+
+def autoscaler_profile() -> dict[str, str]:
+    """Cluster autoscaler tuning for a pool that scales from zero and costs money per minute."""
+    return {
+        # Give back idle GPU nodes after 5 min instead of the default 10.
+        "scale_down_unneeded_time": "5m",
+        "scale_down_delay_after_add": "5m",
+        # Workers keep /dev/shm and scratch in emptyDir; that must not pin a node.
+        "skip_nodes_with_local_storage": "false",
+        "expander": "least-waste",
+    }
+
+
+def network_profile() -> dict[str, str]:
+    """Azure CNI overlay with the Cilium dataplane, which also enforces NetworkPolicy.
+
+    AKS accepts ``network_policy="cilium"`` only with ``network_dataplane="cilium"``; Cilium
+    enforces policy in eBPF, so no separate policy engine runs on the (few, busy) nodes.
+    Overlay gives pods addresses outside the VNet, so no subnet sizing for the pods.
+    """
+    return {
+        "network_plugin": "azure",
+        "network_plugin_mode": "overlay",
+        "network_dataplane": "cilium",
+        "network_policy": "cilium",
+        "load_balancer_sku": "standard",
+    }
+
+
+def managed_cluster_spec(
+    cluster_name: str, location: str, cluster: ClusterConfig, tags: dict[str, str]
+) -> dict[str, Any]:
+    """The ``ManagedCluster`` arguments (without the resource group)."""
+    spec: dict[str, Any] = {
+        "resource_name_": cluster_name,
+        "location": location,
+        "dns_prefix": cluster_name,
+        "identity": {"type": "SystemAssigned"},
+        "sku": {"name": "Base", "tier": "Free"},
+        "enable_rbac": True,
+        "agent_pool_profiles": [system_pool_profile(cluster)],
+        "network_profile": network_profile(),
+        "auto_scaler_profile": autoscaler_profile(),
+        # The Blob CSI driver mounts the checkpoint container as a volume.
+        "storage_profile": {"blob_csi_driver": {"enabled": True}},
+        # OIDC issuer + workload identity: training pods get Azure tokens without secrets.
+        "oidc_issuer_profile": {"enabled": True},
+        "security_profile": {"workload_identity": {"enabled": True}},
+        "tags": tags,
+    }
+    if cluster.kubernetes_version:
+        spec["kubernetes_version"] = cluster.kubernetes_version
+    return spec
+
+
+def decode_kubeconfig(value: str) -> str:
+    """The kubeconfig text from ``listManagedClusterUserCredentials``' base64 value."""
+    return base64.b64decode(value).decode("utf-8")
+
+
+@dataclass
+class AksClusterArgs:
+    """Inputs of ``AksCluster``."""
+
+    resource_group_name: pulumi.Input[str]
+    """Resource group the cluster lives in."""
+    cluster_name: str
+    """Physical name of the managed cluster (also its DNS prefix)."""
+    location: str
+    """Azure region."""
+    cluster: ClusterConfig
+    """Kubernetes version and system pool settings."""
+    gpu_pool: GpuPoolConfig
+    """GPU Spot pool settings."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags on every Azure resource."""
+
+
+class AksCluster(pulumi.ComponentResource):
+    """AKS with a CPU system pool, a GPU Spot pool, Blob CSI, OIDC and workload identity."""
+
+    name: pulumi.Output[str]
+    node_resource_group: pulumi.Output[str]
+    kubelet_client_id: pulumi.Output[str]
+    kubelet_object_id: pulumi.Output[str]
+    oidc_issuer_url: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: AksClusterArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:cluster:AksCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        cluster = azure_native.containerservice.ManagedCluster(
+            f"{name}-aks",
+            resource_group_name=args.resource_group_name,
+            **managed_cluster_spec(args.cluster_name, args.location, args.cluster, args.tags),
+            opts=child,
+        )
+        azure_native.containerservice.AgentPool(
+            f"{name}-gpu-spot",
+            resource_group_name=args.resource_group_name,
+            resource_name_=cluster.name,
+            **gpu_spot_pool_spec(args.gpu_pool, args.cluster.kubernetes_version),
+            # The autoscaler owns the node count after creation.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["count"]),
+        )
+        self.name = cluster.name
+        self.node_resource_group = cluster.node_resource_group.apply(lambda v: v or "")
+        kubelet = cluster.identity_profile.apply(lambda p: (p or {})["kubeletidentity"])
+        self.kubelet_client_id = kubelet.apply(lambda k: k.client_id)
+        self.kubelet_object_id = kubelet.apply(lambda k: k.object_id)
+        self.oidc_issuer_url = cluster.oidc_issuer_profile.apply(lambda p: p.issuer_url)
+        credentials = azure_native.containerservice.list_managed_cluster_user_credentials_output(
+            resource_group_name=args.resource_group_name,
+            resource_name=cluster.name,
+            opts=pulumi.InvokeOutputOptions(parent=self),
+        )
+        self.kubeconfig = pulumi.Output.secret(
+            credentials.kubeconfigs.apply(lambda kcs: decode_kubeconfig(kcs[0].value))
+        )
+        self.register_outputs(
+            {
+                "name": self.name,
+                "node_resource_group": self.node_resource_group,
+                "kubelet_client_id": self.kubelet_client_id,
+                "kubelet_object_id": self.kubelet_object_id,
+                "oidc_issuer_url": self.oidc_issuer_url,
+                "kubeconfig": self.kubeconfig,
+            }
+        )

@@ -1,0 +1,132 @@
+"""The training image: built from ``training/`` and pushed on ``pulumi up``, tagged by content.
+
+The tag is a hash of the ``training/`` tree, so changing any file there builds a new image
+and rolls the job onto it, while an unchanged tree changes nothing. By default the build runs
+in the registry (ACR Tasks via ``az acr build``), so no local Docker daemon is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_command as command
+
+IGNORED_DIRS = frozenset({"__pycache__"})
+IGNORED_SUFFIXES = (".pyc",)
+TAG_LENGTH = 16
+
+
+def tree_files(root: Path) -> list[Path]:
+    """Files under ``root`` that go into the image, sorted by relative path; caches excluded."""
+    files = [
+        path
+        for path in root.rglob("*")
+        if path.is_file()
+        and not IGNORED_DIRS.intersection(path.relative_to(root).parts)
+        and not path.name.endswith(IGNORED_SUFFIXES)
+    ]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over each file's relative path and bytes, in sorted order."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"image build context {root} is not a directory")
+    digest = hashlib.sha256()
+    for path in tree_files(root):
+        data = path.read_bytes()
+        # Path and length framing: moving bytes between files changes the digest too.
+        digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def image_tag(root: Path) -> str:
+    """The image tag for a build context: a prefix of its tree digest."""
+    return tree_digest(root)[:TAG_LENGTH]
+
+
+def build_command(
+    builder: str,
+    *,
+    registry_name: str,
+    login_server: str,
+    repository: str,
+    tag: str,
+    context: str,
+) -> str:
+    """The shell command that builds ``context`` (a directory) and pushes ``repository:tag``."""
+    context = shlex.quote(context)
+    if builder == "acr":
+        image = shlex.quote(f"{repository}:{tag}")
+        return f"az acr build --registry {shlex.quote(registry_name)} --image {image} {context}"
+    if builder == "docker":
+        ref = shlex.quote(f"{login_server}/{repository}:{tag}")
+        return (
+            f"az acr login --name {shlex.quote(registry_name)}"
+            f" && docker build --tag {ref} {context}"
+            f" && docker push {ref}"
+        )
+    raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
+
+
+@dataclass
+class TrainingImageArgs:
+    """Inputs of ``TrainingImage``."""
+
+    registry_name: pulumi.Input[str]
+    """Registry to build in (acr) or push to (docker)."""
+    login_server: pulumi.Input[str]
+    """The registry's login server, e.g. ``name.azurecr.io``."""
+    project_dir: Path
+    """The project root: the command runs there, so the context path stays relative and the
+    command does not change when the repository is checked out somewhere else."""
+    context: str
+    """The build context relative to the project root: ``training`` with its Dockerfile."""
+    repository: str
+    """Repository inside the registry."""
+    builder: str = "acr"
+    """``acr`` (ACR Tasks, no local daemon) or ``docker`` (local build and push)."""
+
+
+class TrainingImage(pulumi.ComponentResource):
+    """Builds and pushes the training image whenever the ``training/`` tree changes."""
+
+    tag: str
+    image_ref: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: TrainingImageArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:image:TrainingImage", name, None, opts)
+        context_dir = args.project_dir / args.context
+        if not (context_dir / "Dockerfile").is_file():
+            raise FileNotFoundError(f"no Dockerfile in the image build context {context_dir}")
+        tag = image_tag(context_dir)
+        create = pulumi.Output.all(args.registry_name, args.login_server).apply(
+            lambda reg: build_command(
+                args.builder,
+                registry_name=reg[0],
+                login_server=reg[1],
+                repository=args.repository,
+                tag=tag,
+                context=args.context,
+            )
+        )
+        build = command.local.Command(
+            f"{name}-build",
+            create=create,
+            # A new tag (changed tree) replaces the command, which runs the build again.
+            triggers=[tag],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.tag = tag
+        # Derived from the build's stdout, so nothing can use the ref before the push is done.
+        self.image_ref = pulumi.Output.all(build.stdout, args.login_server).apply(
+            lambda out: f"{out[1]}/{args.repository}:{tag}"
+        )
+        self.register_outputs({"tag": self.tag, "image_ref": self.image_ref})

@@ -1,0 +1,41 @@
+"""Azure RBAC role assignments: built-in role ids and one thin wrapper that grants a role."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_azure_native as azure_native
+
+# Built-in role definition ids (the same GUID in every subscription).
+ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453e-a403-e96b0029c9fe"
+
+
+def role_definition_id(scope_id: str, role: str) -> str:
+    """The subscription-scoped id of a built-in role, taking the subscription from ``scope_id``."""
+    parts = scope_id.split("/")
+    if len(parts) < 3 or parts[1].lower() != "subscriptions" or not parts[2]:
+        raise ValueError(f"scope {scope_id!r} is not an ARM id under /subscriptions/<id>")
+    return f"/subscriptions/{parts[2]}/providers/Microsoft.Authorization/roleDefinitions/{role}"
+
+
+def assign_role(
+    name: str,
+    *,
+    principal_id: pulumi.Input[str],
+    role: str,
+    scope: pulumi.Input[str],
+    parent: pulumi.Resource,
+) -> azure_native.authorization.RoleAssignment:
+    """Grant ``role`` on ``scope`` to a managed identity (a service principal, never a user)."""
+    return azure_native.authorization.RoleAssignment(
+        name,
+        principal_id=principal_id,
+        # Without the type, ARM looks the new principal up in Entra ID and can fail with
+        # PrincipalNotFound while the identity is still replicating.
+        principal_type="ServicePrincipal",
+        role_definition_id=pulumi.Output.from_input(scope).apply(
+            lambda scope_id: role_definition_id(scope_id, role)
+        ),
+        scope=scope,
+        opts=pulumi.ResourceOptions(parent=parent),
+    )

@@ -1,0 +1,100 @@
+"""Blob storage for the training data and the checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_azure_native as azure_native
+
+from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, assign_role
+
+DATA_CONTAINER = "data"
+CHECKPOINTS_CONTAINER = "checkpoints"
+
+
+def storage_account_spec(account_name: str, location: str, tags: dict[str, str]) -> dict[str, Any]:
+    """The ``StorageAccount`` arguments (without the resource group): private, HTTPS, TLS 1.2."""
+    return {
+        "account_name": account_name,
+        "location": location,
+        "kind": "StorageV2",
+        "sku": {"name": "Standard_LRS"},
+        "access_tier": "Hot",
+        "enable_https_traffic_only": True,
+        "minimum_tls_version": "TLS1_2",
+        "allow_blob_public_access": False,
+        "tags": tags,
+    }
+
+
+@dataclass
+class LabStorageArgs:
+    """Inputs of ``LabStorage``."""
+
+    resource_group_name: pulumi.Input[str]
+    """Resource group of the storage account."""
+    account_name: str
+    """Globally unique storage account name (3-24 lowercase alphanumerics)."""
+    location: str
+    """Azure region."""
+    blob_reader_writer_id: pulumi.Input[str]
+    """Principal (object) id that gets Storage Blob Data Contributor: the kubelet identity,
+    which the Blob CSI volume authenticates with (no account keys in the cluster)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags on every Azure resource."""
+
+
+class LabStorage(pulumi.ComponentResource):
+    """A StorageV2 account with a ``data`` and a ``checkpoints`` container."""
+
+    account_name: pulumi.Output[str]
+    account_id: pulumi.Output[str]
+    blob_endpoint: pulumi.Output[str]
+    data_container: pulumi.Output[str]
+    checkpoints_container: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: LabStorageArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:storage:LabStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        account = azure_native.storage.StorageAccount(
+            f"{name}-account",
+            resource_group_name=args.resource_group_name,
+            **storage_account_spec(args.account_name, args.location, args.tags),
+            opts=child,
+        )
+        containers = {
+            container: azure_native.storage.BlobContainer(
+                f"{name}-{container}",
+                account_name=account.name,
+                resource_group_name=args.resource_group_name,
+                container_name=container,
+                public_access="None",
+                opts=child,
+            )
+            for container in (DATA_CONTAINER, CHECKPOINTS_CONTAINER)
+        }
+        assign_role(
+            f"{name}-kubelet-blob-data",
+            principal_id=args.blob_reader_writer_id,
+            role=STORAGE_BLOB_DATA_CONTRIBUTOR,
+            scope=account.id,
+            parent=self,
+        )
+        self.account_name = account.name
+        self.account_id = account.id
+        self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)
+        self.data_container = containers[DATA_CONTAINER].name
+        self.checkpoints_container = containers[CHECKPOINTS_CONTAINER].name
+        self.register_outputs(
+            {
+                "account_name": self.account_name,
+                "account_id": self.account_id,
+                "blob_endpoint": self.blob_endpoint,
+                "data_container": self.data_container,
+                "checkpoints_container": self.checkpoints_container,
+            }
+        )

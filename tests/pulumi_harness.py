@@ -1,0 +1,443 @@
+"""Run the whole Pulumi program in-process under mocks: no CLI, no plugins, no cloud.
+
+``run_program("dev")`` reads ``Pulumi.yaml`` defaults and ``Pulumi.dev.yaml`` values the way
+the CLI would, applies overrides, runs ``__main__.py`` and returns every registered resource
+and the settled stack outputs. Each call starts from fresh runtime state, so one pytest
+session can run the program many times with different config.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import runpy
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
+TENANT_ID = "11111111-1111-1111-1111-111111111111"
+
+
+def fake_uuid(*parts: str) -> str:
+    """A stable UUID for a mocked principal or client id, so runs are reproducible."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
+
+
+@dataclass
+class Registered:
+    """One resource the program registered (custom or component)."""
+
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    """Inputs as the provider would receive them (camelCase keys, secrets unwrapped)."""
+    outputs: dict[str, Any]
+    """The state the mocks answered with (inputs plus plausible computed outputs)."""
+    urn: str
+    id: str | None
+    custom: bool
+    parent: str | None
+    """URN of the parent resource (the stack's URN for top-level resources)."""
+    provider: str | None
+    """Provider reference (``urn::id``) when one was passed explicitly."""
+    secret_inputs: set[str] = field(default_factory=set)
+    """Dotted paths of inputs that were marked secret (e.g. ``kubeconfig``)."""
+    dependencies: list[str] = field(default_factory=list)
+    """URNs this resource depends on (explicit ``depends_on`` plus input dependencies)."""
+    ignore_changes: list[str] = field(default_factory=list)
+    replace_on_changes: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
+
+    @property
+    def parent_type(self) -> str | None:
+        """The parent's type token, read from its URN."""
+        return _urn_type(self.parent) if self.parent else None
+
+    @property
+    def parent_name(self) -> str | None:
+        """The parent's logical name, read from its URN."""
+        return self.parent.rsplit("::", 1)[-1] if self.parent else None
+
+
+@dataclass
+class Invoked:
+    """One invoke (function call) the program made."""
+
+    token: str
+    args: dict[str, Any]
+    result: dict[str, Any]
+
+
+@dataclass
+class ProgramRun:
+    """What one run of the program registered and exported."""
+
+    resources: list[Registered]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+    """Names of stack outputs that are marked secret."""
+    calls: list[Invoked]
+    config: dict[str, str]
+    """The exact config the program saw (namespaced keys, string values)."""
+    project: str
+    stack: str
+    error: BaseException | None = None
+
+    def of_type(self, type_: str) -> list[Registered]:
+        """Every resource of one type token, in registration order."""
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name_contains: str | None = None) -> Registered:
+        """The single resource of a type (optionally whose name contains a string)."""
+        found = [r for r in self.of_type(type_) if name_contains is None or name_contains in r.name]
+        if len(found) != 1:
+            names = [r.name for r in self.of_type(type_)]
+            raise AssertionError(
+                f"expected one {type_} (name contains {name_contains!r}), found {len(found)}; "
+                f"registered names of that type: {names}"
+            )
+        return found[0]
+
+    def children_of(self, parent: Registered) -> list[Registered]:
+        """Resources whose parent is ``parent``."""
+        return [r for r in self.resources if r.parent == parent.urn]
+
+    def calls_to(self, token: str) -> list[Invoked]:
+        """Every invoke of one function token."""
+        return [c for c in self.calls if c.token == token]
+
+
+class LabMocks(pulumi.runtime.Mocks):
+    """Answers resources and invokes with plausible Azure/Kubernetes outputs."""
+
+    def __init__(self) -> None:
+        self.calls: list[Invoked] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        state = mock_state(args.typ, args.name, dict(args.inputs))
+        return mock_id(args.typ, args.name, state), state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        result = mock_invoke(args.token, dict(args.args))
+        self.calls.append(Invoked(args.token, dict(args.args), result))
+        return result
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The stock mock monitor, also recording parents, providers and options per resource."""
+
+    def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
+        super().__init__(mocks)
+        self.registered: list[Registered] = []
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+        response = super().RegisterResource(request)
+        if request.type == "pulumi:pulumi:Stack":
+            return response
+        state = self.resources[response.urn].state
+        secret_paths: set[str] = set()
+        inputs = unwrap_secrets(rpc.deserialize_properties(request.object), "", secret_paths)
+        self.registered.append(
+            Registered(
+                type=request.type,
+                name=request.name,
+                inputs=inputs,
+                outputs=dict(state),
+                urn=response.urn,
+                id=response.id or None,
+                custom=bool(request.custom),
+                parent=request.parent or None,
+                provider=request.provider or None,
+                secret_inputs=secret_paths,
+                dependencies=list(request.dependencies),
+                ignore_changes=list(request.ignoreChanges),
+                replace_on_changes=list(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
+            )
+        )
+        return response
+
+
+def unwrap_secrets(value: Any, path: str, found: set[str]) -> Any:
+    """``value`` with Pulumi's secret envelopes removed; adds each secret's dotted path to found."""
+    if isinstance(value, dict):
+        if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+            found.add(path)
+            return unwrap_secrets(value.get("value"), path, found)
+        return {k: unwrap_secrets(v, f"{path}.{k}" if path else k, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap_secrets(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
+
+
+def _urn_type(urn: str) -> str:
+    # urn:pulumi:<stack>::<project>::<parent$type chain>::<name>
+    return urn.split("::")[2].rsplit("$", 1)[-1]
+
+
+# ---- plausible provider answers -------------------------------------------------------------
+
+# Input property that carries each Azure resource's physical name (else Pulumi auto-names it).
+_AZURE_NAME_INPUTS = {
+    "azure-native:resources:ResourceGroup": "resourceGroupName",
+    "azure-native:containerservice:ManagedCluster": "resourceName",
+    "azure-native:containerservice:AgentPool": "agentPoolName",
+    "azure-native:storage:StorageAccount": "accountName",
+    "azure-native:storage:BlobContainer": "containerName",
+    "azure-native:containerregistry:Registry": "registryName",
+    "azure-native:managedidentity:UserAssignedIdentity": "resourceName",
+    "azure-native:managedidentity:FederatedIdentityCredential": (
+        "federatedIdentityCredentialResourceName"
+    ),
+    "azure-native:authorization:RoleAssignment": "roleAssignmentName",
+}
+
+
+def _physical_name(type_: str, name: str, inputs: dict[str, Any]) -> str:
+    key = _AZURE_NAME_INPUTS.get(type_)
+    if key and inputs.get(key):
+        return str(inputs[key])
+    if type_ == "azure-native:authorization:RoleAssignment":
+        return fake_uuid(type_, name)
+    # Auto-naming appends a random suffix; a fixed one keeps runs reproducible.
+    return f"{name}1a2b3c4"
+
+
+def mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The state a provider would return for a new resource: inputs plus computed outputs."""
+    state = dict(inputs)
+    if type_.startswith("azure-native:"):
+        state["name"] = _physical_name(type_, name, inputs)
+        state.update(_azure_outputs(type_, name, state))
+    elif type_.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
+        metadata = dict(state["metadata"])
+        metadata.setdefault("name", f"{name}-1a2b3c4")
+        metadata.setdefault("uid", fake_uuid(type_, name))
+        state["metadata"] = metadata
+    elif type_ == "command:local:Command":
+        state.update({"stdout": "", "stderr": ""})
+    return state
+
+
+def _azure_outputs(type_: str, name: str, state: dict[str, Any]) -> dict[str, Any]:
+    physical = state["name"]
+    location = state.get("location", "westus3")
+    if type_ == "azure-native:containerservice:ManagedCluster":
+        rg = state.get("resourceGroupName", "rg")
+        return {
+            "nodeResourceGroup": state.get("nodeResourceGroup") or f"MC_{rg}_{physical}_{location}",
+            "identityProfile": {
+                "kubeletidentity": {
+                    "clientId": fake_uuid(name, "kubelet", "client"),
+                    "objectId": fake_uuid(name, "kubelet", "object"),
+                }
+            },
+            "oidcIssuerProfile": {
+                "enabled": True,
+                "issuerURL": f"https://{location}.oic.prod-aks.azure.com/{TENANT_ID}/"
+                f"{fake_uuid(name, 'oidc')}/",
+            },
+            "provisioningState": "Succeeded",
+        }
+    if type_ == "azure-native:storage:StorageAccount":
+        return {"primaryEndpoints": {"blob": f"https://{physical}.blob.core.windows.net/"}}
+    if type_ == "azure-native:containerregistry:Registry":
+        return {"loginServer": f"{physical.lower()}.azurecr.io"}
+    if type_ == "azure-native:managedidentity:UserAssignedIdentity":
+        return {
+            "clientId": fake_uuid(name, "client"),
+            "principalId": fake_uuid(name, "principal"),
+            "tenantId": TENANT_ID,
+        }
+    return {}
+
+
+# Resource provider namespaces, for ARM-shaped ids.
+_ARM_NAMESPACES = {
+    "authorization": "Microsoft.Authorization",
+    "containerregistry": "Microsoft.ContainerRegistry",
+    "containerservice": "Microsoft.ContainerService",
+    "managedidentity": "Microsoft.ManagedIdentity",
+    "storage": "Microsoft.Storage",
+}
+
+
+def mock_id(type_: str, name: str, state: dict[str, Any]) -> str:
+    """An ARM-shaped id for Azure resources, ``<name>-id`` for others."""
+    if not type_.startswith("azure-native:"):
+        return f"{name}-id"
+    _, module, kind = type_.split(":")
+    if kind == "ResourceGroup":
+        return f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{state['name']}"
+    if kind == "RoleAssignment":  # an extension resource: its id hangs off its scope
+        return f"{state['scope']}/providers/Microsoft.Authorization/roleAssignments/{state['name']}"
+    plural = kind[0].lower() + (f"{kind[1:-1]}ies" if kind.endswith("y") else f"{kind[1:]}s")
+    namespace = _ARM_NAMESPACES.get(module, f"Microsoft.{module}")
+    rg = state.get("resourceGroupName", "rg")
+    return (
+        f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{rg}/providers/"
+        f"{namespace}/{plural}/{state['name']}"
+    )
+
+
+def fake_kubeconfig(cluster: str) -> str:
+    """A syntactically valid kubeconfig for a mocked cluster."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": cluster, "cluster": {"server": f"https://{cluster}.mock:443"}}],
+            "users": [{"name": f"clusterUser_{cluster}", "user": {"token": "mock-token"}}],
+            "contexts": [
+                {"name": cluster, "context": {"cluster": cluster, "user": f"clusterUser_{cluster}"}}
+            ],
+            "current-context": cluster,
+        }
+    )
+
+
+def mock_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Answers for the functions (invokes) the program may call; unknown ones return ``{}``."""
+    if token in (
+        "azure-native:containerservice:listManagedClusterUserCredentials",
+        "azure-native:containerservice:listManagedClusterAdminCredentials",
+    ):
+        kubeconfig = fake_kubeconfig(str(args.get("resourceName", "cluster")))
+        value = base64.b64encode(kubeconfig.encode()).decode()
+        return {"kubeconfigs": [{"name": "clusterUser", "value": value}]}
+    if token == "azure-native:authorization:getClientConfig":
+        return {
+            "clientId": fake_uuid("deployer", "client"),
+            "objectId": fake_uuid("deployer", "object"),
+            "subscriptionId": SUBSCRIPTION_ID,
+            "tenantId": TENANT_ID,
+        }
+    return {}
+
+
+# ---- config the way the CLI assembles it ----------------------------------------------------
+
+
+def _config_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def stack_config(
+    stack: str = "dev",
+    overrides: Mapping[str, str] | None = None,
+    project_dir: Path = PROJECT_DIR,
+) -> tuple[str, dict[str, str]]:
+    """(project name, config) from Pulumi.yaml defaults, Pulumi.<stack>.yaml, then overrides.
+
+    Keys are namespaced (``spot-lab:gpuMaxNodes``); an override key without a namespace is
+    taken as the project's. Values are strings, objects JSON, as ``pulumi.Config`` expects.
+    Like the CLI, a project key that Pulumi.yaml does not declare is an error.
+    """
+    project_file = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    project = project_file["name"]
+    config: dict[str, str] = {}
+    for key, spec in (project_file.get("config") or {}).items():
+        full = key if ":" in key else f"{project}:{key}"
+        if isinstance(spec, dict) and ("default" in spec or "value" in spec):
+            config[full] = _config_string(spec.get("default", spec.get("value")))
+    declared = set(config)
+    stack_file = project_dir / f"Pulumi.{stack}.yaml"
+    if not stack_file.exists():
+        raise FileNotFoundError(f"no stack file {stack_file.name} in {project_dir}")
+    values = dict(yaml.safe_load(stack_file.read_text()).get("config") or {})
+    values.update({k if ":" in k else f"{project}:{k}": v for k, v in (overrides or {}).items()})
+    for key, value in values.items():
+        if key.startswith(f"{project}:") and key not in declared:
+            raise ValueError(f"{key} is not declared in Pulumi.yaml (the CLI rejects it too)")
+        if isinstance(value, dict) and "secure" in value:
+            raise ValueError(f"{stack_file.name}: {key} is encrypted; the harness has no key")
+        config[key] = _config_string(value)
+    return project, config
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+def run_pulumi(
+    program: Callable[[], None],
+    config: Mapping[str, str] | None = None,
+    project: str = "spot-lab",
+    stack: str = "dev",
+    check: bool = True,
+) -> ProgramRun:
+    """Run any program callable under fresh mocks and collect registrations and outputs.
+
+    With ``check`` (the default) an exception from the program is re-raised; otherwise it
+    is returned in ``ProgramRun.error`` next to whatever was registered before it.
+    """
+    mocks = LabMocks()
+    monitor = RecordingMonitor(mocks)
+    # A fresh root Stack per run: set_mocks only creates one when none is installed.
+    settings.set_root_resource(None)
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(config or {}), [])
+    root = settings.get_root_resource()
+    resolved: dict[str, Any] = {}
+    secrets: set[str] = set()
+
+    async def main() -> None:
+        program()
+        for key, value in dict(root.outputs).items():
+            output = pulumi.Output.from_input(value)
+            resolved[key] = await output.future()
+            if await output.is_secret():
+                secrets.add(key)
+
+    error: BaseException | None = None
+    try:
+        _sync_await(run_pulumi_func(main))
+    except Exception as exc:  # noqa: BLE001 handed to the caller, raised below when check
+        error = exc
+    finally:
+        settings.set_root_resource(None)
+    if error is not None and check:
+        raise error
+    return ProgramRun(
+        resources=monitor.registered,
+        outputs=resolved,
+        secret_outputs=secrets,
+        calls=mocks.calls,
+        config=dict(config or {}),
+        project=project,
+        stack=stack,
+        error=error,
+    )
+
+
+def run_program(
+    stack: str = "dev",
+    overrides: Mapping[str, str] | None = None,
+    check: bool = True,
+    project_dir: Path = PROJECT_DIR,
+) -> ProgramRun:
+    """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``)."""
+    project, config = stack_config(stack, overrides, project_dir)
+    main_file = project_dir / "__main__.py"
+    if str(project_dir) not in sys.path:
+        sys.path.insert(0, str(project_dir))
+
+    def program() -> None:
+        runpy.run_path(str(main_file), run_name="__main__")
+
+    return run_pulumi(program, config, project=project, stack=stack, check=check)

@@ -1,0 +1,442 @@
+"""The whole Pulumi program under mocks: what `pulumi up` would register, for every stack file."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from pathlib import Path
+
+import pulumi_command
+import pytest
+import yaml
+from pulumi.runtime.sync_await import _sync_await
+
+from infra import cluster as aks
+from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
+from infra.naming import lab_names, stable_suffix
+from infra.roles import ACR_PULL, STORAGE_BLOB_DATA_CONTRIBUTOR, role_definition_id
+from stack_config import ConfigError, LabConfig
+from tests.pulumi_harness import (
+    PROJECT_DIR,
+    ProgramRun,
+    Registered,
+    run_program,
+    run_pulumi,
+    stack_config,
+)
+
+STACKS = ["dev", "a100"]
+CLUSTER = "azure-native:containerservice:ManagedCluster"
+AGENT_POOL = "azure-native:containerservice:AgentPool"
+ROLE = "azure-native:authorization:RoleAssignment"
+STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
+REGISTRY = "azure-native:containerregistry:Registry"
+IDENTITY = "azure-native:managedidentity:UserAssignedIdentity"
+COMMAND = "command:local:Command"
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def run(request: pytest.FixtureRequest) -> ProgramRun:
+    return run_program(request.param)
+
+
+def _kubelet(run: ProgramRun) -> dict[str, str]:
+    return run.one(CLUSTER).outputs["identityProfile"]["kubeletidentity"]
+
+
+def _role(run: ProgramRun, name: str) -> Registered:
+    return run.one(ROLE, name_contains=name)
+
+
+# ---- cluster ---------------------------------------------------------------------------------
+
+
+def test_resource_group_is_named_for_the_stack(run: ProgramRun) -> None:
+    rg = run.one("azure-native:resources:ResourceGroup")
+    prefix = run.config["spot-lab:namePrefix"]
+    assert rg.inputs["resourceGroupName"] == f"{prefix}-{run.stack}-rg"
+    assert rg.inputs["location"] == "westus3"
+    assert rg.inputs["resourceGroupName"] == run.outputs["resourceGroup"]
+    assert rg.inputs["tags"]["project"] == "spot-lab"
+
+
+def test_system_pool_is_inline_cpu_and_regular(run: ProgramRun) -> None:
+    profiles = run.one(CLUSTER).inputs["agentPoolProfiles"]
+    assert len(profiles) == 1
+    system = profiles[0]
+    assert system["mode"] == "System"
+    assert system["scaleSetPriority"] == "Regular"
+    assert system["vmSize"] == run.config["spot-lab:systemVmSize"]
+    assert not system["vmSize"].startswith("Standard_N")
+    assert system["nodeLabels"] == {"spot-lab/pool": "system"}
+    assert "enableAutoScaling" not in system
+
+
+def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
+    config = run.config
+    pool = run.one(AGENT_POOL)
+    assert pool.inputs["resourceName"] == run.one(CLUSTER).outputs["name"]
+    assert pool.inputs["mode"] == "User"
+    assert pool.inputs["vmSize"] == config["spot-lab:gpuVmSize"]
+    assert pool.inputs["scaleSetPriority"] == "Spot"
+    assert pool.inputs["scaleSetEvictionPolicy"] == "Delete"
+    assert pool.inputs["spotMaxPrice"] == -1
+    assert pool.inputs["enableAutoScaling"] is True
+    assert pool.inputs["minCount"] == int(config["spot-lab:gpuMinNodes"]) == 0
+    assert pool.inputs["maxCount"] == int(config["spot-lab:gpuMaxNodes"])
+    assert pool.ignore_changes == ["count"]
+
+
+def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
+    pool = run.one(AGENT_POOL).inputs
+    assert pool["nodeTaints"] == [
+        "kubernetes.azure.com/scalesetpriority=spot:NoSchedule",
+        "nvidia.com/gpu=present:NoSchedule",
+    ]
+    assert pool["nodeLabels"] == {"spot-lab/pool": "gpu-spot"}
+    for label in pool["nodeLabels"]:
+        assert not label.startswith(("kubernetes.azure.com/", "kubernetes.io/"))
+
+
+def test_cluster_features(run: ProgramRun) -> None:
+    cluster = run.one(CLUSTER).inputs
+    assert cluster["storageProfile"]["blobCSIDriver"] == {"enabled": True}
+    assert cluster["oidcIssuerProfile"] == {"enabled": True}
+    assert cluster["securityProfile"]["workloadIdentity"] == {"enabled": True}
+    assert cluster["identity"] == {"type": "SystemAssigned"}
+    assert cluster["enableRBAC"] is True
+    network = cluster["networkProfile"]
+    assert (network["networkPlugin"], network["networkPluginMode"]) == ("azure", "overlay")
+    # AKS accepts the cilium policy engine only on the cilium dataplane.
+    assert network["networkPolicy"] == network["networkDataplane"] == "cilium"
+    assert cluster["autoScalerProfile"]["skipNodesWithLocalStorage"] == "false"
+    assert "kubernetesVersion" not in cluster
+
+
+def test_default_gpu_size_is_the_t4() -> None:
+    assert LabConfig(project="spot-lab", stack="x").gpu_pool.vm_size == "Standard_NC4as_T4_v3"
+
+
+def test_a100_stack_file_overrides_the_defaults() -> None:
+    dev, a100 = run_program("dev"), run_program("a100")
+    assert dev.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC4as_T4_v3"
+    assert a100.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC24ads_A100_v4"
+    assert a100.one(AGENT_POOL).inputs["maxCount"] > dev.one(AGENT_POOL).inputs["maxCount"]
+    assert a100.one(CLUSTER).inputs["agentPoolProfiles"][0]["vmSize"] == "Standard_D8s_v5"
+    # A key the a100 file does not set keeps the Pulumi.yaml default.
+    assert a100.config["spot-lab:spotMaxPrice"] == dev.config["spot-lab:spotMaxPrice"] == "-1"
+
+
+# ---- storage, registry, identities -------------------------------------------------------------
+
+
+def test_storage_account_is_private_https_tls12(run: ProgramRun) -> None:
+    account = run.one(STORAGE_ACCOUNT).inputs
+    assert account["kind"] == "StorageV2"
+    assert account["enableHttpsTrafficOnly"] is True
+    assert account["minimumTlsVersion"] == "TLS1_2"
+    assert account["allowBlobPublicAccess"] is False
+    assert re.fullmatch(r"[a-z0-9]{3,24}", account["accountName"])
+    containers = run.of_type("azure-native:storage:BlobContainer")
+    assert sorted(c.inputs["containerName"] for c in containers) == ["checkpoints", "data"]
+    assert {c.inputs["publicAccess"] for c in containers} == {"None"}
+    assert {c.inputs["accountName"] for c in containers} == {account["accountName"]}
+
+
+def test_registry_has_no_admin_user_and_kubelet_can_pull(run: ProgramRun) -> None:
+    registry = run.one(REGISTRY)
+    assert registry.inputs["adminUserEnabled"] is False
+    grant = _role(run, "acr-pull").inputs
+    assert grant["principalId"] == _kubelet(run)["objectId"]
+    assert grant["principalType"] == "ServicePrincipal"
+    assert grant["scope"] == registry.id
+    assert grant["roleDefinitionId"].endswith(f"/roleDefinitions/{ACR_PULL}")
+
+
+def test_kubelet_can_read_and_write_blobs(run: ProgramRun) -> None:
+    grant = _role(run, "kubelet-blob-data").inputs
+    assert grant["principalId"] == _kubelet(run)["objectId"]
+    assert grant["scope"] == run.one(STORAGE_ACCOUNT).id
+    assert grant["roleDefinitionId"].endswith(f"/roleDefinitions/{STORAGE_BLOB_DATA_CONTRIBUTOR}")
+
+
+def test_training_identity_is_federated_with_the_cluster(run: ProgramRun) -> None:
+    identity = run.one(IDENTITY)
+    credential = run.one("azure-native:managedidentity:FederatedIdentityCredential").inputs
+    issuer = run.one(CLUSTER).outputs["oidcIssuerProfile"]["issuerURL"]
+    assert credential["issuer"] == issuer
+    assert credential["subject"] == "system:serviceaccount:spot-lab:trainer"
+    assert credential["audiences"] == ["api://AzureADTokenExchange"]
+    assert credential["resourceName"] == identity.outputs["name"]
+    grant = _role(run, "training-identity-blob-data").inputs
+    assert grant["principalId"] == identity.outputs["principalId"]
+    assert grant["principalType"] == "ServicePrincipal"
+    assert grant["scope"] == run.one(STORAGE_ACCOUNT).id
+    assert grant["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
+    assert run.outputs["trainingClientId"] == identity.outputs["clientId"]
+
+
+# ---- image --------------------------------------------------------------------------------------
+
+
+def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) -> None:
+    tag = image_tag(PROJECT_DIR / "training")
+    build = run.one(COMMAND)
+    registry = run.one(REGISTRY).outputs
+    assert build.inputs["create"] == (
+        f"az acr build --registry {registry['name']} --image spot-lab-trainer:{tag} training"
+    )
+    assert build.inputs["triggers"] == [tag]
+    assert run.outputs["image"] == f"{registry['loginServer']}/spot-lab-trainer:{tag}"
+
+
+def test_docker_builder_builds_and_pushes_locally() -> None:
+    run = run_program("dev", {"imageBuilder": "docker"})
+    create = run.one(COMMAND).inputs["create"]
+    ref = run.outputs["image"]
+    assert create.endswith(f"docker build --tag {ref} training && docker push {ref}")
+    assert create.startswith("az acr login --name ")
+
+
+def test_image_ref_waits_for_the_build() -> None:
+    images: list[TrainingImage] = []
+
+    def program() -> None:
+        args = TrainingImageArgs("reg", "reg.azurecr.io", PROJECT_DIR, "training", "repo")
+        images.append(TrainingImage("img", args))
+
+    run = run_pulumi(program)
+    (build,) = run.of_type(COMMAND)
+    dependencies = _sync_await(images[0].image_ref.resources())
+    assert [r for r in dependencies if isinstance(r, pulumi_command.local.Command)]
+    assert run.outputs == {}
+    assert build.inputs["create"].startswith("az acr build --registry reg --image repo:")
+
+
+def _copy_training(tmp_path: Path) -> Path:
+    copy = tmp_path / "training"
+    shutil.copytree(PROJECT_DIR / "training", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_tag_is_stable_for_an_unchanged_tree(tmp_path: Path) -> None:
+    copy = _copy_training(tmp_path)
+    assert image_tag(copy) == image_tag(copy) == image_tag(PROJECT_DIR / "training")
+    (copy / "__pycache__").mkdir(exist_ok=True)
+    (copy / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0cache")
+    (copy / "stray.pyc").write_bytes(b"\0cache")
+    assert image_tag(copy) == image_tag(PROJECT_DIR / "training")
+
+
+@pytest.mark.parametrize("change", ["edit", "add", "rename"])
+def test_tag_changes_with_content(tmp_path: Path, change: str) -> None:
+    copy = _copy_training(tmp_path)
+    before = image_tag(copy)
+    if change == "edit":
+        with open(copy / "Dockerfile", "a") as f:
+            f.write("\n# changed\n")
+    elif change == "add":
+        (copy / "extra.py").write_text("X = 1\n")
+    else:
+        (copy / "Dockerfile").rename(copy / "Dockerfile.old")
+    assert image_tag(copy) != before
+
+
+def test_digest_frames_paths_and_bytes(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    (one / "a").write_text("xy")
+    (one / "b").write_text("")
+    (two / "a").write_text("x")
+    (two / "b").write_text("y")
+    assert tree_digest(one) != tree_digest(two)
+
+
+def test_build_command_rejects_unknown_builder() -> None:
+    with pytest.raises(ValueError, match="acr, docker"):
+        build_command(
+            "kaniko", registry_name="r", login_server="r.io", repository="x", tag="t", context="."
+        )
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+
+def test_stack_outputs(run: ProgramRun) -> None:
+    cluster = run.one(CLUSTER).outputs
+    assert run.outputs["clusterName"] == cluster["name"]
+    assert run.outputs["nodeResourceGroup"] == cluster["nodeResourceGroup"]
+    assert run.outputs["registryLoginServer"] == run.one(REGISTRY).outputs["loginServer"]
+    assert run.outputs["storageAccount"] == run.one(STORAGE_ACCOUNT).outputs["name"]
+    assert run.outputs["blobEndpoint"].startswith(f"https://{run.outputs['storageAccount']}.")
+    assert run.outputs["dataContainer"] == "data"
+    assert run.outputs["checkpointsContainer"] == "checkpoints"
+    assert run.outputs["kubeletClientId"] == _kubelet(run)["clientId"]
+    assert run.outputs["getCredentials"] == (
+        f"az aks get-credentials --resource-group {run.outputs['resourceGroup']} "
+        f"--name {cluster['name']}"
+    )
+    assert {"namespace", "jobName", "watchCommands"} <= set(run.outputs)
+
+
+def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
+    assert "kubeconfig" in run.secret_outputs
+    (call,) = run.calls_to("azure-native:containerservice:listManagedClusterUserCredentials")
+    assert call.args["resourceName"] == run.outputs["clusterName"]
+    assert call.args["resourceGroupName"] == run.outputs["resourceGroup"]
+    encoded = call.result["kubeconfigs"][0]["value"]
+    assert run.outputs["kubeconfig"] == base64.b64decode(encoded).decode()
+    assert yaml.safe_load(run.outputs["kubeconfig"])["kind"] == "Config"
+    # The workloads' Kubernetes provider gets the same kubeconfig, still marked secret.
+    provider = run.one("pulumi:providers:kubernetes")
+    assert provider.inputs["kubeconfig"] == run.outputs["kubeconfig"]
+    assert "kubeconfig" in provider.secret_inputs
+
+
+# ---- components -------------------------------------------------------------------------------
+
+
+def test_every_resource_sits_in_a_component_named_for_it(run: ProgramRun) -> None:
+    for resource in run.resources:
+        if resource.parent_type == "pulumi:pulumi:Stack":
+            assert not resource.custom or resource.name == "lab", resource.name
+            continue
+        if resource.parent_type.startswith("spot-lab:"):
+            assert resource.name.startswith(f"{resource.parent_name}-"), resource.name
+    components = [r for r in run.resources if not r.custom and r.type.startswith("spot-lab:")]
+    assert {c.type for c in components} >= {
+        "spot-lab:cluster:AksCluster",
+        "spot-lab:storage:LabStorage",
+        "spot-lab:registry:LabRegistry",
+        "spot-lab:identity:TrainingIdentity",
+        "spot-lab:image:TrainingImage",
+    }
+    assert run.one(AGENT_POOL).parent_type == "spot-lab:cluster:AksCluster"
+
+
+# ---- overrides and errors ---------------------------------------------------------------------
+
+
+def test_overrides_reach_the_gpu_pool() -> None:
+    run = run_program("dev", {"gpuMaxNodes": "5", "workerMaxReplicas": "5", "spotMaxPrice": "0.5"})
+    pool = run.one(AGENT_POOL).inputs
+    assert pool["maxCount"] == 5
+    assert pool["spotMaxPrice"] == 0.5
+
+
+def test_kubernetes_version_set_and_unset() -> None:
+    pinned = run_program("dev", {"kubernetesVersion": "1.33"})
+    assert pinned.one(CLUSTER).inputs["kubernetesVersion"] == "1.33"
+    assert pinned.one(CLUSTER).inputs["agentPoolProfiles"][0]["orchestratorVersion"] == "1.33"
+    assert pinned.one(AGENT_POOL).inputs["orchestratorVersion"] == "1.33"
+    default = run_program("dev", {"kubernetesVersion": ""})
+    assert "kubernetesVersion" not in default.one(CLUSTER).inputs
+    assert "orchestratorVersion" not in default.one(AGENT_POOL).inputs
+
+
+def test_azure_native_location_wins() -> None:
+    run = run_program("dev", {"azure-native:location": "swedencentral"})
+    assert run.one("azure-native:resources:ResourceGroup").inputs["location"] == "swedencentral"
+    assert run.one(CLUSTER).inputs["location"] == "swedencentral"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"gpuMinNodes": "7"}, "spot-lab:gpuMinNodes"),
+        ({"gpuMinNodes": "-1"}, "spot-lab:gpuMinNodes"),
+        ({"gpuVmSize": "Standard_D8s_v5"}, "spot-lab:gpuVmSize"),
+        ({"gpuVmSize": "Standard_NC6s_v3"}, "spot-lab:gpuVmSize"),
+        ({"spotMaxPrice": "0"}, "spot-lab:spotMaxPrice"),
+        ({"gpuMaxNodes": "2"}, "spot-lab:workerMaxReplicas"),
+        ({"workerReplicas": "9"}, "spot-lab:workerReplicas"),
+        ({"namePrefix": "Spot_Lab"}, "spot-lab:namePrefix"),
+        ({"checkpointBackend": "nfs"}, "spot-lab:checkpointBackend"),
+        ({"maxSteps": "lots"}, "spot-lab:maxSteps"),
+    ],
+)
+@pytest.mark.parametrize("stack", STACKS)
+def test_config_errors_register_nothing(stack: str, overrides: dict[str, str], key: str) -> None:
+    run = run_program(stack, overrides, check=False)
+    assert isinstance(run.error, ConfigError)
+    assert key in str(run.error)
+    assert run.resources == []
+
+
+def test_stack_files_use_only_declared_keys() -> None:
+    for stack in STACKS:
+        stack_config(stack)
+    with pytest.raises(ValueError, match="spot-lab:gpuMaxNode is not declared"):
+        stack_config("dev", {"gpuMaxNode": "3"})
+
+
+# ---- naming -------------------------------------------------------------------------------------
+
+
+def test_global_names_are_stable_and_distinct_per_stack() -> None:
+    dev, a100 = run_program("dev"), run_program("a100")
+    again = run_program("dev")
+    assert dev.outputs["storageAccount"] == again.outputs["storageAccount"]
+    assert dev.outputs["storageAccount"] != a100.outputs["storageAccount"]
+    assert dev.outputs["registryLoginServer"] != a100.outputs["registryLoginServer"]
+
+
+def test_name_suffix_depends_on_project_stack_and_prefix() -> None:
+    base = stable_suffix("spot-lab", "dev", "spotlab")
+    assert base == stable_suffix("spot-lab", "dev", "spotlab")
+    others = {
+        stable_suffix("other", "dev", "spotlab"),
+        stable_suffix("spot-lab", "prod", "spotlab"),
+        stable_suffix("spot-lab", "dev", "lab"),
+    }
+    assert base not in others and len(others) == 3
+
+
+def test_longest_prefix_still_fits_azure_names() -> None:
+    names = lab_names(LabConfig(project="spot-lab", stack="My.Stack_1", name_prefix="a" * 12))
+    assert len(names.storage_account) <= 24
+    assert re.fullmatch(r"[a-z0-9-]+", names.cluster)
+
+
+def test_role_definition_id_takes_the_scopes_subscription() -> None:
+    scope = "/subscriptions/abc/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/s"
+    assert role_definition_id(scope, ACR_PULL) == (
+        f"/subscriptions/abc/providers/Microsoft.Authorization/roleDefinitions/{ACR_PULL}"
+    )
+    with pytest.raises(ValueError, match="not an ARM id"):
+        role_definition_id("rg/storage", ACR_PULL)
+
+
+def test_pure_pool_specs_match_the_constants() -> None:
+    cfg = LabConfig(project="spot-lab", stack="dev")
+    spec = aks.gpu_spot_pool_spec(cfg.gpu_pool, None)
+    assert aks.SPOT_TAINT in spec["node_taints"] and aks.GPU_TAINT in spec["node_taints"]
+    assert spec["node_labels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
+
+
+# ---- the harness itself -------------------------------------------------------------------------
+
+
+def test_harness_runs_are_independent() -> None:
+    first = run_program("dev", {"gpuMaxNodes": "4"})
+    second = run_program("dev")
+    assert first.one(AGENT_POOL).inputs["maxCount"] == 4
+    assert second.one(AGENT_POOL).inputs["maxCount"] == 3
+    assert len(first.resources) == len(second.resources)
+    assert len({r.urn for r in second.resources}) == len(second.resources)
+    assert second.config["spot-lab:gpuMaxNodes"] == "3"
+
+
+def test_harness_keeps_registrations_of_a_failing_program() -> None:
+    import pulumi_azure_native as azure_native
+
+    def program() -> None:
+        azure_native.resources.ResourceGroup("rg", location="westus3")
+        raise RuntimeError("boom")
+
+    failed = run_pulumi(program, check=False)
+    assert isinstance(failed.error, RuntimeError)
+    assert [r.type for r in failed.resources] == ["azure-native:resources:ResourceGroup"]
+    with pytest.raises(RuntimeError, match="boom"):
+        run_pulumi(program)

@@ -1,0 +1,267 @@
+"""stack_config: loading raw config into LabConfig and validating it. Pure: no Pulumi runtime."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+import stack_config
+from stack_config import ConfigError, LabConfig, load, validate
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def _cfg(raw: dict[str, str] | None = None, location: str | None = None) -> LabConfig:
+    """A loaded and validated config from raw overrides of the defaults."""
+    cfg = load(raw or {}, "spot-lab", "dev", location)
+    validate(cfg)
+    return cfg
+
+
+def _problems(raw: dict[str, str]) -> str:
+    """The ConfigError message for raw config that must fail load or validate."""
+    with pytest.raises(ConfigError) as info:
+        _cfg(raw)
+    return str(info.value)
+
+
+# ---- the key table and Pulumi.yaml agree -------------------------------------------------------
+
+
+def _declared() -> dict[str, dict]:
+    return yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())["config"]
+
+
+def test_every_setting_is_declared_in_pulumi_yaml_and_nothing_else() -> None:
+    assert set(_declared()) == set(stack_config.KEYS)
+
+
+def test_pulumi_yaml_declares_type_default_and_description() -> None:
+    for key, spec in _declared().items():
+        assert spec["type"] in ("string", "integer", "boolean"), key
+        assert "default" in spec, key
+        assert spec["description"].strip(), key
+
+
+def test_pulumi_yaml_defaults_equal_dataclass_defaults() -> None:
+    raw = {key: str(spec["default"]) for key, spec in _declared().items()}
+    assert load(raw, "spot-lab", "dev") == LabConfig(project="spot-lab", stack="dev")
+
+
+def test_integer_keys_are_declared_as_integers() -> None:
+    declared = _declared()
+    for setting in stack_config.SETTINGS:
+        expected = "integer" if setting.kind is int else "string"
+        assert declared[setting.key]["type"] == expected, setting.key
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+
+def test_load_parses_every_section() -> None:
+    cfg = load(
+        {
+            "gpuMaxNodes": "5",
+            "workerMaxReplicas": "5",
+            "spotMaxPrice": "0.5",
+            "kubernetesVersion": "1.33",
+            "rdzvJoinTimeout": "60",
+            "checkpointBackend": "blob",
+            "systemNodeCount": " 3 ",
+        },
+        "spot-lab",
+        "dev",
+    )
+    assert cfg.gpu_pool.max_nodes == 5
+    assert cfg.job.max_replicas == 5
+    assert cfg.gpu_pool.spot_max_price == 0.5
+    assert cfg.cluster.kubernetes_version == "1.33"
+    assert cfg.job.rendezvous.join_timeout_s == 60
+    assert cfg.job.checkpoint_backend == "blob"
+    assert cfg.cluster.system_node_count == 3
+
+
+def test_empty_kubernetes_version_means_aks_default() -> None:
+    assert load({"kubernetesVersion": ""}, "spot-lab", "dev").cluster.kubernetes_version is None
+
+
+def test_azure_native_location_wins_over_project_location() -> None:
+    assert load({"location": "eastus"}, "p", "s", "westeurope").location == "westeurope"
+    assert load({"location": "eastus"}, "p", "s", None).location == "eastus"
+    assert load({}, "p", "s", None).location == "westus3"
+
+
+@pytest.mark.parametrize("value", ["2.5", "three", "", "1e3"])
+def test_non_integer_integer_names_the_key(value: str) -> None:
+    message = _problems({"gpuMaxNodes": value})
+    assert "spot-lab:gpuMaxNodes must be an integer" in message
+    assert repr(value) in message
+
+
+def test_unknown_key_is_rejected_with_the_known_keys() -> None:
+    message = _problems({"gpuMaxNode": "3"})
+    assert "spot-lab:gpuMaxNode is not a setting" in message
+    assert "gpuMaxNodes" in message
+
+
+def test_load_reports_all_parse_problems_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"gpuMaxNodes": "x", "maxSteps": "y"}, "spot-lab", "dev")
+    assert len(info.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("-1", -1.0), ("0.5", 0.5), ("1.23456", 1.23456), (" 2 ", 2.0)]
+)
+def test_spot_price_accepts_minus_one_or_positive(raw: str, expected: float) -> None:
+    assert _cfg({"spotMaxPrice": raw}).gpu_pool.spot_max_price == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-0.5", "-2", "abc", "", "0.123456", "nan", "inf"])
+def test_spot_price_rejects_anything_else(raw: str) -> None:
+    message = _problems({"spotMaxPrice": raw})
+    assert "spot-lab:spotMaxPrice must be -1" in message
+
+
+# ---- validate -----------------------------------------------------------------------------------
+
+
+def test_defaults_are_valid() -> None:
+    validate(LabConfig(project="spot-lab", stack="dev"))
+
+
+def test_gpu_min_above_max() -> None:
+    message = _problems({"gpuMinNodes": "4", "gpuMaxNodes": "3"})
+    assert "spot-lab:gpuMinNodes (4) must be <= spot-lab:gpuMaxNodes (3)" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "low"),
+    [
+        ("gpuMinNodes", "-1", 0),
+        ("gpuMaxNodes", "0", 1),
+        ("systemNodeCount", "0", 1),
+        ("workerMinReplicas", "0", 1),
+        ("workerReplicas", "-2", 1),
+        ("maxRestarts", "-1", 0),
+        ("collectiveTimeoutSeconds", "0", 1),
+        ("checkpointEverySteps", "-5", 0),
+        ("rdzvKeepAliveInterval", "0", 1),
+        ("rdzvJoinTimeout", "-1", 1),
+    ],
+)
+def test_negative_or_zero_counts(key: str, value: str, low: int) -> None:
+    assert f"spot-lab:{key} must be an integer >= {low}, got {int(value)}" in _problems(
+        {key: value}
+    )
+
+
+@pytest.mark.parametrize("size", ["Standard_D4s_v5", "Standard_E8s_v5", "NC4as_T4_v3", "gpu"])
+def test_gpu_pool_size_must_be_a_gpu_size(size: str) -> None:
+    message = _problems({"gpuVmSize": size})
+    assert "spot-lab:gpuVmSize must be a GPU VM size of the NC, ND or NV families" in message
+
+
+@pytest.mark.parametrize(
+    "size", ["Standard_NC6s_v3", "Standard_NC12s_v3", "Standard_NC24s_v3", "Standard_NC24rs_v3"]
+)
+def test_retired_ncv3_sizes_are_rejected_with_a_replacement(size: str) -> None:
+    message = _problems({"gpuVmSize": size})
+    assert f"spot-lab:gpuVmSize: {size} (NCv3) was retired on 2025-09-30" in message
+    assert "use Standard_NC4as_T4_v3" in message
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        "Standard_NC4as_T4_v3",
+        "Standard_NC8ads_A10_v4",
+        "Standard_NC24ads_A100_v4",
+        "Standard_ND96asr_v4",
+        "Standard_NV36ads_A10_v5",
+    ],
+)
+def test_current_gpu_sizes_are_accepted(size: str) -> None:
+    assert _cfg({"gpuVmSize": size}).gpu_pool.vm_size == size
+
+
+def test_system_pool_must_not_be_a_gpu_size() -> None:
+    message = _problems({"systemVmSize": "Standard_NC4as_T4_v3"})
+    assert "spot-lab:systemVmSize must be a CPU VM size" in message
+
+
+def test_spot_price_rule_holds_for_configs_built_in_code() -> None:
+    cfg = LabConfig(project="spot-lab", stack="dev")
+    bad = replace(cfg, gpu_pool=replace(cfg.gpu_pool, spot_max_price=0.0))
+    with pytest.raises(ConfigError, match="spot-lab:spotMaxPrice must be -1"):
+        validate(bad)
+
+
+def test_max_workers_above_gpu_max_nodes() -> None:
+    message = _problems({"gpuMaxNodes": "2", "workerMaxReplicas": "3", "workerReplicas": "2"})
+    assert "spot-lab:workerMaxReplicas (3) must be <= spot-lab:gpuMaxNodes (2)" in message
+
+
+def test_worker_min_above_max() -> None:
+    message = _problems({"workerMinReplicas": "3", "workerMaxReplicas": "2"})
+    assert "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)" in message
+
+
+@pytest.mark.parametrize("replicas", ["1", "4"])
+def test_replicas_outside_min_max(replicas: str) -> None:
+    raw = {"workerMinReplicas": "2", "workerMaxReplicas": "3", "workerReplicas": replicas}
+    message = _problems(raw)
+    assert f"spot-lab:workerReplicas ({replicas}) must be within" in message
+    assert "[2, 3]" in message
+
+
+@pytest.mark.parametrize("prefix", ["SpotLab", "spot-lab", "1lab", "a", "averyveryverylongprefix"])
+def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
+    message = _problems({"namePrefix": prefix})
+    assert "spot-lab:namePrefix must be 2-12 lowercase letters or digits" in message
+    assert "3-24 lowercase alphanumerics" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("checkpointBackend", "s3", "mount, blob"),
+        ("imageBuilder", "kaniko", "acr, docker"),
+    ],
+)
+def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
+    assert f"spot-lab:{key} must be one of {allowed}; got {value!r}" in _problems({key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("kubernetesVersion", "latest", "spot-lab:kubernetesVersion must be empty"),
+        ("namespace", "Spot_Lab", "spot-lab:namespace must be a DNS label"),
+        ("workerCpu", "three", "spot-lab:workerCpu must be a CPU quantity"),
+        ("workerMemory", "12GB", "spot-lab:workerMemory must be a memory quantity"),
+        ("hpaCpuUtilization", "150", "spot-lab:hpaCpuUtilization must be 0"),
+        ("globalBatchSize", "2", "spot-lab:globalBatchSize (2) must be >="),
+    ],
+)
+def test_other_rules_name_their_key(key: str, value: str, fragment: str) -> None:
+    assert fragment in _problems({key: value})
+
+
+def test_checkpoints_must_be_saved_somehow() -> None:
+    message = _problems({"checkpointEverySteps": "0", "checkpointEverySeconds": "0"})
+    assert "no checkpoint would ever be saved" in message
+
+
+def test_bad_location_names_both_keys() -> None:
+    with pytest.raises(ConfigError, match="azure-native:location \\(or spot-lab:location\\)"):
+        _cfg(location="West US 3")
+
+
+def test_validate_reports_every_problem_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        _cfg({"gpuVmSize": "Standard_D4s_v5", "namePrefix": "X", "checkpointBackend": "nfs"})
+    assert len(info.value.problems) == 3
