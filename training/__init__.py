@@ -1,0 +1,1 @@
+"""The elastic training program: data, model, sampler and the loop torchrun runs."""
