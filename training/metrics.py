@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from training.dist import DistEnv
@@ -49,3 +51,32 @@ def progress_line(
         f"step {step}/{max_steps} ({pct:.0f}%) | epoch {epoch} | world {world} | "
         f"loss {loss:.4f} | {rate:.0f} samples/s"
     )
+
+
+def seconds_since_process_start() -> float:
+    """How long ago this process was spawned (Linux /proc), so interpreter and imports count."""
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Phases:
+    """Named durations of a worker's start-up, for the profile of a recovery."""
+
+    def __init__(self) -> None:
+        self.durations: dict[str, float] = {
+            "spawn_and_import_s": round(seconds_since_process_start(), 4)
+        }
+        self._last = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.durations[f"{name}_s"] = round(now - self._last, 4)
+        self._last = now
+
+    def total(self) -> float:
+        return round(sum(self.durations.values()), 4)

@@ -35,7 +35,7 @@ from training.checkpoint import (
 from training.config import ConfigError, TrainConfig, parse_config
 from training.data import DatasetError, ImageDataset, batch_tensors, load_cifar10_binary
 from training.dist import DistEnv, destroy_process_group, device_for, init_process_group
-from training.metrics import EventLog, progress_line, setup_logging
+from training.metrics import EventLog, Phases, progress_line, setup_logging
 from training.model import ModelConfig, build_model
 from training.resume import NodeLocalState, Resume, agree_on_resume
 from training.sampler import ElasticSampler, loss_scale, micro_batches
@@ -243,17 +243,22 @@ class Trainer:
         )
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self, stop: StopRequest) -> int:
+    def run(self, stop: StopRequest, phases: Phases) -> int:
         try:
             self.restore()
+            phases.mark("restore")
         except Exception as exc:
             if not is_peer_failure(exc):
                 raise
             self.events.event("peer_failure", step=self.state.step, error=str(exc)[:200])
             return EXIT_RESTART  # nothing restored yet, so nothing to save
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-        )
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        phases.mark("ddp")
+        if self.env.rank == 0:
+            self.events.event(
+                "ready", step=self.state.step, seconds=phases.total(), phases=phases.durations
+            )
         max_steps, log_every = self.cfg.run.max_steps, self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
@@ -317,6 +322,7 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    phases = Phases()
     env = DistEnv.from_env()
     setup_logging(env)
     stop = StopRequest()
@@ -332,15 +338,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, ValueError, OSError) as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
+    phases.mark("inputs")
     logger.info("config %s", cfg.as_dict())
     events.event(
         "started", world_size=env.world_size, local_rank=env.local_rank, group_rank=env.group_rank
     )
     device = device_for(env)
     init_process_group(env, device, cfg.run.collective_timeout_s)
+    phases.mark("process_group")
     code = EXIT_OK
     try:
-        code = Trainer(cfg, env, device, dataset, durable, local, events).run(stop)
+        trainer = Trainer(cfg, env, device, dataset, durable, local, events)
+        phases.mark("build")
+        code = trainer.run(stop, phases)
     except ConfigError as exc:
         logger.error("%s", exc)
         code = EXIT_BAD_INPUT
