@@ -1,0 +1,176 @@
+"""A lab node: one ``torchrun`` agent (and its workers), like one pod on one Spot VM.
+
+The runner talks to nodes through the small ``NodeProcess`` protocol so tests can put
+fakes in. ``TorchrunNode`` is the real thing: its own session, its own log files, its
+own node-local dir, and every signal goes to the whole process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from lab import process_tree
+from training.launch import ElasticPolicy, train_command, worker_env
+
+
+class NodeProcess(Protocol):
+    """What the runner needs from a node."""
+
+    name: str
+    stdout_path: Path
+    """JSON lines from the training program."""
+    stderr_path: Path
+    """Human logs: the agent's and the workers'."""
+
+    def start(self) -> None:
+        """Start (or restart in place) the node's agent."""
+
+    def poll(self) -> int | None:
+        """The agent's exit code, or None while it runs."""
+
+    def kill(self) -> None:
+        """Hard node loss: SIGKILL the whole process tree."""
+
+    def notify_eviction(self) -> None:
+        """The Spot notice: SIGTERM to the agent, which drains its workers."""
+
+    def freeze(self) -> None:
+        """A VM that vanished: SIGSTOP the whole tree, sockets stay open."""
+
+    def terminate(self, grace_s: float) -> None:
+        """Stop for good: SIGTERM, then SIGKILL the tree after ``grace_s``. Idempotent."""
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything that defines how one node runs: the same as a PyTorchJob worker pod."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log_dir: Path
+    local_dir: Path
+
+
+def torchrun_command(train_args: list[str], python: str) -> list[str]:
+    """``train_command`` with ``torchrun`` resolved next to ``python`` (the venv's)."""
+    command = train_command(train_args)
+    torchrun = Path(python).parent / "torchrun"
+    if torchrun.is_file() and os.access(torchrun, os.X_OK):
+        return [str(torchrun), *command[1:]]
+    return [python, "-m", "torch.distributed.run", *command[1:]]
+
+
+def node_env(
+    policy: ElasticPolicy, checkpoint_uri: str, local_dir: Path, collective_timeout_s: int
+) -> dict[str, str]:
+    """The pod's env: the operator's PET_* plus the worker env, from the same source."""
+    return {
+        **policy.pet_env(),
+        **worker_env(
+            checkpoint_uri=checkpoint_uri,
+            local_dir=str(local_dir),
+            collective_timeout_s=collective_timeout_s,
+        ),
+        # Lab only: several nodes share a few cores; one thread each avoids thrashing.
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+@dataclass
+class TorchrunNode:
+    """A real node: ``torchrun`` in its own session, logs in ``log_dir/<name>.{jsonl,log}``."""
+
+    launch: NodeLaunch
+    starts: int = 0
+    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _files: list[IO[bytes]] = field(default_factory=list, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.launch.name
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.launch.log_dir / f"{self.name}.jsonl"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.launch.log_dir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        """The agent's pid, once started."""
+        return self._process.pid if self._process else None
+
+    def start(self) -> None:
+        self._close_files()
+        self.launch.local_dir.mkdir(parents=True, exist_ok=True)
+        self.launch.log_dir.mkdir(parents=True, exist_ok=True)
+        # Append: a restart in place continues the same pod's log.
+        out, err = open(self.stdout_path, "ab"), open(self.stderr_path, "ab")  # noqa: SIM115
+        self._files = [out, err]
+        self._process = subprocess.Popen(
+            self.launch.command,
+            env={**os.environ, **self.launch.env},
+            cwd=self.launch.cwd,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            # torchrun is the pod's PID 1 stand-in: Ctrl-C in the lab's terminal must not reach it.
+            start_new_session=True,
+            preexec_fn=process_tree.die_with_parent,
+        )
+        self.starts += 1
+
+    def poll(self) -> int | None:
+        if self._process is None:
+            return None
+        return self._process.poll()
+
+    def kill(self) -> None:
+        # Once reaped, the pid may belong to someone else: never signal it again.
+        if self._process is not None and self._process.poll() is None:
+            process_tree.kill_tree(self._process.pid)
+            self._process.wait()
+
+    def notify_eviction(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGTERM)
+
+    def freeze(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            process_tree.freeze_tree(self._process.pid)
+
+    def terminate(self, grace_s: float) -> None:
+        if self._process is not None and self._process.poll() is None:
+            pid = self._process.pid
+            if process_tree.is_stopped(pid):
+                process_tree.kill_tree(pid)  # a frozen tree would never act on SIGTERM
+            else:
+                process_tree.terminate_tree(pid, grace_s)
+            self._process.wait()
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for handle in self._files:
+            handle.close()
+        self._files = []
+
+
+def wait_for_exit(node: NodeProcess, timeout_s: float) -> int | None:
+    """Poll until the node's agent exits or ``timeout_s`` passes; the exit code or None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code = node.poll()
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    return node.poll()

@@ -1,0 +1,150 @@
+"""Signals to a whole process tree, found through /proc.
+
+torchrun starts each worker in its own session, so ``kill -PGID`` of the agent leaves the
+worker training as an orphan. A faithful node loss walks the parent links in /proc and
+signals the agent and every descendant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+# prctl(PR_SET_CHILD_SUBREAPER): orphans below us are re-parented to us, not to init.
+_PR_SET_CHILD_SUBREAPER = 36
+# prctl(PR_SET_PDEATHSIG): the kernel signals a child when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _stat_fields(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of ``pid``, or None when it is gone."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def parent_map() -> dict[int, list[int]]:
+    """ppid -> child pids, for every process visible in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:
+            children.setdefault(fields[1], []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (not ``pid`` itself), parents before children."""
+    children = parent_map()
+    found: list[int] = []
+    queue = list(children.get(pid, []))
+    while queue:
+        child = queue.pop(0)
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def is_stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped by a signal (state T)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] == "T"
+
+
+def _send(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    return [pid, *descendants(pid)] if is_alive(pid) else descendants(pid)
+
+
+def freeze_tree(pid: int) -> list[int]:
+    """SIGSTOP ``pid`` and all descendants until no new process appears; the frozen pids.
+
+    A frozen process keeps its sockets open and sends nothing: to its peers it looks like
+    a VM that vanished without an RST.
+    """
+    frozen: set[int] = set()
+    while True:
+        pids = [p for p in tree(pid) if p not in frozen]
+        if not pids:
+            return sorted(frozen)
+        _send(pids, signal.SIGSTOP)
+        frozen.update(pids)
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and all descendants; the pids signalled.
+
+    The tree is frozen first: a killed parent's children are re-parented and could no
+    longer be found, and a running agent could start a new worker mid-walk.
+    """
+    pids = freeze_tree(pid)
+    _send(pids, signal.SIGKILL)
+    return pids
+
+
+def terminate_tree(pid: int, grace_s: float) -> list[int]:
+    """SIGTERM ``pid`` only (the agent forwards it), then SIGKILL the tree after ``grace_s``."""
+    members = tree(pid)
+    _send([pid], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_alive(p) for p in tree(pid) + members):
+        time.sleep(0.05)
+    # Anything left, including workers re-parented away from a dead agent.
+    leftovers = [p for p in {*members, *tree(pid)} if is_alive(p)]
+    for p in leftovers:
+        kill_tree(p)
+    return leftovers
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process; False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent() -> None:
+    """A ``preexec_fn``: SIGTERM this child when the lab dies, even of SIGKILL.
+
+    A torchrun agent drains its workers on SIGTERM, so a killed lab leaves no training behind.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def reap_orphans(keep: set[int]) -> None:
+    """Reap zombie children of this process whose pids are not in ``keep``.
+
+    ``keep`` holds the pids owned by ``subprocess.Popen`` objects, which must reap their
+    own children to see the real exit code.
+    """
+    for child in parent_map().get(os.getpid(), []):
+        fields = _stat_fields(child)
+        if child not in keep and fields is not None and fields[0] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, os.WNOHANG)

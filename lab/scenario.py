@@ -1,0 +1,236 @@
+"""A lab scenario: a pure plan of nodes, training settings and faults.
+
+The runner (``lab/runner.py``) turns a ``Scenario`` into processes. Faults run in the
+order given; each waits for its trigger (``at_step`` or ``at_time``) and for the job to
+have settled after the previous fault. Nodes are numbered 0..nodes-1 at start; every
+``join`` and every node started after ``kill-all`` gets the next unused number, because a
+node that takes part again under an old identity would not exercise the scale-up path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from training.launch import RendezvousSettings
+
+FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd-restart", "kill-all")
+NODE_FAULTS = ("kill", "evict", "freeze")
+RESTART_POLICIES = ("OnFailure", "Never")
+
+
+class ScenarioError(ValueError):
+    """A scenario is invalid; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault."""
+
+    kind: str
+    """One of FAULT_KINDS."""
+    node: int | None = None
+    """Target node number, for kill, evict and freeze."""
+    at_step: int | None = None
+    """Inject once training reached this step (exclusive with at_time)."""
+    at_time: float | None = None
+    """Inject this many seconds after the nodes started (exclusive with at_step)."""
+    grace_s: float = 15.0
+    """evict: SIGKILL the node this long after SIGTERM (Azure's Spot notice is >= 30 s)."""
+    down_s: float = 2.0
+    """etcd-restart: seconds etcd stays down."""
+    wipe_data: bool = False
+    """etcd-restart: come back with an empty data dir (an etcd pod without a volume)."""
+    nodes: int = 0
+    """kill-all: how many new nodes start after every node was killed."""
+
+    def describe(self) -> str:
+        """Short human text, e.g. ``kill node-1 @ step 40``."""
+        what = {
+            "join": "join a new node",
+            "kill-all": f"kill-all, start {self.nodes} new",
+            "etcd-restart": f"etcd-restart ({self.down_s:g} s down)",
+        }.get(self.kind, f"{self.kind} node-{self.node}")
+        trigger = f"step {self.at_step}" if self.at_step is not None else f"t={self.at_time:g}s"
+        return f"{what} @ {trigger}"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The training program's flags that a scenario sets (see ``training/train.py``)."""
+
+    max_steps: int = 300
+    global_batch_size: int = 32
+    micro_batch_size: int = 16
+    model_width: int = 8
+    model_blocks: int = 1
+    lr: float = 0.05
+    seed: int = 0
+    checkpoint_every_steps: int = 50
+    checkpoint_every_seconds: int = 0
+    checkpoint_keep: int = 3
+    log_every: int = 1
+    """1 in the lab: the report measures recovery to the first metrics line."""
+    collective_timeout_s: int = 10
+    """How long a frozen peer can stall a collective before the survivors give up."""
+    train_records: int = 2048
+    """Synthetic dataset size (records)."""
+    test_records: int = 256
+
+    def args(self, data_dir: str) -> list[str]:
+        """The training program's command-line flags."""
+        return [
+            f"--data-dir={data_dir}",
+            f"--max-steps={self.max_steps}",
+            f"--global-batch-size={self.global_batch_size}",
+            f"--micro-batch-size={self.micro_batch_size}",
+            f"--model-width={self.model_width}",
+            f"--model-blocks={self.model_blocks}",
+            f"--lr={self.lr}",
+            f"--seed={self.seed}",
+            f"--checkpoint-every-steps={self.checkpoint_every_steps}",
+            f"--checkpoint-every-seconds={self.checkpoint_every_seconds}",
+            f"--checkpoint-keep={self.checkpoint_keep}",
+            f"--log-every={self.log_every}",
+            f"--collective-timeout-s={self.collective_timeout_s}",
+        ]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Nodes, the elastic policy, training settings and the faults to inject."""
+
+    name: str
+    nodes: int = 3
+    """Nodes started at the beginning, numbered 0..nodes-1."""
+    min_nodes: int = 1
+    max_nodes: int = 3
+    max_restarts: int = 100
+    """Per agent; every lost peer costs each survivor one."""
+    restart_policy: str = "OnFailure"
+    """What happens to a node whose agent exits non-zero on its own: the pod's restartPolicy."""
+    restart_delay_s: float = 1.0
+    """The kubelet's delay before it restarts a failed container."""
+    timeout_s: float = 600.0
+    """Give up (and fail the run) after this long."""
+    train: TrainSettings = field(default_factory=TrainSettings)
+    rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """What a fault does to the set of nodes, planned ahead."""
+
+    stopped: tuple[int, ...]
+    started: tuple[int, ...]
+    world_size: int
+    """Nodes alive once the job settled after the fault."""
+
+
+def plan_membership(scenario: Scenario) -> list[MembershipChange]:
+    """One MembershipChange per fault; raise ScenarioError naming the fault that is invalid."""
+    live = set(range(scenario.nodes))
+    next_id = scenario.nodes
+    changes: list[MembershipChange] = []
+    for index, fault in enumerate(scenario.faults):
+        where = f"faults[{index}]"
+        stopped: tuple[int, ...] = ()
+        started: tuple[int, ...] = ()
+        if fault.kind in NODE_FAULTS:
+            if fault.node not in live:
+                alive = ", ".join(str(n) for n in sorted(live)) or "none"
+                raise ScenarioError(
+                    f"{where}.node: cannot {fault.kind} node {fault.node}, it is not running "
+                    "at that point; "
+                    f"running nodes: {alive}"
+                )
+            stopped = (fault.node,)
+        elif fault.kind == "join":
+            if len(live) >= scenario.max_nodes:
+                raise ScenarioError(
+                    f"{where}: cannot join, {len(live)} nodes already run and max_nodes is "
+                    f"{scenario.max_nodes}"
+                )
+            started = (next_id,)
+        elif fault.kind == "kill-all":
+            stopped = tuple(sorted(live))
+            started = tuple(range(next_id, next_id + fault.nodes))
+        live = (live - set(stopped)) | set(started)
+        next_id += len(started)
+        if len(live) < scenario.min_nodes:
+            raise ScenarioError(
+                f"{where}: {fault.kind} leaves {len(live)} node(s), "
+                f"below min_nodes {scenario.min_nodes}"
+            )
+        changes.append(MembershipChange(stopped, started, len(live)))
+    return changes
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ScenarioError(message)
+
+
+def _validate_fault(index: int, fault: Fault, max_steps: int) -> None:
+    where = f"faults[{index}]"
+    _require(
+        fault.kind in FAULT_KINDS,
+        f"{where}.kind: unknown fault kind {fault.kind!r}; allowed: {', '.join(FAULT_KINDS)}",
+    )
+    _require(
+        (fault.at_step is None) != (fault.at_time is None),
+        f"{where}: set exactly one of at_step and at_time",
+    )
+    if fault.at_step is not None:
+        _require(
+            1 <= fault.at_step < max_steps,
+            f"{where}.at_step: {fault.at_step} is out of range; allowed: 1..{max_steps - 1} "
+            f"(train.max_steps is {max_steps})",
+        )
+    if fault.at_time is not None:
+        _require(fault.at_time >= 0, f"{where}.at_time: must be >= 0, got {fault.at_time}")
+    _require(
+        (fault.node is not None) == (fault.kind in NODE_FAULTS),
+        f"{where}.node: required for {', '.join(NODE_FAULTS)} and not allowed for {fault.kind}",
+    )
+    _require(fault.grace_s >= 0, f"{where}.grace_s: must be >= 0, got {fault.grace_s}")
+    _require(fault.down_s >= 0, f"{where}.down_s: must be >= 0, got {fault.down_s}")
+    if fault.kind == "kill-all":
+        _require(fault.nodes >= 1, f"{where}.nodes: kill-all must start >= 1 new node")
+
+
+def _validate_train(train: TrainSettings) -> None:
+    for name in ("max_steps", "global_batch_size", "micro_batch_size", "model_width"):
+        _require(getattr(train, name) >= 1, f"train.{name}: must be >= 1")
+    _require(train.model_blocks >= 1, "train.model_blocks: must be >= 1")
+    _require(train.log_every >= 1, "train.log_every: must be >= 1")
+    _require(train.collective_timeout_s >= 1, "train.collective_timeout_s: must be >= 1")
+    _require(train.train_records >= train.global_batch_size, "train.train_records: too small")
+
+
+def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
+    """Check every rule; return the membership plan. Raises ScenarioError."""
+    _require(scenario.min_nodes >= 1, f"min_nodes: must be >= 1, got {scenario.min_nodes}")
+    _require(
+        scenario.min_nodes <= scenario.nodes <= scenario.max_nodes,
+        f"nodes: {scenario.nodes} must be within min_nodes..max_nodes "
+        f"({scenario.min_nodes}..{scenario.max_nodes})",
+    )
+    _require(
+        scenario.restart_policy in RESTART_POLICIES,
+        f"restart_policy: {scenario.restart_policy!r}; allowed: {', '.join(RESTART_POLICIES)}",
+    )
+    _require(scenario.timeout_s > 0, "timeout_s: must be > 0")
+    _require(scenario.max_restarts >= 0, "max_restarts: must be >= 0")
+    _validate_train(scenario.train)
+    try:
+        scenario.rendezvous.validate()
+    except ValueError as err:
+        raise ScenarioError(str(err)) from err
+    steps = [f.at_step for f in scenario.faults if f.at_step is not None]
+    _require(
+        steps == sorted(steps), "faults: at_step values must not decrease (faults run in order)"
+    )
+    for index, fault in enumerate(scenario.faults):
+        _validate_fault(index, fault, scenario.train.max_steps)
+    return plan_membership(scenario)

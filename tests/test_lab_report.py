@@ -1,0 +1,193 @@
+"""The report, computed from synthetic node log records (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lab.report import build_report, fault_outcome, format_table
+from lab.timeline_plot import plot_timeline
+
+START = 1000.0
+
+
+def metrics(ts: float, step: int, world: int, loss: float = 1.0, node: str = "node-0") -> dict:
+    return {
+        "ts": START + ts,
+        "kind": "metrics",
+        "rank": 0,
+        "node": node,
+        "step": step,
+        "world_size": world,
+        "loss": loss,
+        "samples_per_s": 100.0,
+        "epoch": 0,
+    }
+
+
+def event(ts: float, name: str, node: str = "node-0", **fields) -> dict:
+    return {"ts": START + ts, "kind": "event", "event": name, "rank": 0, "node": node, **fields}
+
+
+def injection(index: int, ts: float, kind: str, planned: int) -> dict:
+    return {
+        "index": index,
+        "kind": kind,
+        "description": f"{kind} #{index}",
+        "injected_at": START + ts,
+        "planned_world_size": planned,
+    }
+
+
+def _kill_story() -> list[dict]:
+    """3 nodes train to step 12; node-0 dies at t=12.5; survivors resume at 12 on 2 nodes."""
+    records = [event(0.5, "started"), event(1.0, "resumed", step=0, source="fresh", world_size=3)]
+    records += [metrics(1.0 + i, i, 3) for i in range(1, 13)]
+    records += [
+        event(12.6, "peer_failure", node="node-1", step=12),
+        event(12.7, "emergency_save", node="node-1", step=12, reason="peer_failure"),
+        event(17.0, "started", node="node-1"),
+        event(18.0, "resumed", node="node-1", step=12, source="local", lost_steps=0, world_size=2),
+    ]
+    records += [metrics(18.5 + i, 12 + i, 2, node="node-1") for i in range(1, 9)]
+    return sorted(records, key=lambda r: r["ts"])
+
+
+def test_hard_loss_with_survivors() -> None:
+    outcome = fault_outcome(
+        _kill_story(), injection(0, 12.5, "kill", 2), float("-inf"), float("inf")
+    )
+    assert outcome["detected_at"] == pytest.approx(START + 12.6)
+    assert outcome["detection_s"] == pytest.approx(0.1)
+    assert outcome["resumed_at"] == pytest.approx(START + 18.0)
+    assert outcome["recovered_at"] == pytest.approx(START + 19.5)  # first line after resumed
+    assert outcome["downtime_s"] == pytest.approx(7.0)
+    assert (outcome["world_size_before"], outcome["world_size_after"]) == (3, 2)
+    assert (outcome["last_step_before"], outcome["resumed_step"], outcome["steps_lost"]) == (
+        12,
+        12,
+        0,
+    )
+    assert outcome["resume_source"] == "local"
+    assert outcome["recovered"] is True
+
+
+def test_an_emergency_save_counts_as_progress_seen() -> None:
+    """Logged every 5 steps, the save at step 13 is the last progress the logs show."""
+    records = [
+        metrics(1.0, 10, 2),
+        event(2.0, "emergency_save", step=13, reason="sigterm"),
+        event(5.0, "resumed", step=13, source="local", world_size=1),
+        metrics(6.0, 15, 1),
+    ]
+    outcome = fault_outcome(records, injection(0, 1.5, "evict", 1), float("-inf"), float("inf"))
+    assert (outcome["last_step_before"], outcome["steps_lost"]) == (13, 0)
+
+
+def test_full_restart_from_the_durable_checkpoint_loses_steps() -> None:
+    records = [
+        metrics(1.0, 45, 2),
+        event(1.2, "checkpoint_saved", step=40),
+        metrics(2.0, 47, 2),
+        event(9.0, "resumed", node="node-5", step=40, source="durable", world_size=2),
+        metrics(10.0, 41, 2, node="node-5"),
+    ]
+    outcome = fault_outcome(records, injection(0, 2.5, "kill-all", 2), float("-inf"), float("inf"))
+    assert outcome["detected_at"] is None  # nobody survived to notice
+    assert (outcome["last_step_before"], outcome["resumed_step"], outcome["steps_lost"]) == (
+        47,
+        40,
+        7,
+    )
+    assert outcome["resume_source"] == "durable"
+    assert outcome["downtime_s"] == pytest.approx(7.5)
+
+
+def test_a_fault_without_restart_recovers_at_the_next_line() -> None:
+    records = [metrics(1.0, 5, 2), metrics(2.0, 6, 2), metrics(3.0, 7, 2)]
+    outcome = fault_outcome(
+        records, injection(0, 1.5, "etcd-restart", 2), float("-inf"), float("inf")
+    )
+    assert outcome["resumed_at"] is None and outcome["detected_at"] is None
+    assert outcome["recovered_at"] == pytest.approx(START + 2.0)
+    assert outcome["recovered"] is True
+
+
+def test_recovery_at_the_wrong_world_size_is_not_recovered() -> None:
+    records = [
+        metrics(1.0, 5, 3),
+        event(4.0, "resumed", step=5, source="local", world_size=3),
+        metrics(5.0, 6, 3),
+    ]
+    outcome = fault_outcome(records, injection(0, 2.0, "kill", 2), float("-inf"), float("inf"))
+    assert outcome["world_size_after"] == 3
+    assert outcome["recovered"] is False
+
+
+def test_no_recovery_in_the_window() -> None:
+    records = [metrics(1.0, 5, 3), metrics(30.0, 6, 2)]  # the line after the window's end
+    outcome = fault_outcome(records, injection(0, 2.0, "freeze", 2), float("-inf"), START + 20.0)
+    assert outcome["recovered_at"] is None and outcome["downtime_s"] is None
+    assert outcome["recovered"] is False
+
+
+def test_the_resumed_round_that_trained_counts_not_a_failed_one() -> None:
+    records = [
+        metrics(1.0, 5, 3),
+        event(4.0, "resumed", step=5, source="local", world_size=2),  # failed at once
+        event(9.0, "resumed", step=5, source="local", world_size=2),
+        metrics(10.0, 6, 2),
+    ]
+    outcome = fault_outcome(records, injection(0, 2.0, "kill", 2), float("-inf"), float("inf"))
+    assert outcome["resumed_at"] == pytest.approx(START + 9.0)
+
+
+def test_build_report_windows_and_totals() -> None:
+    records = _kill_story() + [event(27.0, "finished", node="node-1", step=20)]
+    report = build_report(
+        records,
+        [injection(0, 12.5, "kill", 2)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=20,
+        planned_faults=2,
+    )
+    run = report["run"]
+    assert run["finished"] is True and run["final_step"] == 20
+    assert run["wall_s"] == pytest.approx(27.0)
+    assert run["samples_per_s"] == pytest.approx(20 * 32 / 27.0, abs=0.01)
+    assert run["training_samples_per_s"] == pytest.approx(100.0)
+    assert run["faults_injected"] == 1 and run["faults_recovered"] == 1
+    assert run["all_recovered"] is False  # one of the two planned faults never ran
+    assert run["total_downtime_s"] == pytest.approx(7.0)
+
+
+def test_table_has_one_row_per_fault() -> None:
+    report = build_report(
+        _kill_story(),
+        [injection(0, 12.5, "kill", 2)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=20,
+        planned_faults=1,
+    )
+    table = format_table(report)
+    row = next(line for line in table.splitlines() if "kill #0" in line)
+    assert "3->2" in row and "local" in row and row.rstrip().endswith("yes")
+    assert "1/1 faults recovered" in table
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    records = _kill_story()
+    report = build_report(
+        records,
+        [injection(0, 12.5, "kill", 2)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=20,
+        planned_faults=1,
+    )
+    path = plot_timeline(records, report, tmp_path / "plots" / "timeline.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000

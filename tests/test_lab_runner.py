@@ -1,0 +1,306 @@
+"""The runner against fake nodes: which signal each fault sends, in which order, and how
+the run ends. A fake job stands in for torchrun: the lowest-numbered running node is rank
+0 and logs one metrics line per poll; a membership change logs a ``resumed`` event."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lab.node_logs import read_jsonl
+from lab.runner import FaultRunner, LabEventLog
+from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
+
+
+class FakeJob:
+    def __init__(self, log_dir: Path, max_steps: int) -> None:
+        self.log_dir, self.max_steps = log_dir, max_steps
+        self.nodes: dict[int, FakeNode] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.members: tuple[int, ...] = ()
+        self.step = 0
+        self.ts = 0.0
+
+    def clock(self) -> float:
+        return self.ts
+
+    def write(self, node: FakeNode, **record) -> None:
+        with open(node.stdout_path, "a") as handle:
+            handle.write(json.dumps({"ts": self.ts, "rank": 0, **record}) + "\n")
+
+    def tick(self) -> None:
+        self.ts += 0.1
+        running = tuple(n for n, node in sorted(self.nodes.items()) if node.trains())
+        if not running:
+            return
+        rank0 = self.nodes[running[0]]
+        if running != self.members:
+            self.members = running
+            self.write(
+                rank0, kind="event", event="resumed", step=self.step, world_size=len(running)
+            )
+            return
+        self.step += 1
+        self.write(rank0, kind="metrics", step=self.step, world_size=len(running), loss=1.0)
+        if self.step >= self.max_steps:
+            self.write(rank0, kind="event", event="finished", step=self.step)
+            for node in self.nodes.values():
+                if node.trains():
+                    node.exit(0)
+
+
+@dataclasses.dataclass
+class FakeNode:
+    job: FakeJob
+    number: int
+    running: bool = False
+    frozen: bool = False
+    code: int | None = None
+    starts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"node-{self.number}"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.job.log_dir / f"{self.name}.jsonl"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.job.log_dir / f"{self.name}.log"
+
+    def trains(self) -> bool:
+        return self.running and not self.frozen
+
+    def exit(self, code: int) -> None:
+        self.running, self.code = False, code
+
+    def start(self) -> None:
+        self.running, self.frozen, self.code = True, False, None
+        self.starts += 1
+        self.job.calls.append(("start", self.name))
+
+    def poll(self) -> int | None:
+        if self.number == min(
+            (n for n, node in self.job.nodes.items() if node.trains()), default=-1
+        ):
+            self.job.tick()  # one tick per runner loop: only the first training node ticks
+        return None if self.running else self.code
+
+    def kill(self) -> None:
+        self.job.calls.append(("kill", self.name))
+        self.exit(-9)
+
+    def notify_eviction(self) -> None:
+        self.job.calls.append(("sigterm", self.name))
+        self.exit(75)
+
+    def freeze(self) -> None:
+        self.job.calls.append(("freeze", self.name))
+        self.frozen = True
+
+    def terminate(self, grace_s: float) -> None:
+        self.exit(-15)
+
+
+class FakeEtcd:
+    def __init__(self, job: FakeJob) -> None:
+        self.job = job
+
+    def restart(self, down_s: float = 0.0, wipe_data: bool = False) -> None:
+        self.job.calls.append(("etcd-restart", f"down={down_s} wipe={wipe_data}"))
+
+
+def _scenario(*faults: Fault, **overrides) -> Scenario:
+    base = Scenario(
+        name="fake",
+        nodes=3,
+        min_nodes=1,
+        max_nodes=3,
+        restart_delay_s=0.0,
+        timeout_s=20,
+        train=TrainSettings(max_steps=200),
+        faults=faults,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def _runner(tmp_path: Path, scenario: Scenario) -> tuple[FaultRunner, FakeJob]:
+    job = FakeJob(tmp_path, scenario.train.max_steps)
+
+    def make_node(number: int) -> FakeNode:
+        job.nodes[number] = FakeNode(job, number)
+        return job.nodes[number]
+
+    runner = FaultRunner(
+        scenario,
+        validate_scenario(scenario),
+        make_node,
+        FakeEtcd(job),
+        LabEventLog(tmp_path / "lab-events.jsonl", clock=job.clock),
+        status=None,
+        settle_lines=2,
+        poll_s=0.0,
+        finish_grace_s=1.0,
+        clock=job.clock,
+    )
+    return runner, job
+
+
+def test_every_fault_kind_sends_its_signal_in_order(tmp_path: Path) -> None:
+    scenario = _scenario(
+        Fault("evict", node=2, at_step=10, grace_s=0.0),
+        Fault("join", at_step=20),
+        Fault("kill", node=0, at_step=30),
+        Fault("freeze", node=1, at_step=40),
+        Fault("join", at_step=50),
+        Fault("etcd-restart", at_step=60, down_s=1.5, wipe_data=True),
+        Fault("kill-all", nodes=2, at_step=70),
+    )
+    runner, job = _runner(tmp_path, scenario)
+    outcome = runner.run()
+    assert outcome.status == "finished", outcome.message
+    assert outcome.injected == 7
+    faults = [c for c in job.calls if c[0] != "start" or c[1] not in ("node-0", "node-1", "node-2")]
+    assert faults == [
+        ("sigterm", "node-2"),
+        ("kill", "node-2"),  # the notice, then SIGKILL after grace
+        ("start", "node-3"),  # join: a node number that never took part
+        ("kill", "node-0"),
+        ("freeze", "node-1"),
+        ("kill", "node-1"),  # the vanished VM is removed once the job settled without it
+        ("start", "node-4"),
+        ("etcd-restart", "down=1.5 wipe=True"),
+        ("kill", "node-3"),
+        ("kill", "node-4"),
+        ("start", "node-5"),
+        ("start", "node-6"),
+    ]
+    injected = [
+        e for e in read_jsonl(tmp_path / "lab-events.jsonl") if e["event"] == "fault_injected"
+    ]
+    assert [e["planned_world_size"] for e in injected] == [2, 3, 2, 1, 2, 2, 2]
+    assert injected[6]["stopped"] == ["node-3", "node-4"]
+    assert injected[6]["started"] == ["node-5", "node-6"]
+    pairs = zip(injected, scenario.faults, strict=True)
+    assert all(e["step_at_injection"] >= f.at_step for e, f in pairs)
+
+
+def test_a_fault_waits_until_the_previous_one_settled(tmp_path: Path) -> None:
+    scenario = _scenario(Fault("kill", node=2, at_step=5), Fault("kill", node=1, at_step=5))
+    runner, _ = _runner(tmp_path, scenario)
+    assert runner.run().status == "finished"
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    order = [e["event"] for e in events if e["event"].startswith("fault_")]
+    assert order == ["fault_injected", "fault_settled", "fault_injected", "fault_settled"]
+
+
+def test_at_time_trigger(tmp_path: Path) -> None:
+    runner, job = _runner(tmp_path, _scenario(Fault("kill", node=2, at_time=3.0)))
+    assert runner.run().status == "finished"
+    injected = next(
+        e for e in read_jsonl(tmp_path / "lab-events.jsonl") if e["event"] == "fault_injected"
+    )
+    assert injected["injected_at"] >= 3.0
+
+
+def test_a_node_that_fails_on_its_own_restarts_in_place(tmp_path: Path) -> None:
+    runner, job = _runner(tmp_path, _scenario())
+    original_tick = job.tick
+
+    def tick_and_fail_once() -> None:
+        original_tick()
+        if job.step == 20 and job.nodes[1].starts == 1 and job.nodes[1].running:
+            job.nodes[1].exit(1)  # e.g. the agent lost etcd
+
+    job.tick = tick_and_fail_once
+    assert runner.run().status == "finished"
+    assert job.nodes[1].starts == 2
+    assert [
+        e["node"]
+        for e in read_jsonl(tmp_path / "lab-events.jsonl")
+        if e["event"] == "node_restarted"
+    ] == ["node-1"]
+
+
+def test_restart_policy_never_leaves_a_failed_node_down(tmp_path: Path) -> None:
+    runner, job = _runner(tmp_path, _scenario(restart_policy="Never"))
+    original_tick = job.tick
+
+    def tick_and_fail() -> None:
+        original_tick()
+        if job.step == 20 and job.nodes[2].running:
+            job.nodes[2].exit(1)
+
+    job.tick = tick_and_fail
+    assert runner.run().status == "finished"
+    assert job.nodes[2].starts == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "stderr", "expected"),
+    [
+        (2, "error: --data-dir missing", "code 2 (bad input)"),
+        (1, "torch...RendezvousClosedError", "rendezvous is closed"),
+    ],
+)
+def test_fatal_node_exits_fail_the_run(
+    tmp_path: Path, code: int, stderr: str, expected: str
+) -> None:
+    runner, job = _runner(tmp_path, _scenario())
+    original_tick = job.tick
+
+    def tick_and_fail() -> None:
+        original_tick()
+        if job.step == 5 and job.nodes[0].running:
+            job.nodes[0].stderr_path.write_text(stderr)
+            job.nodes[0].exit(code)
+
+    job.tick = tick_and_fail
+    outcome = runner.run()
+    assert outcome.status == "failed"
+    assert expected in outcome.message and stderr in outcome.message
+
+
+def test_every_node_gone_fails_the_run(tmp_path: Path) -> None:
+    runner, job = _runner(tmp_path, _scenario(nodes=1, restart_policy="Never"))
+    original_tick = job.tick
+
+    def tick_and_fail() -> None:
+        original_tick()
+        if job.step == 3:
+            job.nodes[0].exit(1)
+
+    job.tick = tick_and_fail
+    outcome = runner.run()
+    assert (outcome.status, outcome.message) == (
+        "failed",
+        "every node exited before training finished",
+    )
+
+
+def test_timeout(tmp_path: Path) -> None:
+    runner, job = _runner(tmp_path, _scenario(timeout_s=0.2))
+    job.tick = lambda: None  # the job never trains
+    assert runner.run().status == "timeout"
+
+
+def test_an_agent_that_lingers_after_the_end_is_logged_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner, _ = _runner(tmp_path, _scenario(nodes=2))
+    runner.finish_grace_s = 0.2
+    original_exit = FakeNode.exit
+
+    def stuck_in_exit_barrier(node: FakeNode, code: int) -> None:
+        if not (node.number == 1 and code == 0):
+            original_exit(node, code)
+
+    monkeypatch.setattr(FakeNode, "exit", stuck_in_exit_barrier)
+    assert runner.run().status == "finished"
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    assert [e["node"] for e in events if e["event"] == "node_lingered"] == ["node-1"]

@@ -1,0 +1,211 @@
+"""Scenarios: built-ins, files, flags, and the errors that name the bad key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lab.scenario import (
+    FAULT_KINDS,
+    Fault,
+    Scenario,
+    ScenarioError,
+    plan_membership,
+    validate_scenario,
+)
+from lab.scenario_file import (
+    BUILTIN_SCENARIOS,
+    load_scenario,
+    parse_fault_flag,
+    scenario_from_dict,
+    with_overrides,
+)
+
+
+def _scenario(**overrides) -> Scenario:
+    base = Scenario(name="t", nodes=3, min_nodes=1, max_nodes=3)
+    return dataclasses.replace(base, **overrides)
+
+
+def _data(**top) -> dict:
+    return {"nodes": 3, "train": {"max_steps": 100}, **top}
+
+
+@pytest.mark.parametrize("name", BUILTIN_SCENARIOS)
+def test_builtin_scenarios_cover_every_fault_kind(name: str) -> None:
+    scenario = load_scenario(name)
+    assert {f.kind for f in scenario.faults} == set(FAULT_KINDS)
+    assert validate_scenario(scenario)[-1].world_size >= scenario.min_nodes
+
+
+def test_ci_is_shorter_than_default() -> None:
+    ci, default = load_scenario("ci"), load_scenario("default")
+    assert ci.train.max_steps * ci.train.global_batch_size < (
+        default.train.max_steps * default.train.global_batch_size
+    )
+
+
+def test_membership_plan_gives_new_nodes_new_numbers() -> None:
+    scenario = _scenario(
+        faults=(
+            Fault("evict", node=2, at_step=10),
+            Fault("join", at_step=20),
+            Fault("kill-all", nodes=2, at_step=30),
+        )
+    )
+    evict, join, kill_all = plan_membership(scenario)
+    assert (evict.stopped, evict.started, evict.world_size) == ((2,), (), 2)
+    assert (join.stopped, join.started, join.world_size) == ((), (3,), 3)
+    assert (kill_all.stopped, kill_all.started, kill_all.world_size) == ((0, 1, 3), (4, 5), 2)
+
+
+def test_unknown_fault_kind_lists_the_allowed_kinds() -> None:
+    with pytest.raises(
+        ScenarioError,
+        match=r"faults\[0\]\.kind: unknown fault kind 'explode'.*"
+        r"allowed: kill, evict, freeze, join, etcd-restart, kill-all",
+    ):
+        validate_scenario(_scenario(faults=(Fault("explode", at_step=5),)))
+
+
+def test_a_node_that_does_not_exist_is_named() -> None:
+    with pytest.raises(
+        ScenarioError, match=r"faults\[0\]\.node: cannot kill node 7.*running nodes: 0, 1, 2"
+    ):
+        validate_scenario(_scenario(faults=(Fault("kill", node=7, at_step=5),)))
+
+
+def test_a_node_that_is_already_gone_is_rejected() -> None:
+    faults = (Fault("kill", node=1, at_step=5), Fault("freeze", node=1, at_step=6))
+    with pytest.raises(
+        ScenarioError, match=r"faults\[1\]\.node: cannot freeze node 1.*running nodes: 0, 2"
+    ):
+        validate_scenario(_scenario(faults=faults))
+
+
+@pytest.mark.parametrize("step", [0, 300, 301])
+def test_step_out_of_range_names_the_range(step: int) -> None:
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.at_step: .*allowed: 1\.\.299"):
+        validate_scenario(_scenario(faults=(Fault("join", at_step=step),)))
+
+
+def test_exactly_one_trigger() -> None:
+    with pytest.raises(ScenarioError, match="exactly one of at_step and at_time"):
+        validate_scenario(_scenario(faults=(Fault("etcd-restart"),)))
+    with pytest.raises(ScenarioError, match="exactly one of at_step and at_time"):
+        validate_scenario(_scenario(faults=(Fault("etcd-restart", at_step=3, at_time=1.0),)))
+
+
+def test_faults_must_not_go_back_in_steps() -> None:
+    faults = (Fault("etcd-restart", at_step=50), Fault("etcd-restart", at_step=10))
+    with pytest.raises(ScenarioError, match="must not decrease"):
+        validate_scenario(_scenario(faults=faults))
+
+
+def test_join_beyond_max_nodes_is_rejected() -> None:
+    with pytest.raises(ScenarioError, match=r"faults\[0\].*max_nodes is 3"):
+        validate_scenario(_scenario(faults=(Fault("join", at_step=5),)))
+
+
+def test_losing_below_min_nodes_is_rejected() -> None:
+    scenario = _scenario(nodes=2, min_nodes=2, faults=(Fault("kill", node=0, at_step=5),))
+    with pytest.raises(ScenarioError, match="below min_nodes 2"):
+        validate_scenario(scenario)
+
+
+def test_node_is_only_for_node_faults() -> None:
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.node: required for kill, evict, freeze"):
+        validate_scenario(_scenario(faults=(Fault("join", node=1, at_step=5),)))
+
+
+def test_unknown_restart_policy_lists_allowed() -> None:
+    with pytest.raises(ScenarioError, match="restart_policy: 'Always'; allowed: OnFailure, Never"):
+        validate_scenario(_scenario(restart_policy="Always"))
+
+
+def test_unknown_key_lists_the_allowed_keys() -> None:
+    data = _data(faults=[{"kind": "kill", "node": 0, "at_step": 5, "grace": 3}])
+    with pytest.raises(
+        ScenarioError, match=r"faults\[0\]: unknown key\(s\) grace; allowed: .*grace_s"
+    ):
+        scenario_from_dict(data, "x")
+    with pytest.raises(ScenarioError, match=r"train: unknown key\(s\) steps"):
+        scenario_from_dict({"train": {"steps": 5}}, "x")
+    with pytest.raises(ScenarioError, match=r"^scenario: unknown key\(s\) node_count"):
+        scenario_from_dict({"node_count": 5}, "x")
+
+
+def test_wrong_types_name_the_key() -> None:
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.at_step: expected int, got 'soon'"):
+        scenario_from_dict(_data(faults=[{"kind": "join", "at_step": "soon"}]), "x")
+    with pytest.raises(ScenarioError, match=r"train\.max_steps: expected int, got 2.5"):
+        scenario_from_dict({"train": {"max_steps": 2.5}}, "x")
+
+
+def test_toml_and_json_files_load_the_same(tmp_path: Path) -> None:
+    toml = tmp_path / "mine.toml"
+    toml.write_text(
+        'nodes = 2\n[train]\nmax_steps = 50\n[[faults]]\nkind = "kill"\nnode = 1\nat_step = 10\n'
+    )
+    json_file = tmp_path / "mine.json"
+    json_file.write_text(
+        json.dumps(
+            {
+                "nodes": 2,
+                "train": {"max_steps": 50},
+                "faults": [{"kind": "kill", "node": 1, "at_step": 10}],
+            }
+        )
+    )
+    from_toml, from_json = load_scenario(str(toml)), load_scenario(str(json_file))
+    assert from_toml == from_json
+    assert from_toml.name == "mine"
+    assert from_toml.faults == (Fault("kill", node=1, at_step=10),)
+
+
+def test_missing_scenario_file_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(
+        ScenarioError, match=r"--scenario: .*neither a built-in scenario \(default, ci\)"
+    ):
+        load_scenario(str(tmp_path / "nope.toml"))
+
+
+def test_fault_flag_uses_the_file_keys() -> None:
+    assert parse_fault_flag("kind=kill, node=1,at_step=40") == {
+        "kind": "kill",
+        "node": "1",
+        "at_step": "40",
+    }
+    with pytest.raises(ScenarioError, match="--fault: expected key=value"):
+        parse_fault_flag("kill@40")
+
+
+def test_overrides_replace_faults_and_are_validated() -> None:
+    scenario = with_overrides(
+        load_scenario("ci"),
+        nodes=2,
+        max_steps=80,
+        fault_flags=[
+            "kind=evict,node=1,at_step=10,grace_s=3",
+            "kind=etcd-restart,at_time=5,wipe_data=true",
+        ],
+    )
+    assert scenario.nodes == 2 and scenario.train.max_steps == 80
+    assert scenario.faults == (
+        Fault("evict", node=1, at_step=10, grace_s=3.0),
+        Fault("etcd-restart", at_time=5.0, wipe_data=True),
+    )
+    with pytest.raises(
+        ScenarioError, match=r"--fault\[0\]\.kind: .*'boom'|unknown fault kind 'boom'"
+    ):
+        with_overrides(load_scenario("ci"), fault_flags=["kind=boom,at_step=3"])
+
+
+def test_train_args_are_the_training_programs_flags() -> None:
+    args = load_scenario("ci").train.args("/data")
+    assert "--data-dir=/data" in args
+    assert "--log-every=1" in args
+    assert all(a.startswith("--") and "=" in a for a in args)
