@@ -115,6 +115,7 @@ class Trainer:
         self.saver = BackgroundSaver(durable, self._on_saved)
         self._stalls: dict[int, float] = {}
         self.ddp: DistributedDataParallel | None = None
+        self.last_loss: float | None = None
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -286,7 +287,12 @@ class Trainer:
                     self.emergency_save("peer_failure")
                 return EXIT_RESTART
             self.maybe_save(last_save)
-        self.finish()
+        try:
+            self.finish()
+        except Exception as exc:
+            if not is_peer_failure(exc):
+                raise
+            return EXIT_RESTART  # the final state is committed; the next round ends at once
         return EXIT_OK
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
@@ -295,6 +301,7 @@ class Trainer:
         if self.env.rank != 0:
             return
         loss = float(totals[0] / totals[1])
+        self.last_loss = round(loss, 6)
         rate = steps * self.cfg.optim.global_batch_size / max(seconds, 1e-9)
         epoch = self.sampler.epoch_of(max(self.state.step - 1, 0))
         self.events.metrics(
@@ -312,13 +319,14 @@ class Trainer:
         )
 
     def finish(self) -> None:
-        if self.env.rank != 0:
-            return
-        self.saver.wait()
-        head = self.durable.head()
-        if head is None or head.step < self.state.step:
-            self.durable.commit(self.state.step, serialize(self.state_dict()))
-        self.events.event("finished", step=self.state.step)
+        """Rank 0 commits the final state; every rank waits so none exits while others save."""
+        if self.env.rank == 0:
+            self.saver.wait()
+            head = self.durable.head()
+            if head is None or head.step < self.state.step:
+                self.durable.commit(self.state.step, serialize(self.state_dict()))
+            self.events.event("finished", step=self.state.step, loss=self.last_loss)
+        dist.barrier()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,12 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         code = EXIT_BAD_INPUT
     finally:
-        if code == EXIT_OK:
+        if not env.launched:
             destroy_process_group()
-    if code == EXIT_RESTART:
-        # Skip interpreter teardown: gloo aborts while destroying a group with a dead peer.
+    if env.launched:
+        # Skip gloo's teardown under torchrun: it aborts ("terminate called without an active
+        # exception") when a peer is dead, or when rank 0, which hosts the workers' store,
+        # has already exited. All state is saved by now; the exit code is what counts.
         logging.shutdown()
         sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     return code
 
