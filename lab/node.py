@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from lab import process_tree
-from training.launch import ElasticPolicy, train_command, worker_env
+from training.launch import ElasticPolicy, worker_env
 
 
 class NodeProcess(Protocol):
@@ -57,15 +57,6 @@ class NodeLaunch:
     cwd: Path
     log_dir: Path
     local_dir: Path
-
-
-def torchrun_command(train_args: list[str], python: str) -> list[str]:
-    """``train_command`` with ``torchrun`` resolved next to ``python`` (the venv's)."""
-    command = train_command(train_args)
-    torchrun = Path(python).parent / "torchrun"
-    if torchrun.is_file() and os.access(torchrun, os.X_OK):
-        return [str(torchrun), *command[1:]]
-    return [python, "-m", "torch.distributed.run", *command[1:]]
 
 
 def node_env(

@@ -19,14 +19,14 @@ from typing import Any
 
 import training
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.node import NodeLaunch, TorchrunNode, node_env, torchrun_command
+from lab.node import NodeLaunch, TorchrunNode, node_env
 from lab.node_logs import read_jsonl, read_records
 from lab.report import build_report, format_table
 from lab.runner import FaultRunner, LabEventLog, RunOutcome
 from lab.scenario import Scenario, validate_scenario
 from lab.status_line import StatusLine
 from lab.timeline_plot import plot_timeline
-from training.launch import ElasticPolicy
+from training.launch import ElasticPolicy, train_command
 
 REPO_ROOT = Path(training.__file__).resolve().parent.parent
 # Agents that did not exit on their own after training finished get this long on SIGTERM.
@@ -100,7 +100,7 @@ class NodeSet:
             local_dir=local_dir,
             collective_timeout_s=self.scenario.train.collective_timeout_s,
         )
-        command = torchrun_command(self.scenario.train.args(str(self.data_dir)), self.python)
+        command = train_command(self.scenario.train.args(str(self.data_dir)), self.python)
         launch = NodeLaunch(f"node-{number}", command, env, REPO_ROOT, self.log_dir, local_dir)
         node = TorchrunNode(launch)
         self.nodes.append(node)

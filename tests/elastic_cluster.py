@@ -71,8 +71,7 @@ class Cluster:
                 collective_timeout_s=self.collective_timeout_s,
             ),
         }
-        command = train_command(["--data-dir", str(self.data_dir), *train_args])
-        command[0] = str(Path(sys.executable).with_name("torchrun"))
+        command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)
         with (
             open(self.root / f"{name}.out", "wb") as out,
             open(self.root / f"{name}.err", "wb") as err,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lab import process_tree
-from lab.node import NodeLaunch, TorchrunNode, node_env, torchrun_command, wait_for_exit
-from training.launch import ElasticPolicy
+from lab.node import NodeLaunch, TorchrunNode, node_env, wait_for_exit
+from training.launch import ElasticPolicy, train_command
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.
 AGENT = """
@@ -83,16 +83,16 @@ def test_env_is_the_pods_env(tmp_path: Path) -> None:
     assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "7"
 
 
-def test_torchrun_is_resolved_next_to_the_interpreter() -> None:
-    command = torchrun_command(["--max-steps=5"], sys.executable)
-    assert command[0] == str(Path(sys.executable).parent / "torchrun")
-    assert command[1:] == ["--module", "training.train", "--max-steps=5"]
-
-
-def test_without_torchrun_the_module_is_used(tmp_path: Path) -> None:
-    python = tmp_path / "python"  # no torchrun next to it
-    command = torchrun_command([], str(python))
-    assert command == [str(python), "-m", "torch.distributed.run", "--module", "training.train"]
+def test_a_node_runs_the_pods_command_with_the_labs_interpreter() -> None:
+    command = train_command(["--max-steps=5"], sys.executable)
+    assert command == [
+        sys.executable,
+        "-m",
+        "training.agent",
+        "--module",
+        "training.train",
+        "--max-steps=5",
+    ]
 
 
 def test_start_writes_own_logs_with_env_and_cwd(node: TorchrunNode, tmp_path: Path) -> None:

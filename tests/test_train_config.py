@@ -79,7 +79,9 @@ def test_worker_env_carries_the_scale_up_workaround_and_timeouts() -> None:
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "30"
     assert train_command(["--max-steps", "5"]) == [
-        "torchrun",
+        "python",
+        "-m",
+        "training.agent",
         "--module",
         "training.train",
         "--max-steps",

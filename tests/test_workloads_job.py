@@ -168,7 +168,13 @@ def test_container_runs_torchrun_on_the_exact_image() -> None:
     assert container["name"] == "pytorch"
     assert container["image"] == IMAGE
     assert container["command"] == train_command(training_args(spec))
-    assert container["command"][:3] == ["torchrun", "--module", "training.train"]
+    assert container["command"][:5] == [
+        "python",
+        "-m",
+        "training.agent",
+        "--module",
+        "training.train",
+    ]
     assert f"--data-dir={DATA_MOUNT}" in container["command"]
     assert "--max-steps=20000" in container["command"]
     assert "--global-batch-size=256" in container["command"]

@@ -14,6 +14,8 @@ RDZV_BACKEND = "etcd-v2"
 RDZV_PORT = 2379
 # The module torchrun runs in every worker (``torchrun --module training.train``).
 TRAIN_MODULE = "training.train"
+# The container's entry: checks the rendezvous endpoint, then becomes torchrun.
+AGENT_MODULE = "training.agent"
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def worker_env(*, checkpoint_uri: str, local_dir: str, collective_timeout_s: int
     }
 
 
-def train_command(train_args: list[str]) -> list[str]:
-    """The container command: torchrun takes its elastic flags from PET_* env."""
-    return ["torchrun", "--module", TRAIN_MODULE, *train_args]
+def train_command(train_args: list[str], python: str = "python") -> list[str]:
+    """The container command: ``training.agent`` checks the rendezvous, then execs torchrun,
+    which takes its elastic flags from the PET_* env."""
+    return [python, "-m", AGENT_MODULE, "--module", TRAIN_MODULE, *train_args]

@@ -1,0 +1,90 @@
+"""The worker container's entry point: check the rendezvous, then become ``torchrun``.
+
+torchrun reports an unreachable etcd as "The connection to etcd has failed" at the end of a
+long traceback, and an etcd without the v2 API as a client error. This check names the
+address, where it came from and the fix, and waits a little first: worker pods may start
+before the etcd StatefulSet is ready. Then it execs torchrun in the same process, so torchrun
+is what receives the eviction's SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+
+logger = logging.getLogger("training.agent")
+
+ETCD_BACKENDS = ("etcd", "etcd-v2")
+EXIT_BAD_INPUT = 2
+
+
+def etcd_v2_problem(endpoint: str, timeout_s: float = 2.0) -> str | None:
+    """Why the etcd v2 API at ``endpoint`` (host:port) cannot serve a rendezvous, or None."""
+    url = f"http://{endpoint}/v2/keys"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return (
+                f"etcd at {endpoint} does not serve the v2 API that torch's etcd-v2 rendezvous "
+                "uses; run etcd 3.5 (or 3.4) with --enable-v2=true (etcd 3.6 removed it)"
+            )
+        return f"etcd at {endpoint} answered HTTP {exc.code} on {url}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"cannot reach etcd at {endpoint} ({reason})"
+
+
+def check_rendezvous(
+    env: Mapping[str, str],
+    wait_s: float,
+    probe: Callable[[str], str | None] = etcd_v2_problem,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """None when the rendezvous in the PET_* env is usable (or not etcd); else the error."""
+    if env.get("PET_RDZV_BACKEND", "") not in ETCD_BACKENDS:
+        return None
+    endpoint = env.get("PET_RDZV_ENDPOINT", "")
+    if not endpoint:
+        return "PET_RDZV_ENDPOINT is empty: the elasticPolicy needs rdzvHost and rdzvPort"
+    deadline = time.monotonic() + wait_s
+    while True:
+        problem = probe(endpoint)
+        # A missing v2 API will not fix itself; an etcd that is still starting may.
+        if problem is None or "v2 API" in problem or time.monotonic() >= deadline:
+            break
+        sleep(1.0)
+    if problem is None:
+        return None
+    return (
+        f"rendezvous check failed: {problem}. The endpoint is PET_RDZV_ENDPOINT, which the "
+        "PyTorchJob's elasticPolicy.rdzvHost/rdzvPort (or the lab's embedded etcd) sets; "
+        "check that etcd is running and reachable from this pod."
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    execv: Callable[[str, list[str]], None] = os.execv,
+) -> int:
+    """Check, then replace this process with ``python -m torch.distributed.run ARGV``."""
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
+    env = os.environ if env is None else env
+    args = list(sys.argv[1:] if argv is None else argv)
+    problem = check_rendezvous(env, wait_s=float(env.get("TRAIN_RDZV_WAIT_S", "120")))
+    if problem is not None:
+        logger.error("%s", problem)
+        return EXIT_BAD_INPUT
+    execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
+    return 0  # only reached when execv is a test double
+
+
+if __name__ == "__main__":
+    sys.exit(main())
