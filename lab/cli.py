@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     if outcome["status"] == "interrupted":
         print("\ninterrupted; everything the lab started is stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if outcome["status"] != "finished" or not report["run"]["all_recovered"]:
+    # "settled": the scenario asked to stop once its last fault settled (stop_when_settled).
+    if outcome["status"] not in ("finished", "settled") or not report["run"]["all_recovered"]:
         print(f"lab run failed: {outcome['message']}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

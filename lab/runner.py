@@ -52,7 +52,8 @@ class LabEventLog:
 
 @dataclass
 class RunOutcome:
-    """How the run ended: ``finished``, ``failed`` or ``timeout``, and why."""
+    """How the run ended (``finished``, ``settled``, ``failed``, ``timeout`` or ``interrupted``)
+    and why."""
 
     status: str
     message: str
@@ -98,6 +99,7 @@ class FaultRunner:
     _restarts: dict[int, int] = field(default_factory=dict)
     _next_fault: int = 0
     _settle_world: int | None = None
+    _injected_mono: float = 0.0
     _start_ts: float = 0.0
 
     def run(self) -> RunOutcome:
@@ -125,6 +127,11 @@ class FaultRunner:
                 return self._outcome("failed", failure)
             self._run_follow_ups()
             self._settle()
+            stalled = self._unsettled_too_long()
+            if stalled:
+                return self._outcome("timeout", stalled)
+            if self.scenario.stop_when_settled and self._all_faults_settled():
+                return self._outcome("settled", f"the last fault settled at step {self.view.step}")
             self._maybe_inject()
             if not self.live and not any(f.action == "restart" for f in self._follow_ups):
                 self._read_logs()  # the last lines may land just before the agents exit
@@ -203,6 +210,21 @@ class FaultRunner:
             if self._next_fault:
                 self.lab_log.write("fault_settled", index=self._next_fault - 1)
 
+    def _all_faults_settled(self) -> bool:
+        faults = len(self.scenario.faults)
+        return faults > 0 and self._next_fault == faults and self._settle_world is None
+
+    def _unsettled_too_long(self) -> str | None:
+        """A message once the last fault has not settled within ``settle_timeout_s``."""
+        limit = self.scenario.settle_timeout_s
+        if limit is None or self._settle_world is None or not self._next_fault:
+            return None
+        if time.monotonic() - self._injected_mono < limit:
+            return None
+        index = self._next_fault - 1
+        described = self.scenario.faults[index].describe()
+        return f"fault {index} ({described}) did not settle within {limit:g} s"
+
     def _due(self, fault: Fault) -> bool:
         if fault.at_step is not None:
             return self.view.step >= fault.at_step
@@ -217,6 +239,7 @@ class FaultRunner:
         change = self.plan[self._next_fault]
         self._message(f"fault {self._next_fault}: {fault.describe()}")
         injected_at = self.clock()
+        self._injected_mono = time.monotonic()
         self._inject(fault, change)
         self.lab_log.write(
             "fault_injected",

@@ -72,6 +72,8 @@ class TrainSettings:
     """1 in the lab: the report measures recovery to the first metrics line."""
     collective_timeout_s: int = 10
     """How long a frozen peer can stall a collective before the survivors give up."""
+    emergency_saves: bool = True
+    """Save the last completed step on SIGTERM or a peer's loss (off: periodic saves only)."""
     train_records: int = 2048
     """Synthetic dataset size (records)."""
     test_records: int = 256
@@ -92,6 +94,7 @@ class TrainSettings:
             f"--checkpoint-keep={self.checkpoint_keep}",
             f"--log-every={self.log_every}",
             f"--collective-timeout-s={self.collective_timeout_s}",
+            f"--emergency-saves={'true' if self.emergency_saves else 'false'}",
         ]
 
 
@@ -112,6 +115,10 @@ class Scenario:
     """The kubelet's delay before it restarts a failed container."""
     timeout_s: float = 600.0
     """Give up (and fail the run) after this long."""
+    settle_timeout_s: float | None = None
+    """Give up (status ``timeout``) when the job has not settled this long after a fault."""
+    stop_when_settled: bool = False
+    """End the run (status ``settled``) once the last fault settled, not at max_steps."""
     train: TrainSettings = field(default_factory=TrainSettings)
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     faults: tuple[Fault, ...] = ()
@@ -221,6 +228,10 @@ def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
         f"restart_policy: {scenario.restart_policy!r}; allowed: {', '.join(RESTART_POLICIES)}",
     )
     _require(scenario.timeout_s > 0, "timeout_s: must be > 0")
+    _require(
+        scenario.settle_timeout_s is None or scenario.settle_timeout_s > 0,
+        f"settle_timeout_s: must be > 0 (or unset), got {scenario.settle_timeout_s}",
+    )
     _require(scenario.max_restarts >= 0, "max_restarts: must be >= 0")
     _validate_train(scenario.train)
     try:

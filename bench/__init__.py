@@ -1,0 +1,1 @@
+"""Benchmarks: the lab against plain ``torchrun`` defaults plus a periodic checkpoint."""

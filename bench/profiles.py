@@ -1,0 +1,83 @@
+"""The two contestants: plain ``torchrun`` with a periodic checkpoint, and the lab.
+
+Both run the same training program, the same model and the same periodic checkpoint
+cadence on the same etcd rendezvous; only what this module names differs. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from training.launch import RendezvousSettings
+
+BASELINE = "baseline"
+LAB = "lab"
+PROFILE_NAMES = (BASELINE, LAB)
+
+# torchrun's own defaults (DynamicRendezvousHandler): last call 30 s, a heartbeat every 5 s,
+# a node dead after 3 missed ones; join timeout 600 s.
+TORCHRUN_DEFAULT_RENDEZVOUS = RendezvousSettings(
+    last_call_timeout_s=30, keep_alive_interval_s=5, keep_alive_max_attempt=3, join_timeout_s=600
+)
+# gloo's default process-group timeout (NCCL's is 10 min).
+GLOO_DEFAULT_TIMEOUT_S = 1800
+# The lab's collective timeout: how long a frozen peer may stall the survivors.
+LAB_COLLECTIVE_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What one contestant configures."""
+
+    name: str
+    rendezvous: RendezvousSettings
+    emergency_saves: bool
+    """Save the last completed step on SIGTERM or a peer's loss."""
+    collective_timeout_s: int
+    """Process-group timeout: bounds a collective stalled by a frozen peer."""
+    description: str
+
+    def rendezvous_bound_s(self) -> int:
+        """Worst case for a round without a dead node: its heartbeat expiry plus the last call."""
+        r = self.rendezvous
+        return r.keep_alive_interval_s * r.keep_alive_max_attempt + r.last_call_timeout_s
+
+    def as_dict(self) -> dict[str, object]:
+        """The profile as JSON-ready values."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "rendezvous_conf": self.rendezvous.conf(),
+            "emergency_saves": self.emergency_saves,
+            "collective_timeout_s": self.collective_timeout_s,
+        }
+
+
+def baseline_profile() -> Profile:
+    """torchrun's defaults, periodic checkpoints only, gloo's default collective timeout."""
+    return Profile(
+        name=BASELINE,
+        rendezvous=TORCHRUN_DEFAULT_RENDEZVOUS,
+        emergency_saves=False,
+        collective_timeout_s=GLOO_DEFAULT_TIMEOUT_S,
+        description="torchrun defaults + periodic checkpoint",
+    )
+
+
+def lab_profile() -> Profile:
+    """The rendezvous settings of ``training/launch.py``, emergency saves, a 10 s timeout."""
+    return Profile(
+        name=LAB,
+        rendezvous=RendezvousSettings(),
+        emergency_saves=True,
+        collective_timeout_s=LAB_COLLECTIVE_TIMEOUT_S,
+        description="the lab: short rendezvous timeouts + emergency saves + collective timeout",
+    )
+
+
+def profile(name: str) -> Profile:
+    """The profile called ``name``; ValueError naming the allowed names otherwise."""
+    builders = {BASELINE: baseline_profile, LAB: lab_profile}
+    if name not in builders:
+        raise ValueError(f"profile {name!r} is unknown; allowed: {', '.join(PROFILE_NAMES)}")
+    return builders[name]()
