@@ -20,7 +20,7 @@ from infra.image import TrainingImage, TrainingImageArgs
 from infra.naming import lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
 from infra.storage import LabStorage, LabStorageArgs
-from workloads import LabWorkloads, LabWorkloadsArgs
+from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 
 PROJECT_DIR = Path(__file__).resolve().parent
 

@@ -10,7 +10,7 @@ import pytest
 
 from stack_config import JobConfig, LabConfig
 from tests.pulumi_harness import ProgramRun, Registered, run_pulumi
-from workloads import LabWorkloads, LabWorkloadsArgs
+from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 from workloads.manifests.operator import training_operator_source
 
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"

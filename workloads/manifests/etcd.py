@@ -20,6 +20,10 @@ from workloads.manifests.scheduling import (
 
 # Pinned to 3.5.x: torch's etcd-v2 backend speaks the v2 API, which etcd 3.6 removed.
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
+# The server flags the rendezvous depends on, in one place for the cluster's members and the
+# local lab's etcd (``from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS``): torch's
+# etcd-v2 backend uses the v2 API, which etcd 3.4 and 3.5 serve only when asked to.
+RENDEZVOUS_SERVER_FLAGS: tuple[str, ...] = ("--enable-v2=true",)
 PEER_PORT = 2380
 DATA_DIR = "/var/lib/etcd"
 
@@ -101,8 +105,7 @@ def etcd_command(spec: EtcdSpec) -> list[str]:
         f"--initial-cluster={initial_cluster}",
         "--initial-cluster-state=new",
         f"--initial-cluster-token={spec.name}-{spec.namespace}",
-        # torch's etcd-v2 rendezvous uses the v2 API, off by default in 3.5.
-        "--enable-v2=true",
+        *RENDEZVOUS_SERVER_FLAGS,
         # Rendezvous keys churn on every round; compact hourly so the database stays small.
         "--auto-compaction-retention=1",
     ]

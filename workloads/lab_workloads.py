@@ -1,0 +1,178 @@
+"""``LabWorkloads``: every Kubernetes object of the lab, through one provider.
+
+It takes the cluster's kubeconfig and the Azure outputs it needs and creates,
+through one Kubernetes provider (server-side apply):
+
+- the namespace and the training ServiceAccount (workload identity),
+- PriorityClasses: preemptible training below the rendezvous,
+- etcd (the rendezvous) on the system pool,
+- the NVIDIA device plugin on the GPU Spot pool,
+- the Kubeflow training operator v1.9.4,
+- Blob CSI volumes for the dataset and the checkpoints,
+- the elastic PyTorchJob.
+
+The objects themselves come from the pure builders in ``workloads.manifests``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from stack_config import LabConfig
+from workloads.device_plugin import NvidiaDevicePlugin, NvidiaDevicePluginArgs
+from workloads.etcd import Rendezvous, RendezvousArgs
+from workloads.job import ElasticTrainingJob, ElasticTrainingJobArgs
+from workloads.manifests.etcd import EtcdSpec
+from workloads.manifests.job import job_name, watch_commands
+from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
+from workloads.manifests.priority import lab_priority_classes
+from workloads.manifests.volume import CHECKPOINT_MOUNT_OPTIONS, DATASET_MOUNT_OPTIONS
+from workloads.namespace import LabNamespace, LabNamespaceArgs
+from workloads.operator import TrainingOperator, TrainingOperatorArgs
+from workloads.priority import PriorityClasses, PriorityClassesArgs
+from workloads.volume import BlobVolume, BlobVolumeArgs
+
+__all__ = ["LabWorkloads", "LabWorkloadsArgs"]
+
+
+@dataclass
+class LabWorkloadsArgs:
+    """Inputs of ``LabWorkloads``: the stack config plus what the Azure side created."""
+
+    config: LabConfig
+    """Validated stack config."""
+    kubeconfig: pulumi.Input[str]
+    """Kubeconfig of the AKS cluster (secret)."""
+    image: pulumi.Input[str]
+    """Full training image reference, content-hash tag."""
+    storage_account_name: pulumi.Input[str]
+    storage_resource_group: pulumi.Input[str]
+    """Resource group of the storage account."""
+    data_container: pulumi.Input[str]
+    """Blob container holding the dataset."""
+    checkpoints_container: pulumi.Input[str]
+    """Blob container holding the checkpoints."""
+    blob_endpoint: pulumi.Input[str]
+    """``https://<account>.blob.core.windows.net/``."""
+    kubelet_client_id: pulumi.Input[str]
+    """Client id of the kubelet identity: the Blob CSI volumes authenticate with it."""
+    training_client_id: pulumi.Input[str]
+    """Client id of the training identity: the training ServiceAccount is bound to it."""
+
+
+class LabWorkloads(pulumi.ComponentResource):
+    """All Kubernetes objects of the lab, applied through one provider."""
+
+    namespace: pulumi.Output[str]
+    job_name: pulumi.Output[str]
+    watch_commands: pulumi.Output[dict[str, str]]
+
+    def __init__(
+        self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:workloads:LabWorkloads", name, None, opts)
+        cfg = args.config
+        provider = k8s.Provider(
+            f"{name}-kubernetes",
+            kubeconfig=args.kubeconfig,
+            # The PyTorchJob CRD is too large for client-side apply's annotation.
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        cluster = pulumi.ResourceOptions(parent=self, providers=[provider])
+        namespace = LabNamespace(
+            f"{name}-namespace",
+            LabNamespaceArgs(
+                name=cfg.namespace,
+                service_account=cfg.service_account,
+                training_client_id=args.training_client_id,
+            ),
+            opts=cluster,
+        )
+        training_class, rendezvous_class = lab_priority_classes(cfg.name_prefix)
+        priorities = PriorityClasses(
+            f"{name}-priority",
+            PriorityClassesArgs(training=training_class, rendezvous=rendezvous_class),
+            opts=cluster,
+        )
+        operator = TrainingOperator(f"{name}-operator", TrainingOperatorArgs(), opts=cluster)
+        NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(), opts=cluster)
+        in_namespace = pulumi.ResourceOptions.merge(
+            cluster, pulumi.ResourceOptions(depends_on=[namespace, priorities])
+        )
+        etcd_spec = EtcdSpec(
+            namespace=cfg.namespace,
+            priority_class=rendezvous_class.name,
+            operator_namespace=OPERATOR_NAMESPACE,
+            operator_pod_labels=dict(OPERATOR_POD_LABELS),
+        )
+        rendezvous = Rendezvous(f"{name}-etcd", RendezvousArgs(spec=etcd_spec), opts=in_namespace)
+        # The CRD and its webhook must exist, and etcd must answer, before the job.
+        job_opts = pulumi.ResourceOptions.merge(
+            in_namespace, pulumi.ResourceOptions(depends_on=[operator, rendezvous])
+        )
+        job = self._job(name, args, rendezvous, priorities, in_namespace, job_opts)
+        self.namespace = namespace.name
+        self.job_name = job.job_name
+        self.watch_commands = pulumi.Output.from_input(
+            watch_commands(cfg.namespace, job_name(cfg), cfg.job.max_replicas)
+        )
+        self.register_outputs(
+            {
+                "namespace": self.namespace,
+                "job_name": self.job_name,
+                "watch_commands": self.watch_commands,
+            }
+        )
+
+    def _job(
+        self,
+        name: str,
+        args: LabWorkloadsArgs,
+        rendezvous: Rendezvous,
+        priorities: PriorityClasses,
+        volume_opts: pulumi.ResourceOptions,
+        job_opts: pulumi.ResourceOptions,
+    ) -> ElasticTrainingJob:
+        """The volumes and the elastic PyTorchJob that mounts them."""
+        data, checkpoints = self._volumes(name, args, volume_opts)
+        return ElasticTrainingJob(
+            f"{name}-job",
+            ElasticTrainingJobArgs(
+                config=args.config,
+                image=args.image,
+                rdzv_host=rendezvous.host,
+                priority_class=priorities.training,
+                data_claim=data.claim_name,
+                checkpoints_claim=checkpoints.claim_name,
+                blob_endpoint=args.blob_endpoint,
+                checkpoints_container=args.checkpoints_container,
+            ),
+            opts=job_opts,
+        )
+
+    def _volumes(
+        self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
+    ) -> tuple[BlobVolume, BlobVolume]:
+        """(dataset, checkpoints) volumes: one PV/PVC pair per Blob container."""
+        cfg = args.config
+        volumes = []
+        for role, container, options in (
+            ("data", args.data_container, DATASET_MOUNT_OPTIONS),
+            ("checkpoints", args.checkpoints_container, CHECKPOINT_MOUNT_OPTIONS),
+        ):
+            volume_args = BlobVolumeArgs(
+                name=f"{cfg.namespace}-{role}",
+                namespace=cfg.namespace,
+                stack=cfg.stack,
+                storage_account=args.storage_account_name,
+                resource_group=args.storage_resource_group,
+                container=container,
+                kubelet_client_id=args.kubelet_client_id,
+                mount_options=options,
+            )
+            volumes.append(BlobVolume(f"{name}-{role}", volume_args, opts=opts))
+        return volumes[0], volumes[1]
