@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 
+from infra import gpu_sizes
 from training.launch import RendezvousSettings
 
 
@@ -40,7 +41,7 @@ class GpuPoolConfig:
     """The GPU Spot pool the training workers run on."""
 
     vm_size: str = "Standard_NC4as_T4_v3"
-    """A GPU VM size (NC/ND/NV families)."""
+    """An NVIDIA full-GPU size of a family in ``infra.gpu_sizes.FAMILIES``."""
     min_nodes: int = 0
     """Autoscaler floor; 0 means no GPU cost when nothing trains."""
     max_nodes: int = 3
@@ -226,9 +227,6 @@ def config_values(cfg: LabConfig) -> dict[str, object]:
 
 # ---- validation ------------------------------------------------------------------------------
 
-GPU_FAMILY = re.compile(r"^Standard_N[CDV]\w+$")
-# NCv3 (V100): retired 2025-09-30, so AKS can no longer create these pools.
-RETIRED_NCV3 = re.compile(r"^Standard_NC\d+r?s_v3$")
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 REGION = re.compile(r"^[a-z][a-z0-9]+$")
@@ -307,19 +305,9 @@ def _cluster_problems(cfg: LabConfig) -> list[str]:
 
 def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
     pool = cfg.gpu_pool
-    key = cfg.key("gpuVmSize")
     problems = _at_least(cfg, {"gpuMinNodes": pool.min_nodes}, 0)
     problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
-    if RETIRED_NCV3.match(pool.vm_size):
-        problems.append(
-            f"{key}: {pool.vm_size} (NCv3) was retired on 2025-09-30; "
-            f"use {DEFAULT_GPU_VM_SIZE} (T4) or another NC/ND/NV size"
-        )
-    elif not GPU_FAMILY.match(pool.vm_size):
-        problems.append(
-            f"{key} must be a GPU VM size of the NC, ND or NV families such as "
-            f"{DEFAULT_GPU_VM_SIZE}, got {pool.vm_size!r}"
-        )
+    problems += _gpu_size_problems(cfg)
     if not problems and pool.min_nodes > pool.max_nodes:
         problems.append(
             f"{cfg.key('gpuMinNodes')} ({pool.min_nodes}) must be <= "
@@ -331,6 +319,18 @@ def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
             f"positive USD/hour, got {pool.spot_max_price!r}"
         )
     return problems
+
+
+def _gpu_size_problems(cfg: LabConfig) -> list[str]:
+    size = cfg.gpu_pool.vm_size
+    if gpu_sizes.gpu_family(size):
+        return []
+    reason = gpu_sizes.rejection_reason(size)
+    return [
+        f"{cfg.key('gpuVmSize')} must be an NVIDIA full-GPU size of a family AKS installs the "
+        f"driver for and the NVIDIA device plugin schedules: {gpu_sizes.allowed_families()}; "
+        f"got {size!r}" + (f" ({size} is {reason})" if reason else "")
+    ]
 
 
 def _replica_problems(cfg: LabConfig) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import stack_config
+from infra import gpu_sizes
 from stack_config import ConfigError, LabConfig, load, validate
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -159,32 +160,67 @@ def test_negative_or_zero_counts(key: str, value: str, low: int) -> None:
     )
 
 
+GPU_SIZE_RULE = (
+    "spot-lab:gpuVmSize must be an NVIDIA full-GPU size of a family AKS installs the driver for "
+    "and the NVIDIA device plugin schedules: NCasT4_v3 (T4) e.g. Standard_NC4as_T4_v3, "
+)
+
+
 @pytest.mark.parametrize("size", ["Standard_D4s_v5", "Standard_E8s_v5", "NC4as_T4_v3", "gpu"])
 def test_gpu_pool_size_must_be_a_gpu_size(size: str) -> None:
     message = _problems({"gpuVmSize": size})
-    assert "spot-lab:gpuVmSize must be a GPU VM size of the NC, ND or NV families" in message
+    assert GPU_SIZE_RULE in message
+    assert f"got {size!r}" in message
 
 
 @pytest.mark.parametrize(
-    "size", ["Standard_NC6s_v3", "Standard_NC12s_v3", "Standard_NC24s_v3", "Standard_NC24rs_v3"]
+    ("size", "reason"),
+    [
+        ("Standard_NC6s_v3", "NCv3 (V100), retired on 2025-09-30"),
+        ("Standard_NC24rs_v3", "NCv3 (V100), retired on 2025-09-30"),
+        ("Standard_NC6", "of a retired family"),
+        ("Standard_NC12s_v2", "of a retired family"),
+        ("Standard_NV6", "of a retired family"),
+        ("Standard_ND24rs", "of a retired family"),
+        ("Standard_NV4as_v4", "an AMD GPU"),
+        ("Standard_NV28adms_V710_v5", "an AMD GPU"),
+        ("Standard_ND96isr_MI300X_v5", "an AMD GPU"),
+        ("Standard_NG32ads_V620_v1", "an AMD GPU"),
+        ("Standard_NV6ads_A10_v5", "an NVadsA10_v5 GRID vGPU size"),
+        ("Standard_NV36ads_A10_v5", "an NVadsA10_v5 GRID vGPU size"),
+        ("Standard_NCC40ads_H100_v5", "a confidential GPU"),
+    ],
 )
-def test_retired_ncv3_sizes_are_rejected_with_a_replacement(size: str) -> None:
+def test_sizes_that_cannot_run_the_job_are_rejected_with_the_reason(size: str, reason: str) -> None:
     message = _problems({"gpuVmSize": size})
-    assert f"spot-lab:gpuVmSize: {size} (NCv3) was retired on 2025-09-30" in message
-    assert "use Standard_NC4as_T4_v3" in message
+    assert GPU_SIZE_RULE in message
+    assert f"({size} is {reason}" in message
+
+
+def test_gpu_size_error_lists_every_family_with_an_example() -> None:
+    message = _problems({"gpuVmSize": "Standard_NV12s_v3"})
+    for family in gpu_sizes.FAMILIES:
+        assert f"{family.name} e.g. {family.example}" in message
+        assert gpu_sizes.gpu_family(family.example) == family
 
 
 @pytest.mark.parametrize(
     "size",
     [
         "Standard_NC4as_T4_v3",
+        "Standard_NC64as_T4_v3",
         "Standard_NC8ads_A10_v4",
         "Standard_NC24ads_A100_v4",
+        "Standard_NC96ads_A100_v4",
+        "Standard_NC40ads_H100_v5",
+        "Standard_NC80adis_H100_v5",
         "Standard_ND96asr_v4",
-        "Standard_NV36ads_A10_v5",
+        "Standard_ND96amsr_A100_v4",
+        "Standard_ND96isr_H100_v5",
+        "Standard_ND96isr_H200_v5",
     ],
 )
-def test_current_gpu_sizes_are_accepted(size: str) -> None:
+def test_current_nvidia_full_gpu_sizes_are_accepted(size: str) -> None:
     assert _cfg({"gpuVmSize": size}).gpu_pool.vm_size == size
 
 
