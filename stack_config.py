@@ -250,11 +250,20 @@ def validate(cfg: LabConfig) -> None:
         raise ConfigError(problems)
 
 
+def _is_count(value: object) -> bool:
+    """An int that is not a bool: anything else failed to parse and cannot be compared."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _counts(*values: object) -> bool:
+    return all(_is_count(v) for v in values)
+
+
 def _at_least(cfg: LabConfig, values: dict[str, int], low: int) -> list[str]:
     return [
         f"{cfg.key(key)} must be an integer >= {low}, got {value!r}"
         for key, value in values.items()
-        if not isinstance(value, int) or isinstance(value, bool) or value < low
+        if not _is_count(value) or value < low
     ]
 
 
@@ -308,7 +317,8 @@ def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
     problems = _at_least(cfg, {"gpuMinNodes": pool.min_nodes}, 0)
     problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
     problems += _gpu_size_problems(cfg)
-    if not problems and pool.min_nodes > pool.max_nodes:
+    # Compared even when another rule broke, so every problem shows up in one run.
+    if _counts(pool.min_nodes, pool.max_nodes) and pool.min_nodes > pool.max_nodes:
         problems.append(
             f"{cfg.key('gpuMinNodes')} ({pool.min_nodes}) must be <= "
             f"{cfg.key('gpuMaxNodes')} ({pool.max_nodes})"
@@ -340,9 +350,9 @@ def _replica_problems(cfg: LabConfig) -> list[str]:
         cfg, {"workerMaxReplicas": job.max_replicas, "workerReplicas": job.replicas}, 1
     )
     problems += _at_least(cfg, {"maxRestarts": job.max_restarts}, 0)
-    if problems:
-        return problems
     low, high = cfg.key("workerMinReplicas"), cfg.key("workerMaxReplicas")
+    if not _counts(job.min_replicas, job.max_replicas, job.replicas):
+        return problems
     if job.min_replicas > job.max_replicas:
         problems.append(f"{low} ({job.min_replicas}) must be <= {high} ({job.max_replicas})")
     elif not job.min_replicas <= job.replicas <= job.max_replicas:
@@ -351,7 +361,7 @@ def _replica_problems(cfg: LabConfig) -> list[str]:
             f"[{job.min_replicas}, {job.max_replicas}]"
         )
     # One worker per GPU node: each worker asks for a whole GPU.
-    if job.max_replicas > cfg.gpu_pool.max_nodes:
+    if _counts(cfg.gpu_pool.max_nodes) and job.max_replicas > cfg.gpu_pool.max_nodes:
         problems.append(
             f"{high} ({job.max_replicas}) must be <= {cfg.key('gpuMaxNodes')} "
             f"({cfg.gpu_pool.max_nodes}): each worker needs its own GPU node"
@@ -382,7 +392,10 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('checkpointEverySteps')} and {cfg.key('checkpointEverySeconds')} are both "
             "0: no checkpoint would ever be saved; set at least one above 0"
         )
-    if not problems and job.global_batch_size < job.max_replicas:
+    if (
+        _counts(job.global_batch_size, job.max_replicas)
+        and job.global_batch_size < job.max_replicas
+    ):
         problems.append(
             f"{cfg.key('globalBatchSize')} ({job.global_batch_size}) must be >= "
             f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}): every rank needs a sample"

@@ -140,6 +140,48 @@ def test_gpu_min_above_max() -> None:
 
 
 @pytest.mark.parametrize(
+    ("raw", "hidden_before"),
+    [
+        (
+            {"gpuMinNodes": "4", "gpuMaxNodes": "3", "gpuVmSize": "Standard_D4s_v5"},
+            "spot-lab:gpuMinNodes (4) must be <= spot-lab:gpuMaxNodes (3)",
+        ),
+        (
+            {"gpuMaxNodes": "2", "maxRestarts": "-1"},
+            "spot-lab:workerMaxReplicas (3) must be <= spot-lab:gpuMaxNodes (2)",
+        ),
+        (
+            {"workerMinReplicas": "3", "workerMaxReplicas": "2", "maxRestarts": "-1"},
+            "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)",
+        ),
+        (
+            {"globalBatchSize": "2", "checkpointBackend": "nfs"},
+            "spot-lab:globalBatchSize (2) must be >= spot-lab:workerMaxReplicas (3)",
+        ),
+    ],
+    ids=["gpu-min-max", "workers-vs-pool", "worker-min-max", "batch-vs-workers"],
+)
+def test_comparisons_are_reported_next_to_other_problems(
+    raw: dict[str, str], hidden_before: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _cfg(raw)
+    assert len(info.value.problems) == 2
+    assert hidden_before in str(info.value)
+
+
+def test_a_count_that_failed_to_parse_skips_only_its_comparisons() -> None:
+    cfg = LabConfig(project="spot-lab", stack="dev")
+    bad = replace(cfg, gpu_pool=replace(cfg.gpu_pool, min_nodes="x", vm_size="gpu"))
+    with pytest.raises(ConfigError) as info:
+        validate(bad)
+    message = str(info.value)
+    assert "spot-lab:gpuMinNodes must be an integer >= 0, got 'x'" in message
+    assert "spot-lab:gpuVmSize must be" in message
+    assert "gpuMinNodes (x)" not in message
+
+
+@pytest.mark.parametrize(
     ("key", "value", "low"),
     [
         ("gpuMinNodes", "-1", 0),
