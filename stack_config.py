@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 
-from infra import gpu_sizes
+from infra import gpu_sizes, naming
 from training.launch import RendezvousSettings
 
 
@@ -292,7 +292,31 @@ def _naming_problems(cfg: LabConfig) -> list[str]:
                 f"{cfg.key(key)} must be a DNS label (1-63 lowercase letters, digits or '-', "
                 f"starting and ending alphanumeric), got {value!r}"
             )
+    problems += _stack_name_problems(cfg)
     return problems + _one_of(cfg, "imageBuilder", cfg.image_builder, IMAGE_BUILDERS)
+
+
+def _stack_name_problems(cfg: LabConfig) -> list[str]:
+    """Names built from the stack name must fit Azure's limits (never cut them short)."""
+    too_long = [
+        limit
+        for limit in naming.name_limits(cfg.name_prefix, cfg.stack, cfg.location)
+        if limit.too_long
+    ]
+    if not too_long:
+        return []
+    details = "; ".join(
+        f"the {limit.what} {limit.name!r} would have {len(limit.name)} characters, "
+        f"Azure allows {limit.limit}"
+        for limit in too_long
+    )
+    longest = naming.longest_stack_name(cfg.name_prefix, cfg.location)
+    prefix = cfg.key("namePrefix")
+    return [
+        f"stack name {cfg.stack!r} is too long: {details}. With {prefix} {cfg.name_prefix!r} "
+        f"in {cfg.location} a stack name may have at most {longest} characters; use a shorter "
+        f"stack name or {prefix}"
+    ]
 
 
 def _cluster_problems(cfg: LabConfig) -> list[str]:

@@ -1,5 +1,11 @@
 """Physical names of the Azure resources, derived once from project, stack and name prefix.
 
+Names inside the subscription (resource group, cluster, identity) are the name prefix plus
+a slug of the stack name. Azure limits their length, and the AKS cluster name doubles as
+its DNS prefix and goes into the node resource group's name, so ``name_limits`` lists the
+limits and ``stack_config.validate()`` checks them before anything is registered: a name
+is never cut short into a clash or a trailing '-'.
+
 Storage account and registry names are global DNS names, so they end in a short, stable hash
 of project/stack/prefix: two stacks (or two people) never collide, and the same stack keeps
 its names across runs. Pure: no pulumi import.
@@ -10,12 +16,20 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stack_config import LabConfig
+if TYPE_CHECKING:  # stack_config imports this module to validate stack names
+    from stack_config import LabConfig
 
 # Storage accounts: 3-24 lowercase alphanumerics. Registries: 5-50 alphanumerics.
 STORAGE_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
 REGISTRY_NAME = re.compile(r"^[a-zA-Z0-9]{5,50}$")
+RESOURCE_GROUP_MAX = 90
+# The cluster name is also its DNS prefix, which AKS caps at 54 (the name alone at 63).
+DNS_PREFIX_MAX = 54
+# AKS names the node resource group MC_<resource group>_<cluster>_<region> and refuses a
+# cluster whose node resource group name would be longer than this.
+NODE_RESOURCE_GROUP_MAX = 80
 
 
 @dataclass(frozen=True)
@@ -31,24 +45,81 @@ class LabNames:
     """Repository of the training image inside the registry."""
 
 
+@dataclass(frozen=True)
+class NameLimit:
+    """One name derived from the stack name, and the longest Azure accepts."""
+
+    what: str
+    name: str
+    limit: int
+
+    @property
+    def too_long(self) -> bool:
+        """Whether Azure would refuse the name."""
+        return len(self.name) > self.limit
+
+
 def stable_suffix(project: str, stack: str, prefix: str, length: int = 8) -> str:
     """Hex digest prefix of sha256("project/stack/prefix"): globally distinct, stable per stack."""
     return hashlib.sha256(f"{project}/{stack}/{prefix}".encode()).hexdigest()[:length]
 
 
-def _stack_slug(stack: str) -> str:
+def stack_slug(stack: str) -> str:
+    """The stack name as it appears in resource names: lowercase letters, digits and '-'."""
     # Stack names may hold '.', '_' and capitals; AKS and resource group names keep it simple.
     slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-")
     return slug or "stack"
 
 
+def resource_group_name(prefix: str, stack: str) -> str:
+    """The lab's resource group."""
+    return f"{prefix}-{stack_slug(stack)}-rg"
+
+
+def cluster_name(prefix: str, stack: str) -> str:
+    """The AKS cluster, also its DNS prefix."""
+    return f"{prefix}-{stack_slug(stack)}-aks"
+
+
+def node_resource_group_name(prefix: str, stack: str, location: str) -> str:
+    """The resource group AKS creates for the nodes (its default name)."""
+    return f"MC_{resource_group_name(prefix, stack)}_{cluster_name(prefix, stack)}_{location}"
+
+
+def name_limits(prefix: str, stack: str, location: str) -> tuple[NameLimit, ...]:
+    """Each name that grows with the stack name, with Azure's length limit."""
+    return (
+        NameLimit("resource group", resource_group_name(prefix, stack), RESOURCE_GROUP_MAX),
+        NameLimit(
+            "AKS cluster name (also its DNS prefix)", cluster_name(prefix, stack), DNS_PREFIX_MAX
+        ),
+        NameLimit(
+            "AKS node resource group",
+            node_resource_group_name(prefix, stack, location),
+            NODE_RESOURCE_GROUP_MAX,
+        ),
+    )
+
+
+def longest_stack_name(prefix: str, location: str) -> int:
+    """The most characters a stack name may have for every name to fit (0: none fits)."""
+    return next(
+        (
+            n
+            for n in range(RESOURCE_GROUP_MAX, 0, -1)
+            if not any(limit.too_long for limit in name_limits(prefix, "a" * n, location))
+        ),
+        0,
+    )
+
+
 def lab_names(cfg: LabConfig) -> LabNames:
-    """The names for one stack; ``validate()`` has already checked the prefix."""
-    slug = _stack_slug(cfg.stack)
+    """The names for one stack; ``validate()`` has already checked prefix and lengths."""
+    slug = stack_slug(cfg.stack)
     suffix = stable_suffix(cfg.project, cfg.stack, cfg.name_prefix)
     names = LabNames(
-        resource_group=f"{cfg.name_prefix}-{slug}-rg",
-        cluster=f"{cfg.name_prefix}-{slug}-aks"[:63],
+        resource_group=resource_group_name(cfg.name_prefix, cfg.stack),
+        cluster=cluster_name(cfg.name_prefix, cfg.stack),
         storage_account=f"{cfg.name_prefix}st{suffix}",
         registry=f"{cfg.name_prefix}cr{suffix}",
         training_identity=f"{cfg.name_prefix}-{slug}-trainer",

@@ -342,12 +342,15 @@ def stack_config(
     stack: str = "dev",
     overrides: Mapping[str, str] | None = None,
     project_dir: Path = PROJECT_DIR,
+    stack_dir: Path | None = None,
 ) -> tuple[str, dict[str, str]]:
     """(project name, config) from Pulumi.yaml defaults, Pulumi.<stack>.yaml, then overrides.
 
     Keys are namespaced (``spot-lab:gpuMaxNodes``); an override key without a namespace is
     taken as the project's. Values are strings, objects JSON, as ``pulumi.Config`` expects.
-    Like the CLI, a project key that Pulumi.yaml does not declare is an error.
+    Like the CLI, a project key that Pulumi.yaml does not declare is an error. The stack
+    file is read from ``stack_dir`` when given (the CLI's ``stackConfigDir``), else from
+    the project.
     """
     project_file = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
     project = project_file["name"]
@@ -357,9 +360,9 @@ def stack_config(
         if isinstance(spec, dict) and ("default" in spec or "value" in spec):
             config[full] = _config_string(spec.get("default", spec.get("value")))
     declared = set(config)
-    stack_file = project_dir / f"Pulumi.{stack}.yaml"
+    stack_file = (stack_dir or project_dir) / f"Pulumi.{stack}.yaml"
     if not stack_file.exists():
-        raise FileNotFoundError(f"no stack file {stack_file.name} in {project_dir}")
+        raise FileNotFoundError(f"no stack file {stack_file.name} in {stack_file.parent}")
     values = dict(yaml.safe_load(stack_file.read_text()).get("config") or {})
     values.update({k if ":" in k else f"{project}:{k}": v for k, v in (overrides or {}).items()})
     for key, value in values.items():
@@ -430,9 +433,12 @@ def run_program(
     overrides: Mapping[str, str] | None = None,
     check: bool = True,
     project_dir: Path = PROJECT_DIR,
+    stack_dir: Path | None = None,
 ) -> ProgramRun:
-    """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``)."""
-    project, config = stack_config(stack, overrides, project_dir)
+    """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
+
+    ``stack_dir`` holds the stack file when it is not the project's (a modified copy)."""
+    project, config = stack_config(stack, overrides, project_dir, stack_dir)
     main_file = project_dir / "__main__.py"
     if str(project_dir) not in sys.path:
         sys.path.insert(0, str(project_dir))

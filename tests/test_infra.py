@@ -16,7 +16,7 @@ from infra import cluster as aks
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
 from infra.naming import lab_names, stable_suffix
 from infra.roles import ACR_PULL, STORAGE_BLOB_DATA_CONTRIBUTOR, role_definition_id
-from stack_config import ConfigError, LabConfig
+from stack_config import ConfigError, LabConfig, validate
 from tests.pulumi_harness import (
     PROJECT_DIR,
     ProgramRun,
@@ -396,7 +396,28 @@ def test_name_suffix_depends_on_project_stack_and_prefix() -> None:
 def test_longest_prefix_still_fits_azure_names() -> None:
     names = lab_names(LabConfig(project="spot-lab", stack="My.Stack_1", name_prefix="a" * 12))
     assert len(names.storage_account) <= 24
-    assert re.fullmatch(r"[a-z0-9-]+", names.cluster)
+    assert names.cluster == f"{'a' * 12}-my-stack-1-aks"
+    assert names.resource_group == f"{'a' * 12}-my-stack-1-rg"
+
+
+@pytest.mark.parametrize("stack", ["a" * 22, "A.b_c-" * 3 + "dd"])
+def test_names_of_the_longest_valid_stack_are_whole(stack: str) -> None:
+    cfg = LabConfig(project="spot-lab", stack=stack)
+    validate(cfg)
+    names = lab_names(cfg)
+    assert names.cluster.endswith("-aks") and len(names.cluster) <= 54
+    assert re.fullmatch(r"[a-z0-9][-a-z0-9]*[a-z0-9]", names.cluster)
+    node_rg = f"MC_{names.resource_group}_{names.cluster}_{cfg.location}"
+    assert len(node_rg) <= 80
+
+
+def test_a_too_long_stack_name_stops_the_program_before_any_resource(tmp_path: Path) -> None:
+    stack = "experiment-with-a-long-name"
+    shutil.copy(PROJECT_DIR / "Pulumi.dev.yaml", tmp_path / f"Pulumi.{stack}.yaml")
+    run = run_program(stack, stack_dir=tmp_path, check=False)
+    assert isinstance(run.error, ConfigError)
+    assert f"stack name {stack!r} is too long" in str(run.error)
+    assert run.resources == []
 
 
 def test_role_definition_id_takes_the_scopes_subscription() -> None:

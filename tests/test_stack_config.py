@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import stack_config
-from infra import gpu_sizes
+from infra import gpu_sizes, naming
 from stack_config import ConfigError, LabConfig, load, validate
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -327,6 +327,35 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
 )
 def test_other_rules_name_their_key(key: str, value: str, fragment: str) -> None:
     assert fragment in _problems({key: value})
+
+
+def test_a_stack_name_too_long_for_azure_names_is_refused() -> None:
+    longest = naming.longest_stack_name("spotlab", "westus3")
+    assert longest == 22
+    load({}, "spot-lab", "s" * longest)  # fits: no error from load
+    validate(load({}, "spot-lab", "s" * longest))
+    stack = "s" * (longest + 1)
+    with pytest.raises(ConfigError) as info:
+        validate(load({}, "spot-lab", stack))
+    message = str(info.value)
+    assert f"stack name {stack!r} is too long" in message
+    assert "the AKS node resource group" in message and "Azure allows 80" in message
+    assert "a stack name may have at most 22 characters" in message
+    assert "spot-lab:namePrefix" in message
+
+
+def test_the_dns_prefix_limit_is_named_when_the_cluster_name_breaks_it() -> None:
+    # A short region leaves the 54-character DNS prefix as the limit that bites first.
+    stack = "s" * 43
+    with pytest.raises(ConfigError) as info:
+        validate(load({}, "spot-lab", stack, "x1"))
+    assert "AKS cluster name (also its DNS prefix)" in str(info.value)
+    assert "Azure allows 54" in str(info.value)
+
+
+def test_stack_limits_follow_prefix_and_region() -> None:
+    assert naming.longest_stack_name("a" * 12, "australiasoutheast") == 12
+    assert naming.longest_stack_name("ab", "x1") > naming.longest_stack_name("ab", "westus3")
 
 
 def test_checkpoints_must_be_saved_somehow() -> None:
