@@ -58,7 +58,15 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
     rg = resource_group.name
     cluster = AksCluster(
         "cluster",
-        AksClusterArgs(rg, names.cluster, cfg.location, cfg.cluster, cfg.gpu_pool, tags),
+        AksClusterArgs(
+            resource_group_name=rg,
+            cluster_name=names.cluster,
+            location=cfg.location,
+            cluster=cfg.cluster,
+            gpu_pool=cfg.gpu_pool,
+            gpu_max_nodes=cfg.gpu_max_nodes,
+            tags=tags,
+        ),
     )
     storage = LabStorage(
         "storage",

@@ -44,8 +44,8 @@ class GpuPoolConfig:
     """An NVIDIA full-GPU size of a family in ``infra.gpu_sizes.FAMILIES``."""
     min_nodes: int = 0
     """Autoscaler floor; 0 means no GPU cost when nothing trains."""
-    max_nodes: int = 3
-    """Autoscaler ceiling."""
+    max_nodes: int | None = None
+    """Autoscaler ceiling; None follows the job's max workers (see ``LabConfig.gpu_max_nodes``)."""
     spot_max_price: float = -1.0
     """-1 pays up to the on-demand price (evicted only for capacity); else USD/hour > 0."""
 
@@ -57,7 +57,7 @@ class JobConfig:
     min_replicas: int = 1
     max_replicas: int = 3
     replicas: int = 2
-    """Workers the job asks for at start (min <= replicas <= max)."""
+    """Workers the job asks for at start; clamped into [min, max] (``start_replicas``)."""
     max_restarts: int = 100
     """Every eviction costs each survivor one restart, so a long spot run needs many."""
     collective_timeout_s: int = 30
@@ -73,6 +73,11 @@ class JobConfig:
     worker_cpu: str = "3"
     worker_memory: str = "12Gi"
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+
+    @property
+    def start_replicas(self) -> int:
+        """``replicas`` clamped into [min, max]: new bounds alone never make the job invalid."""
+        return min(max(self.replicas, self.min_replicas), self.max_replicas)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,16 @@ class LabConfig:
         """A config key as the user types it: ``spot-lab:gpuMaxNodes``."""
         return f"{self.project}:{name}"
 
+    @property
+    def gpu_max_nodes(self) -> int:
+        """The GPU pool's autoscaler ceiling: gpuMaxNodes, or one node per worker when unset.
+
+        One worker per GPU node, so by default the pool follows workerMaxReplicas and a new
+        bound in the stack file resizes the pool, the PyTorchJob and its HPA together.
+        """
+        pool_max = self.gpu_pool.max_nodes
+        return self.job.max_replicas if pool_max is None else pool_max
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -107,6 +122,8 @@ class Setting:
     """Dotted path of the field: ``gpu_pool.max_nodes``, ``job.rendezvous.join_timeout_s``."""
     kind: type
     """``str`` or ``int``; spot price and Kubernetes version are strings, parsed here."""
+    optional: bool = False
+    """An empty value means "not set" (None); Pulumi.yaml then declares it a string."""
 
 
 # Every project config key; Pulumi.yaml declares the same keys with the same defaults.
@@ -121,7 +138,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("systemNodeCount", "cluster.system_node_count", int),
     Setting("gpuVmSize", "gpu_pool.vm_size", str),
     Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
-    Setting("gpuMaxNodes", "gpu_pool.max_nodes", int),
+    Setting("gpuMaxNodes", "gpu_pool.max_nodes", int, optional=True),
     Setting("spotMaxPrice", "gpu_pool.spot_max_price", str),
     Setting("workerMinReplicas", "job.min_replicas", int),
     Setting("workerMaxReplicas", "job.max_replicas", int),
@@ -151,6 +168,8 @@ DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
 def _parse(setting: Setting, raw: str, project: str) -> object:
     """The typed value of one raw config string (spot price stays a float, version optional)."""
     key = f"{project}:{setting.key}"
+    if setting.optional and not raw.strip():
+        return None
     if setting.kind is int:
         try:
             return int(raw.strip())
@@ -339,20 +358,27 @@ def _cluster_problems(cfg: LabConfig) -> list[str]:
 def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
     pool = cfg.gpu_pool
     problems = _at_least(cfg, {"gpuMinNodes": pool.min_nodes}, 0)
-    problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
+    if pool.max_nodes is not None:
+        problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
     problems += _gpu_size_problems(cfg)
     # Compared even when another rule broke, so every problem shows up in one run.
-    if _counts(pool.min_nodes, pool.max_nodes) and pool.min_nodes > pool.max_nodes:
-        problems.append(
-            f"{cfg.key('gpuMinNodes')} ({pool.min_nodes}) must be <= "
-            f"{cfg.key('gpuMaxNodes')} ({pool.max_nodes})"
-        )
+    ceiling = cfg.gpu_max_nodes
+    if _counts(pool.min_nodes, ceiling) and pool.min_nodes > ceiling:
+        problems.append(f"{cfg.key('gpuMinNodes')} ({pool.min_nodes}) must be <= {_ceiling(cfg)}")
     if pool.spot_max_price != -1 and not pool.spot_max_price > 0:
         problems.append(
             f"{cfg.key('spotMaxPrice')} must be -1 (pay up to the on-demand price) or a "
             f"positive USD/hour, got {pool.spot_max_price!r}"
         )
     return problems
+
+
+def _ceiling(cfg: LabConfig) -> str:
+    """How the GPU pool's ceiling reads in a message: the key it came from and its value."""
+    high = cfg.key("gpuMaxNodes")
+    if cfg.gpu_pool.max_nodes is not None:
+        return f"{high} ({cfg.gpu_pool.max_nodes})"
+    return f"{cfg.key('workerMaxReplicas')} ({cfg.job.max_replicas}; {high} is unset)"
 
 
 def _gpu_size_problems(cfg: LabConfig) -> list[str]:
@@ -375,17 +401,13 @@ def _replica_problems(cfg: LabConfig) -> list[str]:
     )
     problems += _at_least(cfg, {"maxRestarts": job.max_restarts}, 0)
     low, high = cfg.key("workerMinReplicas"), cfg.key("workerMaxReplicas")
-    if not _counts(job.min_replicas, job.max_replicas, job.replicas):
-        return problems
-    if job.min_replicas > job.max_replicas:
+    # workerReplicas has no range rule: the job starts with it clamped into [low, high].
+    if _counts(job.min_replicas, job.max_replicas) and job.min_replicas > job.max_replicas:
         problems.append(f"{low} ({job.min_replicas}) must be <= {high} ({job.max_replicas})")
-    elif not job.min_replicas <= job.replicas <= job.max_replicas:
-        problems.append(
-            f"{cfg.key('workerReplicas')} ({job.replicas}) must be within [{low}, {high}] = "
-            f"[{job.min_replicas}, {job.max_replicas}]"
-        )
-    # One worker per GPU node: each worker asks for a whole GPU.
-    if _counts(cfg.gpu_pool.max_nodes) and job.max_replicas > cfg.gpu_pool.max_nodes:
+    # One worker per GPU node: each worker asks for a whole GPU. An unset gpuMaxNodes (None,
+    # not a count) follows workerMaxReplicas, so there is nothing to compare.
+    pool_max = cfg.gpu_pool.max_nodes
+    if _counts(job.max_replicas, pool_max) and job.max_replicas > pool_max:
         problems.append(
             f"{high} ({job.max_replicas}) must be <= {cfg.key('gpuMaxNodes')} "
             f"({cfg.gpu_pool.max_nodes}): each worker needs its own GPU node"

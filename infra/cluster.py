@@ -45,8 +45,14 @@ def system_pool_profile(cluster: ClusterConfig) -> dict[str, Any]:
     return profile
 
 
-def gpu_spot_pool_spec(pool: GpuPoolConfig, kubernetes_version: str | None) -> dict[str, Any]:
-    """The GPU Spot pool's ``AgentPool`` arguments (without resource group and cluster)."""
+def gpu_spot_pool_spec(
+    pool: GpuPoolConfig, max_nodes: int, kubernetes_version: str | None
+) -> dict[str, Any]:
+    """The GPU Spot pool's ``AgentPool`` arguments (without resource group and cluster).
+
+    ``max_nodes`` is the resolved ceiling (``LabConfig.gpu_max_nodes``), not ``pool.max_nodes``,
+    which may be unset.
+    """
     spec: dict[str, Any] = {
         "agent_pool_name": GPU_POOL_NAME,
         "mode": "User",
@@ -61,7 +67,7 @@ def gpu_spot_pool_spec(pool: GpuPoolConfig, kubernetes_version: str | None) -> d
         "spot_max_price": pool.spot_max_price,
         "enable_auto_scaling": True,
         "min_count": pool.min_nodes,
-        "max_count": pool.max_nodes,
+        "max_count": max_nodes,
         "count": pool.min_nodes,
         "node_taints": [SPOT_TAINT, GPU_TAINT],
         "node_labels": {POOL_LABEL: GPU_SPOT_POOL},
@@ -146,6 +152,8 @@ class AksClusterArgs:
     """Kubernetes version and system pool settings."""
     gpu_pool: GpuPoolConfig
     """GPU Spot pool settings."""
+    gpu_max_nodes: int
+    """The GPU pool's autoscaler ceiling: gpuMaxNodes, or workerMaxReplicas when unset."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -175,7 +183,9 @@ class AksCluster(pulumi.ComponentResource):
             f"{name}-gpu-spot",
             resource_group_name=args.resource_group_name,
             resource_name_=cluster.name,
-            **gpu_spot_pool_spec(args.gpu_pool, args.cluster.kubernetes_version),
+            **gpu_spot_pool_spec(
+                args.gpu_pool, args.gpu_max_nodes, args.cluster.kubernetes_version
+            ),
             # The autoscaler owns the node count after creation.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["count"]),
         )

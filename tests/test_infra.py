@@ -66,6 +66,8 @@ def test_system_pool_is_inline_cpu_and_regular(run: ProgramRun) -> None:
     assert len(profiles) == 1
     system = profiles[0]
     assert system["mode"] == "System"
+    assert system["osType"] == "Linux"
+    assert system["count"] == int(run.config["spot-lab:systemNodeCount"])
     assert system["scaleSetPriority"] == "Regular"
     assert system["vmSize"] == run.config["spot-lab:systemVmSize"]
     assert not system["vmSize"].startswith("Standard_N")
@@ -78,13 +80,16 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     pool = run.one(AGENT_POOL)
     assert pool.inputs["resourceName"] == run.one(CLUSTER).outputs["name"]
     assert pool.inputs["mode"] == "User"
+    assert pool.inputs["osType"] == "Linux"
     assert pool.inputs["vmSize"] == config["spot-lab:gpuVmSize"]
     assert pool.inputs["scaleSetPriority"] == "Spot"
     assert pool.inputs["scaleSetEvictionPolicy"] == "Delete"
     assert pool.inputs["spotMaxPrice"] == -1
     assert pool.inputs["enableAutoScaling"] is True
     assert pool.inputs["minCount"] == int(config["spot-lab:gpuMinNodes"]) == 0
-    assert pool.inputs["maxCount"] == int(config["spot-lab:gpuMaxNodes"])
+    # gpuMaxNodes is unset in the stack files: the pool follows the job's max workers.
+    assert config["spot-lab:gpuMaxNodes"] == ""
+    assert pool.inputs["maxCount"] == int(config["spot-lab:workerMaxReplicas"])
     assert pool.ignore_changes == ["count"]
 
 
@@ -325,6 +330,21 @@ def test_overrides_reach_the_gpu_pool() -> None:
     assert pool["spotMaxPrice"] == 0.5
 
 
+def test_system_node_count_override_reaches_the_system_pool() -> None:
+    run = run_program("dev", {"systemNodeCount": "3"})
+    (system,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
+    assert system["count"] == 3
+
+
+def test_gpu_min_nodes_override_is_the_pools_floor_and_first_count() -> None:
+    run = run_program("dev", {"gpuMinNodes": "1"})
+    pool = run.one(AGENT_POOL)
+    assert pool.inputs["minCount"] == 1
+    # The initial count; afterwards the autoscaler owns it.
+    assert pool.inputs["count"] == 1
+    assert pool.ignore_changes == ["count"]
+
+
 def test_kubernetes_version_set_and_unset() -> None:
     pinned = run_program("dev", {"kubernetesVersion": "1.33"})
     assert pinned.one(CLUSTER).inputs["kubernetesVersion"] == "1.33"
@@ -350,7 +370,7 @@ def test_azure_native_location_wins() -> None:
         ({"gpuVmSize": "Standard_NC6s_v3"}, "spot-lab:gpuVmSize"),
         ({"spotMaxPrice": "0"}, "spot-lab:spotMaxPrice"),
         ({"gpuMaxNodes": "2"}, "spot-lab:workerMaxReplicas"),
-        ({"workerReplicas": "9"}, "spot-lab:workerReplicas"),
+        ({"workerReplicas": "0"}, "spot-lab:workerReplicas"),
         ({"namePrefix": "Spot_Lab"}, "spot-lab:namePrefix"),
         ({"checkpointBackend": "nfs"}, "spot-lab:checkpointBackend"),
         ({"maxSteps": "lots"}, "spot-lab:maxSteps"),
@@ -431,8 +451,9 @@ def test_role_definition_id_takes_the_scopes_subscription() -> None:
 
 def test_pure_pool_specs_match_the_constants() -> None:
     cfg = LabConfig(project="spot-lab", stack="dev")
-    spec = aks.gpu_spot_pool_spec(cfg.gpu_pool, None)
+    spec = aks.gpu_spot_pool_spec(cfg.gpu_pool, cfg.gpu_max_nodes, None)
     assert aks.SPOT_TAINT in spec["node_taints"] and aks.GPU_TAINT in spec["node_taints"]
+    assert spec["max_count"] == cfg.job.max_replicas
     assert spec["node_labels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
 
 
@@ -446,7 +467,7 @@ def test_harness_runs_are_independent() -> None:
     assert second.one(AGENT_POOL).inputs["maxCount"] == 3
     assert len(first.resources) == len(second.resources)
     assert len({r.urn for r in second.resources}) == len(second.resources)
-    assert second.config["spot-lab:gpuMaxNodes"] == "3"
+    assert second.config["spot-lab:gpuMaxNodes"] == ""
 
 
 def test_harness_keeps_registrations_of_a_failing_program() -> None:

@@ -55,8 +55,12 @@ def test_pulumi_yaml_defaults_equal_dataclass_defaults() -> None:
 def test_integer_keys_are_declared_as_integers() -> None:
     declared = _declared()
     for setting in stack_config.SETTINGS:
-        expected = "integer" if setting.kind is int else "string"
+        # An optional integer is a string that may be empty: Pulumi requires a typed key
+        # without a default, and "" is not an integer.
+        expected = "integer" if setting.kind is int and not setting.optional else "string"
         assert declared[setting.key]["type"] == expected, setting.key
+    assert declared["gpuMaxNodes"]["default"] == ""
+    assert "default: workerMaxReplicas" in declared["gpuMaxNodes"]["description"]
 
 
 # ---- load ---------------------------------------------------------------------------------------
@@ -97,9 +101,30 @@ def test_azure_native_location_wins_over_project_location() -> None:
 
 @pytest.mark.parametrize("value", ["2.5", "three", "", "1e3"])
 def test_non_integer_integer_names_the_key(value: str) -> None:
-    message = _problems({"gpuMaxNodes": value})
-    assert "spot-lab:gpuMaxNodes must be an integer" in message
+    message = _problems({"gpuMinNodes": value})
+    assert "spot-lab:gpuMinNodes must be an integer" in message
     assert repr(value) in message
+
+
+@pytest.mark.parametrize("value", ["2.5", "three", "1e3"])
+def test_optional_integer_is_empty_or_an_integer(value: str) -> None:
+    assert "spot-lab:gpuMaxNodes must be an integer" in _problems({"gpuMaxNodes": value})
+    assert load({"gpuMaxNodes": " "}, "spot-lab", "dev").gpu_pool.max_nodes is None
+    assert load({"gpuMaxNodes": "4"}, "spot-lab", "dev").gpu_pool.max_nodes == 4
+
+
+def test_gpu_pool_follows_the_job_unless_gpu_max_nodes_is_set() -> None:
+    assert _cfg().gpu_max_nodes == 3
+    assert _cfg({"workerMaxReplicas": "5"}).gpu_max_nodes == 5
+    assert _cfg({"workerMaxReplicas": "5", "gpuMaxNodes": "8"}).gpu_max_nodes == 8
+
+
+def test_gpu_min_above_the_ceiling_that_follows_the_job() -> None:
+    message = _problems({"gpuMinNodes": "4"})
+    assert (
+        "spot-lab:gpuMinNodes (4) must be <= spot-lab:workerMaxReplicas (3; "
+        "spot-lab:gpuMaxNodes is unset)"
+    ) in message
 
 
 def test_unknown_key_is_rejected_with_the_known_keys() -> None:
@@ -288,12 +313,12 @@ def test_worker_min_above_max() -> None:
     assert "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)" in message
 
 
-@pytest.mark.parametrize("replicas", ["1", "4"])
-def test_replicas_outside_min_max(replicas: str) -> None:
+@pytest.mark.parametrize(("replicas", "start"), [("1", 2), ("2", 2), ("3", 3), ("4", 3)])
+def test_start_replicas_are_clamped_into_min_max(replicas: str, start: int) -> None:
     raw = {"workerMinReplicas": "2", "workerMaxReplicas": "3", "workerReplicas": replicas}
-    message = _problems(raw)
-    assert f"spot-lab:workerReplicas ({replicas}) must be within" in message
-    assert "[2, 3]" in message
+    job = _cfg(raw).job
+    assert job.replicas == int(replicas)
+    assert job.start_replicas == start
 
 
 @pytest.mark.parametrize("prefix", ["SpotLab", "spot-lab", "1lab", "a", "averyveryverylongprefix"])

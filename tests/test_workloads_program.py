@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
-from tests.pulumi_harness import ProgramRun, Registered, run_program
+from tests.pulumi_harness import PROJECT_DIR, ProgramRun, Registered, run_program
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SYSTEM_POOL
 
 STACKS = ["dev", "a100"]
@@ -117,6 +120,58 @@ def test_config_overrides_reach_the_job() -> None:
     assert env["TRAIN_CHECKPOINT_URI"] == (
         f"{run.outputs['blobEndpoint']}{run.outputs['checkpointsContainer']}/{run.outputs['jobName']}"
     )
+
+
+def operator_hpa(job: Registered) -> dict[str, Any]:
+    """The HPA the training operator makes from a PyTorchJob's elasticPolicy.
+
+    Mirrors desiredHPA in kubeflow/training-operator (pkg/controller.v1/pytorch/hpa.go):
+    bounds and metrics are copied from elasticPolicy, the target is the job itself.
+    """
+    metadata, policy = job.inputs["metadata"], job.inputs["spec"]["elasticPolicy"]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": job.inputs["apiVersion"],
+                "kind": job.inputs["kind"],
+                "name": metadata["name"],
+            },
+            "minReplicas": policy["minReplicas"],
+            "maxReplicas": policy["maxReplicas"],
+            "metrics": policy["metrics"],
+        },
+    }
+
+
+def test_new_bounds_in_a_stack_file_reach_pool_job_and_hpa(tmp_path: Path) -> None:
+    """Only the worker bounds change in the stack file; pool, job and HPA all follow."""
+    stack_file = yaml.safe_load((PROJECT_DIR / "Pulumi.dev.yaml").read_text())
+    values = stack_file["config"]
+    assert "spot-lab:gpuMaxNodes" not in values and values["spot-lab:workerReplicas"] == "2"
+    values["spot-lab:workerMinReplicas"] = "3"
+    values["spot-lab:workerMaxReplicas"] = "5"
+    values["spot-lab:hpaCpuUtilization"] = "70"
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(stack_file))
+
+    run = run_program("dev", stack_dir=tmp_path)
+
+    assert run.one(GPU_POOL).inputs["maxCount"] == 5
+    job = run.one(PYTORCHJOB)
+    policy = job.inputs["spec"]["elasticPolicy"]
+    assert (policy["minReplicas"], policy["maxReplicas"]) == (3, 5)
+    # workerReplicas (2) is below the new minimum: the job starts with 3 workers.
+    assert job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    hpa = operator_hpa(job)
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 5)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"] == {
+        "name": "cpu",
+        "target": {"type": "Utilization", "averageUtilization": 70},
+    }
+    kubernetes_validate.validate(hpa, "1.33", strict=True)
 
 
 def test_tolerated_follows_kubernetes_matching() -> None:

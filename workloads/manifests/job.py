@@ -310,7 +310,8 @@ def elastic_job_spec(
         rdzv_host=rdzv_host,
         min_replicas=job.min_replicas,
         max_replicas=job.max_replicas,
-        replicas=job.replicas,
+        # Clamped into [min, max]: a new bound in the stack file never strands the start size.
+        replicas=job.start_replicas,
         max_restarts=job.max_restarts,
         service_account=config.service_account,
         priority_class=priority_class,
