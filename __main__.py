@@ -147,6 +147,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
     )
     pulumi.export("namespace", workloads.namespace)
     pulumi.export("jobName", workloads.job_name)
+    pulumi.export("rdzvId", workloads.rdzv_id)
     pulumi.export("watchCommands", workloads.watch_commands)
 
 

@@ -70,6 +70,9 @@ class JobConfig:
     global_batch_size: int = 256
     hpa_cpu_utilization: int = 0
     """0: no HPA; else elasticPolicy.metrics targets this average CPU utilisation (%)."""
+    run_id: str = "1"
+    """Part of the rendezvous id: a new value starts a new run of the same job (same
+    checkpoints), since a closed rendezvous stays closed for its id."""
     worker_cpu: str = "3"
     worker_memory: str = "12Gi"
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
@@ -150,6 +153,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("checkpointEverySeconds", "job.checkpoint_every_seconds", int),
     Setting("maxSteps", "job.max_steps", int),
     Setting("globalBatchSize", "job.global_batch_size", int),
+    Setting("runId", "job.run_id", str),
     Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),
     Setting("workerCpu", "job.worker_cpu", str),
     Setting("workerMemory", "job.worker_memory", str),
@@ -254,6 +258,8 @@ NAME_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,11}$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CPU_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
 MEMORY_QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+# Goes into the rendezvous id and a label value: short, lowercase, no edge '-'.
+RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$")
 
 
 def validate(cfg: LabConfig) -> None:
@@ -445,6 +451,11 @@ def _training_problems(cfg: LabConfig) -> list[str]:
         problems.append(
             f"{cfg.key('globalBatchSize')} ({job.global_batch_size}) must be >= "
             f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}): every rank needs a sample"
+        )
+    if not RUN_ID.match(job.run_id):
+        problems.append(
+            f"{cfg.key('runId')} must be 1-20 lowercase letters, digits or '-', starting and "
+            f"ending with a letter or digit (e.g. 2 or 2025-06-01), got {job.run_id!r}"
         )
     if not 0 <= job.hpa_cpu_utilization <= 100:
         problems.append(

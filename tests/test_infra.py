@@ -282,7 +282,7 @@ def test_stack_outputs(run: ProgramRun) -> None:
         f"az aks get-credentials --resource-group {run.outputs['resourceGroup']} "
         f"--name {cluster['name']}"
     )
-    assert {"namespace", "jobName", "watchCommands"} <= set(run.outputs)
+    assert {"namespace", "jobName", "rdzvId", "watchCommands"} <= set(run.outputs)
 
 
 def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
@@ -374,6 +374,7 @@ def test_azure_native_location_wins() -> None:
         ({"namePrefix": "Spot_Lab"}, "spot-lab:namePrefix"),
         ({"checkpointBackend": "nfs"}, "spot-lab:checkpointBackend"),
         ({"maxSteps": "lots"}, "spot-lab:maxSteps"),
+        ({"runId": "Run 2"}, "spot-lab:runId"),
     ],
 )
 @pytest.mark.parametrize("stack", STACKS)

@@ -348,6 +348,10 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
         ("workerMemory", "12GB", "spot-lab:workerMemory must be a memory quantity"),
         ("hpaCpuUtilization", "150", "spot-lab:hpaCpuUtilization must be 0"),
         ("globalBatchSize", "2", "spot-lab:globalBatchSize (2) must be >="),
+        ("runId", "Run 2", "spot-lab:runId must be 1-20 lowercase letters, digits or '-'"),
+        ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),
+        ("runId", "-2", "spot-lab:runId must be 1-20 lowercase letters"),
+        ("runId", "r" * 21, "spot-lab:runId must be 1-20 lowercase letters"),
     ],
 )
 def test_other_rules_name_their_key(key: str, value: str, fragment: str) -> None:
@@ -381,6 +385,11 @@ def test_the_dns_prefix_limit_is_named_when_the_cluster_name_breaks_it() -> None
 def test_stack_limits_follow_prefix_and_region() -> None:
     assert naming.longest_stack_name("a" * 12, "australiasoutheast") == 12
     assert naming.longest_stack_name("ab", "x1") > naming.longest_stack_name("ab", "westus3")
+
+
+@pytest.mark.parametrize("run_id", ["1", "2", "2025-06-01", "retry-after-oom"])
+def test_run_ids_that_fit_a_label_are_accepted(run_id: str) -> None:
+    assert _cfg({"runId": run_id}).job.run_id == run_id
 
 
 def test_checkpoints_must_be_saved_somehow() -> None:

@@ -17,6 +17,7 @@ from workloads.manifests.job import (
     CHECKPOINT_MOUNT,
     DATA_MOUNT,
     LOCAL_MOUNT,
+    RUN_ID_LABEL,
     ElasticJobSpec,
     checkpoint_uri,
     elastic_job_spec,
@@ -149,14 +150,30 @@ def test_rdzv_id_is_stable_for_an_unchanged_spec() -> None:
         {"max_replicas": 5},
         {"max_steps": 30000},
         {"rendezvous": RendezvousSettings(join_timeout_s=60)},
+        {"run_id": "2"},
     ],
-    ids=["image-tag", "max-replicas", "max-steps", "rendezvous"],
+    ids=["image-tag", "max-replicas", "max-steps", "rendezvous", "run-id"],
 )
 def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> None:
     before = rendezvous_id(_job_spec())
     after = rendezvous_id(_job_spec(**change))
     assert after != before
     assert after.startswith("spotlab-train-")
+
+
+def test_a_new_run_of_an_identical_job_gets_a_fresh_rendezvous() -> None:
+    first, again, second = _job_spec(), _job_spec(), _job_spec(run_id="2")
+    assert rendezvous_id(first) == rendezvous_id(again)
+    assert rendezvous_id(first).startswith("spotlab-train-1-")
+    assert rendezvous_id(second).startswith("spotlab-train-2-")
+    manifest = pytorchjob_manifest(second)
+    assert _elastic(manifest)["rdzvId"] == rendezvous_id(second)
+    # Same job name and checkpoint location: the new run resumes from the old run's state.
+    assert manifest["metadata"]["name"] == pytorchjob_manifest(first)["metadata"]["name"]
+    assert _env(manifest) == _env(pytorchjob_manifest(first))
+    template = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert manifest["metadata"]["labels"][RUN_ID_LABEL] == "2"
+    assert template["metadata"]["labels"][RUN_ID_LABEL] == "2"
 
 
 # ---- the worker container --------------------------------------------------------------------
@@ -298,7 +315,9 @@ def test_spec_from_stack_config() -> None:
         project="spot-lab",
         stack="dev",
         name_prefix="lab",
-        job=JobConfig(min_replicas=2, max_replicas=5, replicas=4, checkpoint_backend="blob"),
+        job=JobConfig(
+            min_replicas=2, max_replicas=5, replicas=7, checkpoint_backend="blob", run_id="3"
+        ),
     )
     spec = elastic_job_spec(
         cfg,
@@ -310,7 +329,9 @@ def test_spec_from_stack_config() -> None:
         checkpoint_uri="https://a.blob.core.windows.net/checkpoints/lab-train",
     )
     assert spec.name == "lab-train"
-    assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 4)
+    # workerReplicas above the max starts the job at the max.
+    assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 5)
+    assert spec.run_id == "3"
     assert spec.checkpoints_claim is None  # the blob backend mounts no checkpoint volume
     assert spec.rendezvous == cfg.job.rendezvous
 

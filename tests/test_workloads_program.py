@@ -122,6 +122,20 @@ def test_config_overrides_reach_the_job() -> None:
     )
 
 
+def test_run_id_gives_a_new_rendezvous_and_an_unchanged_config_keeps_it() -> None:
+    first, again = run_program("dev"), run_program("dev")
+    assert first.outputs["rdzvId"] == again.outputs["rdzvId"]
+    rerun = run_program("dev", {"runId": "2"})
+    assert rerun.outputs["rdzvId"] != first.outputs["rdzvId"]
+    assert rerun.outputs["rdzvId"].startswith(f"{rerun.outputs['jobName']}-2-")
+    job = rerun.one(PYTORCHJOB)
+    assert job.inputs["spec"]["elasticPolicy"]["rdzvId"] == rerun.outputs["rdzvId"]
+    assert job.inputs["metadata"]["labels"]["spot-lab/run-id"] == "2"
+    # Same job and checkpoints; the new spec replaces the old job (delete first: same name).
+    assert rerun.outputs["jobName"] == first.outputs["jobName"]
+    assert job.replace_on_changes == ["spec"] and job.delete_before_replace
+
+
 def operator_hpa(job: Registered) -> dict[str, Any]:
     """The HPA the training operator makes from a PyTorchJob's elasticPolicy.
 

@@ -68,6 +68,8 @@ class LabWorkloads(pulumi.ComponentResource):
 
     namespace: pulumi.Output[str]
     job_name: pulumi.Output[str]
+    rdzv_id: pulumi.Output[str]
+    """The job's rendezvous id: changes with a new image, spec or runId."""
     watch_commands: pulumi.Output[dict[str, str]]
 
     def __init__(
@@ -117,6 +119,7 @@ class LabWorkloads(pulumi.ComponentResource):
         job = self._job(name, args, rendezvous, priorities, in_namespace, job_opts)
         self.namespace = namespace.name
         self.job_name = job.job_name
+        self.rdzv_id = job.rdzv_id
         self.watch_commands = pulumi.Output.from_input(
             watch_commands(cfg.namespace, job_name(cfg), cfg.job.max_replicas)
         )
@@ -124,6 +127,7 @@ class LabWorkloads(pulumi.ComponentResource):
             {
                 "namespace": self.namespace,
                 "job_name": self.job_name,
+                "rdzv_id": self.rdzv_id,
                 "watch_commands": self.watch_commands,
             }
         )

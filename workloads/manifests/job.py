@@ -34,6 +34,8 @@ CONTAINER_NAME = "pytorch"
 """The operator's webhook requires a container with this name."""
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 """The operator puts this label on every pod of a job."""
+RUN_ID_LABEL = "spot-lab/run-id"
+"""On the job and its pods: which run (``runId``) they belong to."""
 # Azure deletes an evicted Spot VM at least 30 s after its notice; the kubelet must have
 # stopped the pod (and the emergency save must be done) before then.
 EVICTION_NOTICE_S = 30
@@ -74,6 +76,8 @@ class ElasticJobSpec:
     worker_memory: str
     hpa_cpu_utilization: int = 0
     """0: no HPA; else the operator's HPA targets this average CPU utilisation (%)."""
+    run_id: str = "1"
+    """Which run of this job: part of the rendezvous id and of the labels."""
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     gpus_per_worker: int = 1
     """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
@@ -115,14 +119,17 @@ class ElasticJobSpec:
 
 
 def rendezvous_id(spec: ElasticJobSpec) -> str:
-    """A rendezvous id unique to this image and spec.
+    """A rendezvous id unique to this run, image and spec: ``<job>-<run id>-<hash>``.
 
     A rendezvous closed by an orderly shutdown (or an exhausted restart budget) stays closed
     for its id, so a reused id would hang the next job. Hashing the whole spec, image tag
-    included, gives every new image or spec a fresh id while an unchanged one keeps its id.
+    and run id included, gives every new image, spec or run a fresh id while an unchanged
+    one keeps its id. Re-creating an identical job (after it finished, or after
+    ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
     """
     canonical = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
-    return f"{spec.name}-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    return f"{spec.name}-{spec.run_id}-{digest}"
 
 
 def elastic_policy(spec: ElasticJobSpec) -> ElasticPolicy:
@@ -227,7 +234,9 @@ def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
 def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
     """The Worker pod: one GPU, on the GPU Spot pool, preemptible, with workload identity."""
     return {
-        "metadata": {"labels": {**TRAINER_LABELS, **WORKLOAD_IDENTITY_USE}},
+        "metadata": {
+            "labels": {**TRAINER_LABELS, **WORKLOAD_IDENTITY_USE, RUN_ID_LABEL: spec.run_id}
+        },
         "spec": {
             "serviceAccountName": spec.service_account,
             "priorityClassName": spec.priority_class,
@@ -249,7 +258,7 @@ def pytorchjob_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/part-of": "spot-lab"},
+            "labels": {"app.kubernetes.io/part-of": "spot-lab", RUN_ID_LABEL: spec.run_id},
         },
         "spec": {
             "nprocPerNode": str(spec.gpus_per_worker),
@@ -327,6 +336,7 @@ def elastic_job_spec(
         worker_cpu=job.worker_cpu,
         worker_memory=job.worker_memory,
         hpa_cpu_utilization=job.hpa_cpu_utilization,
+        run_id=job.run_id,
         rendezvous=job.rendezvous,
     )
 
