@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pulumi
-import pulumi_azure_native as azure_native
 
 import stack_config
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import TrainingIdentity, TrainingIdentityArgs
 from infra.image import TrainingImage, TrainingImageArgs
-from infra.naming import lab_names
+from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
+from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
 from infra.storage import LabStorage, LabStorageArgs
 from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 
@@ -40,7 +40,7 @@ def read_config() -> stack_config.LabConfig:
 class AzureLab:
     """The Azure side of the stack, as the workloads and the stack outputs need it."""
 
-    resource_group: azure_native.resources.ResourceGroup
+    resource_group: LabResourceGroup
     cluster: AksCluster
     storage: LabStorage
     registry: LabRegistry
@@ -52,10 +52,13 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
     """Resource group, AKS, storage, registry, the training identity and the training image."""
     names = lab_names(cfg)
     tags = {"project": cfg.project, "stack": cfg.stack}
-    resource_group = azure_native.resources.ResourceGroup(
-        "lab", resource_group_name=names.resource_group, location=cfg.location, tags=tags
+    resource_group = LabResourceGroup(
+        "lab", LabResourceGroupArgs(names.resource_group, cfg.location, tags)
     )
     rg = resource_group.name
+    unique: pulumi.Output[GlobalNames] = resource_group.subscription_id.apply(
+        lambda subscription_id: global_names(cfg, subscription_id)
+    )
     cluster = AksCluster(
         "cluster",
         AksClusterArgs(
@@ -70,11 +73,19 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
     )
     storage = LabStorage(
         "storage",
-        LabStorageArgs(rg, names.storage_account, cfg.location, cluster.kubelet_object_id, tags),
+        LabStorageArgs(
+            rg,
+            unique.apply(lambda n: n.storage_account),
+            cfg.location,
+            cluster.kubelet_object_id,
+            tags,
+        ),
     )
     registry = LabRegistry(
         "registry",
-        LabRegistryArgs(rg, names.registry, cfg.location, cluster.kubelet_object_id, tags),
+        LabRegistryArgs(
+            rg, unique.apply(lambda n: n.registry), cfg.location, cluster.kubelet_object_id, tags
+        ),
     )
     training_identity = TrainingIdentity(
         "training-identity",

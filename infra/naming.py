@@ -6,9 +6,12 @@ its DNS prefix and goes into the node resource group's name, so ``name_limits`` 
 limits and ``stack_config.validate()`` checks them before anything is registered: a name
 is never cut short into a clash or a trailing '-'.
 
-Storage account and registry names are global DNS names, so they end in a short, stable hash
-of project/stack/prefix: two stacks (or two people) never collide, and the same stack keeps
-its names across runs. Pure: no pulumi import.
+Storage account and registry names are global DNS names, so they end in a short hash of the
+Azure subscription id with project/stack/prefix, like ARM's ``uniqueString``: two stacks, or
+two people deploying the same defaults into their own subscriptions, never collide, and the
+same stack in the same subscription keeps its names across runs. The subscription id is
+only known at deployment time (an invoke), so these names reach the components as Outputs.
+Pure: no pulumi import.
 """
 
 from __future__ import annotations
@@ -34,15 +37,23 @@ NODE_RESOURCE_GROUP_MAX = 80
 
 @dataclass(frozen=True)
 class LabNames:
-    """Every physical name the stack uses."""
+    """The physical names that follow from the config alone."""
 
     resource_group: str
     cluster: str
-    storage_account: str
-    registry: str
     training_identity: str
     image_repository: str = "spot-lab-trainer"
     """Repository of the training image inside the registry."""
+
+
+@dataclass(frozen=True)
+class GlobalNames:
+    """Names that must be unique across Azure, so they depend on the subscription too."""
+
+    storage_account: str
+    """3-24 lowercase alphanumerics."""
+    registry: str
+    """5-50 alphanumerics."""
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,18 @@ class NameLimit:
         return len(self.name) > self.limit
 
 
-def stable_suffix(project: str, stack: str, prefix: str, length: int = 8) -> str:
-    """Hex digest prefix of sha256("project/stack/prefix"): globally distinct, stable per stack."""
-    return hashlib.sha256(f"{project}/{stack}/{prefix}".encode()).hexdigest()[:length]
+def unique_suffix(
+    subscription_id: str, project: str, stack: str, prefix: str, length: int = 8
+) -> str:
+    """Hex prefix of sha256("subscription/project/stack/prefix"): distinct per deployment.
+
+    Without the subscription, everyone deploying the defaults would get the same storage
+    account and registry names and all but the first would fail with "name already taken".
+    """
+    if not subscription_id:
+        raise ValueError("subscription_id must not be empty: it makes the global names unique")
+    seed = f"{subscription_id.lower()}/{project}/{stack}/{prefix}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:length]
 
 
 def stack_slug(stack: str) -> str:
@@ -115,14 +135,19 @@ def longest_stack_name(prefix: str, location: str) -> int:
 
 def lab_names(cfg: LabConfig) -> LabNames:
     """The names for one stack; ``validate()`` has already checked prefix and lengths."""
-    slug = stack_slug(cfg.stack)
-    suffix = stable_suffix(cfg.project, cfg.stack, cfg.name_prefix)
-    names = LabNames(
+    return LabNames(
         resource_group=resource_group_name(cfg.name_prefix, cfg.stack),
         cluster=cluster_name(cfg.name_prefix, cfg.stack),
+        training_identity=f"{cfg.name_prefix}-{stack_slug(cfg.stack)}-trainer",
+    )
+
+
+def global_names(cfg: LabConfig, subscription_id: str) -> GlobalNames:
+    """Storage account and registry names for one stack in one subscription."""
+    suffix = unique_suffix(subscription_id, cfg.project, cfg.stack, cfg.name_prefix)
+    names = GlobalNames(
         storage_account=f"{cfg.name_prefix}st{suffix}",
         registry=f"{cfg.name_prefix}cr{suffix}",
-        training_identity=f"{cfg.name_prefix}-{slug}-trainer",
     )
     if not STORAGE_ACCOUNT_NAME.match(names.storage_account):
         raise ValueError(f"storage account name {names.storage_account!r} breaks Azure's rules")

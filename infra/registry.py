@@ -11,7 +11,9 @@ import pulumi_azure_native as azure_native
 from infra.roles import ACR_PULL, assign_role
 
 
-def registry_spec(registry_name: str, location: str, tags: dict[str, str]) -> dict[str, Any]:
+def registry_spec(
+    registry_name: pulumi.Input[str], location: str, tags: dict[str, str]
+) -> dict[str, Any]:
     """The ``Registry`` arguments (without the resource group): Basic SKU, no admin user."""
     return {
         "registry_name": registry_name,
@@ -30,8 +32,9 @@ class LabRegistryArgs:
 
     resource_group_name: pulumi.Input[str]
     """Resource group of the registry."""
-    registry_name: str
-    """Globally unique registry name (5-50 alphanumerics)."""
+    registry_name: pulumi.Input[str]
+    """Globally unique registry name (5-50 alphanumerics); an Output, since it hashes the
+    subscription id."""
     location: str
     """Azure region."""
     pull_principal_id: pulumi.Input[str]

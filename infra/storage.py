@@ -14,7 +14,9 @@ DATA_CONTAINER = "data"
 CHECKPOINTS_CONTAINER = "checkpoints"
 
 
-def storage_account_spec(account_name: str, location: str, tags: dict[str, str]) -> dict[str, Any]:
+def storage_account_spec(
+    account_name: pulumi.Input[str], location: str, tags: dict[str, str]
+) -> dict[str, Any]:
     """The ``StorageAccount`` arguments (without the resource group): private, HTTPS, TLS 1.2."""
     return {
         "account_name": account_name,
@@ -35,8 +37,9 @@ class LabStorageArgs:
 
     resource_group_name: pulumi.Input[str]
     """Resource group of the storage account."""
-    account_name: str
-    """Globally unique storage account name (3-24 lowercase alphanumerics)."""
+    account_name: pulumi.Input[str]
+    """Globally unique storage account name (3-24 lowercase alphanumerics); an Output, since
+    it hashes the subscription id."""
     location: str
     """Azure region."""
     blob_reader_writer_id: pulumi.Input[str]

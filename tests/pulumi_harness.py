@@ -59,6 +59,8 @@ class Registered:
     ignore_changes: list[str] = field(default_factory=list)
     replace_on_changes: list[str] = field(default_factory=list)
     delete_before_replace: bool = False
+    renamed_from: list[tuple[str, bool]] = field(default_factory=list)
+    """(old name, had no parent) of each alias that renames the resource."""
 
     @property
     def parent_type(self) -> str | None:
@@ -122,15 +124,17 @@ class ProgramRun:
 class LabMocks(pulumi.runtime.Mocks):
     """Answers resources and invokes with plausible Azure/Kubernetes outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, subscription_id: str = SUBSCRIPTION_ID) -> None:
         self.calls: list[Invoked] = []
+        self.subscription_id = subscription_id
+        """The subscription the mocked provider deploys into (ids and getClientConfig)."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         state = mock_state(args.typ, args.name, dict(args.inputs))
-        return mock_id(args.typ, args.name, state), state
+        return mock_id(args.typ, args.name, state, self.subscription_id), state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        result = mock_invoke(args.token, dict(args.args))
+        result = mock_invoke(args.token, dict(args.args), self.subscription_id)
         self.calls.append(Invoked(args.token, dict(args.args), result))
         return result
 
@@ -165,6 +169,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 ignore_changes=list(request.ignoreChanges),
                 replace_on_changes=list(request.replaceOnChanges),
                 delete_before_replace=bool(request.deleteBeforeReplace),
+                renamed_from=[
+                    (alias.spec.name, alias.spec.noParent)
+                    for alias in request.aliases
+                    if alias.spec.name
+                ],
             )
         )
         return response
@@ -274,20 +283,28 @@ _ARM_NAMESPACES = {
 }
 
 
-def mock_id(type_: str, name: str, state: dict[str, Any]) -> str:
+def mock_id(
+    type_: str, name: str, state: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
+) -> str:
     """An ARM-shaped id for Azure resources, ``<name>-id`` for others."""
     if not type_.startswith("azure-native:"):
         return f"{name}-id"
     _, module, kind = type_.split(":")
     if kind == "ResourceGroup":
-        return f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{state['name']}"
+        return f"/subscriptions/{subscription_id}/resourceGroups/{state['name']}"
+    rg = state.get("resourceGroupName", "rg")
+    if kind == "BlobContainer":  # a child of the account's blob service, as ARM nests it
+        return (
+            f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/Microsoft.Storage"
+            f"/storageAccounts/{state['accountName']}/blobServices/default/containers/"
+            f"{state['name']}"
+        )
     if kind == "RoleAssignment":  # an extension resource: its id hangs off its scope
         return f"{state['scope']}/providers/Microsoft.Authorization/roleAssignments/{state['name']}"
     plural = kind[0].lower() + (f"{kind[1:-1]}ies" if kind.endswith("y") else f"{kind[1:]}s")
     namespace = _ARM_NAMESPACES.get(module, f"Microsoft.{module}")
-    rg = state.get("resourceGroupName", "rg")
     return (
-        f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{rg}/providers/"
+        f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/"
         f"{namespace}/{plural}/{state['name']}"
     )
 
@@ -308,7 +325,9 @@ def fake_kubeconfig(cluster: str) -> str:
     )
 
 
-def mock_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+def mock_invoke(
+    token: str, args: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
+) -> dict[str, Any]:
     """Answers for the functions (invokes) the program may call; unknown ones return ``{}``."""
     if token in (
         "azure-native:containerservice:listManagedClusterUserCredentials",
@@ -321,7 +340,7 @@ def mock_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
         return {
             "clientId": fake_uuid("deployer", "client"),
             "objectId": fake_uuid("deployer", "object"),
-            "subscriptionId": SUBSCRIPTION_ID,
+            "subscriptionId": subscription_id,
             "tenantId": TENANT_ID,
         }
     return {}
@@ -383,13 +402,15 @@ def run_pulumi(
     project: str = "spot-lab",
     stack: str = "dev",
     check: bool = True,
+    subscription_id: str = SUBSCRIPTION_ID,
 ) -> ProgramRun:
     """Run any program callable under fresh mocks and collect registrations and outputs.
 
     With ``check`` (the default) an exception from the program is re-raised; otherwise it
     is returned in ``ProgramRun.error`` next to whatever was registered before it.
+    ``subscription_id`` is the subscription the mocked provider deploys into.
     """
-    mocks = LabMocks()
+    mocks = LabMocks(subscription_id)
     monitor = RecordingMonitor(mocks)
     # A fresh root Stack per run: set_mocks only creates one when none is installed.
     settings.set_root_resource(None)
@@ -434,6 +455,7 @@ def run_program(
     check: bool = True,
     project_dir: Path = PROJECT_DIR,
     stack_dir: Path | None = None,
+    subscription_id: str = SUBSCRIPTION_ID,
 ) -> ProgramRun:
     """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
 
@@ -446,4 +468,6 @@ def run_program(
     def program() -> None:
         runpy.run_path(str(main_file), run_name="__main__")
 
-    return run_pulumi(program, config, project=project, stack=stack, check=check)
+    return run_pulumi(
+        program, config, project=project, stack=stack, check=check, subscription_id=subscription_id
+    )

@@ -14,11 +14,12 @@ from pulumi.runtime.sync_await import _sync_await
 
 from infra import cluster as aks
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
-from infra.naming import lab_names, stable_suffix
+from infra.naming import global_names, lab_names, unique_suffix
 from infra.roles import ACR_PULL, STORAGE_BLOB_DATA_CONTRIBUTOR, role_definition_id
 from stack_config import ConfigError, LabConfig, validate
 from tests.pulumi_harness import (
     PROJECT_DIR,
+    SUBSCRIPTION_ID,
     ProgramRun,
     Registered,
     run_program,
@@ -59,6 +60,21 @@ def test_resource_group_is_named_for_the_stack(run: ProgramRun) -> None:
     assert rg.inputs["location"] == "westus3"
     assert rg.inputs["resourceGroupName"] == run.outputs["resourceGroup"]
     assert rg.inputs["tags"]["project"] == "spot-lab"
+
+
+def test_resource_group_sits_in_its_component_and_keeps_its_old_identity(
+    run: ProgramRun,
+) -> None:
+    rg = run.one("azure-native:resources:ResourceGroup")
+    component = run.one("spot-lab:resources:LabResourceGroup")
+    assert rg.parent == component.urn
+    assert component.parent_type == "pulumi:pulumi:Stack"
+    # It was the top-level "lab": the alias keeps existing stacks from replacing it.
+    assert ("lab", True) in rg.renamed_from
+    everything_azure = [r for r in run.resources if r.type.startswith("azure-native:")]
+    for resource in everything_azure:
+        if resource is not rg and "resourceGroupName" in resource.inputs:
+            assert resource.inputs["resourceGroupName"] == rg.outputs["name"], resource.name
 
 
 def test_system_pool_is_inline_cpu_and_regular(run: ProgramRun) -> None:
@@ -305,12 +321,14 @@ def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
 def test_every_resource_sits_in_a_component_named_for_it(run: ProgramRun) -> None:
     for resource in run.resources:
         if resource.parent_type == "pulumi:pulumi:Stack":
-            assert not resource.custom or resource.name == "lab", resource.name
+            # The stack holds components only: __main__.py composes, it creates nothing.
+            assert not resource.custom, resource.name
             continue
         if resource.parent_type.startswith("spot-lab:"):
             assert resource.name.startswith(f"{resource.parent_name}-"), resource.name
     components = [r for r in run.resources if not r.custom and r.type.startswith("spot-lab:")]
     assert {c.type for c in components} >= {
+        "spot-lab:resources:LabResourceGroup",
         "spot-lab:cluster:AksCluster",
         "spot-lab:storage:LabStorage",
         "spot-lab:registry:LabRegistry",
@@ -403,20 +421,42 @@ def test_global_names_are_stable_and_distinct_per_stack() -> None:
     assert dev.outputs["registryLoginServer"] != a100.outputs["registryLoginServer"]
 
 
-def test_name_suffix_depends_on_project_stack_and_prefix() -> None:
-    base = stable_suffix("spot-lab", "dev", "spotlab")
-    assert base == stable_suffix("spot-lab", "dev", "spotlab")
+OTHER_SUBSCRIPTION = "22222222-2222-2222-2222-222222222222"
+
+
+def test_global_names_are_unique_per_subscription() -> None:
+    """Two people deploying the same defaults into their own subscriptions do not collide."""
+    mine = run_program("dev")
+    theirs = run_program("dev", subscription_id=OTHER_SUBSCRIPTION)
+    again = run_program("dev", subscription_id=OTHER_SUBSCRIPTION)
+    for output in ("storageAccount", "registryLoginServer"):
+        assert mine.outputs[output] != theirs.outputs[output]
+        assert theirs.outputs[output] == again.outputs[output]
+    (call,) = theirs.calls_to("azure-native:authorization:getClientConfig")
+    assert call.result["subscriptionId"] == OTHER_SUBSCRIPTION
+    suffix = unique_suffix(OTHER_SUBSCRIPTION, "spot-lab", "dev", "spotlab")
+    assert theirs.outputs["storageAccount"] == f"spotlabst{suffix}"
+    assert theirs.one(REGISTRY).inputs["registryName"] == f"spotlabcr{suffix}"
+
+
+def test_name_suffix_depends_on_subscription_project_stack_and_prefix() -> None:
+    base = unique_suffix(SUBSCRIPTION_ID, "spot-lab", "dev", "spotlab")
+    assert base == unique_suffix(SUBSCRIPTION_ID.upper(), "spot-lab", "dev", "spotlab")
     others = {
-        stable_suffix("other", "dev", "spotlab"),
-        stable_suffix("spot-lab", "prod", "spotlab"),
-        stable_suffix("spot-lab", "dev", "lab"),
+        unique_suffix(OTHER_SUBSCRIPTION, "spot-lab", "dev", "spotlab"),
+        unique_suffix(SUBSCRIPTION_ID, "other", "dev", "spotlab"),
+        unique_suffix(SUBSCRIPTION_ID, "spot-lab", "prod", "spotlab"),
+        unique_suffix(SUBSCRIPTION_ID, "spot-lab", "dev", "lab"),
     }
-    assert base not in others and len(others) == 3
+    assert base not in others and len(others) == 4
+    with pytest.raises(ValueError, match="subscription_id must not be empty"):
+        unique_suffix("", "spot-lab", "dev", "spotlab")
 
 
 def test_longest_prefix_still_fits_azure_names() -> None:
-    names = lab_names(LabConfig(project="spot-lab", stack="My.Stack_1", name_prefix="a" * 12))
-    assert len(names.storage_account) <= 24
+    cfg = LabConfig(project="spot-lab", stack="My.Stack_1", name_prefix="a" * 12)
+    names = lab_names(cfg)
+    assert len(global_names(cfg, SUBSCRIPTION_ID).storage_account) <= 24
     assert names.cluster == f"{'a' * 12}-my-stack-1-aks"
     assert names.resource_group == f"{'a' * 12}-my-stack-1-rg"
 
