@@ -5,9 +5,10 @@ from __future__ import annotations
 import pulumi
 import pulumi_azure_native as azure_native
 
-# Built-in role definition ids (the same GUID in every subscription).
+# Built-in role definition ids (the same GUID in every subscription), as Azure's built-in
+# roles reference lists them. ARM refuses an assignment to an id that does not exist.
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
-STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453e-a403-e96b0029c9fe"
+STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 
 
 def role_definition_id(scope_id: str, role: str) -> str:

@@ -481,6 +481,13 @@ def test_a_too_long_stack_name_stops_the_program_before_any_resource(tmp_path: P
     assert run.resources == []
 
 
+def test_built_in_role_ids_are_azures() -> None:
+    # Copied from Azure's built-in roles reference, not from infra/roles.py: a wrong digit
+    # makes every assignment fail with RoleDefinitionDoesNotExist at deploy time.
+    assert ACR_PULL == "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+    assert STORAGE_BLOB_DATA_CONTRIBUTOR == "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+
+
 def test_role_definition_id_takes_the_scopes_subscription() -> None:
     scope = "/subscriptions/abc/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/s"
     assert role_definition_id(scope, ACR_PULL) == (
