@@ -96,7 +96,7 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
             oidc_issuer_url=cluster.oidc_issuer_url,
             namespace=cfg.namespace,
             service_account=cfg.service_account,
-            storage_account_id=storage.account_id,
+            checkpoints_container_id=storage.checkpoints_container_id,
             tags=tags,
         ),
     )

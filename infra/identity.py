@@ -34,14 +34,15 @@ class TrainingIdentityArgs:
     """Namespace of the training ServiceAccount."""
     service_account: str
     """Name of the training ServiceAccount."""
-    storage_account_id: pulumi.Input[str]
-    """Storage account the training pods read data from and write checkpoints to."""
+    checkpoints_container_id: pulumi.Input[str]
+    """ARM id of the checkpoints container: the "blob" checkpoint backend writes there with
+    this identity (the dataset comes through the kubelet's read-only mount)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
 
 class TrainingIdentity(pulumi.ComponentResource):
-    """A managed identity the training ServiceAccount can act as, with Blob data access."""
+    """A managed identity the training ServiceAccount can act as, with access to checkpoints."""
 
     client_id: pulumi.Output[str]
     principal_id: pulumi.Output[str]
@@ -70,10 +71,10 @@ class TrainingIdentity(pulumi.ComponentResource):
             opts=child,
         )
         assign_role(
-            f"{name}-blob-data",
+            f"{name}-checkpoints-writer",
             principal_id=identity.principal_id,
             role=STORAGE_BLOB_DATA_CONTRIBUTOR,
-            scope=args.storage_account_id,
+            scope=args.checkpoints_container_id,
             parent=self,
         )
         self.client_id = identity.client_id

@@ -9,6 +9,7 @@ import pulumi_azure_native as azure_native
 # roles reference lists them. ARM refuses an assignment to an id that does not exist.
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 
 
 def role_definition_id(scope_id: str, role: str) -> str:

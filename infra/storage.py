@@ -1,4 +1,10 @@
-"""Blob storage for the training data and the checkpoints."""
+"""Blob storage for the training data and the checkpoints.
+
+The kubelet identity mounts both containers through the Blob CSI driver (MSI auth: blobfuse2
+gets the identity's token and talks to the container's data plane, no account key). Its
+roles are scoped to the containers, not the account: read-only on the dataset, read/write
+on the checkpoints, nothing on containers added later.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
-from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, assign_role
+from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, STORAGE_BLOB_DATA_READER, assign_role
 
 DATA_CONTAINER = "data"
 CHECKPOINTS_CONTAINER = "checkpoints"
@@ -43,8 +49,9 @@ class LabStorageArgs:
     location: str
     """Azure region."""
     blob_reader_writer_id: pulumi.Input[str]
-    """Principal (object) id that gets Storage Blob Data Contributor: the kubelet identity,
-    which the Blob CSI volume authenticates with (no account keys in the cluster)."""
+    """Principal (object) id of the kubelet identity, which the Blob CSI volumes authenticate
+    with (no account keys in the cluster): it reads the data container and reads and writes
+    the checkpoints container."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -57,6 +64,8 @@ class LabStorage(pulumi.ComponentResource):
     blob_endpoint: pulumi.Output[str]
     data_container: pulumi.Output[str]
     checkpoints_container: pulumi.Output[str]
+    checkpoints_container_id: pulumi.Output[str]
+    """ARM id of the checkpoints container: the scope of checkpoint writers' roles."""
 
     def __init__(
         self, name: str, args: LabStorageArgs, opts: pulumi.ResourceOptions | None = None
@@ -80,11 +89,20 @@ class LabStorage(pulumi.ComponentResource):
             )
             for container in (DATA_CONTAINER, CHECKPOINTS_CONTAINER)
         }
+        # Any pod on a node can get the kubelet's token from the node, so it gets no more
+        # than the two mounts need.
         assign_role(
-            f"{name}-kubelet-blob-data",
+            f"{name}-kubelet-data-reader",
+            principal_id=args.blob_reader_writer_id,
+            role=STORAGE_BLOB_DATA_READER,
+            scope=containers[DATA_CONTAINER].id,
+            parent=self,
+        )
+        assign_role(
+            f"{name}-kubelet-checkpoints-writer",
             principal_id=args.blob_reader_writer_id,
             role=STORAGE_BLOB_DATA_CONTRIBUTOR,
-            scope=account.id,
+            scope=containers[CHECKPOINTS_CONTAINER].id,
             parent=self,
         )
         self.account_name = account.name
@@ -92,6 +110,7 @@ class LabStorage(pulumi.ComponentResource):
         self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)
         self.data_container = containers[DATA_CONTAINER].name
         self.checkpoints_container = containers[CHECKPOINTS_CONTAINER].name
+        self.checkpoints_container_id = containers[CHECKPOINTS_CONTAINER].id
         self.register_outputs(
             {
                 "account_name": self.account_name,
@@ -99,5 +118,6 @@ class LabStorage(pulumi.ComponentResource):
                 "blob_endpoint": self.blob_endpoint,
                 "data_container": self.data_container,
                 "checkpoints_container": self.checkpoints_container,
+                "checkpoints_container_id": self.checkpoints_container_id,
             }
         )

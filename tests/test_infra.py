@@ -15,7 +15,12 @@ from pulumi.runtime.sync_await import _sync_await
 from infra import cluster as aks
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
 from infra.naming import global_names, lab_names, unique_suffix
-from infra.roles import ACR_PULL, STORAGE_BLOB_DATA_CONTRIBUTOR, role_definition_id
+from infra.roles import (
+    ACR_PULL,
+    STORAGE_BLOB_DATA_CONTRIBUTOR,
+    STORAGE_BLOB_DATA_READER,
+    role_definition_id,
+)
 from stack_config import ConfigError, LabConfig, validate
 from tests.pulumi_harness import (
     PROJECT_DIR,
@@ -175,11 +180,31 @@ def test_registry_has_no_admin_user_and_kubelet_can_pull(run: ProgramRun) -> Non
     assert grant["roleDefinitionId"].endswith(f"/roleDefinitions/{ACR_PULL}")
 
 
-def test_kubelet_can_read_and_write_blobs(run: ProgramRun) -> None:
-    grant = _role(run, "kubelet-blob-data").inputs
-    assert grant["principalId"] == _kubelet(run)["objectId"]
-    assert grant["scope"] == run.one(STORAGE_ACCOUNT).id
-    assert grant["roleDefinitionId"].endswith(f"/roleDefinitions/{STORAGE_BLOB_DATA_CONTRIBUTOR}")
+def _container(run: ProgramRun, name: str) -> Registered:
+    (container,) = [
+        c
+        for c in run.of_type("azure-native:storage:BlobContainer")
+        if c.inputs["containerName"] == name
+    ]
+    return container
+
+
+def test_kubelet_reads_the_data_and_writes_only_the_checkpoints(run: ProgramRun) -> None:
+    """Any pod on a node can use the kubelet's token: it gets the two mounts' needs only."""
+    reader = _role(run, "kubelet-data-reader").inputs
+    writer = _role(run, "kubelet-checkpoints-writer").inputs
+    for grant in (reader, writer):
+        assert grant["principalId"] == _kubelet(run)["objectId"]
+        assert grant["principalType"] == "ServicePrincipal"
+    data, checkpoints = _container(run, "data"), _container(run, "checkpoints")
+    assert reader["scope"] == data.id
+    assert reader["roleDefinitionId"].endswith(f"/roleDefinitions/{STORAGE_BLOB_DATA_READER}")
+    assert writer["scope"] == checkpoints.id
+    assert writer["roleDefinitionId"].endswith(f"/roleDefinitions/{STORAGE_BLOB_DATA_CONTRIBUTOR}")
+    assert checkpoints.id.startswith(run.one(STORAGE_ACCOUNT).id + "/blobServices/default/")
+    # Nothing in the lab holds a data role on the whole account.
+    account = run.one(STORAGE_ACCOUNT).id
+    assert all(r.inputs["scope"] != account for r in run.of_type(ROLE))
 
 
 def test_training_identity_is_federated_with_the_cluster(run: ProgramRun) -> None:
@@ -190,10 +215,10 @@ def test_training_identity_is_federated_with_the_cluster(run: ProgramRun) -> Non
     assert credential["subject"] == "system:serviceaccount:spot-lab:trainer"
     assert credential["audiences"] == ["api://AzureADTokenExchange"]
     assert credential["resourceName"] == identity.outputs["name"]
-    grant = _role(run, "training-identity-blob-data").inputs
+    grant = _role(run, "training-identity-checkpoints-writer").inputs
     assert grant["principalId"] == identity.outputs["principalId"]
     assert grant["principalType"] == "ServicePrincipal"
-    assert grant["scope"] == run.one(STORAGE_ACCOUNT).id
+    assert grant["scope"] == _container(run, "checkpoints").id
     assert grant["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
     assert run.outputs["trainingClientId"] == identity.outputs["clientId"]
 
@@ -486,6 +511,7 @@ def test_built_in_role_ids_are_azures() -> None:
     # makes every assignment fail with RoleDefinitionDoesNotExist at deploy time.
     assert ACR_PULL == "7f951dda-4ed3-4680-a7ca-43fe172d538d"
     assert STORAGE_BLOB_DATA_CONTRIBUTOR == "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+    assert STORAGE_BLOB_DATA_READER == "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 
 
 def test_role_definition_id_takes_the_scopes_subscription() -> None:
