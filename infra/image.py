@@ -1,8 +1,10 @@
 """The training image: built from ``training/`` and pushed on ``pulumi up``, tagged by content.
 
-The tag is a hash of the ``training/`` tree, so changing any file there builds a new image
-and rolls the job onto it, while an unchanged tree changes nothing. By default the build runs
-in the registry (ACR Tasks via ``az acr build``), so no local Docker daemon is needed.
+The tag is a hash of what the build receives from ``training/`` (its files minus what
+``training/.dockerignore`` excludes, plus the Dockerfile), so changing anything the image
+sees builds a new image and rolls the job onto it, while caches and other ignored files
+change nothing. By default the build runs in the registry (ACR Tasks via ``az acr build``),
+so no local Docker daemon is needed.
 """
 
 from __future__ import annotations
@@ -15,29 +17,17 @@ from pathlib import Path
 import pulumi
 import pulumi_command as command
 
-IGNORED_DIRS = frozenset({"__pycache__"})
-IGNORED_SUFFIXES = (".pyc",)
+from infra.build_context import context_files
+
 TAG_LENGTH = 16
 
 
-def tree_files(root: Path) -> list[Path]:
-    """Files under ``root`` that go into the image, sorted by relative path; caches excluded."""
-    files = [
-        path
-        for path in root.rglob("*")
-        if path.is_file()
-        and not IGNORED_DIRS.intersection(path.relative_to(root).parts)
-        and not path.name.endswith(IGNORED_SUFFIXES)
-    ]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
 def tree_digest(root: Path) -> str:
-    """sha256 over each file's relative path and bytes, in sorted order."""
+    """sha256 over each context file's relative path and bytes, in sorted order."""
     if not root.is_dir():
         raise FileNotFoundError(f"image build context {root} is not a directory")
     digest = hashlib.sha256()
-    for path in tree_files(root):
+    for path in context_files(root):
         data = path.read_bytes()
         # Path and length framing: moving bytes between files changes the digest too.
         digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
@@ -83,8 +73,8 @@ class TrainingImageArgs:
     login_server: pulumi.Input[str]
     """The registry's login server, e.g. ``name.azurecr.io``."""
     project_dir: Path
-    """The project root: the command runs there, so the context path stays relative and the
-    command does not change when the repository is checked out somewhere else."""
+    """The project root: the command runs there (explicitly, not wherever Pulumi's working
+    directory happens to be), so the context path in the command stays relative."""
     context: str
     """The build context relative to the project root: ``training`` with its Dockerfile."""
     repository: str
@@ -120,6 +110,9 @@ class TrainingImage(pulumi.ComponentResource):
         build = command.local.Command(
             f"{name}-build",
             create=create,
+            # The relative context resolves against this, not the CLI's cwd. It is an absolute
+            # path of this machine: a checkout elsewhere re-runs the build once, same tag.
+            dir=str(args.project_dir.resolve()),
             # A new tag (changed tree) replaces the command, which runs the build again.
             triggers=[tag],
             opts=pulumi.ResourceOptions(parent=self),
