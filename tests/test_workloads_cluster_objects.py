@@ -42,6 +42,13 @@ from workloads.manifests.volume import (
 K8S_VERSION = "1.33"
 
 
+def validate_strictly(obj: dict[str, Any]) -> None:
+    """Raise ``kubernetes_validate.ValidationError`` unless ``obj`` fits the Kubernetes
+    OpenAPI schema of ``K8S_VERSION``, unknown fields included (the API server would drop
+    them silently)."""
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
 def _etcd_spec(**overrides: Any) -> EtcdSpec:
     values: dict[str, Any] = {
         "namespace": "spot-lab",
@@ -91,7 +98,7 @@ def _all_objects() -> list[dict[str, Any]]:
     "obj", _all_objects(), ids=lambda o: f"{o['kind']}-{o['metadata']['name']}"
 )
 def test_every_object_validates_strictly_against_kubernetes(obj: dict[str, Any]) -> None:
-    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    validate_strictly(obj)
 
 
 # ---- etcd ------------------------------------------------------------------------------------
