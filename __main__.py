@@ -55,14 +55,10 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
     resource_group = LabResourceGroup(
         "lab", LabResourceGroupArgs(names.resource_group, cfg.location, tags)
     )
-    rg = resource_group.name
-    unique: pulumi.Output[GlobalNames] = resource_group.subscription_id.apply(
-        lambda subscription_id: global_names(cfg, subscription_id)
-    )
     cluster = AksCluster(
         "cluster",
         AksClusterArgs(
-            resource_group_name=rg,
+            resource_group_name=resource_group.name,
             cluster_name=names.cluster,
             location=cfg.location,
             cluster=cfg.cluster,
@@ -71,26 +67,11 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
             tags=tags,
         ),
     )
-    storage = LabStorage(
-        "storage",
-        LabStorageArgs(
-            rg,
-            unique.apply(lambda n: n.storage_account),
-            cfg.location,
-            cluster.kubelet_object_id,
-            tags,
-        ),
-    )
-    registry = LabRegistry(
-        "registry",
-        LabRegistryArgs(
-            rg, unique.apply(lambda n: n.registry), cfg.location, cluster.kubelet_object_id, tags
-        ),
-    )
+    storage, registry = deploy_stores(cfg, resource_group, cluster, tags)
     training_identity = TrainingIdentity(
         "training-identity",
         TrainingIdentityArgs(
-            resource_group_name=rg,
+            resource_group_name=resource_group.name,
             identity_name=names.training_identity,
             location=cfg.location,
             oidc_issuer_url=cluster.oidc_issuer_url,
@@ -112,6 +93,28 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         ),
     )
     return AzureLab(resource_group, cluster, storage, registry, training_identity, image)
+
+
+def deploy_stores(
+    cfg: stack_config.LabConfig,
+    resource_group: LabResourceGroup,
+    cluster: AksCluster,
+    tags: dict[str, str],
+) -> tuple[LabStorage, LabRegistry]:
+    """Storage and registry, named uniquely for the subscription; the kubelet can use both."""
+    unique: pulumi.Output[GlobalNames] = resource_group.subscription_id.apply(
+        lambda subscription_id: global_names(cfg, subscription_id)
+    )
+    rg, kubelet = resource_group.name, cluster.kubelet_object_id
+    storage = LabStorage(
+        "storage",
+        LabStorageArgs(rg, unique.apply(lambda n: n.storage_account), cfg.location, kubelet, tags),
+    )
+    registry = LabRegistry(
+        "registry",
+        LabRegistryArgs(rg, unique.apply(lambda n: n.registry), cfg.location, kubelet, tags),
+    )
+    return storage, registry
 
 
 def export_azure(azure: AzureLab) -> None:
