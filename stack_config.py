@@ -166,7 +166,6 @@ KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS)
 
 CHECKPOINT_BACKENDS = ("mount", "blob")
 IMAGE_BUILDERS = ("acr", "docker")
-DEFAULT_GPU_VM_SIZE = "Standard_NC4as_T4_v3"
 
 
 def _parse(setting: Setting, raw: str, project: str) -> object:
