@@ -112,14 +112,14 @@ def terminate_tree(pid: int, grace_s: float) -> list[int]:
 
 def terminate_trees(pids: list[int], grace_s: float) -> list[int]:
     """Stop several trees at once: SIGTERM each root (an agent forwards it to its workers),
-    wait until one shared deadline, then SIGKILL whatever of any tree is left; the pids killed.
+    wait until one shared deadline, then SIGKILL whatever of any tree is left; the pids
+    that got SIGKILL.
 
     Together, not one after another: N stuck trees cost one grace period, not N. A stopped
     (frozen) tree would never act on SIGTERM, so it is killed at once.
     """
     frozen = [p for p in pids if is_stopped(p)]
-    for pid in frozen:
-        kill_tree(pid)
+    killed = [member for pid in frozen for member in kill_tree(pid)]
     roots = [p for p in pids if p not in frozen]
     members = {m for root in roots for m in tree(root)}
     _send(roots, signal.SIGTERM)
@@ -131,10 +131,10 @@ def terminate_trees(pids: list[int], grace_s: float) -> list[int]:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and alive():
         time.sleep(0.05)
-    leftovers = alive()
-    for pid in leftovers:
-        kill_tree(pid)
-    return leftovers
+    for pid in alive():
+        if pid not in killed:  # a member of a tree killed a moment ago is dying already
+            killed.extend(kill_tree(pid))
+    return list(dict.fromkeys(killed))
 
 
 def reap(pids: list[int], timeout_s: float = 2.0) -> None:

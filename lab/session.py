@@ -191,7 +191,10 @@ def created_for_setup(out: Path) -> Iterator[Path]:
     while not top.parent.exists() and top.parent != top:
         top = top.parent
     existed = out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LabError(f"--out: cannot create {out}: {err.strerror or err}") from None
     try:
         yield out
     except BaseException:

@@ -70,6 +70,14 @@ def test_an_existing_run_dir_is_not_reused(tmp_path: Path) -> None:
     assert [p.name for p in out.iterdir()] == ["report.json"]
 
 
+def test_an_out_dir_that_cannot_be_created_names_the_flag(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "file" / "out"
+    result = lab("run", "--ci", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"error: --out: cannot create {out}: Not a directory" in result.stderr
+
+
 def test_simulate_eviction_is_dispatched(tmp_path: Path) -> None:
     result = lab("simulate-eviction", "--help", cwd=tmp_path)
     assert result.returncode == 0
