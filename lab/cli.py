@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
-from lab import process_tree
 from lab.etcd_server import EtcdError
+from lab.interrupts import InterruptGuard, interrupt_guard
 from lab.report import format_table
 from lab.scenario import FAULT_KINDS, ScenarioError
 from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
 from lab.session import LabError, SessionOptions, run_session
 from lab.status_line import StatusLine
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,11 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, guard: InterruptGuard) -> int:
     scenario = with_overrides(
         load_scenario("ci" if args.ci else args.scenario),
         nodes=args.nodes,
@@ -77,9 +70,9 @@ def _run(args: argparse.Namespace) -> int:
         lingering = ", ".join(report["run"]["lingering_nodes"])
         print(f"warning: {lingering} did not exit after training finished", file=sys.stderr)
     outcome = report["outcome"]
-    if outcome["status"] == "interrupted":
+    if outcome["status"] == "interrupted" or guard.received:
         print("\ninterrupted; everything the lab started is stopped", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return guard.exit_code
     # "settled": the scenario asked to stop once its last fault settled (stop_when_settled).
     if outcome["status"] not in ("finished", "settled") or not report["run"]["all_recovered"]:
         print(f"lab run failed: {outcome['message']}", file=sys.stderr)
@@ -106,20 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "scenarios":
         return _list_scenarios()
-    # Orphans of a killed agent re-parent to the lab, so the final sweep below finds them.
-    process_tree.become_subreaper()
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
-    try:
-        return _run(args)
-    except (ScenarioError, LabError, EtcdError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("\ninterrupted; everything the lab started is stopped", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        for pid in process_tree.descendants(os.getpid()):
-            process_tree.kill_tree(pid)
-        process_tree.reap_orphans(keep=set())
+    # The session stops and sweeps everything it started, however it ends.
+    with interrupt_guard(take_ignored=True) as guard:
+        try:
+            return _run(args, guard)
+        except (ScenarioError, LabError, EtcdError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:
+            print("\ninterrupted; everything the lab started is stopped", file=sys.stderr)
+            return guard.exit_code

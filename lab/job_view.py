@@ -38,6 +38,8 @@ class JobView:
     lines_since_reset: int = 0
     reset_at: float = 0.0
     metrics_ts: float = 0.0
+    resumed_ts: float = 0.0
+    """When the latest ``resumed`` event was logged: a round that started training."""
 
     def observe(self, record: Record) -> None:
         """Fold one record into the view."""
@@ -54,6 +56,7 @@ class JobView:
         name = record.get("event")
         if name == "resumed":
             self.step = int(record["step"])
+            self.resumed_ts = max(self.resumed_ts, float(record["ts"]))
             self.reset(float(record["ts"]))
         if name == "finished":
             self.finished = True

@@ -57,10 +57,16 @@ class NodeLaunch:
     cwd: Path
     log_dir: Path
     local_dir: Path
+    tmp_dir: Path
+    """The node's TMPDIR: the pod's own /tmp, removed with the lab's workspace."""
 
 
 def node_env(
-    policy: ElasticPolicy, checkpoint_uri: str, local_dir: Path, collective_timeout_s: int
+    policy: ElasticPolicy,
+    checkpoint_uri: str,
+    local_dir: Path,
+    collective_timeout_s: int,
+    tmp_dir: Path,
 ) -> dict[str, str]:
     """The pod's env: the operator's PET_* plus the worker env, from the same source."""
     return {
@@ -72,6 +78,12 @@ def node_env(
         ),
         # Lab only: several nodes share a few cores; one thread each avoids thrashing.
         "OMP_NUM_THREADS": "1",
+        # Lab only: every agent makes a torchelastic_* dir under TMPDIR and never removes it.
+        # A pod's /tmp goes with the pod; here it goes with the lab's workspace.
+        "TMPDIR": str(tmp_dir),
+        # Lab only: torchrun's agents log each rendezvous round (its group_world_size) at
+        # INFO, so every node's log shows the rounds its report entries can be checked against.
+        "LOGLEVEL": "INFO",
     }
 
 
@@ -104,6 +116,8 @@ class TorchrunNode:
     def start(self) -> None:
         self._close_files()
         self.launch.local_dir.mkdir(parents=True, exist_ok=True)
+        # Python's tempfile quietly falls back to /tmp when TMPDIR does not exist.
+        self.launch.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.launch.log_dir.mkdir(parents=True, exist_ok=True)
         # Append: a restart in place continues the same pod's log.
         out, err = open(self.stdout_path, "ab"), open(self.stderr_path, "ab")  # noqa: SIM115
@@ -129,8 +143,11 @@ class TorchrunNode:
     def kill(self) -> None:
         # Once reaped, the pid may belong to someone else: never signal it again.
         if self._process is not None and self._process.poll() is None:
-            process_tree.kill_tree(self._process.pid)
+            agent = self._process.pid
+            killed = process_tree.kill_tree(agent)
             self._process.wait()
+            # The workers re-parent to the lab (the subreaper) when the agent dies.
+            process_tree.reap([p for p in killed if p != agent])
 
     def notify_eviction(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -141,12 +158,13 @@ class TorchrunNode:
             process_tree.freeze_tree(self._process.pid)
 
     def terminate(self, grace_s: float) -> None:
-        if self._process is not None and self._process.poll() is None:
-            pid = self._process.pid
-            if process_tree.is_stopped(pid):
-                process_tree.kill_tree(pid)  # a frozen tree would never act on SIGTERM
-            else:
-                process_tree.terminate_tree(pid, grace_s)
+        stop_nodes([self], grace_s)
+
+    def wait_stopped(self) -> None:
+        """Reap the agent (after ``stop_nodes`` signalled it) and close the log files."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self.kill()  # not stopped after all: never leave a tree behind
             self._process.wait()
         self._close_files()
 
@@ -154,6 +172,16 @@ class TorchrunNode:
         for handle in self._files:
             handle.close()
         self._files = []
+
+
+def stop_nodes(nodes: list[TorchrunNode], grace_s: float) -> None:
+    """Stop every node for good, all at once: SIGTERM each running agent, one shared grace
+    period, SIGKILL of every tree still there (a frozen one at once), then reap. Idempotent."""
+    agents = [pid for n in nodes if (pid := n.pid) is not None and n.poll() is None]
+    killed = process_tree.terminate_trees(agents, grace_s)
+    for node in nodes:
+        node.wait_stopped()
+    process_tree.reap([p for p in killed if p not in agents])
 
 
 def wait_for_exit(node: NodeProcess, timeout_s: float) -> int | None:

@@ -107,16 +107,83 @@ def kill_tree(pid: int) -> list[int]:
 
 def terminate_tree(pid: int, grace_s: float) -> list[int]:
     """SIGTERM ``pid`` only (the agent forwards it), then SIGKILL the tree after ``grace_s``."""
-    members = tree(pid)
-    _send([pid], signal.SIGTERM)
+    return terminate_trees([pid], grace_s)
+
+
+def terminate_trees(pids: list[int], grace_s: float) -> list[int]:
+    """Stop several trees at once: SIGTERM each root (an agent forwards it to its workers),
+    wait until one shared deadline, then SIGKILL whatever of any tree is left; the pids
+    that got SIGKILL.
+
+    Together, not one after another: N stuck trees cost one grace period, not N. A stopped
+    (frozen) tree would never act on SIGTERM, so it is killed at once.
+    """
+    frozen = [p for p in pids if is_stopped(p)]
+    killed = [member for pid in frozen for member in kill_tree(pid)]
+    roots = [p for p in pids if p not in frozen]
+    members = {m for root in roots for m in tree(root)}
+    _send(roots, signal.SIGTERM)
+
+    def alive() -> list[int]:
+        # Workers re-parented away from a dead agent are no longer in its tree: keep members.
+        return [p for p in {*members, *(m for r in roots for m in tree(r))} if is_alive(p)]
+
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_alive(p) for p in tree(pid) + members):
+    while time.monotonic() < deadline and alive():
         time.sleep(0.05)
-    # Anything left, including workers re-parented away from a dead agent.
-    leftovers = [p for p in {*members, *tree(pid)} if is_alive(p)]
-    for p in leftovers:
-        kill_tree(p)
-    return leftovers
+    for pid in alive():
+        if pid not in killed:  # a member of a tree killed a moment ago is dying already
+            killed.extend(kill_tree(pid))
+    return list(dict.fromkeys(killed))
+
+
+def reap(pids: list[int], timeout_s: float = 2.0) -> None:
+    """Reap those of ``pids`` that are (or become) zombie children of this process.
+
+    Workers of a killed agent re-parent to us (the subreaper) and stay zombies until reaped.
+    Pass only pids no ``subprocess.Popen`` owns: it must reap its own child to see the code.
+    """
+    waiting = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        for pid in list(waiting):
+            fields = _stat_fields(pid)
+            if fields is None or fields[1] != os.getpid():
+                waiting.discard(pid)  # gone, or someone else's child (init reaps it)
+            elif fields[0] == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                waiting.discard(pid)
+        if not waiting or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+def _mentions(pid: int, marker: bytes) -> bool:
+    """True when ``marker`` is in the process's environment or command line."""
+    for name in ("environ", "cmdline"):
+        try:
+            if marker in (PROC / str(pid) / name).read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def kill_marked_descendants(marker: str) -> list[int]:
+    """SIGKILL every descendant of this process whose environment or command line holds
+    ``marker`` (e.g. a session's workspace path), with its tree, and reap them; the pids.
+
+    Only marked processes: a library caller may have children of its own.
+    """
+    own = os.getpid()
+    marked = [p for p in descendants(own) if _mentions(p, marker.encode())]
+    killed: list[int] = []
+    for pid in marked:
+        if pid not in killed:
+            killed.extend(kill_tree(pid))
+    reap(killed)
+    return killed
 
 
 def become_subreaper() -> bool:

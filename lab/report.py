@@ -7,17 +7,25 @@ machine):
 - ``detected_at``: the first ``peer_failure`` or ``emergency_save`` after the injection,
   i.e. the first sign that a worker reacted. None when no worker survived to react
   (``kill-all``) or none had to (an etcd blip the agents rode out).
-- ``resumed_at``: the ``resumed`` event of the round that went on to train.
-- ``recovered_at``: the first metrics line after that ``resumed`` event: training runs
-  again, at the new world size. For a fault that restarted no worker, the first metrics
-  line after the injection.
+- ``rounds``: every round that resumed after the injection, up to the recovery, with its
+  world size and whether it trained. More than one when, say, a round of one node formed
+  before the second new node had joined.
+- ``recovered_at``: the first metrics line at the planned world size after the fault:
+  training runs again, at the size the scenario planned. When a round resumed after the
+  injection, the line must come after the first such round (earlier lines are the old
+  round's); when none did (the agents rode an etcd restart out), any line counts.
+- ``resumed_at``: the ``resumed`` event of the round that trained at the planned size
+  (``resumed_step``, ``resume_source`` and ``reported_lost_steps`` are that round's).
 - ``downtime_s`` = ``recovered_at - injected_at``: from the fault to training again.
   The time to the first line is part of it, so the lab logs every step.
-- ``steps_lost`` = ``last_step_before - resumed_step``, where ``last_step_before`` is the
-  highest completed step any record (metrics, checkpoint_saved, emergency_save) showed
-  between the previous fault's recovery and this resume.
+- ``detect_to_resume_s`` = ``resume_s - detection_s``: from the first reaction to the round
+  that trained, mostly the rendezvous.
+- ``last_step_before``: the highest completed step any record (metrics, checkpoint_saved,
+  emergency_save) showed between the previous fault's recovery and the first resume.
+- ``steps_lost``: steps trained again, over every round: for one round,
+  ``last_step_before - resumed_step``.
 - ``world_size_before`` / ``world_size_after``: of the last metrics line before the
-  injection and of the recovery line.
+  injection and of the recovery line (without recovery: of the window's last line).
 """
 
 from __future__ import annotations
@@ -42,19 +50,15 @@ def _metrics(records: list[Record], start: float, end: float) -> list[Record]:
     return [r for r in records if r["kind"] == "metrics" and start <= r["ts"] < end]
 
 
-def _recovery(
-    records: list[Record], injected_at: float, end: float
-) -> tuple[Record | None, Record | None]:
-    """(the resumed event of the round that trained, its first metrics line)."""
-    resumed: Record | None = None
-    for record in records:
-        if not injected_at <= record["ts"] < end:
-            continue
-        if record["kind"] == "event" and record.get("event") == "resumed":
-            resumed = record
-        elif record["kind"] == "metrics" and resumed is not None:
-            return resumed, record
-    return None, None
+def _recovery_line(
+    records: list[Record], rounds: list[Record], injected_at: float, end: float, planned: Any
+) -> Record | None:
+    """The first metrics line at the planned world size (see the module docstring)."""
+    start = rounds[0]["ts"] if rounds else injected_at
+    for line in _metrics(records, start, end):
+        if planned is None or line["world_size"] == planned:
+            return line
+    return None
 
 
 def _last_step(records: list[Record], start: float, end: float) -> int | None:
@@ -66,27 +70,70 @@ def _last_step(records: list[Record], start: float, end: float) -> int | None:
     return max(steps) if steps else None
 
 
+def _steps_lost(
+    records: list[Record], rounds: list[Record], window_start: float
+) -> tuple[int | None, int | None]:
+    """(last step before the first round, steps trained again over every round)."""
+    lost, first_progress = 0, None
+    start, previous = window_start, None
+    for position, round_ in enumerate(rounds):
+        seen = [s for s in (_last_step(records, start, round_["ts"]), previous) if s is not None]
+        if not seen:
+            return None, None
+        progress = max(seen)
+        first_progress = progress if position == 0 else first_progress
+        lost += max(progress - int(round_["step"]), 0)
+        start, previous = round_["ts"], int(round_["step"])
+    return first_progress, lost
+
+
+def _round_entries(records: list[Record], rounds: list[Record], end: float) -> list[dict[str, Any]]:
+    entries = []
+    for position, round_ in enumerate(rounds):
+        until = rounds[position + 1]["ts"] if position + 1 < len(rounds) else end
+        entries.append(
+            {
+                "resumed_at": round_["ts"],
+                "world_size": round_.get("world_size"),
+                "step": round_.get("step"),
+                "source": round_.get("source"),
+                "trained": bool(_metrics(records, round_["ts"], until)),
+            }
+        )
+    return entries
+
+
+def _sum_known(values: list[Any]) -> int | None:
+    known = [int(v) for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def fault_outcome(
     records: list[Record], injection: dict[str, Any], window_start: float, window_end: float
 ) -> dict[str, Any]:
     """The report entry for one injected fault (see the module docstring)."""
     injected_at = float(injection["injected_at"])
+    planned = injection.get("planned_world_size")
     before = _metrics(records, -math.inf, injected_at)
-    resumed, recovery = _recovery(records, injected_at, window_end)
-    if recovery is None:  # no worker restarted: the next line after the fault
-        later = _metrics(records, injected_at, window_end)
-        recovery = later[0] if later else None
+    all_rounds = _events(records, "resumed", injected_at, window_end)
+    recovery = _recovery_line(records, all_rounds, injected_at, window_end, planned)
+    recovered_at = recovery["ts"] if recovery else None
+    rounds = [r for r in all_rounds if recovered_at is None or r["ts"] < recovered_at]
+    final = rounds[-1] if rounds else None
+    if rounds:
+        last_step, steps_lost = _steps_lost(records, rounds, window_start)
+    else:
+        last_step, steps_lost = _last_step(records, window_start, injected_at), None
     reacted = sorted(
         _events(records, "peer_failure", injected_at, window_end)
         + _events(records, "emergency_save", injected_at, window_end),
         key=lambda r: r["ts"],
     )
     detected_at = reacted[0]["ts"] if reacted else None
-    resumed_at = resumed["ts"] if resumed else None
-    last_step = _last_step(records, window_start, resumed_at or injected_at)
-    resumed_step = int(resumed["step"]) if resumed else None
-    planned = injection.get("planned_world_size")
-    after = recovery["world_size"] if recovery else None
+    resumed_at = final["ts"] if final else None
+    later = _metrics(records, injected_at, window_end)
+    after = recovery["world_size"] if recovery else (later[-1]["world_size"] if later else None)
+    detection_s, resume_s = _since(detected_at, injected_at), _since(resumed_at, injected_at)
     return {
         "index": injection["index"],
         "kind": injection["kind"],
@@ -94,21 +141,25 @@ def fault_outcome(
         "injected_at": injected_at,
         "detected_at": detected_at,
         "resumed_at": resumed_at,
-        "recovered_at": recovery["ts"] if recovery else None,
-        "detection_s": _since(detected_at, injected_at),
-        "resume_s": _since(resumed_at, injected_at),
-        "downtime_s": _since(recovery["ts"] if recovery else None, injected_at),
+        "recovered_at": recovered_at,
+        "detection_s": detection_s,
+        "resume_s": resume_s,
+        "detect_to_resume_s": (
+            round(resume_s - detection_s, 3)
+            if resume_s is not None and detection_s is not None
+            else None
+        ),
+        "downtime_s": _since(recovered_at, injected_at),
         "world_size_before": before[-1]["world_size"] if before else None,
         "world_size_after": after,
         "planned_world_size": planned,
+        "rounds": _round_entries(records, rounds, window_end),
         "last_step_before": last_step,
-        "resumed_step": resumed_step,
-        "steps_lost": (
-            last_step - resumed_step if last_step is not None and resumed_step is not None else None
-        ),
-        "reported_lost_steps": resumed.get("lost_steps") if resumed else None,
-        "resume_source": resumed.get("source") if resumed else None,
-        "recovered": recovery is not None and (planned is None or after == planned),
+        "resumed_step": int(final["step"]) if final else None,
+        "steps_lost": steps_lost,
+        "reported_lost_steps": _sum_known([r.get("lost_steps") for r in rounds]),
+        "resume_source": final.get("source") if final else None,
+        "recovered": recovery is not None,
     }
 
 
@@ -124,8 +175,14 @@ def build_report(
     global_batch_size: int,
     max_steps: int,
     planned_faults: int,
+    end_ts: float | None = None,
 ) -> dict[str, Any]:
-    """The whole report: one entry per injected fault, plus totals for the run."""
+    """The whole report: one entry per injected fault, plus totals for the run.
+
+    ``end_ts`` is when the lab ended the run (its ``run_ended`` event). A run that did not
+    finish is measured up to there: nodes stopped after it still log, e.g. the emergency
+    saves of their shutdown.
+    """
     faults: list[dict[str, Any]] = []
     window_start = -math.inf
     ordered = sorted(injections, key=lambda i: i["injected_at"])
@@ -137,7 +194,9 @@ def build_report(
     return {
         "start_ts": start_ts,
         "faults": faults,
-        "run": _run_totals(records, faults, start_ts, global_batch_size, max_steps, planned_faults),
+        "run": _run_totals(
+            records, faults, start_ts, global_batch_size, max_steps, planned_faults, end_ts
+        ),
     }
 
 
@@ -148,10 +207,14 @@ def _run_totals(
     global_batch_size: int,
     max_steps: int,
     planned_faults: int,
+    end_ts: float | None,
 ) -> dict[str, Any]:
-    metrics = [r for r in records if r["kind"] == "metrics"]
     finished = [r for r in records if r.get("event") == "finished"]
-    end_ts = finished[-1]["ts"] if finished else (records[-1]["ts"] if records else start_ts)
+    if finished:
+        end_ts = finished[-1]["ts"]
+    elif end_ts is None:
+        end_ts = records[-1]["ts"] if records else start_ts
+    metrics = [r for r in records if r["kind"] == "metrics" and r["ts"] <= end_ts]
     wall_s = max(end_ts - start_ts, 1e-9)
     final_step = int(finished[-1]["step"]) if finished else (metrics[-1]["step"] if metrics else 0)
     rates = [float(r["samples_per_s"]) for r in metrics]
@@ -181,17 +244,18 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as a fixed-width table for the terminal."""
     start = report["start_ts"]
     header = (
-        f"{'#':>2}  {'fault':<34} {'at':>7} {'detect':>7} {'resume':>7} "
-        f"{'down s':>7} {'lost':>5} {'world':>6} {'source':<8} ok"
+        f"{'#':>2}  {'fault':<30} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
+        f"{'down s':>6} {'lost':>4} {'world':>6} {'source':<8} ok"
     )
     lines = [header, "-" * len(header)]
     for f in report["faults"]:
         lines.append(
-            f"{f['index']:>2}  {f['description'][:34]:<34} "
-            f"{_cell(f['injected_at'] - start, '{:.1f}'):>7} "
-            f"{_cell(f['detection_s'], '+{:.1f}'):>7} "
-            f"{_cell(f['resume_s'], '+{:.1f}'):>7} "
-            f"{_cell(f['downtime_s'], '{:.1f}'):>7} {_cell(f['steps_lost']):>5} "
+            f"{f['index']:>2}  {f['description'][:30]:<30} "
+            f"{_cell(f['injected_at'] - start, '{:.1f}'):>6} "
+            f"{_cell(f['detection_s'], '+{:.1f}'):>6} "
+            f"{_cell(f['resume_s'], '+{:.1f}'):>6} "
+            f"{_cell(f['detect_to_resume_s'], '{:.1f}'):>5} "
+            f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['steps_lost']):>4} "
             f"{_cell(f['world_size_before'])}->{_cell(f['world_size_after']):<3} "
             f"{_cell(f['resume_source']):<8} {'yes' if f['recovered'] else 'NO'}"
         )

@@ -100,6 +100,8 @@ class FaultRunner:
     _next_fault: int = 0
     _settle_world: int | None = None
     _injected_mono: float = 0.0
+    _injected_at: float = 0.0
+    _quiet_until: float = 0.0
     _start_ts: float = 0.0
 
     def run(self) -> RunOutcome:
@@ -202,13 +204,27 @@ class FaultRunner:
         if self._settle_world is None:
             return
         restarting = any(f.action == "restart" for f in self._follow_ups)
-        if not restarting and self.view.settled(self._settle_world, self.settle_lines):
-            self._settle_world = None
-            for number in self._frozen:  # the vanished VM is finally deleted
-                self.nodes[number].kill()
-            self._frozen.clear()
-            if self._next_fault:
-                self.lab_log.write("fault_settled", index=self._next_fault - 1)
+        if restarting or not self.view.settled(self._settle_world, self.settle_lines):
+            return
+        if self._etcd_restart_pending():
+            return
+        self._settle_world = None
+        for number in self._frozen:  # the vanished VM is finally deleted
+            self.nodes[number].kill()
+        self._frozen.clear()
+        if self._next_fault:
+            self.lab_log.write("fault_settled", index=self._next_fault - 1)
+
+    def _etcd_restart_pending(self) -> bool:
+        """After an etcd restart, lines at the same world size prove nothing yet: an agent
+        may still find a heartbeat lost while etcd was down and restart every worker. It
+        has settled once a round resumed after the restart, or once the keep-alive bound
+        (interval x max attempts) passed without one: the agents rode it out."""
+        last = self.scenario.faults[self._next_fault - 1] if self._next_fault else None
+        if last is None or last.kind != "etcd-restart":
+            return False
+        resumed = self.view.resumed_ts >= self._injected_at
+        return not resumed and self.clock() < self._quiet_until
 
     def _all_faults_settled(self) -> bool:
         faults = len(self.scenario.faults)
@@ -239,8 +255,11 @@ class FaultRunner:
         change = self.plan[self._next_fault]
         self._message(f"fault {self._next_fault}: {fault.describe()}")
         injected_at = self.clock()
-        self._injected_mono = time.monotonic()
+        self._injected_at, self._injected_mono = injected_at, time.monotonic()
         self._inject(fault, change)
+        rendezvous = self.scenario.rendezvous
+        keep_alive_s = rendezvous.keep_alive_interval_s * rendezvous.keep_alive_max_attempt
+        self._quiet_until = self.clock() + keep_alive_s  # from when etcd is back
         self.lab_log.write(
             "fault_injected",
             index=self._next_fault,
@@ -297,7 +316,15 @@ class FaultRunner:
             )
         self._read_logs()
         self.live.clear()
-        return self._outcome("finished", f"training finished at step {self.view.step}")
+        message = f"training finished at step {self.view.step}"
+        missed = [
+            f"{index} ({fault.describe()})"
+            for index, fault in enumerate(self.scenario.faults)
+            if index >= self._next_fault
+        ]
+        if missed:
+            message += f" before these faults were injected: {', '.join(missed)}"
+        return self._outcome("finished", message)
 
     def _outcome(self, status: str, message: str) -> RunOutcome:
         self.lab_log.write("run_ended", status=status, message=message)

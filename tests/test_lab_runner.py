@@ -304,3 +304,50 @@ def test_an_agent_that_lingers_after_the_end_is_logged_not_waited_for(
     assert runner.run().status == "finished"
     events = read_jsonl(tmp_path / "lab-events.jsonl")
     assert [e["node"] for e in events if e["event"] == "node_lingered"] == ["node-1"]
+
+
+def test_an_etcd_restart_settles_only_after_the_keep_alive_bound_without_a_resume(
+    tmp_path: Path,
+) -> None:
+    # The fake agents ride the restart out: no round resumes, lines keep coming at once.
+    runner, _ = _runner(tmp_path, _scenario(Fault("etcd-restart", at_step=10)))
+    assert runner.run().status == "finished"
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    injected = next(e for e in events if e["event"] == "fault_injected")
+    settled = next(e for e in events if e["event"] == "fault_settled")
+    keep_alive_s = 1 * 3  # the default rendezvous: interval 1 s, 3 attempts
+    assert settled["ts"] - injected["injected_at"] >= keep_alive_s
+
+
+def test_an_etcd_restart_that_restarts_the_round_settles_after_the_resume(
+    tmp_path: Path,
+) -> None:
+    runner, job = _runner(tmp_path, _scenario(Fault("etcd-restart", at_step=10)))
+    etcd = runner.rendezvous
+    original_restart = etcd.restart
+
+    def restart_and_lose_the_round(down_s: float = 0.0, wipe_data: bool = False) -> None:
+        original_restart(down_s, wipe_data)
+        job.members = ()  # the agents re-rendezvous: the next tick logs a resumed event
+
+    etcd.restart = restart_and_lose_the_round  # type: ignore[method-assign]
+    assert runner.run().status == "finished"
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    injected = next(e for e in events if e["event"] == "fault_injected")
+    settled = next(e for e in events if e["event"] == "fault_settled")
+    assert settled["ts"] - injected["injected_at"] < 1.0  # no need to wait out the bound
+
+
+def test_training_that_ends_before_a_fault_says_which_were_not_injected(tmp_path: Path) -> None:
+    scenario = _scenario(
+        Fault("kill", node=2, at_step=10),
+        Fault("join", at_time=15.0),
+        train=TrainSettings(max_steps=40),
+    )
+    runner, _ = _runner(tmp_path, scenario)
+    outcome = runner.run()
+    assert outcome.status == "finished" and outcome.injected == 1
+    assert outcome.message == (
+        "training finished at step 40 before these faults were injected: 1 (join a new node @ "
+        "t=15s)"
+    )

@@ -13,6 +13,7 @@ from lab.scenario import (
     Fault,
     Scenario,
     ScenarioError,
+    TrainSettings,
     plan_membership,
     validate_scenario,
 )
@@ -209,3 +210,113 @@ def test_train_args_are_the_training_programs_flags() -> None:
     assert "--data-dir=/data" in args
     assert "--log-every=1" in args
     assert all(a.startswith("--") and "=" in a for a in args)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"nodes": [1]}, r"^nodes: expected int, got \[1\] \(allowed: an integer\)"),
+        ({"timeout_s": {"a": 1}}, r"^timeout_s: expected float, got \{'a': 1\}"),
+        ({"timeout_s": float("inf")}, r"^timeout_s: expected float, got inf"),
+        ({"nodes": True}, r"^nodes: expected int, got True"),
+        ({"name": 5}, r"^name: expected str, got 5 \(allowed: a string\)"),
+        ({"train": {"lr": [0.1]}}, r"^train\.lr: expected float, got \[0\.1\]"),
+        ({"train": [1]}, r"^train: expected a table, got list"),
+        ({"stop_when_settled": "maybe"}, r"stop_when_settled: expected bool.*true or false"),
+        (
+            {"faults": [{"node": 1, "at_step": 3}]},
+            r"^faults\[0\]\.kind: required; allowed: kill, evict, freeze, join",
+        ),
+        ({"faults": [{"kind": "kill", "node": [1], "at_step": 3}]}, r"faults\[0\]\.node: exp"),
+        ({"faults": [{"kind": "kill", "node": 1, "at_step": 1e400}]}, r"at_step: expected int"),
+        ({"rendezvous": {"last_call_timeout_s": 0}}, r"^rendezvous\.last_call_timeout_s: must"),
+    ],
+)
+def test_a_bad_value_of_any_type_names_the_key_and_what_is_allowed(
+    data: dict, message: str
+) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(data, "x")
+
+
+def test_a_scenario_that_is_not_a_table_is_an_error() -> None:
+    with pytest.raises(ScenarioError, match="scenario: expected a table of keys, got list"):
+        scenario_from_dict([1, 2], "x")  # type: ignore[arg-type]
+
+
+def test_a_file_that_is_not_text_names_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b"\xff\xfe\x00nodes")
+    with pytest.raises(ScenarioError, match=r"--scenario: .*bad\.toml does not parse"):
+        load_scenario(str(path))
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"lr": 0.0}, r"^train\.lr: must be > 0, got 0\.0"),
+        ({"checkpoint_keep": 0}, r"^train\.checkpoint_keep: must be >= 1, got 0"),
+        ({"seed": -1}, r"^train\.seed: must be >= 0, got -1"),
+        ({"checkpoint_every_steps": -5}, r"^train\.checkpoint_every_steps: must be >= 0"),
+        ({"checkpoint_every_seconds": -1}, r"^train\.checkpoint_every_seconds: must be >= 0"),
+        ({"micro_batch_size": 0}, r"^train\.micro_batch_size: must be >= 1"),
+        ({"collective_timeout_s": 0}, r"^train\.collective_timeout_s: must be >= 1"),
+    ],
+)
+def test_training_values_the_training_program_rejects_are_refused_up_front(
+    train: dict, message: str
+) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        validate_scenario(_scenario(train=TrainSettings(**train)))
+
+
+def test_too_few_train_records_says_what_is_allowed() -> None:
+    with pytest.raises(
+        ScenarioError, match=r"train\.train_records: 16 is too small; allowed: >= 32 \(one global"
+    ):
+        validate_scenario(_scenario(train=TrainSettings(train_records=16)))
+    with pytest.raises(ScenarioError, match=r"train_records: 4 is too small; allowed: >= 5"):
+        validate_scenario(
+            _scenario(train=TrainSettings(train_records=4, global_batch_size=2, micro_batch_size=1))
+        )
+
+
+def test_kill_all_may_not_start_more_than_max_nodes() -> None:
+    faults = (Fault("kill-all", nodes=4, at_step=5),)
+    with pytest.raises(
+        ScenarioError,
+        match=r"faults\[0\]\.nodes: kill-all starts 4 new node\(s\), more than "
+        r"max_nodes 3; allowed: 1\.\.3",
+    ):
+        validate_scenario(_scenario(faults=faults))
+    validate_scenario(_scenario(faults=(Fault("kill-all", nodes=3, at_step=5),)))
+
+
+def test_nodes_is_only_for_kill_all() -> None:
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.nodes: only allowed for kill-all"):
+        validate_scenario(_scenario(faults=(Fault("join", nodes=2, at_step=5),)))
+
+
+def test_at_time_must_come_before_the_timeout() -> None:
+    with pytest.raises(
+        ScenarioError,
+        match=r"faults\[0\]\.at_time: 600 is out of range; allowed: 0 <= at_time < "
+        r"timeout_s \(600\)",
+    ):
+        validate_scenario(_scenario(faults=(Fault("join", at_time=600.0),)))
+    validate_scenario(_scenario(nodes=2, faults=(Fault("join", at_time=599.0),)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_steps": 0}, r"^--max-steps: must be >= 1, got 0"),
+        ({"max_steps": 10}, r"at_step: 20 is out of range; allowed: 1\.\.9 \(--max-steps is 10\)"),
+        ({"nodes": 0}, r"^--nodes: 0 must be within min_nodes\.\.max_nodes"),
+        ({"fault_flags": ["node=1,at_step=3"]}, r"^--fault\[0\]\.kind: required; allowed: kill"),
+        ({"fault_flags": ["kind=kill,node=9,at_step=3"]}, r"^--fault\[0\]\.node: cannot kill"),
+    ],
+)
+def test_an_error_about_an_overridden_value_names_its_flag(overrides: dict, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        with_overrides(load_scenario("ci"), **overrides)
