@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import IO
 
 from lab import process_tree
+from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS
 
 HOST = "127.0.0.1"
 ETCD_BINARY_ENV = "LAB_ETCD_BINARY"
@@ -121,7 +122,7 @@ def etcd_command(
         f"--listen-peer-urls={peer_url}",
         f"--initial-advertise-peer-urls={peer_url}",
         f"--initial-cluster=lab={peer_url}",
-        "--enable-v2=true",
+        *RENDEZVOUS_SERVER_FLAGS,  # the same as the cluster's members
         "--log-level=warn",
     ]
 
