@@ -6,7 +6,7 @@ import base64
 import os
 
 import pytest
-from azure.core.exceptions import ClientAuthenticationError
+from azure.core.exceptions import AzureError, ClientAuthenticationError
 from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobBlock, ContainerClient
 
@@ -187,6 +187,22 @@ def test_dead_endpoint_is_a_clear_connection_error(
     for operation in (lambda: store.put("x", b"1"), lambda: store.get("x"), store.list):
         with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}/{DEV_ACCOUNT}/ckpt/run"):
             operation()
+
+
+def test_any_other_sdk_error_is_an_os_error_naming_the_uri(
+    unused_loopback_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # E.g. a download stream cut mid-way: the resume agreement handles OSError, nothing else.
+    monkeypatch.setenv(CONNECTION_STRING_ENV, f"AccountName={DEV_ACCOUNT};AccountKey=a2V5")
+    uri = f"http://127.0.0.1:{unused_loopback_port}/{DEV_ACCOUNT}/ckpt/run"
+    store = BlobStore.from_uri(uri, retries=0)
+
+    def cut(*args: object, **kwargs: object) -> None:
+        raise AzureError("the connection dropped while reading the body")
+
+    monkeypatch.setattr(store._container, "download_blob", cut)
+    with pytest.raises(OSError, match=f"get 'x' in {uri}: Azure SDK error"):
+        store.get("x")
 
 
 # --- URI parsing ----------------------------------------------------------------------------

@@ -184,3 +184,63 @@ def test_background_saver_skips_while_busy_and_commits(tmp_path) -> None:
     release.set()
     saver.wait()
     assert saved == [1] and _repo(FileStore(tmp_path)).head().step == 1
+
+
+def test_a_commit_older_than_one_this_process_published_is_dropped(tmp_path) -> None:
+    repo = _repo(FileStore(tmp_path))
+    repo.commit(10, _state(10))
+    with pytest.raises(CheckpointError, match="step 5 finished after step 10"):
+        repo.commit(5, _state(5))
+    assert repo.head().step == 10 and repo.load_latest().entry.step == 10
+    assert [n for n in FileStore(tmp_path).list("ckpt-") if n.endswith(".pt")] == [repo.head().name]
+
+
+def test_a_newer_step_can_follow_a_torn_head_from_another_process(tmp_path) -> None:
+    store = FileStore(tmp_path)
+    earlier_run = _repo(store, keep=1)
+    earlier_run.commit(6, _state(6))
+    torn = earlier_run.commit(8, _state(8))
+    store.put(torn.name, store.get(torn.name)[:50])
+    resumed = _repo(store, keep=1)  # resumes at 6 (8 is torn) and trains on to 7
+    resumed.commit(7, _state(7))
+    assert resumed.head().step == 7 and resumed.load_latest().entry.step == 7
+
+
+def test_a_stalled_background_save_cannot_displace_the_emergency_save(tmp_path) -> None:
+    written, release = threading.Event(), threading.Event()
+
+    class StallsAfterWriting(FileStore):
+        """The background save's object is written, then its read-back stalls."""
+
+        def get(self, name: str) -> bytes:
+            if threading.current_thread().name == "checkpoint" and name.endswith(".pt"):
+                written.set()
+                release.wait(10)
+            return super().get(name)
+
+    repo = _repo(StallsAfterWriting(tmp_path))
+    saver = BackgroundSaver(repo, lambda entry, seconds: None)
+    saver.submit(4, {"w": torch.ones(1)})
+    assert written.wait(10)
+    repo.commit(8, _state(8))  # the emergency save, while step 4 is still in flight
+    assert saver.busy  # its object survived the emergency commit's pruning
+    release.set()
+    assert saver.wait(10)
+    assert isinstance(saver.error, CheckpointError) and "dropped" in str(saver.error)
+    assert repo.head().step == 8 and repo.load_latest().entry.step == 8
+    assert len([n for n in FileStore(tmp_path).list("ckpt-") if n.endswith(".pt")]) == 1
+
+
+def test_background_saver_wait_is_bounded(tmp_path) -> None:
+    release = threading.Event()
+
+    class Stalled(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            release.wait(10)
+            super().put(name, data)
+
+    saver = BackgroundSaver(_repo(Stalled(tmp_path)), lambda entry, seconds: None)
+    saver.submit(1, {"w": torch.ones(1)})
+    assert saver.wait(0.2) is False and saver.busy
+    release.set()
+    assert saver.wait(10) is True

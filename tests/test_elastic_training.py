@@ -18,7 +18,9 @@ import torch
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.process_tree import tree
 from tests.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
+from training.checkpoint import CheckpointRepository
 from training.data import write_synthetic_cifar10
+from training.storage import FileStore
 
 pytestmark = [pytest.mark.slow]
 
@@ -90,8 +92,10 @@ def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrup
     first.wait_until(lambda: first.max_step() >= 6, 180, "step 6")
     for node in ("a", "b", "c"):
         first.kill(node)
-    durable_step = max(e["step"] for e in first.events("checkpoint_saved"))
-    assert 4 <= durable_step < MAX_STEPS
+    # The manifest, not the events: a SIGKILL can land between a commit and its event.
+    head = CheckpointRepository(FileStore(first.checkpoints)).head()
+    assert head is not None and 4 <= head.step < MAX_STEPS
+    durable_step = head.step
 
     second = cluster_factory("one-node")
     second.checkpoints = first.checkpoints  # same durable storage, new nodes, new run id
@@ -140,9 +144,12 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
         cluster.wait_exit(node, 60)
     completed = cluster.max_step()
     saves = cluster.events("emergency_save")
-    assert {e["reason"] for e in saves} == {"sigterm"}
+    # A rank that sees the flag first leaves at the step boundary; rank 0, already inside the
+    # next step, then sees its all-reduce fail: a peer_failure, but during a stop.
+    assert {e["reason"] for e in saves} <= {"sigterm", "peer_failure"}
     assert {e["step"] for e in saves} == {completed}
-    assert [e["durable"] for e in saves].count(True) == 1  # rank 0 commits for everyone
+    assert [(e["rank"], e["durable"]) for e in saves if e["durable"]] == [(0, True)]
+    assert all(e["seconds"] < 10 for e in saves)  # well inside the >= 30 s eviction notice
 
     restart = cluster_factory("after-sigterm")
     restart.checkpoints = cluster.checkpoints

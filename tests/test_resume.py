@@ -3,56 +3,95 @@
 from __future__ import annotations
 
 import shutil
+import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.checkpoint import CheckpointRepository, serialize
-from training.resume import NodeLocalState, agree_on_resume
+from training.checkpoint import CheckpointError, CheckpointRepository, serialize
+from training.dist import new_checkpoint_group
+from training.resume import NodeLocalState, agree_on_resume, node_local_key
 from training.storage import FileStore
 
 RUN = "run-1"
 
 
-def _state(step: int) -> bytes:
-    return serialize({"step": step, "w": torch.full((8,), float(step))})
+def _state(step: int, run: dict[str, Any] | None = None) -> bytes:
+    state: dict[str, Any] = {"step": step, "w": torch.full((8,), float(step))}
+    if run is not None:
+        state["run"] = run
+    return serialize(state)
 
 
-def _worker(rank: int, world: int, init_file: str, root: str, results: dict) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=30),
-    )
+class _RankStore(FileStore):
+    """One rank's view of the durable directory, with the faults a test gives that rank."""
+
+    def __init__(self, root: Path, opts: dict[str, Any], rank: int, log: Path) -> None:
+        super().__init__(root)
+        self.unreachable = rank in opts.get("unreachable", ())
+        self.objects_unreadable = rank in opts.get("objects_unreadable", ())
+        self.delay_s = opts.get("slow_get_s", {}).get(rank, 0.0)
+        self.log = log
+
+    def get(self, name: str) -> bytes:
+        if self.unreachable or (self.objects_unreadable and name.endswith(".pt")):
+            raise ConnectionError(f"get {name!r} in {self.describe()}: cannot reach the store")
+        if name.endswith(".pt"):
+            with open(self.log, "a") as log:
+                log.write(name + "\n")
+            time.sleep(self.delay_s)
+        return super().get(name)
+
+
+def _init(rank: int, world: int, init_file: str, opts: dict[str, Any]) -> None:
+    # The store gets its own long timeout, so a short collective timeout only bounds collectives.
+    store = dist.FileStore(init_file, world)
+    store.set_timeout(timedelta(seconds=60))
+    timeout = timedelta(seconds=opts.get("collective_timeout_s", 30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def _worker(
+    rank: int, world: int, init_file: str, root: str, results: dict, opts: dict[str, Any]
+) -> None:
+    _init(rank, world, init_file, opts)
     try:
+        group = new_checkpoint_group(60) if opts.get("checkpoint_group") else None
         base = Path(root)
         local = NodeLocalState(base / f"local-{rank}", RUN)
         durable_dir = base / f"durable-view-{rank}"
-        durable = CheckpointRepository(
-            FileStore(durable_dir if durable_dir.exists() else base / "durable")
-        )
-        resume = agree_on_resume(rank, torch.device("cpu"), local, durable)
+        view = durable_dir if durable_dir.exists() else base / "durable"
+        durable = CheckpointRepository(_RankStore(view, opts, rank, base / f"gets-{rank}.log"))
+        try:
+            resume = agree_on_resume(rank, torch.device("cpu"), local, durable, group=group)
+        except CheckpointError as exc:
+            results[rank] = ("error", str(exc))
+            return
         w = resume.state["w"].tolist() if resume.state else None
         results[rank] = (resume.step, resume.source, resume.from_rank, resume.lost_steps, w)
     finally:
         dist.destroy_process_group()
 
 
-def _agree(tmp_path: Path, world: int) -> dict[int, tuple]:
+def _agree(tmp_path: Path, world: int, **opts: Any) -> dict[int, tuple]:
     results = mp.Manager().dict()
     mp.spawn(
         _worker,
-        args=(world, str(tmp_path / "init"), str(tmp_path), results),
+        args=(world, str(tmp_path / "init"), str(tmp_path), results, opts),
         nprocs=world,
         join=True,
     )
     return dict(results)
+
+
+def _object_reads(tmp_path: Path, name: str) -> int:
+    logs = tmp_path.glob("gets-*.log")
+    return sum(log.read_text().splitlines().count(name) for log in logs)
 
 
 def _local(tmp_path: Path, rank: int) -> NodeLocalState:
@@ -109,3 +148,80 @@ def test_torn_durable_head_falls_back_everywhere(tmp_path: Path) -> None:
     results = _agree(tmp_path, 2)
     assert {(r[0], r[1]) for r in results.values()} == {(6, "durable")}
     assert all(r[4] == [6.0] * 8 for r in results.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_torn_durable_head_is_read_once_then_every_rank_lowers_its_claim(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "durable")
+    repo = CheckpointRepository(store)
+    repo.commit(6, _state(6))
+    torn = repo.commit(8, _state(8))
+    store.put(torn.name, store.get(torn.name)[:100])
+    results = _agree(tmp_path, 3)
+    assert {(r[0], r[1]) for r in results.values()} == {(6, "durable")}
+    # One holder learns it is torn and tells the rest; they do not each download it in turn.
+    assert _object_reads(tmp_path, torn.name) == 1
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_durable_store_does_not_stop_a_local_resume(tmp_path: Path) -> None:
+    CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
+    _local(tmp_path, 1).save(9, _state(9))
+    results = _agree(tmp_path, 2, unreachable=[0, 1])
+    for step, source, holder, _, w in results.values():
+        assert (step, source, holder) == (9, "local", 1)
+        assert w == [9.0] * 8
+
+
+@pytest.mark.timeout(120)
+def test_a_holder_that_cannot_read_the_checkpoint_lets_the_next_rank_serve_it(
+    tmp_path: Path,
+) -> None:
+    CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
+    results = _agree(tmp_path, 2, objects_unreadable=[0])
+    for step, source, holder, _, w in results.values():
+        assert (step, source, holder) == (5, "durable", 1)
+        assert w == [5.0] * 8
+
+
+@pytest.mark.timeout(120)
+def test_nothing_readable_anywhere_refuses_to_start_from_step_zero(tmp_path: Path) -> None:
+    CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
+    results = _agree(tmp_path, 2, unreachable=[0, 1])
+    assert {r[0] for r in results.values()} == {"error"}
+    assert all("refusing to start from step 0" in r[1] for r in results.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_store_is_waited_for_on_the_checkpoint_group(tmp_path: Path) -> None:
+    CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
+    # The holder (rank 0) reads for 5 s; the default group would give up after 2 s.
+    results = _agree(
+        tmp_path, 2, collective_timeout_s=2, slow_get_s={0: 5.0}, checkpoint_group=True
+    )
+    for step, source, holder, _, w in results.values():
+        assert (step, source, holder) == (5, "durable", 0)
+        assert w == [5.0] * 8
+
+
+def test_node_local_directories_are_keyed_by_the_checkpoint_uri(tmp_path: Path) -> None:
+    # Plain torchrun gives every job the rendezvous id "none".
+    first = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-a"))
+    second = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-b"))
+    first.save(7, _state(7))
+    assert second.load() is None and first.load() is not None
+    assert node_local_key("none", "/ckpt/job-a/") == node_local_key("none", "/ckpt/job-a")
+    assert "/" not in node_local_key("a/b", "/c")
+
+
+def test_a_local_save_of_another_run_identity_is_no_claim(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = {"global_batch_size": 8, "num_samples": 48}
+    NodeLocalState(tmp_path, RUN).save(7, _state(7, run))
+    assert NodeLocalState(tmp_path, RUN, expected_run=run).load() is not None
+    other = NodeLocalState(tmp_path, RUN, expected_run={**run, "num_samples": 40})
+    assert other.load() is None
+    assert "ignoring the emergency save of step 7" in caplog.text

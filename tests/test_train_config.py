@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import ConfigError, parse_config
+from training.config import ConfigError, check_batch_fits, parse_config
 from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 
 REQUIRED = ["--data-dir", "/data", "--checkpoint-uri", "/ckpt"]
@@ -29,6 +29,8 @@ def test_defaults_then_env_then_flags() -> None:
         ([*REQUIRED, "--global-batch-size", "0"], {}, "--global-batch-size must be >= 1, got 0"),
         ([*REQUIRED, "--collective-timeout-s", "0"], {}, "--collective-timeout-s must be >= 1"),
         ([*REQUIRED, "--checkpoint-keep", "0"], {}, "--checkpoint-keep must be >= 1"),
+        ([*REQUIRED, "--restore-timeout-s", "0"], {}, "--restore-timeout-s must be >= 1, got 0"),
+        (REQUIRED, {"TRAIN_RESTORE_TIMEOUT_S": "soon"}, "TRAIN_RESTORE_TIMEOUT_S must be int"),
         ([*REQUIRED, "--lr", "-1"], {}, "--lr must be > 0"),
     ],
 )
@@ -78,6 +80,8 @@ def test_worker_env_carries_the_scale_up_workaround_and_timeouts() -> None:
     env = worker_env(checkpoint_uri="/ckpt", local_dir="/local", collective_timeout_s=30)
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "30"
+    # NCCL: a failed all-reduce must raise inside backward(), before optimizer.step().
+    assert env["TORCH_NCCL_BLOCKING_WAIT"] == "1"
     assert train_command(["--max-steps", "5"]) == [
         "python",
         "-m",
@@ -102,3 +106,31 @@ def test_boolean_flags(raw: str, expected: bool) -> None:
 def test_boolean_flag_rejects_other_words() -> None:
     with pytest.raises(ConfigError, match="--emergency-saves must be true or false, got 'maybe'"):
         parse_config([*REQUIRED, "--emergency-saves", "maybe"], env={})
+
+
+def test_restore_timeout_defaults_long_and_reads_env() -> None:
+    assert parse_config(REQUIRED, env={}).checkpoint.restore_timeout_s == 600
+    cfg = parse_config(REQUIRED, env={"TRAIN_RESTORE_TIMEOUT_S": "90"})
+    assert cfg.checkpoint.restore_timeout_s == 90
+
+
+@pytest.mark.parametrize(
+    ("batch", "samples", "world", "message"),
+    [
+        (64, 48, 2, "between 2 .* and 48 .*, got 64"),
+        (2, 48, 3, "between 3 \\(the world size.*got 2"),
+    ],
+)
+def test_a_global_batch_that_cannot_be_split_names_the_flag_and_range(
+    batch: int, samples: int, world: int, message: str
+) -> None:
+    cfg = parse_config([*REQUIRED, "--global-batch-size", str(batch)], env={})
+    with pytest.raises(ConfigError, match="--global-batch-size .*TRAIN_GLOBAL_BATCH_SIZE"):
+        check_batch_fits(cfg, samples, world)
+    with pytest.raises(ConfigError, match=message):
+        check_batch_fits(cfg, samples, world)
+
+
+def test_a_global_batch_at_the_bounds_fits() -> None:
+    cfg = parse_config([*REQUIRED, "--global-batch-size", "48"], env={})
+    check_batch_fits(cfg, 48, 48)

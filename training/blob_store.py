@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from azure.core.exceptions import (
+    AzureError,
     ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
@@ -295,7 +296,7 @@ class BlobStore:
 
     @contextmanager
     def _errors(self, operation: str) -> Iterator[None]:
-        """Turn Azure SDK errors into OSErrors that name the URI and the auth in use."""
+        """Turn every Azure SDK error into an OSError that names the URI and the auth in use."""
         where = f"{operation} in {self.describe()}"
         try:
             yield
@@ -314,6 +315,8 @@ class BlobStore:
                     f"{where}: access denied ({_summary(e)}) using {self._auth}"
                 ) from e
             raise OSError(f"{where}: Azure Blob error {e.status_code} ({_summary(e)})") from e
+        except AzureError as e:  # e.g. a stream cut mid-download: callers handle only OSError
+            raise OSError(f"{where}: Azure SDK error ({_summary(e)})") from e
 
 
 def _summary(error: Exception) -> str:

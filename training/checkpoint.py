@@ -106,6 +106,12 @@ class CheckpointRepository:
         self.keep = keep
         self.prefix = prefix
         self.manifests = tuple(f"{prefix}-{m}" for m in MANIFESTS)
+        # The background saver and an emergency save may commit at the same time: the
+        # manifest's read-modify-write and the pruning must not interleave, and pruning must
+        # not delete an object that another commit has written but not yet published.
+        self._publish = threading.Lock()
+        self._in_flight: set[str] = set()
+        self._newest_published = -1
 
     def _read_manifests(self) -> list[Manifest]:
         found = []
@@ -138,27 +144,59 @@ class CheckpointRepository:
         return sorted(unique.values(), key=lambda e: e.step, reverse=True)
 
     def commit(self, step: int, data: bytes) -> Entry:
-        """Write, verify, then publish a checkpoint; prune what no valid manifest names."""
+        """Write, verify, then publish a checkpoint; prune what no valid manifest names.
+
+        Raises CheckpointError, and publishes nothing, when this process has already
+        published a newer step: a stalled background save that finishes after the emergency
+        save must not replace it as the head.
+        """
         entry = Entry(
             f"{self.prefix}-{step:010d}-{uuid.uuid4().hex[:8]}.pt", step, sha256(data), len(data)
         )
+        with self._publish:
+            self._in_flight.add(entry.name)
+        try:
+            self._write_verified(entry, data)
+        except BaseException:
+            with self._publish:
+                self._in_flight.discard(entry.name)
+            raise
+        with self._publish:
+            try:
+                published = self._publish_entry(entry)
+            finally:
+                self._in_flight.discard(entry.name)  # named by a manifest now, or prunable
+            self._prune()
+        if not published:
+            raise CheckpointError(
+                f"checkpoint of step {step} finished after step {self._newest_published} was "
+                f"committed to {self.store.describe()}; dropped"
+            )
+        return entry
+
+    def _write_verified(self, entry: Entry, data: bytes) -> None:
         self.store.put(entry.name, data)
         if sha256(self.store.get(entry.name)) != entry.sha256:
             self.store.delete(entry.name)
             raise CheckpointError(
                 f"checkpoint {entry.name} in {self.store.describe()} read back torn"
             )
+
+    def _publish_entry(self, entry: Entry) -> bool:
+        """Make ``entry`` the head (older entries stay, up to ``keep``); False when stale."""
+        if entry.step < self._newest_published:
+            return False
         previous = self.manifest()
-        older = [e for e in previous.entries if e.step < step] if previous else []
+        older = [e for e in previous.entries if e.step < entry.step] if previous else []
         manifest = Manifest(
             seq=(previous.seq + 1) if previous else 1, entries=(entry, *older[: self.keep - 1])
         )
         self.store.put(self.manifests[manifest.seq % 2], manifest.encode())
-        self._prune()
-        return entry
+        self._newest_published = entry.step
+        return True
 
     def _prune(self) -> None:
-        named = {e.name for m in self._read_manifests() for e in m.entries}
+        named = {e.name for m in self._read_manifests() for e in m.entries} | self._in_flight
         for name in self.store.list(self.prefix + "-"):
             if _NAME.match(name) and name not in named:
                 self.store.delete(name)
@@ -244,7 +282,11 @@ class BackgroundSaver:
             return
         self.on_saved(entry, time.monotonic() - started)
 
-    def wait(self) -> None:
-        """Block until the save in flight (if any) is committed."""
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the save in flight (if any) is done, or ``timeout_s`` has passed.
+
+        True when no save is running any more (committed or failed), False on timeout.
+        """
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
+        return not self.busy

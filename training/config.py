@@ -62,6 +62,10 @@ class CheckpointConfig:
     """Durable checkpoints kept; older ones are deleted once a newer one is committed."""
     emergency_saves: bool = True
     """Save the last completed step on SIGTERM or a peer's loss (off: periodic saves only)."""
+    restore_timeout_s: int = 600
+    """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
+    storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
+    Blob store into timeouts and restart loops."""
 
 
 @dataclass
@@ -152,6 +156,7 @@ def validate(cfg: TrainConfig) -> None:
         "max_steps": (cfg.run.max_steps, 1),
         "log_every": (cfg.run.log_every, 1),
         "collective_timeout_s": (cfg.run.collective_timeout_s, 1),
+        "restore_timeout_s": (cfg.checkpoint.restore_timeout_s, 1),
         "seed": (cfg.run.seed, 0),
     }
     for name, (value, low) in at_least.items():
@@ -159,3 +164,19 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{_flag(name)} must be >= {low}, got {value}")
     if not cfg.optim.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {cfg.optim.lr}")
+
+
+def check_batch_fits(cfg: TrainConfig, num_samples: int, world_size: int) -> None:
+    """Raise ConfigError when the global batch cannot be split: checked before any collective.
+
+    An epoch must hold at least one full global batch, and every rank needs at least one
+    sample of it.
+    """
+    batch = cfg.optim.global_batch_size
+    if world_size <= batch <= num_samples:
+        return
+    flag = f"{_flag('global_batch_size')} (or {ENV_PREFIX}GLOBAL_BATCH_SIZE)"
+    raise ConfigError(
+        f"{flag} must be between {world_size} (the world size: every rank needs a sample) "
+        f"and {num_samples} (the training samples in --data-dir), got {batch}"
+    )

@@ -67,6 +67,17 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: int) -> No
         )
 
 
+def new_checkpoint_group(timeout_s: int) -> dist.ProcessGroup:
+    """A gloo group over all ranks for collectives that wait on storage (restore, final save).
+
+    Its long timeout lets one rank read or write a slow store while the others wait; the
+    default group keeps the short timeout that detects a frozen peer. Gloo carries CPU tensors
+    even when the default group is NCCL, so checkpoint bytes never go through the GPU.
+    Every rank must call this, in the same order relative to other group creations.
+    """
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -106,6 +106,10 @@ def worker_env(*, checkpoint_uri: str, local_dir: str, collective_timeout_s: int
     return {
         # torch 2.13 hangs a *new* node on scale-up when the agent's TCP store is shared.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # NCCL: makes DDP's wait inside backward() raise on a failed or timed-out all-reduce
+        # (it takes precedence over async error handling, whose watchdog would kill the
+        # process), so the survivor saves before optimizer.step(). Gloo ignores it.
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
         "TRAIN_CHECKPOINT_URI": checkpoint_uri,
         "TRAIN_LOCAL_DIR": local_dir,
         # A frozen peer (no RST from a deleted VM) ends the collective after this, not 30 min.

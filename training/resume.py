@@ -4,34 +4,64 @@ On every (re)start each rank reports the newest state it can reach: its node's e
 (node-local disk, already verified) and the durable checkpoint the manifest names. The ranks
 all-gather those claims, the holder of the newest one loads and verifies it, and broadcasts the
 bytes. Every rank thus restores the same state, even if one node read a stale cached manifest.
+
+The agreement reads storage while the other ranks wait in a collective, so it runs on a
+process group of its own whose timeout allows a slow store (``--restore-timeout-s``), not on
+the default group, whose short timeout exists to detect a frozen peer during training.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from training.checkpoint import CheckpointRepository, Loaded, deserialize
+from training.checkpoint import CheckpointError, CheckpointRepository, Loaded, deserialize
 from training.storage import FileStore
 
 logger = logging.getLogger(__name__)
 
 NONE = -1
+T = TypeVar("T")
+
+
+def uri_digest(checkpoint_uri: str) -> str:
+    """A short, stable name for a checkpoint URI (a trailing slash does not change it)."""
+    return hashlib.sha256(checkpoint_uri.rstrip("/").encode()).hexdigest()[:12]
+
+
+def node_local_key(run_id: str, checkpoint_uri: str) -> str:
+    """The node-local directory name of one job: its rendezvous id *and* its checkpoint URI.
+
+    Plain ``torchrun`` uses the rendezvous id "none" for every job, so the id alone would let
+    a new job on this host resume from another job's emergency save.
+    """
+    safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) or "run"
+    return f"{safe_id}-{uri_digest(checkpoint_uri)}"
 
 
 class NodeLocalState:
-    """Emergency saves and a progress marker on node-local disk (one writer: local rank 0)."""
+    """Emergency saves and a progress marker on node-local disk (one writer: local rank 0).
 
-    def __init__(self, root: str | Path, run_id: str) -> None:
+    ``expected_run`` is the run's identity (the state's ``"run"`` entry): a save written by
+    another run, or with other settings, is ignored rather than resumed from.
+    """
+
+    def __init__(
+        self, root: str | Path, run_id: str, expected_run: dict[str, Any] | None = None
+    ) -> None:
         self.root = Path(root) / run_id
         self.repository = CheckpointRepository(FileStore(self.root), keep=1, prefix="emergency")
+        self.expected_run = expected_run
         self._progress_path = self.root / "progress"
         self._progress_fd: int | None = None
 
@@ -51,7 +81,24 @@ class NodeLocalState:
         self.repository.commit(step, data)
 
     def load(self) -> Loaded | None:
-        return self.repository.load_latest()
+        """The verified emergency save of this run, or None (none, or another run's)."""
+        loaded = self.repository.load_latest()
+        if loaded is None or self.expected_run is None:
+            return loaded
+        try:
+            found = deserialize(loaded.data).get("run")
+        except Exception as exc:  # verified bytes, but not a state this program can read
+            found = f"unreadable ({exc})"
+        if found != self.expected_run:
+            logger.warning(
+                "ignoring the emergency save of step %d in %s: written by run %s, this run is %s",
+                loaded.entry.step,
+                self.root,
+                found,
+                self.expected_run,
+            )
+            return None
+        return loaded
 
 
 @dataclass(frozen=True)
@@ -68,31 +115,65 @@ class Resume:
     seconds: float
 
 
+# The holder's answer after it tried to materialise the winning claim.
+_OK = 0
+"""The bytes follow; the header's value is their size."""
+_LOWERED = 1
+"""The durable checkpoint did not verify; every rank lowers that claim to the header's value."""
+_UNREADABLE = 2
+"""The holder cannot read the durable store; only the holder drops its durable claim."""
+
+
+def _read(what: str, read: Callable[[], T]) -> tuple[T | None, bool]:
+    """(result, failed): a storage error makes this rank claim nothing instead of crashing."""
+    try:
+        return read(), False
+    except (OSError, CheckpointError) as exc:
+        logger.warning("cannot read the %s, so this rank claims none from it: %s", what, exc)
+        return None, True
+
+
 class _Claims:
     """This rank's candidates: a verified local save and the durable head (claimed, then loaded)."""
 
     def __init__(self, local: NodeLocalState | None, durable: CheckpointRepository | None) -> None:
-        self.local = local.load() if local else None
+        self.local: Loaded | None = None
+        if local is not None:
+            self.local, _ = _read("node-local emergency save", local.load)
         self.durable = durable
-        head = durable.head() if durable else None
+        head, self.durable_failed = (None, False)
+        if durable is not None:
+            head, self.durable_failed = _read("durable checkpoint manifest", durable.head)
         self.durable_step = head.step if head else NONE
         self.durable_loaded: Loaded | None = None
 
     def row(self, progress: int) -> list[int]:
         local_step = self.local.entry.step if self.local else NONE
-        return [local_step, self.durable_step, progress]
+        return [local_step, self.durable_step, progress, int(self.durable_failed)]
 
-    def materialize(self, source: str, step: int) -> Loaded | None:
-        """The bytes for the claim, or None after lowering the durable claim to what verifies."""
+    def materialize(self, source: str, step: int) -> tuple[int, int, Loaded | None]:
+        """(outcome, value, bytes) for the winning claim, which this rank holds."""
         if source == "local":
-            return self.local
+            assert self.local is not None
+            return _OK, len(self.local.data), self.local
         if self.durable_loaded is None or self.durable_loaded.entry.step != step:
-            self.durable_loaded = self.durable.load_latest() if self.durable else None
+            assert self.durable is not None
+            self.durable_loaded, failed = _read("durable checkpoint", self.durable.load_latest)
+            if failed:
+                return _UNREADABLE, NONE, None
         loaded = self.durable_loaded
         if loaded is not None and loaded.entry.step == step:
-            return loaded
-        self.durable_step = loaded.entry.step if loaded else NONE
-        return None
+            return _OK, len(loaded.data), loaded
+        return _LOWERED, loaded.entry.step if loaded else NONE, None
+
+    def settle(self, outcome: int, value: int, step: int, holder: bool) -> None:
+        """Apply a failed materialisation, so the next round agrees on what can be read."""
+        if outcome == _UNREADABLE and holder:
+            self.durable_step, self.durable_failed = NONE, True
+        elif outcome == _LOWERED and (holder or self.durable_step == step):
+            # The same manifest names the same object for every rank: all lower at once,
+            # rather than each holder in turn downloading and rejecting it.
+            self.durable_step = value
 
 
 def _pick(rows: torch.Tensor) -> tuple[int, str, int]:
@@ -105,13 +186,38 @@ def _pick(rows: torch.Tensor) -> tuple[int, str, int]:
     raise AssertionError("unreachable")
 
 
-def _broadcast_bytes(data: bytes | None, size: int, src: int, device: torch.device) -> bytes:
+def _gather(row: list[int], device: torch.device, group: Any) -> torch.Tensor:
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return torch.stack(gathered).cpu()
+
+
+def _broadcast_bytes(
+    data: bytes | None, size: int, src: int, device: torch.device, group: Any
+) -> bytes:
     if data is not None:
         buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     else:
         buffer = torch.empty(size, dtype=torch.uint8, device=device)
-    dist.broadcast(buffer, src=src)
+    dist.broadcast(buffer, src=_global_rank(group, src), group=group)
     return buffer.cpu().numpy().tobytes()
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _nothing_to_resume(rows: torch.Tensor, known: int, started: float) -> Resume:
+    failed = (rows[:, 3] != 0).nonzero().flatten().tolist()
+    if failed:
+        # Starting fresh would train from step 0 over a run the store may still hold.
+        raise CheckpointError(
+            f"no rank could read the durable checkpoints (ranks {failed} failed) and none has "
+            "an emergency save; refusing to start from step 0 (check --checkpoint-uri)"
+        )
+    lost = known if known != NONE else None
+    return Resume(None, 0, "fresh", NONE, lost, time.monotonic() - started)
 
 
 def agree_on_resume(
@@ -119,28 +225,31 @@ def agree_on_resume(
     device: torch.device,
     local: NodeLocalState | None,
     durable: CheckpointRepository | None,
+    group: Any = None,
 ) -> Resume:
-    """All ranks call this together; they return the same state."""
+    """All ranks of ``group`` (default: the world) call this together; they return the same state.
+
+    ``rank`` is this process's rank in ``group``; ``device`` holds the collectives' tensors
+    (the CPU for a gloo group, even when the default group is NCCL).
+    """
     started = time.monotonic()
     claims = _Claims(local, durable)
     progress = local.progress() if local else NONE
     while True:
-        mine = torch.tensor(claims.row(progress), dtype=torch.int64, device=device)
-        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, mine)
-        rows = torch.stack(gathered).cpu()
+        rows = _gather(claims.row(progress), device, group)
         known = int(rows[:, 2].max())
         if int(rows[:, :2].max()) == NONE:
-            lost = known if known != NONE else None
-            return Resume(None, 0, "fresh", NONE, lost, time.monotonic() - started)
+            return _nothing_to_resume(rows, known, started)
         step, source, holder = _pick(rows)
-        loaded = claims.materialize(source, step) if rank == holder else None
-        header = torch.tensor(
-            [int(loaded is not None), len(loaded.data) if loaded else 0], device=device
+        outcome, value, loaded = (
+            claims.materialize(source, step) if rank == holder else (_OK, 0, None)
         )
-        dist.broadcast(header, src=holder)
-        if not int(header[0]):
-            continue  # the holder lowered its claim to what verifies; agree again
-        data = _broadcast_bytes(loaded.data if loaded else None, int(header[1]), holder, device)
+        header = torch.tensor([outcome, value], dtype=torch.int64, device=device)
+        dist.broadcast(header, src=_global_rank(group, holder), group=group)
+        outcome, value = int(header[0]), int(header[1])
+        if outcome != _OK:
+            claims.settle(outcome, value, step, rank == holder)
+            continue
+        data = _broadcast_bytes(loaded.data if loaded else None, value, holder, device, group)
         lost = max(known - step, 0) if known != NONE else None
         return Resume(deserialize(data), step, source, holder, lost, time.monotonic() - started)

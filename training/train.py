@@ -5,14 +5,14 @@ On SIGTERM (spot eviction notice, pod deletion, torchrun restarting the group) t
 finishes the step in flight, saves, and exits. When a collective fails because a peer vanished,
 every survivor still holds the state of the last completed step (gradients are all-reduced
 inside ``backward()``, before ``optimizer.step()``), so it saves that to node-local disk and
-exits; the next round resumes from it and no completed step is lost.
+exits; the next round resumes from it and no completed step is lost. Whenever a stop was
+requested, rank 0 also commits that state durably: the node-local disk may go with the pod.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -26,55 +26,38 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.checkpoint import (
     BackgroundSaver,
+    CheckpointError,
     CheckpointRepository,
     Entry,
     SavePolicy,
     serialize,
     snapshot,
 )
-from training.config import ConfigError, TrainConfig, parse_config
-from training.data import DatasetError, ImageDataset, batch_tensors, load_cifar10_binary
-from training.dist import DistEnv, destroy_process_group, device_for, init_process_group
+from training.config import ConfigError, TrainConfig
+from training.data import DatasetError, ImageDataset, batch_tensors
+from training.dist import (
+    DistEnv,
+    destroy_process_group,
+    device_for,
+    init_process_group,
+    new_checkpoint_group,
+)
+from training.faults import StopRequest, is_peer_failure
+from training.inputs import STORAGE_KEY, load_inputs, run_identity
 from training.metrics import EventLog, Phases, progress_line, setup_logging
 from training.model import ModelConfig, build_model
-from training.resume import NodeLocalState, Resume, agree_on_resume
+from training.resume import NONE, NodeLocalState, Resume, agree_on_resume
 from training.sampler import ElasticSampler, loss_scale, micro_batches
-from training.storage import open_store
 
 logger = logging.getLogger("training")
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_RESTART = 75  # state saved; torchrun starts a new round (EX_TEMPFAIL)
-
-_PEER_FAILURE_MARKERS = (
-    "gloo",
-    "nccl",
-    "connection closed",
-    "connection reset",
-    "timed out",
-    "broken pipe",
-)
-
-
-def is_peer_failure(exc: BaseException) -> bool:
-    """A collective failed because a peer died or froze (not a bug in this process)."""
-    if isinstance(exc, dist.DistError):
-        return True
-    return isinstance(exc, RuntimeError) and any(
-        m in str(exc).lower() for m in _PEER_FAILURE_MARKERS
-    )
-
-
-class StopRequest:
-    """Turns SIGTERM into a flag the loop checks at every step boundary."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
+# A spot eviction gives >= 30 s of notice before SIGKILL. The node-local save comes first;
+# then a periodic save still being written gets this long before the emergency commit goes
+# ahead beside it, so a stalled Blob write cannot eat the notice.
+SAVER_WAIT_S = 5.0
 
 
 @dataclass
@@ -94,9 +77,14 @@ class Trainer:
         durable: CheckpointRepository,
         local: NodeLocalState | None,
         events: EventLog,
+        checkpoint_group: dist.ProcessGroup | None = None,
     ) -> None:
+        """``checkpoint_group`` carries the collectives that wait on storage (restore, finish);
+        None uses the default group."""
         self.cfg, self.env, self.device, self.dataset = cfg, env, device, dataset
         self.durable, self.local, self.events = durable, local, events
+        self.checkpoint_group = checkpoint_group
+        self.identity = run_identity(cfg, len(dataset))
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
             device
@@ -114,6 +102,8 @@ class Trainer:
         )
         self.saver = BackgroundSaver(durable, self._on_saved)
         self._stalls: dict[int, float] = {}
+        self.durable_step = NONE
+        """The newest step known to be committed durably (restored or saved by this process)."""
         self.ddp: DistributedDataParallel | None = None
         self.last_loss: float | None = None
 
@@ -128,21 +118,17 @@ class Trainer:
                 "epoch": self.sampler.epoch_of(step),
                 "consumed_samples": self.sampler.consumed_samples(step),
             },
-            "run": {
-                "global_batch_size": self.cfg.optim.global_batch_size,
-                "seed": self.cfg.run.seed,
-                "model_width": self.cfg.model.model_width,
-                "model_blocks": self.cfg.model.model_blocks,
-            },
+            "run": dict(self.identity),
             "rng": {"torch": torch.get_rng_state()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = self.state_dict()["run"]
-        if state["run"] != mine:
+        theirs = {k: v for k, v in state["run"].items() if k != STORAGE_KEY}
+        mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
+        if theirs != mine:
             raise ConfigError(
-                f"the checkpoint was written with {state['run']}, this run has {mine}; "
-                "use a new --checkpoint-uri or the checkpoint's settings"
+                f"the checkpoint was written with {theirs}, this run has {mine}; "
+                "use a new --checkpoint-uri, or the checkpoint's settings and dataset"
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -150,9 +136,15 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
 
     def restore(self) -> Resume:
-        resume = agree_on_resume(self.env.rank, self.device, self.local, self.durable)
+        # A gloo checkpoint group carries CPU tensors, whatever the default backend.
+        device = self.device if self.checkpoint_group is None else torch.device("cpu")
+        resume = agree_on_resume(
+            self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
+        )
         if resume.state is not None:
             self.load_state_dict(resume.state)
+        if resume.source == "durable":
+            self.durable_step = resume.step
         if self.env.rank == 0:
             self.events.event(
                 "resumed",
@@ -200,6 +192,7 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _on_saved(self, entry: Entry, seconds: float) -> None:
+        self.durable_step = max(self.durable_step, entry.step)
         self.events.event(
             "checkpoint_saved",
             step=entry.step,
@@ -222,19 +215,21 @@ class Trainer:
         if self.saver.submit(self.state.step, state):
             last[0], last[1] = self.state.step, now
 
-    def emergency_save(self, reason: str) -> None:
-        """Save the last completed step before exiting: node-local always, durable on SIGTERM."""
+    def emergency_save(self, reason: str, stop: StopRequest | None = None) -> None:
+        """Save the last completed step before exiting: node-local first, then durable.
+
+        Rank 0 commits durably whenever a stop was requested, whatever ended the loop: when
+        every node is told to stop, a rank that left at a step boundary makes rank 0's
+        collective fail, and a node-local save alone would go with the pod.
+        """
+        if self.env.local_rank != 0:
+            return  # one writer per node; rank 0 is always its node's local rank 0
         started = time.monotonic()
-        durable = reason == "sigterm" and self.env.rank == 0
-        if self.env.rank == 0:
-            self.saver.wait()  # a committed save in flight is worth finishing
-        if self.env.local_rank != 0 and not durable:
-            return
         data = serialize(self.state_dict())
-        if self.local is not None and self.env.local_rank == 0:
-            self.local.save(self.state.step, data)
-        if durable:
-            self.durable.commit(self.state.step, data)
+        if self.local is not None:
+            self._save_locally(data)
+        stopping = reason == "sigterm" or (stop is not None and stop.requested)
+        durable = self.env.rank == 0 and self._commit_durably(data, stopping)
         self.events.event(
             "emergency_save",
             step=self.state.step,
@@ -243,16 +238,63 @@ class Trainer:
             durable=durable,
         )
 
+    def _save_locally(self, data: bytes) -> None:
+        assert self.local is not None
+        try:
+            self.local.save(self.state.step, data)
+        except (OSError, CheckpointError) as exc:  # the durable commit may still succeed
+            logger.error("node-local emergency save of step %d failed: %s", self.state.step, exc)
+
+    def _commit_durably(self, data: bytes, stopping: bool) -> bool:
+        """Rank 0: True when the current step is durable once this returns."""
+        if not self.saver.wait(SAVER_WAIT_S):
+            logger.warning("a periodic save is still being written after %.1f s", SAVER_WAIT_S)
+        if self.durable_step >= self.state.step:
+            return True  # the periodic save in flight was of this very step
+        if not stopping:
+            return False  # the node stays: its node-local save is what the next round reads
+        try:
+            self.durable.commit(self.state.step, data)
+        except Exception as exc:  # the local save is made; a failing store must not crash exit
+            logger.error("durable emergency save of step %d failed: %s", self.state.step, exc)
+            return False
+        self.durable_step = self.state.step
+        return True
+
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:
+        """Restore, train to ``max_steps`` and finish; EXIT_RESTART after a stop or lost peer."""
         try:
             self.restore()
             phases.mark("restore")
         except Exception as exc:
             if not is_peer_failure(exc):
                 raise
-            self.events.event("peer_failure", step=self.state.step, error=str(exc)[:200])
-            return EXIT_RESTART  # nothing restored yet, so nothing to save
+            return self._after_failure("peer_failure", exc, stop, restored=False)
+        try:
+            self._wrap_in_ddp(phases)
+            if not self._train(stop):
+                return EXIT_RESTART
+            self.finish()
+        except Exception as exc:
+            if is_peer_failure(exc):
+                return self._after_failure("peer_failure", exc, stop, restored=True)
+            if isinstance(exc, OSError | CheckpointError):
+                # E.g. the store failed the final commit: keep the steps on the node and let
+                # torchrun retry, rather than crash and fall back to the last periodic save.
+                return self._after_failure("storage_failure", exc, stop, restored=True)
+            raise
+        return EXIT_OK
+
+    def _after_failure(
+        self, kind: str, exc: BaseException, stop: StopRequest, restored: bool
+    ) -> int:
+        self.events.event(kind, step=self.state.step, error=str(exc)[:200])
+        if restored and self.cfg.checkpoint.emergency_saves:
+            self.emergency_save(kind, stop)
+        return EXIT_RESTART
+
+    def _wrap_in_ddp(self, phases: Phases) -> None:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         phases.mark("ddp")
@@ -260,40 +302,29 @@ class Trainer:
             self.events.event(
                 "ready", step=self.state.step, seconds=phases.total(), phases=phases.durations
             )
+
+    def _train(self, stop: StopRequest) -> bool:
+        """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
         max_steps, log_every = self.cfg.run.max_steps, self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
         while self.state.step < max_steps:
             if stop.requested:
                 if self.cfg.checkpoint.emergency_saves:
-                    self.emergency_save("sigterm")
-                return EXIT_RESTART
-            try:
-                loss_sum, count = self.train_step()
-                self.state.step += 1
-                if self.local is not None and self.env.local_rank == 0:
-                    self.local.mark_progress(self.state.step)
-                window_steps += 1
-                window_loss[0] += loss_sum
-                window_loss[1] += count
-                if self.state.step % log_every == 0 or self.state.step == max_steps:
-                    self._log(window_loss, window_steps, time.monotonic() - window_start)
-                    window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
-            except Exception as exc:
-                if not is_peer_failure(exc):
-                    raise
-                self.events.event("peer_failure", step=self.state.step, error=str(exc)[:200])
-                if self.cfg.checkpoint.emergency_saves:
-                    self.emergency_save("peer_failure")
-                return EXIT_RESTART
+                    self.emergency_save("sigterm", stop)
+                return False
+            loss_sum, count = self.train_step()
+            self.state.step += 1
+            if self.local is not None and self.env.local_rank == 0:
+                self.local.mark_progress(self.state.step)
+            window_steps += 1
+            window_loss[0] += loss_sum
+            window_loss[1] += count
+            if self.state.step % log_every == 0 or self.state.step == max_steps:
+                self._log(window_loss, window_steps, time.monotonic() - window_start)
+                window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
             self.maybe_save(last_save)
-        try:
-            self.finish()
-        except Exception as exc:
-            if not is_peer_failure(exc):
-                raise
-            return EXIT_RESTART  # the final state is committed; the next round ends at once
-        return EXIT_OK
+        return True
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
         totals = torch.tensor(window_loss, dtype=torch.float64, device=self.device)
@@ -319,14 +350,27 @@ class Trainer:
         )
 
     def finish(self) -> None:
-        """Rank 0 commits the final state; every rank waits so none exits while others save."""
+        """Rank 0 commits the final state; every rank waits so none exits while others save.
+
+        The wait is on the checkpoint group: its timeout allows for a slow store.
+        """
         if self.env.rank == 0:
             self.saver.wait()
             head = self.durable.head()
             if head is None or head.step < self.state.step:
                 self.durable.commit(self.state.step, serialize(self.state_dict()))
+            self.durable_step = self.state.step
             self.events.event("finished", step=self.state.step, loss=self.last_loss)
-        dist.barrier()
+        dist.barrier(group=self.checkpoint_group)
+
+
+def _checkpoint_group(cfg: TrainConfig, env: DistEnv) -> dist.ProcessGroup:
+    started = time.monotonic()
+    group = new_checkpoint_group(cfg.checkpoint.restore_timeout_s)
+    seconds = round(time.monotonic() - started, 4)
+    if env.rank == 0:  # one store round-trip and a gloo mesh: small, but measured
+        logger.info("checkpoint group (gloo) created in %.4f s", seconds)
+    return group
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,14 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()
     events = EventLog(env)
     try:
-        cfg = parse_config(argv)
-        dataset = load_cifar10_binary(cfg.data.data_dir)
-        durable = CheckpointRepository(
-            open_store(cfg.checkpoint.checkpoint_uri), keep=cfg.checkpoint.checkpoint_keep
-        )
-        durable.head()  # fail here, before any collective, if the store is unreachable
-        local = NodeLocalState(cfg.checkpoint.local_dir, env.run_id)
-    except (ConfigError, DatasetError, ValueError, OSError) as exc:
+        cfg, dataset, durable, local = load_inputs(argv, env)
+    except (ConfigError, DatasetError) as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
     phases.mark("inputs")
@@ -353,15 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     device = device_for(env)
     init_process_group(env, device, cfg.run.collective_timeout_s)
+    group = _checkpoint_group(cfg, env)
     phases.mark("process_group")
     code = EXIT_OK
     try:
-        trainer = Trainer(cfg, env, device, dataset, durable, local, events)
+        trainer = Trainer(cfg, env, device, dataset, durable, local, events, group)
         phases.mark("build")
         code = trainer.run(stop, phases)
     except ConfigError as exc:
         logger.error("%s", exc)
         code = EXIT_BAD_INPUT
+    except CheckpointError as exc:  # e.g. the store unreadable from every rank: retry later
+        logger.error("%s", exc)
+        code = EXIT_RESTART
     finally:
         if not env.launched:
             destroy_process_group()

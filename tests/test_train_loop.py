@@ -1,0 +1,413 @@
+"""The trainer's exits: emergency saves, peer failures outside the loop, and start-up errors.
+
+Real Trainers on real gloo groups: a world of one in this process, or two spawned ranks where
+the test needs a peer to wait on storage. A peer's loss is the exception gloo raises for it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from training import train
+from training.checkpoint import CheckpointRepository
+from training.config import ConfigError, parse_config
+from training.data import load_cifar10_binary, write_synthetic_cifar10
+from training.dist import DistEnv, destroy_process_group, init_process_group, new_checkpoint_group
+from training.inputs import open_node_local
+from training.metrics import EventLog, Phases
+from training.resume import NodeLocalState
+from training.storage import FileStore, ObjectStore
+from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART, Trainer
+
+TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
+TRAIN_RECORDS = 48
+# What gloo raises when a peer's process is gone.
+PEER_GONE = "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:40213"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_synthetic_cifar10(root, train_records=TRAIN_RECORDS, test_records=8, train_files=1)
+    return root
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    init_process_group(DistEnv(), torch.device("cpu"), timeout_s=30)
+    try:
+        yield
+    finally:
+        destroy_process_group()
+
+
+@dataclass
+class Harness:
+    trainer: Trainer
+    durable: CheckpointRepository
+    local: NodeLocalState
+    stream: io.StringIO
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in self.stream.getvalue().splitlines()]
+        return [r for r in records if r.get("event") == name]
+
+
+def _harness(
+    root: Path,
+    data_dir: Path,
+    *flags: str,
+    store: ObjectStore | None = None,
+    env: DistEnv | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> Harness:
+    cfg = parse_config(
+        [
+            f"--data-dir={data_dir}",
+            f"--checkpoint-uri={root / 'durable'}",
+            f"--local-dir={root / 'local'}",
+            *TINY,
+            *flags,
+        ],
+        env={},
+    )
+    env = env or DistEnv()
+    dataset = load_cifar10_binary(data_dir)
+    durable = CheckpointRepository(store or FileStore(root / "durable"))
+    local = open_node_local(cfg, env, len(dataset))
+    stream = io.StringIO()
+    trainer = Trainer(
+        cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group
+    )
+    return Harness(trainer, durable, local, stream)
+
+
+def _sigterm_during(harness: Harness, step: int, stop: SimpleNamespace) -> None:
+    """SIGTERM arrives while step ``step`` (1-based) is in flight; the loop finishes it."""
+    real_step = harness.trainer.train_step
+
+    def train_step() -> tuple[float, int]:
+        if harness.trainer.state.step == step - 1:
+            stop.requested = True
+        return real_step()
+
+    harness.trainer.train_step = train_step  # type: ignore[method-assign]
+
+
+# --- Emergency saves --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop_requested", [True, False])
+def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
+    tmp_path: Path, data_dir: Path, world_of_one: None, stop_requested: bool
+) -> None:
+    h = _harness(tmp_path, data_dir, "--max-steps=6", "--checkpoint-every-steps=0")
+    stop = SimpleNamespace(requested=False)
+    real_step = h.trainer.train_step
+
+    def train_step() -> tuple[float, int]:
+        if h.trainer.state.step == 2:
+            stop.requested = stop_requested  # every node told to stop, or only the peer lost
+            raise RuntimeError(PEER_GONE)
+        return real_step()
+
+    h.trainer.train_step = train_step  # type: ignore[method-assign]
+    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["reason"], save["durable"]) == (2, "peer_failure", stop_requested)
+    head = h.durable.head()
+    # Without a stop the node stays, and its node-local save is what the next round reads.
+    assert (head.step if head else None) == (2 if stop_requested else None)
+    assert h.local.load().entry.step == 2
+
+
+def test_sigterm_save_is_fast_while_a_periodic_save_is_stalled(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train, "SAVER_WAIT_S", 0.5)
+    release = threading.Event()
+
+    class StallsBackgroundWrites(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            if threading.current_thread().name == "checkpoint":
+                release.wait(30)  # a Blob write that hangs until SIGKILL would end it
+            super().put(name, data)
+
+    store = StallsBackgroundWrites(tmp_path / "durable")
+    h = _harness(tmp_path, data_dir, "--max-steps=8", "--checkpoint-every-steps=2", store=store)
+    stop = SimpleNamespace(requested=False)
+    _sigterm_during(h, 3, stop)  # the periodic save of step 2 is stuck by then
+    try:
+        assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    finally:
+        release.set()
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["reason"], save["durable"]) == (3, "sigterm", True)
+    # The whole SIGTERM save must fit well inside the eviction notice (>= 30 s).
+    assert save["seconds"] < train.SAVER_WAIT_S + 4.0
+    assert h.local.load().entry.step == 3
+    assert h.trainer.saver.wait(30)  # the stalled step-2 save ends, and must not win
+    assert h.durable.head().step == 3
+
+
+def test_a_stalled_store_cannot_hold_up_the_node_local_save(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train, "SAVER_WAIT_S", 0.2)
+    release = threading.Event()
+
+    class Stalled(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            if name.endswith(".pt"):
+                release.wait(30)
+            super().put(name, data)
+
+    h = _harness(tmp_path, data_dir, store=Stalled(tmp_path / "durable"))
+    h.trainer.saver.submit(0, h.trainer.state_dict())  # a periodic save, stuck in the store
+    saving = threading.Thread(target=h.trainer.emergency_save, args=("sigterm",))
+    saving.start()
+    try:
+        deadline = time.monotonic() + 10
+        while h.local.load() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert h.local.load() is not None, "the node-local save waited for the stalled store"
+        assert saving.is_alive()  # the durable commit is still stuck, after the local save
+    finally:
+        release.set()
+        saving.join(30)
+    assert h.durable.head().step == 0
+
+
+# --- Which saved state may be resumed ----------------------------------------------------------
+
+
+def test_an_emergency_save_with_other_settings_is_ignored_not_fatal(
+    tmp_path: Path, data_dir: Path, world_of_one: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = DistEnv(run_id="none")  # plain torchrun: every job has this id
+    _harness(tmp_path, data_dir, env=env).trainer.emergency_save("peer_failure")
+    changed = _harness(tmp_path, data_dir, "--global-batch-size=16", env=env)
+    assert changed.trainer.restore().source == "fresh"
+    assert "ignoring the emergency save of step 0" in caplog.text
+
+
+def test_resuming_with_another_dataset_size_is_a_clear_error(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    first = _harness(tmp_path, data_dir, "--max-steps=1")
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    smaller = tmp_path / "smaller"
+    write_synthetic_cifar10(smaller, train_records=40, test_records=8, train_files=1)
+    # The step -> sample mapping depends on the dataset size: step 1 would be other samples.
+    with pytest.raises(ConfigError, match="'num_samples': 48.*'num_samples': 40"):
+        _harness(tmp_path, smaller).trainer.restore()
+
+
+# --- Peer failures outside the loop -------------------------------------------------------------
+
+
+def _trained_to(root: Path, data_dir: Path, steps: int) -> None:
+    done = _harness(root, data_dir, f"--max-steps={steps}")
+    assert done.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+
+
+def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trained_to(tmp_path, data_dir, 3)  # the durable checkpoint the next round restores
+    h = _harness(tmp_path, data_dir, "--max-steps=6")
+
+    def ddp(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(PEER_GONE)  # DDP's constructor broadcasts the parameters
+
+    monkeypatch.setattr(train, "DistributedDataParallel", ddp)
+    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert [e["step"] for e in h.events("peer_failure")] == [3]
+    assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]
+    assert h.local.load().entry.step == 3
+
+
+def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = _harness(tmp_path, data_dir, "--max-steps=2")
+
+    def barrier(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(PEER_GONE)
+
+    monkeypatch.setattr(dist, "barrier", barrier)
+    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert [e["step"] for e in h.events("peer_failure")] == [2]
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["durable"]) == (2, True)  # rank 0 had committed it already
+    assert h.local.load().entry.step == 2 and h.durable.head().step == 2
+
+
+# --- Start-up errors: named, exit 2, before any collective --------------------------------------
+
+
+@pytest.fixture
+def clean_main(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """main() as a plain ``python`` run: no torchrun or TRAIN_* env; handlers restored after."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("TRAIN_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(name)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    signal.signal(signal.SIGTERM, sigterm)
+    logging.root.handlers, logging.root.level = handlers, level
+
+
+def _main(tmp_path: Path, data_dir: Path, *flags: str) -> int:
+    base = [
+        f"--data-dir={data_dir}",
+        f"--checkpoint-uri={tmp_path / 'durable'}",
+        f"--local-dir={tmp_path / 'local'}",
+        *TINY,
+    ]
+    return train.main([*base, *flags])
+
+
+def test_an_unusable_checkpoint_path_names_the_setting_and_the_reason(
+    tmp_path: Path, data_dir: Path, clean_main: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={blocker}/ckpt") == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "--checkpoint-uri (or TRAIN_CHECKPOINT_URI)" in err
+    assert "cannot read the checkpoint store" in err and "Not a directory" in err
+    assert "Traceback" not in err
+
+
+def test_an_unreachable_blob_store_names_the_setting_and_the_reason(
+    tmp_path: Path,
+    data_dir: Path,
+    clean_main: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    unused_loopback_port: int,
+) -> None:
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", "AccountName=devstoreaccount1;AccountKey=a2V5"
+    )
+    uri = f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/ckpt/run"
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
+    assert "cannot reach the blob endpoint" in err and "Traceback" not in err
+
+
+def test_a_global_batch_larger_than_the_dataset_is_exit_2(
+    tmp_path: Path, data_dir: Path, clean_main: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _main(tmp_path, data_dir, "--global-batch-size=64") == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "--global-batch-size (or TRAIN_GLOBAL_BATCH_SIZE) must be between 1" in err
+    assert f"and {TRAIN_RECORDS} (the training samples" in err and "Traceback" not in err
+
+
+def test_a_world_larger_than_the_global_batch_is_exit_2_before_any_collective(
+    tmp_path: Path,
+    data_dir: Path,
+    clean_main: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torchrun's env for rank 0 of 16, with no rendezvous behind it: a collective would fail.
+    for name, value in {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    assert _main(tmp_path, data_dir) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "--global-batch-size (or TRAIN_GLOBAL_BATCH_SIZE) must be between 16" in err
+    assert "got 8" in err and "Traceback" not in err
+
+
+# --- Storage waits on the checkpoint group ------------------------------------------------------
+
+
+class _SlowWrites(FileStore):
+    """Rank 0's durable store: every checkpoint object takes longer than a collective may."""
+
+    def put(self, name: str, data: bytes) -> None:
+        if name.endswith(".pt"):
+            time.sleep(5.0)
+        super().put(name, data)
+
+
+def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
+    store = dist.FileStore(f"{root}/init", 2)
+    store.set_timeout(timedelta(seconds=60))
+    timeout = timedelta(seconds=2)  # the frozen-peer timeout; the final save takes 5 s
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
+    try:
+        env = DistEnv(rank=rank, world_size=2, group_rank=rank, run_id="finish")
+        node = Path(root) / f"node-{rank}"
+        node.mkdir()
+        shared = Path(root) / "durable"
+        durable = _SlowWrites(shared) if rank == 0 else FileStore(shared)
+        h = _harness(
+            node,
+            Path(data_dir),
+            "--max-steps=2",
+            store=durable,
+            env=env,
+            group=new_checkpoint_group(60),
+        )
+        results[rank] = h.trainer.run(SimpleNamespace(requested=False), Phases())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_the_final_save_may_take_longer_than_the_collective_timeout(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    results = mp.Manager().dict()
+    mp.spawn(_finish_worker, args=(str(tmp_path), str(data_dir), results), nprocs=2, join=True)
+    assert dict(results) == {0: EXIT_OK, 1: EXIT_OK}
+    head = CheckpointRepository(FileStore(tmp_path / "durable")).head()
+    assert head is not None and head.step == 2
+
+
+def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    class ManifestWritesFail(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            if "manifest" in name:
+                raise OSError(f"put {name!r}: Azure Blob error 503 (ServerBusy)")
+            super().put(name, data)
+
+    store = ManifestWritesFail(tmp_path / "durable")
+    failing = _harness(
+        tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0", store=store
+    )
+    assert failing.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert [e["step"] for e in failing.events("storage_failure")] == [3]
+    assert failing.local.load().entry.step == 3
+    retry = _harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
+    assert retry.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    (resumed,) = retry.events("resumed")
+    assert (resumed["source"], resumed["step"]) == ("local", 3)
+    assert retry.durable.head().step == 3

@@ -1,0 +1,82 @@
+"""What a worker checks before its first collective: config, data and checkpoint stores.
+
+A mistake here is the same on every rank and no restart fixes it, so it ends the worker with
+an error that names the setting (exit 2) before any rank waits on another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.checkpoint import CheckpointRepository
+from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
+from training.data import DatasetError, ImageDataset, load_cifar10_binary
+from training.dist import DistEnv
+from training.resume import NodeLocalState, node_local_key, uri_digest
+from training.storage import open_store
+
+# Not compared when resuming from a durable checkpoint, which may be moved to another URI
+# (a Blob CSI mount and the https URL of the same container); it only keys node-local saves.
+STORAGE_KEY = "checkpoint_uri_sha256"
+
+
+def run_identity(cfg: TrainConfig, num_samples: int) -> dict[str, Any]:
+    """What a saved state must match to be resumed: the settings that fix the trajectory.
+
+    ``num_samples`` belongs here because the sample order of a step depends on it.
+    """
+    return {
+        "global_batch_size": cfg.optim.global_batch_size,
+        "seed": cfg.run.seed,
+        "model_width": cfg.model.model_width,
+        "model_blocks": cfg.model.model_blocks,
+        "num_samples": num_samples,
+        STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
+    }
+
+
+def open_durable(cfg: TrainConfig) -> CheckpointRepository:
+    """The durable checkpoints, read once here so a bad store fails before any collective."""
+    uri = cfg.checkpoint.checkpoint_uri
+    try:
+        durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
+        durable.head()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint "
+            f"store: {exc}"
+        ) from exc
+    return durable
+
+
+def open_node_local(cfg: TrainConfig, env: DistEnv, num_samples: int) -> NodeLocalState:
+    """This job's emergency saves on this node, keyed by run id and checkpoint URI."""
+    key = node_local_key(env.run_id, cfg.checkpoint.checkpoint_uri)
+    try:
+        return NodeLocalState(
+            cfg.checkpoint.local_dir, key, expected_run=run_identity(cfg, num_samples)
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"--local-dir (or TRAIN_LOCAL_DIR) {cfg.checkpoint.local_dir}: cannot create the "
+            f"node-local checkpoint directory: {exc}"
+        ) from exc
+
+
+def load_inputs(
+    argv: list[str] | None, env: DistEnv
+) -> tuple[TrainConfig, ImageDataset, CheckpointRepository, NodeLocalState]:
+    """Config, data and checkpoint stores, all checked before any collective.
+
+    Raises ConfigError or DatasetError, naming the setting, on what a restart cannot fix.
+    """
+    cfg = parse_config(argv)
+    try:
+        dataset = load_cifar10_binary(cfg.data.data_dir)
+    except OSError as exc:
+        raise DatasetError(
+            f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}: cannot read it: {exc}"
+        ) from exc
+    check_batch_fits(cfg, len(dataset), env.world_size)
+    durable = open_durable(cfg)
+    return cfg, dataset, durable, open_node_local(cfg, env, len(dataset))
