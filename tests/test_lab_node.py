@@ -11,6 +11,7 @@ import pytest
 
 from lab import process_tree
 from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
+from lab.node_logs import read_jsonl
 from training.launch import ElasticPolicy, train_command
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.
@@ -44,9 +45,11 @@ def _policy() -> ElasticPolicy:
     )
 
 
-# An agent stuck in its exit barrier: it does not act on SIGTERM.
+# An agent stuck in its exit barrier: it notes the SIGTERM and goes on.
 STUCK_AGENT = AGENT.replace(
-    "signal.signal(signal.SIGTERM, stop)", "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    "signal.signal(signal.SIGTERM, stop)",
+    "signal.signal(signal.SIGTERM, lambda signum, frame: print(json.dumps("
+    "{'kind': 'event', 'event': 'sigterm', 'ts': time.time()}), flush=True))",
 )
 
 
@@ -173,13 +176,15 @@ def test_stop_nodes_gives_every_stuck_node_one_shared_grace_period(tmp_path: Pat
         for node in nodes:
             node.start()
         workers = [_started(node)[0]["worker"] for node in nodes]
-        started = time.monotonic()
-        stop_nodes(nodes, grace_s=1.5)
-        elapsed = time.monotonic() - started
+        stop_nodes(nodes, grace_s=3.0)
     finally:
         stop_nodes(nodes, grace_s=0.0)
-    # One after another, three agents that ignore SIGTERM would take 3 x 1.5 s.
-    assert 1.4 < elapsed < 3.0
+    noted = [[r["ts"] for r in read_jsonl(n.stdout_path) if r["event"] == "sigterm"] for n in nodes]
+    assert all(len(times) == 1 for times in noted), noted
+    # One after another, each node would get its SIGTERM only after the previous one's 3 s
+    # grace ran out; together, all three get it before any grace ends.
+    firsts = [times[0] for times in noted]
+    assert max(firsts) - min(firsts) < 3.0
     assert all(node.poll() == -9 for node in nodes)
     assert not any(process_tree.is_alive(w) for w in workers)
     stop_nodes(nodes, grace_s=1.5)  # twice: harmless and immediate
