@@ -67,6 +67,7 @@ def node_env(
     local_dir: Path,
     collective_timeout_s: int,
     tmp_dir: Path,
+    launcher: str = "warm",
 ) -> dict[str, str]:
     """The pod's env: the operator's PET_* plus the worker env, from the same source."""
     return {
@@ -75,6 +76,7 @@ def node_env(
             checkpoint_uri=checkpoint_uri,
             local_dir=str(local_dir),
             collective_timeout_s=collective_timeout_s,
+            launcher=launcher,
         ),
         # Lab only: several nodes share a few cores; one thread each avoids thrashing.
         "OMP_NUM_THREADS": "1",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from training.config import ConfigError, parse_config
-from training.launch import RendezvousSettings
+from training.launch import LAUNCHERS, RendezvousSettings
 
 FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd-restart", "kill-all")
 NODE_FAULTS = ("kill", "evict", "freeze")
@@ -77,6 +77,9 @@ class TrainSettings:
     """How long a frozen peer can stall a collective before the survivors give up."""
     emergency_saves: bool = True
     """Save the last completed step on SIGTERM or a peer's loss (off: periodic saves only)."""
+    min_step_time_s: float = 0.0
+    """Pacing: a tiny model on a fast machine would otherwise run through the fault schedule
+    while a new node boots or etcd restarts."""
     train_records: int = 2048
     """Synthetic dataset size (records)."""
     test_records: int = 256
@@ -98,6 +101,7 @@ class TrainSettings:
             f"--log-every={self.log_every}",
             f"--collective-timeout-s={self.collective_timeout_s}",
             f"--emergency-saves={'true' if self.emergency_saves else 'false'}",
+            f"--min-step-time-s={self.min_step_time_s:g}",
         ]
 
 
@@ -122,6 +126,8 @@ class Scenario:
     """Give up (status ``timeout``) when the job has not settled this long after a fault."""
     stop_when_settled: bool = False
     """End the run (status ``settled``) once the last fault settled, not at max_steps."""
+    launcher: str = "warm"
+    """How agents start workers: ``warm`` (forked, torch already imported) or ``torchrun``."""
     train: TrainSettings = field(default_factory=TrainSettings)
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     faults: tuple[Fault, ...] = ()
@@ -265,6 +271,10 @@ def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
     _require(
         scenario.restart_policy in RESTART_POLICIES,
         f"restart_policy: {scenario.restart_policy!r}; allowed: {', '.join(RESTART_POLICIES)}",
+    )
+    _require(
+        scenario.launcher in LAUNCHERS,
+        f"launcher: {scenario.launcher!r}; allowed: {', '.join(LAUNCHERS)}",
     )
     _require(scenario.timeout_s > 0, f"timeout_s: must be > 0, got {scenario.timeout_s}")
     _require(

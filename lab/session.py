@@ -131,6 +131,7 @@ class NodeSet:
             local_dir=local_dir,
             collective_timeout_s=self.scenario.train.collective_timeout_s,
             tmp_dir=tmp_dir,
+            launcher=self.scenario.launcher,
         )
         command = train_command(self.scenario.train.args(str(self.data_dir)), self.python)
         launch = NodeLaunch(name, command, env, REPO_ROOT, self.log_dir, local_dir, tmp_dir)

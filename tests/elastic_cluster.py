@@ -44,6 +44,7 @@ class Cluster:
         min_nodes: int = 1,
         max_nodes: int = 3,
         collective_timeout_s: int = 5,
+        launcher: str = "warm",
     ) -> None:
         self.root = root
         self.policy = ElasticPolicy(
@@ -58,6 +59,7 @@ class Cluster:
         self.data_dir = data_dir
         self.checkpoints = root / "checkpoints"
         self.collective_timeout_s = collective_timeout_s
+        self.launcher = launcher
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, train_args: list[str]) -> None:
@@ -69,6 +71,7 @@ class Cluster:
                 checkpoint_uri=str(self.checkpoints),
                 local_dir=str(self.root / f"local-{name}"),
                 collective_timeout_s=self.collective_timeout_s,
+                launcher=self.launcher,
             ),
         }
         command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)

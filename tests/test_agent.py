@@ -28,7 +28,11 @@ def _env(endpoint: str, backend: str = "etcd-v2") -> dict[str, str]:
 
 def test_a_healthy_etcd_passes_and_torchrun_replaces_the_process(etcd: EmbeddedEtcd) -> None:
     calls: list[tuple[str, list[str]]] = []
-    env = {**_env(f"127.0.0.1:{etcd.client_port}"), "TRAIN_RDZV_WAIT_S": "0"}
+    env = {
+        **_env(f"127.0.0.1:{etcd.client_port}"),
+        "TRAIN_RDZV_WAIT_S": "0",
+        "TRAIN_LAUNCHER": "torchrun",
+    }
     assert (
         main(["--module", "training.train"], env=env, execv=lambda p, a: calls.append((p, a))) == 0
     )
@@ -105,3 +109,28 @@ def test_the_command_line_exits_2_with_the_message() -> None:
     )
     assert result.returncode == 2
     assert "rendezvous check failed: cannot reach etcd" in result.stderr
+
+
+def _agent(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.agent", *args],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "TRAIN_RDZV_WAIT_S": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_unknown_launcher_names_the_setting_and_the_choices() -> None:
+    result = _agent(["--module", "training.train"], {"TRAIN_LAUNCHER": "fast"})
+    assert result.returncode == 2
+    assert "TRAIN_LAUNCHER must be one of warm, torchrun, got 'fast'" in result.stderr
+
+
+def test_the_warm_launcher_runs_the_training_module_only(etcd: EmbeddedEtcd) -> None:
+    env = {**_env(f"127.0.0.1:{etcd.client_port}"), "TRAIN_LAUNCHER": "warm"}
+    result = _agent(["--nnodes=1", "--module", "other.module"], env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "runs --module training.train only, got 'other.module'" in result.stderr
+    assert "TRAIN_LAUNCHER=torchrun" in result.stderr

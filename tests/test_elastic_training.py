@@ -130,6 +130,20 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
     saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
     assert {e["reason"] for e in saves} == {"peer_failure"} and len(saves) == 2
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
+    # The survivors' new workers were forked with torch already imported.
+    restarted = [e for e in cluster.events("ready") if e["ts"] > fault_ts]
+    assert restarted and all(e["warm"] for e in restarted)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("launcher", "warm"), [("warm", True), ("torchrun", False)])
+def test_the_launcher_decides_whether_workers_start_warm(
+    cluster_factory, launcher: str, warm: bool
+) -> None:
+    cluster = cluster_factory(f"launcher-{launcher}", max_nodes=1, launcher=launcher)
+    cluster.start("a", [*TINY, "--max-steps", "2"])
+    assert cluster.wait_exit("a", 180) == 0, cluster.tail()
+    assert [e["warm"] for e in cluster.events("ready")] == [warm]
 
 
 @pytest.mark.timeout(300)

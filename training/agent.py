@@ -1,10 +1,11 @@
-"""The worker container's entry point: check the rendezvous, then become ``torchrun``.
+"""The worker container's entry point: check the rendezvous, then run ``torchrun``'s agent.
 
 torchrun reports an unreachable etcd as "The connection to etcd has failed" at the end of a
 long traceback, and an etcd without the v2 API as a client error. This check names the
 address, where it came from and the fix, and waits a little first: worker pods may start
-before the etcd StatefulSet is ready. Then it execs torchrun in the same process, so torchrun
-is what receives the eviction's SIGTERM.
+before the etcd StatefulSet is ready. Then the agent runs in this same process, so it is what
+receives the eviction's SIGTERM: by default torch's elastic agent with warm workers
+(``training/launcher.py``), or, with ``TRAIN_LAUNCHER=torchrun``, plain torchrun exec'd.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+
+from training.launch import LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
 
@@ -74,14 +77,27 @@ def main(
     env: Mapping[str, str] | None = None,
     execv: Callable[[str, list[str]], None] = os.execv,
 ) -> int:
-    """Check, then replace this process with ``python -m torch.distributed.run ARGV``."""
+    """Check, then run torchrun ARGV: warm in this process, or exec'd (``TRAIN_LAUNCHER``)."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(message)s")
     env = os.environ if env is None else env
     args = list(sys.argv[1:] if argv is None else argv)
+    launcher = env.get(LAUNCHER_ENV) or LAUNCHERS[0]
+    if launcher not in LAUNCHERS:
+        logger.error("%s must be one of %s, got %r", LAUNCHER_ENV, ", ".join(LAUNCHERS), launcher)
+        return EXIT_BAD_INPUT
     problem = check_rendezvous(env, wait_s=float(env.get("TRAIN_RDZV_WAIT_S", "120")))
     if problem is not None:
         logger.error("%s", problem)
         return EXIT_BAD_INPUT
+    if launcher == "warm":
+        from training.launcher import launch  # imports torch: after the cheap checks
+
+        try:
+            launch(args)
+        except ValueError as exc:
+            logger.error("%s", exc)
+            return EXIT_BAD_INPUT
+        return 0
     execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
     return 0  # only reached when execv is a test double
 

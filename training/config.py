@@ -78,6 +78,9 @@ class RunConfig:
     """Steps between metrics lines."""
     collective_timeout_s: int = 30
     """Process-group timeout: a frozen peer ends in a restart after this, not a 30 min hang."""
+    min_step_time_s: float = 0.0
+    """Pacing (0 = off): each step takes at least this long, so that a lab scenario's steps
+    mean the same wall-clock time on a fast machine as on a slow one."""
 
 
 @dataclass
@@ -158,6 +161,7 @@ def validate(cfg: TrainConfig) -> None:
         "collective_timeout_s": (cfg.run.collective_timeout_s, 1),
         "restore_timeout_s": (cfg.checkpoint.restore_timeout_s, 1),
         "seed": (cfg.run.seed, 0),
+        "min_step_time_s": (cfg.run.min_step_time_s, 0),
     }
     for name, (value, low) in at_least.items():
         if value < low:

@@ -14,8 +14,13 @@ RDZV_BACKEND = "etcd-v2"
 RDZV_PORT = 2379
 # The module torchrun runs in every worker (``torchrun --module training.train``).
 TRAIN_MODULE = "training.train"
-# The container's entry: checks the rendezvous endpoint, then becomes torchrun.
+# The container's entry: checks the rendezvous endpoint, then runs torchrun's agent.
 AGENT_MODULE = "training.agent"
+# How the agent starts workers (env TRAIN_LAUNCHER): "warm" forks them from a fork server that
+# has torch imported (training/launcher.py); "torchrun" execs plain torchrun, which starts a
+# new interpreter per worker and so pays for the imports again on every restart.
+LAUNCHER_ENV = "TRAIN_LAUNCHER"
+LAUNCHERS = ("warm", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -99,11 +104,16 @@ class ElasticPolicy:
         }
 
 
-def worker_env(*, checkpoint_uri: str, local_dir: str, collective_timeout_s: int) -> dict[str, str]:
+def worker_env(
+    *, checkpoint_uri: str, local_dir: str, collective_timeout_s: int, launcher: str = "warm"
+) -> dict[str, str]:
     """Env every worker container gets, in the cluster and in the lab."""
     if collective_timeout_s < 1:
         raise ValueError(f"collective_timeout_s must be >= 1, got {collective_timeout_s}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     return {
+        LAUNCHER_ENV: launcher,
         # torch 2.13 hangs a *new* node on scale-up when the agent's TCP store is shared.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # NCCL: makes DDP's wait inside backward() raise on a failed or timed-out all-reduce
@@ -119,6 +129,6 @@ def worker_env(*, checkpoint_uri: str, local_dir: str, collective_timeout_s: int
 
 
 def train_command(train_args: list[str], python: str = "python") -> list[str]:
-    """The container command: ``training.agent`` checks the rendezvous, then execs torchrun,
-    which takes its elastic flags from the PET_* env."""
+    """The container command: ``training.agent`` checks the rendezvous, then runs torchrun's
+    agent, which takes its elastic flags from the PET_* env."""
     return [python, "-m", AGENT_MODULE, "--module", TRAIN_MODULE, *train_args]

@@ -71,6 +71,8 @@ class Phases:
         self.durations: dict[str, float] = {
             "spawn_and_import_s": round(seconds_since_process_start(), 4)
         }
+        # True when the launcher forked this worker with torch's heavy imports already done.
+        self.warm = "torch._dynamo" in sys.modules
         self._last = time.monotonic()
 
     def mark(self, name: str) -> None:

@@ -300,7 +300,11 @@ class Trainer:
         phases.mark("ddp")
         if self.env.rank == 0:
             self.events.event(
-                "ready", step=self.state.step, seconds=phases.total(), phases=phases.durations
+                "ready",
+                step=self.state.step,
+                seconds=phases.total(),
+                phases=phases.durations,
+                warm=phases.warm,
             )
 
     def _train(self, stop: StopRequest) -> bool:
@@ -313,6 +317,7 @@ class Trainer:
                 if self.cfg.checkpoint.emergency_saves:
                     self.emergency_save("sigterm", stop)
                 return False
+            step_started = time.monotonic()
             loss_sum, count = self.train_step()
             self.state.step += 1
             if self.local is not None and self.env.local_rank == 0:
@@ -324,6 +329,8 @@ class Trainer:
                 self._log(window_loss, window_steps, time.monotonic() - window_start)
                 window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
             self.maybe_save(last_save)
+            # Lab pacing: a fault schedule in steps then means the same on a fast machine.
+            time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))
         return True
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
@@ -373,7 +380,8 @@ def _checkpoint_group(cfg: TrainConfig, env: DistEnv) -> dist.ProcessGroup:
     return group
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> int:
+    """Train with ``argv``; the exit code. Under torchrun the process group is left to exit."""
     phases = Phases()
     env = DistEnv.from_env()
     setup_logging(env)
@@ -407,7 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not env.launched:
             destroy_process_group()
-    if env.launched:
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m training.train`` (torchrun's workers, or a single process)."""
+    code = run(argv)
+    if DistEnv.from_env().launched and dist.is_initialized():
         # Skip gloo's teardown under torchrun: it aborts ("terminate called without an active
         # exception") when a peer is dead, or when rank 0, which hosts the workers' store,
         # has already exited. All state is saved by now; the exit code is what counts.

@@ -1,0 +1,75 @@
+"""torchrun's elastic agent, run in this process, with workers forked from a warm fork server.
+
+Plain ``torchrun --module training.train`` starts every worker as a new interpreter, so on every
+membership change each worker pays again for ``import torch`` and for the first DDP and
+optimiser construction (which import ``torch._dynamo``): about 3.5 s of a restart on two CPU
+cores. Here the same agent (torch's ``elastic_launch`` with torchrun's own argument parsing:
+the same PET_* flags, the same rendezvous, the same restart rules) runs ``training.train`` as a
+function, in processes forked from a fork server that did those imports once, when the node
+started. A restart then costs a fork.
+
+A fork server and not a plain fork: the agent has threads (the rendezvous keep-alive), and a
+threaded process must not fork; the server is single-threaded and never touches CUDA.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+from collections.abc import Sequence
+
+from training.launch import LAUNCHER_ENV, TRAIN_MODULE
+
+# What the fork server imports once; every worker forked from it starts with these loaded.
+PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
+
+
+def worker(*argv: str) -> None:
+    """One worker: ``training.train`` with ``argv``; a non-zero exit code fails the worker."""
+    from training.train import run
+
+    code = run(list(argv))
+    if code:
+        raise SystemExit(code)
+
+
+def _ready() -> None:
+    """Runs in a process forked from the server, which exists once the imports are done."""
+
+
+def start_fork_server() -> None:
+    """Start the fork server; its imports run while this process goes on."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.forkserver.ensure_running()
+
+
+def wait_until_warm() -> None:
+    """Block until the fork server's imports are done (a process forked from it ran).
+
+    The node joins the rendezvous only then: a node that joined cold would keep the others'
+    warm workers waiting for its imports inside process-group init, which the short collective
+    timeout bounds.
+    """
+    probe = multiprocessing.get_context("forkserver").Process(target=_ready, name="warm-up")
+    probe.start()
+    probe.join()
+    if probe.exitcode != 0:
+        raise RuntimeError(f"the fork server could not start a process (exit {probe.exitcode})")
+
+
+def launch(args: Sequence[str]) -> None:
+    """``torchrun ARGS`` for ``--module training.train ...``, its workers forked warm."""
+    start_fork_server()  # first, so that its imports and the ones below overlap
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    parsed = parse_args(list(args))
+    if not parsed.module or parsed.training_script != TRAIN_MODULE:
+        raise ValueError(
+            f"the warm launcher runs --module {TRAIN_MODULE} only, got "
+            f"{parsed.training_script!r}; set {LAUNCHER_ENV}=torchrun for anything else"
+        )
+    config, _, _ = config_from_args(parsed)
+    config.start_method = "forkserver"
+    wait_until_warm()
+    elastic_launch(config=config, entrypoint=worker)(*parsed.training_script_args)
