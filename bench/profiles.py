@@ -35,6 +35,8 @@ class Profile:
     """Save the last completed step on SIGTERM or a peer's loss."""
     collective_timeout_s: int
     """Process-group timeout: bounds a collective stalled by a frozen peer."""
+    launcher: str
+    """``torchrun`` (a new interpreter per worker) or ``warm`` (workers forked, torch loaded)."""
     description: str
 
     def rendezvous_bound_s(self) -> int:
@@ -50,6 +52,7 @@ class Profile:
             "rendezvous_conf": self.rendezvous.conf(),
             "emergency_saves": self.emergency_saves,
             "collective_timeout_s": self.collective_timeout_s,
+            "launcher": self.launcher,
         }
 
 
@@ -60,18 +63,22 @@ def baseline_profile() -> Profile:
         rendezvous=TORCHRUN_DEFAULT_RENDEZVOUS,
         emergency_saves=False,
         collective_timeout_s=GLOO_DEFAULT_TIMEOUT_S,
+        launcher="torchrun",
         description="torchrun defaults + periodic checkpoint",
     )
 
 
 def lab_profile() -> Profile:
-    """The rendezvous settings of ``training/launch.py``, emergency saves, a 10 s timeout."""
+    """The rendezvous settings of ``training/launch.py``, emergency saves, a 10 s timeout,
+    warm workers."""
     return Profile(
         name=LAB,
         rendezvous=RendezvousSettings(),
         emergency_saves=True,
         collective_timeout_s=LAB_COLLECTIVE_TIMEOUT_S,
-        description="the lab: short rendezvous timeouts + emergency saves + collective timeout",
+        launcher="warm",
+        description="the lab: short rendezvous timeouts + emergency saves + collective timeout "
+        "+ warm workers",
     )
 
 

@@ -89,6 +89,7 @@ def recovery_scenario(kind: str, profile: Profile, plan: RecoveryPlan) -> Scenar
         timeout_s=startup_s + plan.recovery_cap_s + 120.0,
         settle_timeout_s=plan.recovery_cap_s,
         stop_when_settled=True,
+        launcher=profile.launcher,
         train=plan.train(profile),
         rendezvous=profile.rendezvous,
         faults=(_fault(kind, plan),),
@@ -148,6 +149,7 @@ def steady_scenario(plan: SteadyPlan, profile: Profile) -> Scenario:
         min_nodes=1,
         max_nodes=plan.nodes,
         timeout_s=600.0,
+        launcher=profile.launcher,
         train=steady_train(plan, profile, checkpoints=True),
         rendezvous=profile.rendezvous,
     )

@@ -174,9 +174,10 @@ def report_text(results: dict[str, Any]) -> str:
         f"{results['machine']['cpus']} CPUs, torch {results['machine']['torch']}, "
         f"load average {load[0]:.2f} at start, {results['wall_s']:.0f} s in all",
         f"baseline: {baseline.description} (rdzv {baseline.rendezvous.conf_arg()}, "
-        f"emergency saves off, collective timeout {baseline.collective_timeout_s} s)",
+        f"emergency saves off, collective timeout {baseline.collective_timeout_s} s, "
+        f"launcher {baseline.launcher})",
         f"lab:      rdzv {lab.rendezvous.conf_arg()}, emergency saves on, "
-        f"collective timeout {lab.collective_timeout_s} s",
+        f"collective timeout {lab.collective_timeout_s} s, launcher {lab.launcher}",
         "",
         "Recovery, median [min-max] over the repetitions",
         recovery_table(recovery["summary"], lab.collective_timeout_s),

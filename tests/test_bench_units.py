@@ -38,6 +38,7 @@ def test_baseline_is_torchruns_defaults_without_emergency_saves() -> None:
     }
     assert base.emergency_saves is False
     assert base.collective_timeout_s == 1800
+    assert base.launcher == "torchrun"
 
 
 def test_lab_profile_uses_the_launch_defaults() -> None:
@@ -46,6 +47,7 @@ def test_lab_profile_uses_the_launch_defaults() -> None:
     assert lab.emergency_saves is True
     assert lab.collective_timeout_s == 10
     assert lab.rendezvous_bound_s() == 1 * 3 + 1
+    assert lab.launcher == "warm"
 
 
 def test_unknown_profile_names_the_allowed_ones() -> None:

@@ -189,10 +189,22 @@ def test_background_saver_skips_while_busy_and_commits(tmp_path) -> None:
 def test_a_commit_older_than_one_this_process_published_is_dropped(tmp_path) -> None:
     repo = _repo(FileStore(tmp_path))
     repo.commit(10, _state(10))
-    with pytest.raises(CheckpointError, match="step 5 finished after step 10"):
+    with pytest.raises(CheckpointError, match="step 5 is older than step 10, already committed"):
         repo.commit(5, _state(5))
     assert repo.head().step == 10 and repo.load_latest().entry.step == 10
     assert [n for n in FileStore(tmp_path).list("ckpt-") if n.endswith(".pt")] == [repo.head().name]
+
+
+def test_the_head_never_goes_back_when_another_group_writes_the_same_store(tmp_path) -> None:
+    # A rendezvous that split in two: both groups commit to one store, one of them behind.
+    ahead, behind = _repo(FileStore(tmp_path)), _repo(FileStore(tmp_path))
+    behind.commit(4, _state(4))
+    ahead.commit(8, _state(8))
+    with pytest.raises(CheckpointError, match="step 6 is older than step 8"):
+        behind.commit(6, _state(6))
+    assert [e.step for e in ahead.entries()] == [8, 4]
+    behind.commit(9, _state(9))  # once past the head, its commits count again
+    assert [e.step for e in ahead.entries()] == [9, 8, 4]
 
 
 def test_a_newer_step_can_follow_a_torn_head_from_another_process(tmp_path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from lab.node_logs import read_jsonl
 from lab.runner import FaultRunner, LabEventLog
 from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
+from training.launch import RendezvousSettings
 
 
 class FakeJob:
@@ -315,7 +316,8 @@ def test_an_etcd_restart_settles_only_after_the_keep_alive_bound_without_a_resum
     events = read_jsonl(tmp_path / "lab-events.jsonl")
     injected = next(e for e in events if e["event"] == "fault_injected")
     settled = next(e for e in events if e["event"] == "fault_settled")
-    keep_alive_s = 1 * 3  # the default rendezvous: interval 1 s, 3 attempts
+    rendezvous = RendezvousSettings()  # the scenario's default
+    keep_alive_s = rendezvous.keep_alive_interval_s * rendezvous.keep_alive_max_attempt
     assert settled["ts"] - injected["injected_at"] >= keep_alive_s
 
 

@@ -169,8 +169,8 @@ class CheckpointRepository:
             self._prune()
         if not published:
             raise CheckpointError(
-                f"checkpoint of step {step} finished after step {self._newest_published} was "
-                f"committed to {self.store.describe()}; dropped"
+                f"checkpoint of step {step} is older than step {self._newest_published}, "
+                f"already committed to {self.store.describe()}; dropped"
             )
         return entry
 
@@ -183,10 +183,19 @@ class CheckpointRepository:
             )
 
     def _publish_entry(self, entry: Entry) -> bool:
-        """Make ``entry`` the head (older entries stay, up to ``keep``); False when stale."""
+        """Make ``entry`` the head (older entries stay, up to ``keep``); False when stale.
+
+        Stale is older than this process's last commit, or than a valid head in the store: the
+        head never goes back in time, not even when a second group writes to the same store (a
+        rendezvous that split in two). A torn head may be replaced by an older step.
+        """
         if entry.step < self._newest_published:
             return False
         previous = self.manifest()
+        head = previous.entries[0] if previous and previous.entries else None
+        if head is not None and head.step > entry.step and self._verifies(head):
+            self._newest_published = head.step
+            return False
         older = [e for e in previous.entries if e.step < entry.step] if previous else []
         manifest = Manifest(
             seq=(previous.seq + 1) if previous else 1, entries=(entry, *older[: self.keep - 1])
@@ -194,6 +203,12 @@ class CheckpointRepository:
         self.store.put(self.manifests[manifest.seq % 2], manifest.encode())
         self._newest_published = entry.step
         return True
+
+    def _verifies(self, entry: Entry) -> bool:
+        try:
+            return sha256(self.store.get(entry.name)) == entry.sha256
+        except FileNotFoundError:
+            return False
 
     def _prune(self) -> None:
         named = {e.name for m in self._read_manifests() for e in m.entries} | self._in_flight

@@ -32,7 +32,10 @@ class RendezvousSettings:
     keep_alive_interval_s: int = 1
     """Heartbeat period; a dead node is dropped after interval x max_attempt seconds."""
     keep_alive_max_attempt: int = 3
-    """Missed heartbeats before a node is declared dead (3 x 1 s: tolerant of etcd jitter)."""
+    """Missed heartbeats before a node is declared dead. Not 2: an agent renews its heartbeat
+    only when it is older than the interval, so with a 1 s interval it can be 2 s old on a live
+    node; with 2 attempts a joining node then saw every live node as dead and formed a round
+    of its own (measured: two groups trained side by side). 2 would recover ~2 s sooner."""
     join_timeout_s: int = 900
     """First round waits this long for min nodes: GPU Spot nodes autoscale from zero."""
 

@@ -60,6 +60,9 @@ def wait_until_warm() -> None:
 def launch(args: Sequence[str]) -> None:
     """``torchrun ARGS`` for ``--module training.train ...``, its workers forked warm."""
     start_fork_server()  # first, so that its imports and the ones below overlap
+    # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
+    # logs one on every worker failure: imported now, that is not 2-3 s of the first recovery.
+    import torch._dynamo  # noqa: F401
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
