@@ -66,8 +66,12 @@ class CpuProfile:
             seconds = _cpu_seconds(pid)
             if seconds is None:
                 continue
-            # Read every time: a child is its parent's copy until it execs.
-            self._latest[pid] = (role_of(_cmdline(pid)), seconds)
+            # Read every time: a child is its parent's copy until it execs. A zombie's
+            # cmdline is empty: it keeps the role it had.
+            cmdline = _cmdline(pid)
+            known = self._latest.get(pid)
+            role = role_of(cmdline) if cmdline or known is None else known[0]
+            self._latest[pid] = (role, seconds)
 
     def _sample_until_stopped(self) -> None:
         while not self._stop.wait(self.interval_s):

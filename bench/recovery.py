@@ -78,6 +78,7 @@ def _profile_summary(runs: list[dict[str, Any]], cap_s: float) -> dict[str, Any]
     stages = [r["stages"] for r in measured if r["stages"]]
     return {
         "downtime_s": summarize([r["downtime_s"] for r in measured], cap_s) if measured else None,
+        "paused_s": summarize_known([s["paused_s"] for s in stages]),
         "steps_lost": summarize_known([r["steps_lost"] for r in measured]),
         "stages": {name: median_of([s[name] for s in stages]) for name in (*STAGES, "total_s")},
         "phases": {name: median_of([s["phases"].get(name) for s in stages]) for name in PHASES},

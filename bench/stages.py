@@ -8,6 +8,10 @@ process group, build, restore, DDP) -> first step (the recovery's first metrics 
 The four stages add up to the downtime. ``rendezvous_s`` is everything between detection
 and the new worker's process start: the old worker's exit, the agent noticing it, the dead
 node's heartbeat expiring, the last call and the agent spawning workers.
+
+``paused_s`` is how long training stood still: from the last step at the old world size to
+the first at the new one. For a lost node it is about the downtime; for a join the old group
+goes on training while the new node boots, so it is much shorter than the downtime.
 """
 
 from __future__ import annotations
@@ -66,8 +70,19 @@ def recovery_stages(fault: dict[str, Any], records: list[Record]) -> dict[str, A
         "startup_s": _seconds(float(ready["seconds"])),
         "first_step_s": _seconds(recovered - float(ready["ts"])),
         "total_s": _seconds(recovered - injected),
+        "paused_s": _paused(records, fault["world_size_before"], fault["resumed_at"], recovered),
         "phases": {name: float(phases[name]) for name in PHASES if name in phases},
     }
+
+
+def _paused(records: list[Record], world_before: int, resumed_at: float, recovered: float) -> float:
+    """Seconds from the last step at ``world_before`` (before the round resumed) to recovery."""
+    steps = [
+        float(r["ts"])
+        for r in records
+        if r["kind"] == "metrics" and r["world_size"] == world_before and r["ts"] < resumed_at
+    ]
+    return _seconds(recovered - max(steps)) if steps else _seconds(recovered - resumed_at)
 
 
 def _seconds(value: float) -> float:

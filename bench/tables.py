@@ -63,6 +63,11 @@ def recovery_table(summary: dict[str, Any], lab_timeout_s: int) -> str:
             f"{RECOVERY_METRICS[kind]:<52} {format_seconds(down[0]):<32} "
             f"{format_seconds(down[1]):<24} {_ratio(entry):>7}"
         )
+        paused = (base or {}).get("paused_s"), (lab or {}).get("paused_s")
+        lines.append(
+            f"{'  training paused (last step -> first at new size)':<52} "
+            f"{format_seconds(paused[0]):<32} {format_seconds(paused[1]):<24}"
+        )
         lost = (base or {}).get("steps_lost"), (lab or {}).get("steps_lost")
         lines.append(
             f"{'  optimiser steps lost (' + kind + ')':<52} {format_count(lost[0]):<32} "

@@ -73,3 +73,19 @@ def test_cpu_time_of_a_child_is_attributed_to_its_role() -> None:
     assert roles["worker"] >= 0.2  # sampled while it ran; the last 50 ms may be missed
     assert roles["agent"] == roles["etcd"] == 0.0
     assert set(roles) == {"worker", "agent", "etcd", "lab", "other"}
+
+
+def test_a_process_keeps_its_role_once_its_command_line_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bench.cpu_profile as cpu_profile
+
+    lines = {7: ["python", "-m", "training.train"]}
+    monkeypatch.setattr(cpu_profile.process_tree, "descendants", lambda pid: [7])
+    monkeypatch.setattr(cpu_profile, "_cpu_seconds", lambda pid: 2.0)
+    monkeypatch.setattr(cpu_profile, "_cmdline", lambda pid: lines[pid])
+    profile = CpuProfile()
+    profile.sample()
+    lines[7] = []  # exited, not yet reaped
+    profile.sample()
+    assert profile.by_role()["worker"] == 2.0 and profile.by_role()["other"] == 0.0

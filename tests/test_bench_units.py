@@ -186,6 +186,7 @@ def test_stages_add_up_to_the_downtime_the_lab_reports() -> None:
     parts = sum(stages[k] for k in ("detect_s", "rendezvous_s", "startup_s", "first_step_s"))
     assert parts == pytest.approx(fault["downtime_s"], abs=0.002)
     assert stages["phases"] == {"spawn_and_import_s": 0.8, "process_group_s": 0.3, "build_s": 0.9}
+    assert stages["paused_s"] == pytest.approx(105.1 - 100.0)  # last step at 3 -> first at 2
 
 
 def test_without_a_peer_failure_an_emergency_save_marks_detection() -> None:
@@ -263,6 +264,7 @@ def _stages(total: float) -> dict[str, Any]:
         "startup_s": 2.0,
         "first_step_s": 0.1,
         "total_s": total,
+        "paused_s": total - 0.1,
         "phases": {"spawn_and_import_s": 0.8, "build_s": 0.9},
     }
 
@@ -287,6 +289,8 @@ def test_summary_per_kind_and_profile() -> None:
     assert kill["baseline"]["downtime_s"]["median"] == 47.0
     assert kill["baseline"]["steps_lost"]["max"] == 12
     assert kill["lab"]["stages"]["total_s"] == 6.5
+    assert kill["lab"]["paused_s"]["median"] == pytest.approx(6.4)
+    assert kill["baseline"]["paused_s"] is None  # no stages measured for it
     assert kill["lab"]["phases"]["build_s"] == 0.9
     assert kill["downtime_ratio"] == {"value": 7.23, "at_least": False}
     assert summary["freeze"]["baseline"]["downtime_s"]["at_least"] is True
