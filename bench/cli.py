@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="report a fault as no recovery after this long (default 60)",
     )
     parser.add_argument(
-        "--steady-pairs", type=int, help="elastic/static run pairs for the step time (default 2)"
+        "--steady-pairs", type=int, help="elastic/static run pairs for the step time (default 4)"
     )
     parser.add_argument(
         "--smoke", action="store_true", help="one rep of one fault kind, tiny runs (for CI)"

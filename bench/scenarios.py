@@ -103,7 +103,7 @@ class SteadyPlan:
     """The fault-free runs that compare step times: the lab's default model, two nodes."""
 
     nodes: int = 2
-    max_steps: int = 60
+    max_steps: int = 40
     warmup_steps: int = 10
     """Steps dropped from each run before taking the median step time."""
     checkpoint_every_steps: int = 20

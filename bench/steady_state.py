@@ -141,12 +141,30 @@ def summarize_steady(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s_per_step": _cpu_per_step(mine),
         }
     elastic, static = modes["elastic"], modes["static"]
+    ratios = pair_ratios(runs)
     return {
         **modes,
         "median_ratio": round(elastic["median_step_s"] / static["median_step_s"], 4),
         # The mean includes the steps that paid for a checkpoint snapshot.
         "mean_ratio": round(elastic["mean_step_s"] / static["mean_step_s"], 4),
+        # Each pair ran back to back: its ratio is what slow drift of the machine spares.
+        "pair_ratios": ratios,
+        "pair_ratio_median": round(statistics.median(ratios), 4) if ratios else None,
     }
+
+
+def pair_ratios(runs: list[dict[str, Any]]) -> list[float]:
+    """Per pair, the elastic run's median step time over the static run's."""
+    ratios = []
+    for pair in sorted({run["pair"] for run in runs}):
+        medians = {
+            run["mode"]: statistics.median(run["step_times_s"])
+            for run in runs
+            if run["pair"] == pair and run["step_times_s"]
+        }
+        if len(medians) == 2:
+            ratios.append(round(medians["elastic"] / medians["static"], 4))
+    return ratios
 
 
 def measure_steady_state(
@@ -165,7 +183,10 @@ def measure_steady_state(
         raise ValueError(f"steady-state pairs must be >= 1, got {pairs}")
     runs: list[dict[str, Any]] = []
     for pair in range(pairs):
-        for mode, run in (("elastic", run_elastic), ("static", run_static)):
+        order = (("elastic", run_elastic), ("static", run_static))
+        # Alternate which goes first, so a machine that slows down or speeds up over the
+        # benchmark does not always favour the same mode.
+        for mode, run in order if pair % 2 == 0 else tuple(reversed(order)):
             with CpuProfile() as cpu:
                 records = run(plan, profile, out_dir / f"{mode}-{pair}", data_dir, python)
             times = step_times(records, plan.nodes, plan.warmup_steps)

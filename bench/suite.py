@@ -40,7 +40,7 @@ class BenchConfig:
     kinds: tuple[str, ...] = FAULT_KINDS
     recovery: RecoveryPlan = field(default_factory=RecoveryPlan)
     steady: SteadyPlan = field(default_factory=SteadyPlan)
-    steady_pairs: int = 2
+    steady_pairs: int = 4
     stall: StallPlan = field(default_factory=StallPlan)
     smoke: bool = False
 
@@ -62,7 +62,7 @@ class BenchConfig:
 
 
 def default_config() -> BenchConfig:
-    """The full benchmark: about 15 minutes on two cores."""
+    """The full benchmark: about 25 minutes on two cores."""
     return BenchConfig()
 
 

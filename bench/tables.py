@@ -126,8 +126,13 @@ def steady_table(steady: dict[str, Any]) -> str:
             f"{label:<44} {m['median_step_s']:>10.4f} s {m['mean_step_s']:>8.4f} s {m['steps']:>6}"
         )
     lines.append(
-        f"{'ratio elastic / static':<44} {steady['median_ratio']:>12.3f} "
+        f"{'ratio elastic / static (pooled)':<44} {steady['median_ratio']:>12.3f} "
         f"{steady['mean_ratio']:>10.3f}"
+    )
+    pairs = ", ".join(f"{r:.3f}" for r in steady["pair_ratios"])
+    lines.append(
+        f"{'ratio per back-to-back pair, median':<44} {steady['pair_ratio_median']:>12.3f}"
+        f"   ({pairs})"
     )
     lines.append("CPU seconds per step by process (the machine has to share its cores):")
     for mode in labels:

@@ -19,7 +19,7 @@ from bench.scenarios import (
 )
 from bench.stages import recovery_stages
 from bench.stats import ratio, summarize
-from bench.steady_state import static_command, step_times, summarize_steady
+from bench.steady_state import pair_ratios, static_command, step_times, summarize_steady
 from bench.tables import breakdown_table, format_seconds, recovery_table, targets_table
 from bench.targets import explain, recovery_targets, steady_target
 from lab.report import build_report
@@ -313,16 +313,31 @@ def test_targets_say_met_or_missed_and_why() -> None:
 def test_steady_target_and_explanation() -> None:
     elastic_cpu = {"worker": 40.0, "agent": 2.0, "etcd": 1.0}
     runs = [
-        {"mode": "elastic", "step_times_s": [0.26, 0.25, 0.27], "steps_run": 100, "cpu_s": {}},
-        {"mode": "elastic", "step_times_s": [], "steps_run": 100, "cpu_s": elastic_cpu},
-        {"mode": "static", "step_times_s": [0.25, 0.24, 0.26], "steps_run": 50, "cpu_s": {}},
+        {"pair": 0, "mode": "elastic", "step_times_s": [0.26, 0.25, 0.27], "steps_run": 100},
+        {"pair": 1, "mode": "elastic", "step_times_s": [], "steps_run": 100},
+        {"pair": 0, "mode": "static", "step_times_s": [0.25, 0.24, 0.26], "steps_run": 50},
     ]
+    runs[0]["cpu_s"], runs[1]["cpu_s"], runs[2]["cpu_s"] = {}, elastic_cpu, {}
     steady = summarize_steady(runs)
     assert steady["median_ratio"] == pytest.approx(0.26 / 0.25, abs=1e-4)
+    assert steady["pair_ratios"] == [pytest.approx(0.26 / 0.25, abs=1e-4)]  # pair 1 is empty
+    assert steady["pair_ratio_median"] == pytest.approx(1.04, abs=1e-4)
     assert steady["elastic"]["cpu_s_per_step"] == {"agent": 0.01, "etcd": 0.005, "worker": 0.2}
     assert steady["static"]["cpu_s_per_step"] == {}
     target = steady_target(steady)
     assert target["met"] is False and "elastic 0.2600 s vs static 0.2500 s" in target["why"]
+    assert target["why"].startswith("pairs 1.040;")
+
+
+def test_pair_ratios_take_each_pair_on_its_own() -> None:
+    # The machine got 20 % slower between the pairs; each pair's ratio does not see it.
+    runs = [
+        {"pair": 0, "mode": "elastic", "step_times_s": [1.01, 1.01]},
+        {"pair": 0, "mode": "static", "step_times_s": [1.0, 1.0]},
+        {"pair": 1, "mode": "static", "step_times_s": [1.2, 1.2]},
+        {"pair": 1, "mode": "elastic", "step_times_s": [1.212, 1.212]},
+    ]
+    assert pair_ratios(runs) == [1.01, 1.01]
 
 
 def test_step_times_skip_warm_up_and_other_world_sizes() -> None:
