@@ -244,13 +244,13 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as a fixed-width table for the terminal."""
     start = report["start_ts"]
     header = (
-        f"{'#':>2}  {'fault':<30} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
+        f"{'#':>2}  {'fault':<36} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
         f"{'down s':>6} {'lost':>4} {'world':>6} {'source':<8} ok"
     )
     lines = [header, "-" * len(header)]
     for f in report["faults"]:
         lines.append(
-            f"{f['index']:>2}  {f['description'][:30]:<30} "
+            f"{f['index']:>2}  {f['description'][:36]:<36} "
             f"{_cell(f['injected_at'] - start, '{:.1f}'):>6} "
             f"{_cell(f['detection_s'], '+{:.1f}'):>6} "
             f"{_cell(f['resume_s'], '+{:.1f}'):>6} "
