@@ -138,22 +138,26 @@ def terminate_trees(pids: list[int], grace_s: float) -> list[int]:
 
 
 def reap(pids: list[int], timeout_s: float = 2.0) -> None:
-    """Reap those of ``pids`` that are (or become) zombie children of this process.
+    """Wait until each of ``pids`` is dead, and reap those that are zombie children of this
+    process; gives up after ``timeout_s``.
 
-    Workers of a killed agent re-parent to us (the subreaper) and stay zombies until reaped.
-    Pass only pids no ``subprocess.Popen`` owns: it must reap its own child to see the code.
+    SIGKILL is not instant: a loaded machine may run the victim a moment longer, so a
+    caller that returns before this would leave a live process behind. Workers of a killed
+    agent re-parent to us (the subreaper) and stay zombies until reaped. Pass only pids no
+    ``subprocess.Popen`` owns: it must reap its own child to see the code.
     """
     waiting = set(pids)
     deadline = time.monotonic() + timeout_s
     while waiting:
         for pid in list(waiting):
             fields = _stat_fields(pid)
-            if fields is None or fields[1] != os.getpid():
-                waiting.discard(pid)  # gone, or someone else's child (init reaps it)
-            elif fields[0] == "Z":
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
+            if fields is None:
                 waiting.discard(pid)
+            elif fields[0] in ("Z", "X"):
+                if fields[1] == os.getpid():
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                waiting.discard(pid)  # someone else's zombie: its parent or init reaps it
         if not waiting or time.monotonic() > deadline:
             return
         time.sleep(0.02)

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +125,15 @@ def test_signals_to_gone_processes_are_harmless(agent_tree) -> None:
     agent.wait()
     assert process_tree.kill_tree(agent.pid) == []
     assert process_tree.freeze_tree(agent.pid) == []
+
+
+def test_reap_returns_only_once_the_process_is_dead(agent_tree) -> None:
+    """SIGKILL is not instant on a loaded machine: reap waits, even for another's child."""
+    _, worker = agent_tree
+    killer = threading.Timer(0.5, os.kill, (worker, signal.SIGKILL))
+    killer.start()
+    try:
+        process_tree.reap([worker], timeout_s=10)
+        assert not process_tree.is_alive(worker)
+    finally:
+        killer.cancel()
