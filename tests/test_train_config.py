@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from training.config import ConfigError, check_batch_fits, parse_config
+from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 
 REQUIRED = ["--data-dir", "/data", "--checkpoint-uri", "/ckpt"]
@@ -37,6 +39,19 @@ def test_defaults_then_env_then_flags() -> None:
 def test_bad_values_name_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(argv, env=env)
+
+
+def test_help_describes_every_flag_with_its_env_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--help"], env={})
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for section in TrainConfig().sections():
+        for f in fields(section):
+            assert f"(env TRAIN_{f.name.upper()}, default {getattr(section, f.name)!r})" in text
+    assert "Samples per optimiser step, whatever the world size." in text
 
 
 def test_unknown_flag_is_rejected() -> None:

@@ -8,7 +8,11 @@ per-cluster values as env while the command line stays the same everywhere.
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import itertools
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -98,6 +102,22 @@ class TrainConfig:
         return {f.name: getattr(s, f.name) for s in self.sections() for f in fields(s)}
 
 
+def _field_docs(section: type) -> dict[str, str]:
+    """Each field's docstring (the string under it), for ``--help``."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(section))).body[0].body
+    docs: dict[str, str] = {}
+    for node, doc in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -124,9 +144,14 @@ def parse_config(
     cfg = TrainConfig()
     parser = argparse.ArgumentParser(prog="training.train", description=__doc__, allow_abbrev=False)
     for section in cfg.sections():
+        docs = _field_docs(type(section))
         for f in fields(section):
+            about = docs[f.name].replace("%", "%%")  # argparse %-formats help
+            default = getattr(section, f.name)
             parser.add_argument(
-                _flag(f.name), default=None, help=f"(env {ENV_PREFIX}{f.name.upper()})"
+                _flag(f.name),
+                default=None,
+                help=f"{about} (env {ENV_PREFIX}{f.name.upper()}, default {default!r})",
             )
     args = parser.parse_args(argv)
     for section in cfg.sections():
