@@ -134,3 +134,12 @@ def test_the_warm_launcher_runs_the_training_module_only(etcd: EmbeddedEtcd) -> 
     assert result.returncode == 2, result.stderr[-2000:]
     assert "runs --module training.train only, got 'other.module'" in result.stderr
     assert "TRAIN_LAUNCHER=torchrun" in result.stderr
+
+
+def test_the_warm_launcher_refuses_bad_training_flags_before_it_joins(etcd: EmbeddedEtcd) -> None:
+    env = {**_env(f"127.0.0.1:{etcd.client_port}"), "TRAIN_LAUNCHER": "warm"}
+    args = ["--nnodes=1", "--module", "training.train", "--data-dir", "/d", "--max-steps", "ten"]
+    result = _agent([*args, "--checkpoint-uri", "/c"], env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--max-steps must be int, got 'ten'" in result.stderr
+    assert "rendezvous" not in result.stderr.lower().replace("rendezvous check", "")

@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.forkserver
 from collections.abc import Sequence
 
+from training.config import parse_config
 from training.launch import LAUNCHER_ENV, TRAIN_MODULE
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
@@ -72,6 +73,9 @@ def launch(args: Sequence[str]) -> None:
             f"the warm launcher runs --module {TRAIN_MODULE} only, got "
             f"{parsed.training_script!r}; set {LAUNCHER_ENV}=torchrun for anything else"
         )
+    # Every worker parses the same flags and env: a mistake there is the same on every rank
+    # and no restart fixes it, so the node stops here (a ConfigError), before it joins.
+    parse_config(parsed.training_script_args)
     config, _, _ = config_from_args(parsed)
     config.start_method = "forkserver"
     wait_until_warm()
