@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.process_tree import tree
+from lab.process_tree import freeze_tree
 from tests.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
 from training.checkpoint import CheckpointRepository
 from training.data import write_synthetic_cifar10
@@ -181,9 +181,7 @@ def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
     cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
-    frozen = tree(cluster.nodes["c"].pid)
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)  # a VM that vanished: no FIN, no RST
+    freeze_tree(cluster.nodes["c"].pid)  # a VM that vanished: no FIN, no RST
     fault_ts = max(r["ts"] for r in cluster.records())
     try:
         cluster.wait_until(
@@ -191,8 +189,12 @@ def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
         )
     finally:
         cluster.kill("c")
-    failures = [e for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
-    assert failures and all("timed out" in e["error"].lower() for e in failures)
+    failures = sorted(
+        (e for e in cluster.events("peer_failure") if e["ts"] > fault_ts), key=lambda e: e["ts"]
+    )
+    # The first survivor to notice does so through the collective timeout. Another one whose
+    # own timer fires a moment later may instead see that survivor leave (a closed connection).
+    assert failures and "timed out" in failures[0]["error"].lower(), failures
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["world_size"] == 2 and resumed["lost_steps"] == 0
     for node in ("a", "b"):
