@@ -12,7 +12,7 @@ import ast
 import inspect
 import itertools
 import os
-import textwrap
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -102,20 +102,26 @@ class TrainConfig:
         return {f.name: getattr(s, f.name) for s in self.sections() for f in fields(s)}
 
 
-def _field_docs(section: type) -> dict[str, str]:
-    """Each field's docstring (the string under it), for ``--help``."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(section))).body[0].body
+def _field_docs() -> dict[str, str]:
+    """Every config field's docstring (the string under it), for ``--help``."""
+    module = ast.parse(inspect.getsource(sys.modules[__name__]))
     docs: dict[str, str] = {}
-    for node, doc in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(doc, ast.Expr)
-            and isinstance(doc.value, ast.Constant)
-            and isinstance(doc.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(doc.value.value.split())
+    for section in (node for node in module.body if isinstance(node, ast.ClassDef)):
+        for node, doc in itertools.pairwise(section.body):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(doc.value.value.split())
     return docs
+
+
+# Once, at import: the fork server imports this module, so a worker's restart does not pay
+# for reading the source again.
+FIELD_DOCS = _field_docs()
 
 
 def _flag(name: str) -> str:
@@ -144,9 +150,8 @@ def parse_config(
     cfg = TrainConfig()
     parser = argparse.ArgumentParser(prog="training.train", description=__doc__, allow_abbrev=False)
     for section in cfg.sections():
-        docs = _field_docs(type(section))
         for f in fields(section):
-            about = docs[f.name].replace("%", "%%")  # argparse %-formats help
+            about = FIELD_DOCS[f.name].replace("%", "%%")  # argparse %-formats help
             default = getattr(section, f.name)
             parser.add_argument(
                 _flag(f.name),
