@@ -189,12 +189,11 @@ def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
         )
     finally:
         cluster.kill("c")
-    failures = sorted(
-        (e for e in cluster.events("peer_failure") if e["ts"] > fault_ts), key=lambda e: e["ts"]
-    )
-    # The first survivor to notice does so through the collective timeout. Another one whose
-    # own timer fires a moment later may instead see that survivor leave (a closed connection).
-    assert failures and "timed out" in failures[0]["error"].lower(), failures
+    errors = [e["error"].lower() for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
+    # A survivor's collective timed out. The other, whose timer fires a moment later, may
+    # instead see that one give up (a closed connection), and may even log it first.
+    assert any("timed out" in error for error in errors), errors
+    assert all("timed out" in error or "closed by peer" in error for error in errors), errors
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["world_size"] == 2 and resumed["lost_steps"] == 0
     for node in ("a", "b"):
