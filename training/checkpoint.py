@@ -176,7 +176,7 @@ class CheckpointRepository:
 
     def _write_verified(self, entry: Entry, data: bytes) -> None:
         self.store.put(entry.name, data)
-        if sha256(self.store.get(entry.name)) != entry.sha256:
+        if not self._verifies(entry):
             self.store.delete(entry.name)
             raise CheckpointError(
                 f"checkpoint {entry.name} in {self.store.describe()} read back torn"
@@ -205,6 +205,7 @@ class CheckpointRepository:
         return True
 
     def _verifies(self, entry: Entry) -> bool:
+        """True when ``entry``'s object is in the store and matches its checksum."""
         try:
             return sha256(self.store.get(entry.name)) == entry.sha256
         except FileNotFoundError:
