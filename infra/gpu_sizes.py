@@ -5,6 +5,11 @@ own NVIDIA device plugin; every worker asks for a whole ``nvidia.com/gpu``. That
 AMD GPUs (no NVIDIA driver or plugin), fractional GRID vGPUs (the plugin sees no CUDA
 device), retired sizes (AKS cannot create them) and confidential H100s (they need the GPU
 Operator's signed driver instead of AKS's). Pure: no pulumi import.
+
+``SIZES`` is the one table of the sizes we accept, with their vCPUs, memory and GPUs: the pool,
+the job (processes per node, GPU limit, requests), the config rules, and the lab's preflight
+and price commands all read it. Figures from the Azure VM size pages, as AKS's own node-size
+list repeats them (GiB of memory as Azure states it).
 """
 
 from __future__ import annotations
@@ -83,6 +88,52 @@ _REJECTED: tuple[tuple[re.Pattern[str], str], ...] = (
         "a confidential GPU: it needs the NVIDIA GPU Operator's signed driver, not AKS's",
     ),
 )
+
+
+@dataclass(frozen=True)
+class GpuSize:
+    """One VM size the pool accepts: what a node of it has."""
+
+    name: str
+    """Azure's size name, e.g. ``Standard_NC24ads_A100_v4``."""
+    vcpus: int
+    memory_gib: int
+    gpus: int
+    """Whole NVIDIA GPUs: the node runs this many training processes."""
+    gpu_model: str
+
+    @property
+    def family(self) -> GpuFamily:
+        """The accepted family of this size."""
+        family = gpu_family(self.name)
+        assert family is not None, self.name  # the table holds accepted sizes only
+        return family
+
+
+SIZES: tuple[GpuSize, ...] = (
+    GpuSize("Standard_NC4as_T4_v3", 4, 28, 1, "T4"),
+    GpuSize("Standard_NC8as_T4_v3", 8, 56, 1, "T4"),
+    GpuSize("Standard_NC16as_T4_v3", 16, 110, 1, "T4"),
+    GpuSize("Standard_NC64as_T4_v3", 64, 440, 4, "T4"),
+    GpuSize("Standard_NC8ads_A10_v4", 8, 110, 1, "A10"),
+    GpuSize("Standard_NC16ads_A10_v4", 16, 220, 1, "A10"),
+    GpuSize("Standard_NC32ads_A10_v4", 32, 440, 2, "A10"),
+    GpuSize("Standard_NC24ads_A100_v4", 24, 220, 1, "A100 80GB PCIe"),
+    GpuSize("Standard_NC48ads_A100_v4", 48, 440, 2, "A100 80GB PCIe"),
+    GpuSize("Standard_NC96ads_A100_v4", 96, 880, 4, "A100 80GB PCIe"),
+    GpuSize("Standard_NC40ads_H100_v5", 40, 320, 1, "H100 NVL"),
+    GpuSize("Standard_NC80adis_H100_v5", 80, 640, 2, "H100 NVL"),
+    GpuSize("Standard_ND96asr_v4", 96, 900, 8, "A100 40GB SXM"),
+    GpuSize("Standard_ND96amsr_A100_v4", 96, 1900, 8, "A100 80GB SXM"),
+    GpuSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100 SXM"),
+    GpuSize("Standard_ND96isr_H200_v5", 96, 1850, 8, "H200 SXM"),
+)
+_BY_NAME = {size.name.lower(): size for size in SIZES}
+
+
+def gpu_size(vm_size: str) -> GpuSize | None:
+    """The table's entry for ``vm_size`` (Azure size names are case-insensitive), or None."""
+    return _BY_NAME.get(vm_size.lower())
 
 
 def gpu_family(vm_size: str) -> GpuFamily | None:

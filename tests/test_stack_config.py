@@ -406,3 +406,11 @@ def test_validate_reports_every_problem_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         _cfg({"gpuVmSize": "Standard_D4s_v5", "namePrefix": "X", "checkpointBackend": "nfs"})
     assert len(info.value.problems) == 3
+
+
+def test_every_size_in_the_table_belongs_to_an_accepted_family() -> None:
+    for size in gpu_sizes.SIZES:
+        assert size.family in gpu_sizes.FAMILIES
+        assert size.gpus >= 1 and size.vcpus >= 4 and size.memory_gib > size.vcpus
+    assert gpu_sizes.gpu_size("standard_nc48ads_a100_v4").gpus == 2
+    assert gpu_sizes.gpu_size("Standard_NV12s_v3") is None
