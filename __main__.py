@@ -86,6 +86,8 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         TrainingImageArgs(
             registry_name=registry.name,
             login_server=registry.login_server,
+            resource_group=resource_group.name,
+            subscription_id=resource_group.subscription_id,
             project_dir=PROJECT_DIR,
             context="training",
             repository=names.image_repository,
@@ -141,6 +143,12 @@ def export_azure(azure: AzureLab) -> None:
     )
 
 
+def cluster_identifier(cfg: stack_config.LabConfig) -> str:
+    """The cluster's resource group and name: stable for the stack, known before any apply."""
+    names = lab_names(cfg)
+    return f"{names.resource_group}/{names.cluster}"
+
+
 # ---- Kubernetes workloads: etcd, device plugin, training operator, the elastic job ----------
 def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
     """Everything inside the cluster, and the commands to watch the job."""
@@ -157,6 +165,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
             blob_endpoint=azure.storage.blob_endpoint,
             kubelet_client_id=azure.cluster.kubelet_client_id,
             training_client_id=azure.training_identity.client_id,
+            cluster_identifier=cluster_identifier(cfg),
         ),
     )
     pulumi.export("namespace", workloads.namespace)

@@ -40,25 +40,43 @@ def image_tag(root: Path) -> str:
     return tree_digest(root)[:TAG_LENGTH]
 
 
+# AKS's GPU nodes are x86-64: a build on an ARM laptop must not default to arm64, which fails
+# on the node with "exec format error".
+PLATFORM = "linux/amd64"
+
+
 def build_command(
     builder: str,
     *,
     registry_name: str,
     login_server: str,
+    resource_group: str,
+    subscription_id: str,
     repository: str,
     tag: str,
     context: str,
 ) -> str:
-    """The shell command that builds ``context`` (a directory) and pushes ``repository:tag``."""
+    """The shell command that builds ``context`` (a directory) and pushes ``repository:tag``.
+
+    ``az`` is told the registry's resource group and subscription: without them it finds the
+    registry by a subscription-wide lookup that lags right after the registry is created
+    (Azure/azure-cli #27913), and in ``az``'s default subscription, not the stack's.
+    """
     context = shlex.quote(context)
+    where = f"--resource-group {shlex.quote(resource_group)}"
+    where += f" --subscription {shlex.quote(subscription_id)}"
     if builder == "acr":
         image = shlex.quote(f"{repository}:{tag}")
-        return f"az acr build --registry {shlex.quote(registry_name)} --image {image} {context}"
+        return (
+            f"az acr build --registry {shlex.quote(registry_name)} {where}"
+            f" --platform {PLATFORM} --image {image} {context}"
+        )
     if builder == "docker":
         ref = shlex.quote(f"{login_server}/{repository}:{tag}")
         return (
-            f"az acr login --name {shlex.quote(registry_name)}"
-            f" && docker build --tag {ref} {context}"
+            f"az acr login --name {shlex.quote(registry_name)} --subscription "
+            f"{shlex.quote(subscription_id)}"
+            f" && docker build --platform {PLATFORM} --tag {ref} {context}"
             f" && docker push {ref}"
         )
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
@@ -72,9 +90,13 @@ class TrainingImageArgs:
     """Registry to build in (acr) or push to (docker)."""
     login_server: pulumi.Input[str]
     """The registry's login server, e.g. ``name.azurecr.io``."""
+    resource_group: pulumi.Input[str]
+    """The registry's resource group."""
+    subscription_id: pulumi.Input[str]
+    """The stack's subscription, which may not be ``az``'s default."""
     project_dir: Path
-    """The project root: the command runs there (explicitly, not wherever Pulumi's working
-    directory happens to be), so the context path in the command stays relative."""
+    """The project root: where the Dockerfile is looked for and the tag is computed. The build
+    command itself gets only the relative context (see ``TrainingImage``)."""
     context: str
     """The build context relative to the project root: ``training`` with its Dockerfile."""
     repository: str
@@ -97,11 +119,15 @@ class TrainingImage(pulumi.ComponentResource):
         if not (context_dir / "Dockerfile").is_file():
             raise FileNotFoundError(f"no Dockerfile in the image build context {context_dir}")
         tag = image_tag(context_dir)
-        create = pulumi.Output.all(args.registry_name, args.login_server).apply(
+        create = pulumi.Output.all(
+            args.registry_name, args.login_server, args.resource_group, args.subscription_id
+        ).apply(
             lambda reg: build_command(
                 args.builder,
                 registry_name=reg[0],
                 login_server=reg[1],
+                resource_group=reg[2],
+                subscription_id=reg[3],
                 repository=args.repository,
                 tag=tag,
                 context=args.context,
@@ -110,9 +136,10 @@ class TrainingImage(pulumi.ComponentResource):
         build = command.local.Command(
             f"{name}-build",
             create=create,
-            # The relative context resolves against this, not the CLI's cwd. It is an absolute
-            # path of this machine: a checkout elsewhere re-runs the build once, same tag.
-            dir=str(args.project_dir.resolve()),
+            # No `dir`: an absolute path of this machine would be an input, so the same stack
+            # run from a checkout elsewhere would rebuild. Unset, pulumi-command runs in its
+            # working directory (local command runner: `cmd.Dir, err = os.Getwd()`), which the
+            # engine sets to the project directory, where the relative context resolves.
             # A new tag (changed tree) replaces the command, which runs the build again.
             triggers=[tag],
             opts=pulumi.ResourceOptions(parent=self),

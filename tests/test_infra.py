@@ -230,10 +230,17 @@ def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) ->
     tag = image_tag(PROJECT_DIR / "training")
     build = run.one(COMMAND)
     registry = run.one(REGISTRY).outputs
+    # The registry's group and the stack's subscription, not az's lookup and default
+    # (Azure/azure-cli #27913); amd64 whatever the laptop is.
     assert build.inputs["create"] == (
-        f"az acr build --registry {registry['name']} --image spot-lab-trainer:{tag} training"
+        f"az acr build --registry {registry['name']} --resource-group "
+        f"{run.outputs['resourceGroup']} --subscription {SUBSCRIPTION_ID} "
+        f"--platform linux/amd64 --image spot-lab-trainer:{tag} training"
     )
     assert build.inputs["triggers"] == [tag]
+    # No absolute path of this machine among the inputs: another checkout must not rebuild.
+    assert "dir" not in build.inputs
+    assert str(PROJECT_DIR) not in repr(build.inputs)
     assert run.outputs["image"] == f"{registry['loginServer']}/spot-lab-trainer:{tag}"
 
 
@@ -241,15 +248,20 @@ def test_docker_builder_builds_and_pushes_locally() -> None:
     run = run_program("dev", {"imageBuilder": "docker"})
     create = run.one(COMMAND).inputs["create"]
     ref = run.outputs["image"]
-    assert create.endswith(f"docker build --tag {ref} training && docker push {ref}")
+    assert create.endswith(
+        f"docker build --platform linux/amd64 --tag {ref} training && docker push {ref}"
+    )
     assert create.startswith("az acr login --name ")
+    assert f"--subscription {SUBSCRIPTION_ID}" in create
 
 
 def test_image_ref_waits_for_the_build() -> None:
     images: list[TrainingImage] = []
 
     def program() -> None:
-        args = TrainingImageArgs("reg", "reg.azurecr.io", PROJECT_DIR, "training", "repo")
+        args = TrainingImageArgs(
+            "reg", "reg.azurecr.io", "rg", SUBSCRIPTION_ID, PROJECT_DIR, "training", "repo"
+        )
         images.append(TrainingImage("img", args))
 
     run = run_pulumi(program)
@@ -257,7 +269,9 @@ def test_image_ref_waits_for_the_build() -> None:
     dependencies = _sync_await(images[0].image_ref.resources())
     assert [r for r in dependencies if isinstance(r, pulumi_command.local.Command)]
     assert run.outputs == {}
-    assert build.inputs["create"].startswith("az acr build --registry reg --image repo:")
+    assert build.inputs["create"].startswith(
+        f"az acr build --registry reg --resource-group rg --subscription {SUBSCRIPTION_ID} "
+    )
 
 
 def _copy_training(tmp_path: Path) -> Path:
@@ -302,7 +316,14 @@ def test_digest_frames_paths_and_bytes(tmp_path: Path) -> None:
 def test_build_command_rejects_unknown_builder() -> None:
     with pytest.raises(ValueError, match="acr, docker"):
         build_command(
-            "kaniko", registry_name="r", login_server="r.io", repository="x", tag="t", context="."
+            "kaniko",
+            registry_name="r",
+            login_server="r.io",
+            resource_group="g",
+            subscription_id="s",
+            repository="x",
+            tag="t",
+            context=".",
         )
 
 
@@ -338,6 +359,20 @@ def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
     provider = run.one("pulumi:providers:kubernetes")
     assert provider.inputs["kubeconfig"] == run.outputs["kubeconfig"]
     assert "kubeconfig" in provider.secret_inputs
+
+
+@pytest.mark.parametrize("stack", ["dev", "a100"])
+def test_kubernetes_provider_has_a_stable_cluster_identifier(stack: str) -> None:
+    # pulumi-kubernetes replaces a provider whose kubeconfig is unknown at preview (the cluster
+    # is updating) unless clusterIdentifier is set: then only a new identifier replaces it,
+    # and etcd and the job are not shown as replaced by a mere config change.
+    run = run_program(stack)
+    provider = run.one("pulumi:providers:kubernetes")
+    expected = f"{run.outputs['resourceGroup']}/{run.outputs['clusterName']}"
+    assert provider.inputs["clusterIdentifier"] == expected
+    # A plain string: the same before the cluster exists and after, whatever the kubeconfig.
+    other = run_program(stack, {"workerMaxReplicas": "2", "workerReplicas": "1"})
+    assert other.one("pulumi:providers:kubernetes").inputs["clusterIdentifier"] == expected
 
 
 # ---- components -------------------------------------------------------------------------------

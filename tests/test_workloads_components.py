@@ -43,6 +43,7 @@ def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
                 blob_endpoint=BLOB_ENDPOINT,
                 kubelet_client_id=KUBELET_CLIENT_ID,
                 training_client_id=TRAINING_CLIENT_ID,
+                cluster_identifier="spotlab-dev-rg/spotlab-dev-aks",
             ),
         )
         pulumi.export("namespace", workloads.namespace)

@@ -61,6 +61,8 @@ class LabWorkloadsArgs:
     """Client id of the kubelet identity: the Blob CSI volumes authenticate with it."""
     training_client_id: pulumi.Input[str]
     """Client id of the training identity: the training ServiceAccount is bound to it."""
+    cluster_identifier: str
+    """A plain string naming the cluster (its resource group and name), known at preview."""
 
 
 class LabWorkloads(pulumi.ComponentResource):
@@ -80,6 +82,11 @@ class LabWorkloads(pulumi.ComponentResource):
         provider = k8s.Provider(
             f"{name}-kubernetes",
             kubeconfig=args.kubeconfig,
+            # While the cluster is being updated its kubeconfig is unknown at preview, and without
+            # an identifier the provider, and so every object under it, is planned for
+            # replacement. With one, the provider is replaced only when this string changes
+            # (pulumi-kubernetes Provider docs, `clusterIdentifier`).
+            cluster_identifier=args.cluster_identifier,
             # The PyTorchJob CRD is too large for client-side apply's annotation.
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
