@@ -95,7 +95,7 @@ class LabConfig:
     service_account: str = "trainer"
     """Training pods' ServiceAccount; the training identity's federated credential names it."""
     stager_service_account: str = "data-stager"
-    """The data-staging Job's ServiceAccount: its own identity, the only one that writes ``data``."""
+    """The data-staging Job's ServiceAccount: the one identity that may write ``data``."""
     image_builder: str = "acr"
     """"acr" builds in the registry (no local Docker daemon); "docker" builds locally."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
