@@ -125,6 +125,7 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("resourceGroup", rg)
     pulumi.export("clusterName", cluster.name)
     pulumi.export("nodeResourceGroup", cluster.node_resource_group)
+    pulumi.export("gpuPoolName", cluster.gpu_pool_name)
     pulumi.export("kubeconfig", cluster.kubeconfig)
     pulumi.export("registryLoginServer", azure.registry.login_server)
     pulumi.export("storageAccount", azure.storage.account_name)

@@ -8,6 +8,8 @@ replaced alone. Spec builders are pure and return the SDK's keyword arguments.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,24 @@ SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
 # Only pods that ask for a GPU (and tolerate this) land on the expensive nodes.
 GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
 SYSTEM_POOL_NAME = "system"
-GPU_POOL_NAME = "gpuspot"
+GPU_POOL_NAME_PREFIX = "gpu"
+# Linux agent pool names: lowercase letters and digits, at most 12 characters.
+GPU_POOL_NAME_HASH = 8
+
+# Properties of an agent pool that AKS refuses to change after creation, of those this pool
+# sets: "You can't change the VM size of a node pool after you create it" (AKS, Manage node
+# pools, Limitations); "ScaleSetPriority or SpotMaxPrice can't be changed after creation"
+# (AKS, Spot node pools, Limitations), and so the eviction policy with them; gpuProfile.driver
+# is set only at creation (NOTES, AKS GPU docs); OS type and pool type define the scale set.
+GPU_POOL_CREATE_ONLY = (
+    "vm_size",
+    "scale_set_priority",
+    "scale_set_eviction_policy",
+    "spot_max_price",
+    "gpu_profile",
+    "os_type",
+    "type",
+)
 
 
 def system_pool_profile(cluster: ClusterConfig) -> dict[str, Any]:
@@ -54,7 +73,6 @@ def gpu_spot_pool_spec(
     which may be unset.
     """
     spec: dict[str, Any] = {
-        "agent_pool_name": GPU_POOL_NAME,
         "mode": "User",
         "type": "VirtualMachineScaleSets",
         "os_type": "Linux",
@@ -76,7 +94,19 @@ def gpu_spot_pool_spec(
     }
     if kubernetes_version:
         spec["orchestrator_version"] = kubernetes_version
+    # The name carries the create-only settings: changing one names a new pool, which Pulumi
+    # creates before it deletes the old one (the pool is never missing, and the new one starts
+    # at gpuMinNodes, so the Spot quota is not held twice while the job moves over). Min/max
+    # counts and labels stay in-place updates.
+    spec["agent_pool_name"] = gpu_pool_name(spec)
     return spec
+
+
+def gpu_pool_name(spec: dict[str, Any]) -> str:
+    """``gpu`` + a hash of the pool's create-only settings: a new name for a new pool."""
+    create_only = {key: spec[key] for key in GPU_POOL_CREATE_ONLY}
+    digest = hashlib.sha256(json.dumps(create_only, sort_keys=True).encode()).hexdigest()
+    return GPU_POOL_NAME_PREFIX + digest[:GPU_POOL_NAME_HASH]
 
 
 def autoscaler_profile() -> dict[str, str]:
@@ -133,6 +163,12 @@ def managed_cluster_spec(
     return spec
 
 
+def _camel(key: str) -> str:
+    """The provider's property name for an SDK keyword: ``vm_size`` -> ``vmSize``."""
+    head, *rest = key.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
 def decode_kubeconfig(value: str) -> str:
     """The kubeconfig text from ``listManagedClusterUserCredentials``' base64 value."""
     return base64.b64decode(value).decode("utf-8")
@@ -162,6 +198,8 @@ class AksCluster(pulumi.ComponentResource):
     """AKS with a CPU system pool, a GPU Spot pool, Blob CSI, OIDC and workload identity."""
 
     name: pulumi.Output[str]
+    gpu_pool_name: pulumi.Output[str]
+    """The GPU Spot pool's name, derived from its create-only settings."""
     node_resource_group: pulumi.Output[str]
     kubelet_client_id: pulumi.Output[str]
     kubelet_object_id: pulumi.Output[str]
@@ -179,17 +217,25 @@ class AksCluster(pulumi.ComponentResource):
             **managed_cluster_spec(args.cluster_name, args.location, args.cluster, args.tags),
             opts=child,
         )
-        azure_native.containerservice.AgentPool(
+        gpu_pool = azure_native.containerservice.AgentPool(
             f"{name}-gpu-spot",
             resource_group_name=args.resource_group_name,
             resource_name_=cluster.name,
             **gpu_spot_pool_spec(
                 args.gpu_pool, args.gpu_max_nodes, args.cluster.kubernetes_version
             ),
-            # The autoscaler owns the node count after creation.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["count"]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # The autoscaler owns the node count after creation.
+                ignore_changes=["count"],
+                # Belt and braces with the derived name: whatever a provider release decides for
+                # these properties (pulumi-azure-native #3655 made some replace, #2774 dropped
+                # others), a change to one replaces the pool instead of a refused update.
+                replace_on_changes=[_camel(key) for key in GPU_POOL_CREATE_ONLY],
+            ),
         )
         self.name = cluster.name
+        self.gpu_pool_name = gpu_pool.name
         self.node_resource_group = cluster.node_resource_group.apply(lambda v: v or "")
         kubelet = cluster.identity_profile.apply(lambda p: (p or {})["kubeletidentity"])
         self.kubelet_client_id = kubelet.apply(lambda k: k.client_id)
@@ -206,6 +252,7 @@ class AksCluster(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "name": self.name,
+                "gpu_pool_name": self.gpu_pool_name,
                 "node_resource_group": self.node_resource_group,
                 "kubelet_client_id": self.kubelet_client_id,
                 "kubelet_object_id": self.kubelet_object_id,

@@ -30,7 +30,6 @@ from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScal
 
 from stack_config import LabConfig
 
-DEFAULT_POOL = "gpuspot"
 POOL_TAG = "aks-managed-poolName"
 # A dataclass field's plain default is also its class attribute: the stack's default namespace.
 DEFAULT_NAMESPACE: str = LabConfig.namespace
@@ -51,7 +50,7 @@ class EvictionRequest:
 
     subscription: str
     resource_group: str
-    pool: str = DEFAULT_POOL
+    pool: str
     instance_id: str | None = None
     node: str | None = None
     pod: str | None = None
@@ -81,13 +80,14 @@ class EvictionTarget:
 def parse_node_name(node: str) -> tuple[str, str]:
     """Split an AKS node name into its scale set name and VMSS instance id.
 
-    ``aks-gpuspot-12345678-vmss00000a`` -> ``("aks-gpuspot-12345678-vmss", "10")``.
+    ``aks-gpu1a2b3c4d-12345678-vmss00000a`` -> ``("aks-gpu1a2b3c4d-12345678-vmss", "10")``.
     """
     match = NODE_NAME.match(node)
     if match is None:
         raise EvictionError(
             f"--node {node!r} is not an AKS scale-set node name; expected "
-            "aks-<pool>-<digits>-vmss<6 base-36 characters>, e.g. aks-gpuspot-12345678-vmss00000a "
+            "aks-<pool>-<digits>-vmss<6 base-36 characters>, e.g. "
+            "aks-gpu1a2b3c4d-12345678-vmss00000a "
             "(see `kubectl get nodes`), or pass --instance-id"
         )
     return match["scale_set"], str(int(match["suffix"], 36))
@@ -126,10 +126,19 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> E
             "group) or --stack-outputs FILE holding nodeResourceGroup, written by "
             "`pulumi stack output --json --show-secrets`"
         )
+    # The pool's name follows its create-only settings (infra/cluster.py), so it comes from the
+    # stack's outputs, not from a fixed default.
+    pool = args.pool or outputs.get("gpuPoolName")
+    if not isinstance(pool, str) or not pool:
+        where = f" (--stack-outputs {args.stack_outputs} has none)" if args.stack_outputs else ""
+        raise EvictionError(
+            f"no GPU pool name{where}: pass --pool (e.g. gpu1a2b3c4d, see `az aks nodepool "
+            "list`) or --stack-outputs FILE holding gpuPoolName"
+        )
     return EvictionRequest(
         subscription=subscription,
         resource_group=resource_group,
-        pool=args.pool,
+        pool=pool,
         instance_id=args.instance_id,
         node=args.node,
         pod=args.pod,
@@ -286,7 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--stack-outputs",
         type=Path,
         metavar="FILE",
-        help="`pulumi stack output --json --show-secrets` as a file; its nodeResourceGroup is used",
+        help=(
+            "`pulumi stack output --json --show-secrets` as a file; its nodeResourceGroup and "
+            "gpuPoolName are used"
+        ),
     )
     where.add_argument("--subscription", help="subscription id (default: $AZURE_SUBSCRIPTION_ID)")
     where.add_argument(
@@ -296,13 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--pool",
-        default=DEFAULT_POOL,
-        help=f"AKS node pool to evict from (default: {DEFAULT_POOL})",
+        help="AKS node pool to evict from (default: the outputs' gpuPoolName)",
     )
     which = parser.add_argument_group("which node (default: the running one with the lowest id)")
     pick = which.add_mutually_exclusive_group()
     pick.add_argument("--instance-id", help="VMSS instance id, e.g. 10")
-    pick.add_argument("--node", help="Kubernetes node name, e.g. aks-gpuspot-12345678-vmss00000a")
+    pick.add_argument(
+        "--node", help="Kubernetes node name, e.g. aks-gpu1a2b3c4d-12345678-vmss00000a"
+    )
     pick.add_argument("--pod", help="evict the node this pod runs on (asks kubectl)")
     which.add_argument(
         "-n",

@@ -112,6 +112,7 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     assert config["spot-lab:gpuMaxNodes"] == ""
     assert pool.inputs["maxCount"] == int(config["spot-lab:workerMaxReplicas"])
     assert pool.ignore_changes == ["count"]
+    assert pool.inputs["agentPoolName"] == run.outputs["gpuPoolName"]
 
 
 def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
@@ -564,6 +565,98 @@ def test_pure_pool_specs_match_the_constants() -> None:
     assert aks.SPOT_TAINT in spec["node_taints"] and aks.GPU_TAINT in spec["node_taints"]
     assert spec["max_count"] == cfg.job.max_replicas
     assert spec["node_labels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
+
+
+# ---- create-only pool properties ---------------------------------------------------------------
+
+# Each create-only setting the stack config reaches, with a second value (AKS refuses to change
+# them in place: Manage node pools and Spot node pools, Limitations).
+CREATE_ONLY_CHANGES = {
+    "gpuVmSize": "Standard_NC8as_T4_v3",
+    "spotMaxPrice": "0.5",
+}
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(CREATE_ONLY_CHANGES.items()))
+def test_a_create_only_change_names_a_new_gpu_pool(key: str, value: str) -> None:
+    before = run_program("dev").one(AGENT_POOL)
+    after = run_program("dev", {key: value}).one(AGENT_POOL)
+    # Same logical resource, new physical name: Pulumi replaces it, creating the new pool first.
+    assert after.urn == before.urn
+    assert after.inputs["agentPoolName"] != before.inputs["agentPoolName"]
+    assert after.delete_before_replace is False
+
+
+@pytest.mark.parametrize(
+    "override",
+    [{"gpuMinNodes": "1"}, {"gpuMaxNodes": "5"}, {"workerMaxReplicas": "2", "workerReplicas": "1"}],
+)
+def test_count_changes_keep_the_gpu_pool(override: dict[str, str]) -> None:
+    before = run_program("dev").one(AGENT_POOL)
+    after = run_program("dev", override).one(AGENT_POOL)
+    assert after.inputs["agentPoolName"] == before.inputs["agentPoolName"]
+    assert after.inputs["minCount"] != before.inputs["minCount"] or (
+        after.inputs["maxCount"] != before.inputs["maxCount"]
+    )
+
+
+def test_every_create_only_property_is_replaced_on_change(run: ProgramRun) -> None:
+    pool = run.one(AGENT_POOL)
+    assert set(pool.replace_on_changes) == {
+        "vmSize",
+        "scaleSetPriority",
+        "scaleSetEvictionPolicy",
+        "spotMaxPrice",
+        "gpuProfile",
+        "osType",
+        "type",
+    }
+    # And each of them feeds the name, so the pool's identity follows it too.
+    base = aks.gpu_spot_pool_spec(LabConfig(project="p", stack="s").gpu_pool, 3, None)
+    changed = {
+        "vm_size": "Standard_NC8as_T4_v3",
+        "scale_set_priority": "Regular",
+        "scale_set_eviction_policy": "Deallocate",
+        "spot_max_price": 0.25,
+        "gpu_profile": {"driver": "None"},
+        "os_type": "Windows",
+        "type": "AvailabilitySet",
+    }
+    assert set(changed) == set(aks.GPU_POOL_CREATE_ONLY)
+    for key, value in changed.items():
+        assert aks.gpu_pool_name({**base, key: value}) != base["agent_pool_name"], key
+    name = base["agent_pool_name"]
+    assert re.fullmatch(r"[a-z][a-z0-9]{0,11}", name), name  # AKS: Linux pool names
+
+
+SYSTEM_VM_SIZE = "spot-lab:systemVmSize"
+
+
+def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
+    # The dev stack given the a100 stack file's values: "config overrides per environment".
+    a100 = yaml.safe_load((PROJECT_DIR / "Pulumi.a100.yaml").read_text())["config"]
+    # Not namePrefix (it names every resource: another lab, not a change) and not
+    # systemVmSize (the inline system pool cannot be resized in place: docs/azure.md).
+    overrides = {
+        key.split(":", 1)[1]: str(value)
+        for key, value in a100.items()
+        if key.startswith("spot-lab:") and key not in ("spot-lab:namePrefix", SYSTEM_VM_SIZE)
+    }
+    dev, moved = run_program("dev"), run_program("dev", overrides)
+    assert moved.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC24ads_A100_v4"
+    assert dev.one(AGENT_POOL).urn == moved.one(AGENT_POOL).urn
+    assert (
+        dev.one(AGENT_POOL).inputs["agentPoolName"]
+        != (moved.one(AGENT_POOL).inputs["agentPoolName"])
+    )
+    assert dev.one(CLUSTER).urn == moved.one(CLUSTER).urn
+    assert (
+        dev.one(CLUSTER).inputs["agentPoolProfiles"]
+        == moved.one(CLUSTER).inputs["agentPoolProfiles"]
+    )
+    # The job finds its nodes by our label, not by the pool's name.
+    for run in (dev, moved):
+        assert run.one(AGENT_POOL).inputs["nodeLabels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
 
 
 # ---- the harness itself -------------------------------------------------------------------------

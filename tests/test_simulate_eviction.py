@@ -27,7 +27,8 @@ from lab.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_n
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 RG = "MC_spotlab_aks_westus3"
-GPU_VMSS = "aks-gpuspot-12345678-vmss"
+GPU_POOL = "gpu1a2b3c4d"  # derived from the pool's create-only settings (infra/cluster.py)
+GPU_VMSS = f"aks-{GPU_POOL}-12345678-vmss"
 SYSTEM_VMSS = "aks-system-87654321-vmss"
 ARM = "https://management.azure.com"
 API_VERSION = "2026-04-01"  # what azure-mgmt-compute 39 sends
@@ -151,7 +152,7 @@ def _lab(arm: FakeArm, vms: list[dict[str, Any]] | None = None, gpu_pool: bool =
     """An AKS node resource group: a system pool and (optionally) the GPU Spot pool."""
     sets = [_scale_set(SYSTEM_VMSS, "system", "Regular")]
     if gpu_pool:
-        sets.append(_scale_set(GPU_VMSS, "gpuspot", "Spot"))
+        sets.append(_scale_set(GPU_VMSS, "gpu1a2b3c4d", "Spot"))
     arm.routes[("GET", VMSS_LIST)] = (200, {"value": sets})
     if vms is None:
         vms = [_vm(3, "deallocated"), _vm(11), _vm(10)]
@@ -165,7 +166,7 @@ def _run(arm: FakeArm, *flags: str, credential: Any = None, resolver: Any = None
     def no_kubectl(pod: str, namespace: str) -> str:
         raise AssertionError("the pod resolver must not be called")
 
-    argv = ["--subscription", SUB, "--node-resource-group", RG, *flags]
+    argv = ["--subscription", SUB, "--node-resource-group", RG, "--pool", GPU_POOL, *flags]
     return main(
         argv,
         client_factory=_factory(arm, credential),
@@ -234,7 +235,7 @@ def test_node_name_parses_to_scale_set_and_base36_instance(
 
 
 @pytest.mark.parametrize(
-    "node", ["gpu-node-1", f"{GPU_VMSS}00000", f"{GPU_VMSS}00000A", "aks-gpuspot-1-vmss-00000a"]
+    "node", ["gpu-node-1", f"{GPU_VMSS}00000", f"{GPU_VMSS}00000A", "aks-gpu1a2b3c4d-1-vmss-00000a"]
 )
 def test_unparseable_node_name_fails_before_any_call(arm: FakeArm, capsys: Any, node: str) -> None:
     with pytest.raises(EvictionError, match="aks-<pool>-<digits>-vmss"):
@@ -283,7 +284,7 @@ def test_missing_pool_lists_the_scale_sets_found(arm: FakeArm, capsys: Any) -> N
     assert _run(arm) == 2
     assert arm.posts() == []
     err = capsys.readouterr().err
-    assert f"no scale set for pool 'gpuspot' in resource group {RG}" in err
+    assert f"no scale set for pool 'gpu1a2b3c4d' in resource group {RG}" in err
     assert f"scale sets found: {SYSTEM_VMSS}" in err
 
 
@@ -330,11 +331,24 @@ def test_missing_subscription_fails_before_signing_in(capsys: Any) -> None:
 def test_stack_outputs_and_environment_fill_in_the_flags(arm: FakeArm, tmp_path: Path) -> None:
     _lab(arm)
     outputs = tmp_path / "outputs.json"
-    outputs.write_text(json.dumps({"nodeResourceGroup": RG, "clusterName": "aks"}))
+    outputs.write_text(
+        json.dumps({"nodeResourceGroup": RG, "clusterName": "aks", "gpuPoolName": GPU_POOL})
+    )
     argv = ["--stack-outputs", str(outputs), "--instance-id", "11"]
     env = {"AZURE_SUBSCRIPTION_ID": SUB}
     assert main(argv, client_factory=_factory(arm), environ=env) == 0
     assert arm.posts() == [f"{GPU_VMS}/11/simulateEviction"]
+
+
+def test_the_pool_name_comes_from_the_outputs_or_a_flag(tmp_path: Path, capsys: Any) -> None:
+    # The GPU pool's name follows its settings, so there is no fixed default to fall back to.
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"nodeResourceGroup": RG}))
+    argv = ["--stack-outputs", str(outputs), "--subscription", SUB]
+    assert main(argv, environ={}) == 2
+    err = capsys.readouterr().err
+    assert f"no GPU pool name (--stack-outputs {outputs} has none)" in err
+    assert "pass --pool" in err
 
 
 def test_stack_outputs_without_resource_group(tmp_path: Path, capsys: Any) -> None:
