@@ -70,6 +70,9 @@ class JobConfig:
     global_batch_size: int = 256
     hpa_cpu_utilization: int = 0
     """0: no HPA; else elasticPolicy.metrics targets this average CPU utilisation (%)."""
+    active_deadline_s: int | None = None
+    """runPolicy.activeDeadlineSeconds: the operator fails the job (and frees its GPU nodes)
+    this long after it started; None: no deadline."""
     run_id: str = "1"
     """Part of the rendezvous id: a new value starts a new run of the same job (same
     checkpoints), since a closed rendezvous stays closed for its id."""
@@ -156,6 +159,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("maxSteps", "job.max_steps", int),
     Setting("globalBatchSize", "job.global_batch_size", int),
     Setting("runId", "job.run_id", str),
+    Setting("activeDeadlineSeconds", "job.active_deadline_s", int, optional=True),
     Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),
     Setting("workerCpu", "job.worker_cpu", str),
     Setting("workerMemory", "job.worker_memory", str),
@@ -453,6 +457,8 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('globalBatchSize')} ({job.global_batch_size}) must be >= "
             f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}): every rank needs a sample"
         )
+    if job.active_deadline_s is not None:
+        problems += _at_least(cfg, {"activeDeadlineSeconds": job.active_deadline_s}, 1)
     if not RUN_ID.match(job.run_id):
         problems.append(
             f"{cfg.key('runId')} must be 1-20 lowercase letters, digits or '-', starting and "

@@ -414,3 +414,10 @@ def test_every_size_in_the_table_belongs_to_an_accepted_family() -> None:
         assert size.gpus >= 1 and size.vcpus >= 4 and size.memory_gib > size.vcpus
     assert gpu_sizes.gpu_size("standard_nc48ads_a100_v4").gpus == 2
     assert gpu_sizes.gpu_size("Standard_NV12s_v3") is None
+
+
+def test_active_deadline_is_optional_and_positive() -> None:
+    assert _cfg({}).job.active_deadline_s is None
+    assert _cfg({"activeDeadlineSeconds": "86400"}).job.active_deadline_s == 86400
+    message = _problems({"activeDeadlineSeconds": "0"})
+    assert "spot-lab:activeDeadlineSeconds must be an integer >= 1, got 0" in message

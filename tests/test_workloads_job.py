@@ -124,15 +124,27 @@ def test_hpa_metrics_only_when_a_cpu_target_is_set() -> None:
     assert metric["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
 
 
-def test_worker_replicas_only_restarting_on_failure() -> None:
+def test_worker_replicas_retry_only_signals() -> None:
     manifest = pytorchjob_manifest(_job_spec(replicas=3))
     replica_specs = manifest["spec"]["pytorchReplicaSpecs"]
     assert list(replica_specs) == ["Worker"]
     assert replica_specs["Worker"]["replicas"] == 3
-    assert replica_specs["Worker"]["restartPolicy"] == "OnFailure"
+    # OnFailure restarted a worker that exits 2 on missing data forever, on billed GPU nodes;
+    # ExitCode fails the job on such a code and retries only signals (an eviction's SIGTERM).
+    assert replica_specs["Worker"]["restartPolicy"] == "ExitCode"
+    # No backoffLimit: under ExitCode it would count nothing (see run_policy).
+    assert manifest["spec"]["runPolicy"] == {"cleanPodPolicy": "None"}
     assert manifest["spec"]["nprocPerNode"] == "1"
     assert manifest["apiVersion"] == "kubeflow.org/v1"
     assert manifest["kind"] == "PyTorchJob"
+
+
+def test_active_deadline_is_optional() -> None:
+    manifest = pytorchjob_manifest(_job_spec(active_deadline_s=7200))
+    assert manifest["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "None",
+        "activeDeadlineSeconds": 7200,
+    }
 
 
 # ---- rendezvous id ---------------------------------------------------------------------------
@@ -397,10 +409,12 @@ def _manifests() -> list[dict[str, Any]]:
         pytorchjob_manifest(
             _job_spec(checkpoint_backend="blob", checkpoint_uri=blob_uri, checkpoints_claim=None)
         ),
+        # runPolicy.activeDeadlineSeconds is a v1.9.4 field; a typo would be pruned silently.
+        pytorchjob_manifest(_job_spec(active_deadline_s=3600)),
     ]
 
 
-@pytest.mark.parametrize("manifest", _manifests(), ids=["mount", "hpa", "blob"])
+@pytest.mark.parametrize("manifest", _manifests(), ids=["mount", "hpa", "blob", "deadline"])
 def test_no_field_would_be_pruned_by_the_v1_9_4_api(manifest: dict[str, Any]) -> None:
     assert unknown_fields(manifest, "KubeflowOrgV1PyTorchJob") == []
     template = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]

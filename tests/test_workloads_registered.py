@@ -149,7 +149,7 @@ def test_registered_job_workers_get_the_rendezvous_fix_a_gpu_and_shared_memory(
 ) -> None:
     job = run.one(PYTORCHJOB).inputs
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
-    assert worker["restartPolicy"] == "OnFailure"
+    assert worker["restartPolicy"] == "ExitCode"
     pod = worker["template"]["spec"]
     container = _containers(pod)["pytorch"]
     env = {e["name"]: e["value"] for e in container["env"]}
@@ -158,3 +158,8 @@ def test_registered_job_workers_get_the_rendezvous_fix_a_gpu_and_shared_memory(
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_active_deadline_config_reaches_the_registered_job() -> None:
+    job = run_program("dev", {"activeDeadlineSeconds": "43200"}).one(PYTORCHJOB).inputs
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 43200

@@ -78,6 +78,8 @@ class ElasticJobSpec:
     """0: no HPA; else the operator's HPA targets this average CPU utilisation (%)."""
     run_id: str = "1"
     """Which run of this job: part of the rendezvous id and of the labels."""
+    active_deadline_s: int | None = None
+    """runPolicy.activeDeadlineSeconds; None: no deadline."""
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     gpus_per_worker: int = 1
     """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
@@ -263,23 +265,38 @@ def pytorchjob_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
         "spec": {
             "nprocPerNode": str(spec.gpus_per_worker),
             "elasticPolicy": elastic_policy_manifest(spec),
-            # Keep finished pods (the operator's default, stated): their logs tell how a run
-            # ended. No backoffLimit: restarts after evictions are expected, and the operator
-            # would count every one of them against it.
-            "runPolicy": {"cleanPodPolicy": "None"},
+            "runPolicy": run_policy(spec),
             "pytorchReplicaSpecs": {
                 # Elastic jobs have no Master: every worker is equal and rank 0 is whoever
                 # the rendezvous picks, so losing any one pod is survivable.
                 "Worker": {
                     "replicas": spec.replicas,
-                    # Restart a failed container in place (it rejoins the rendezvous); the
-                    # operator recreates pods whose node was evicted.
-                    "restartPolicy": "OnFailure",
+                    # ExitCode: the operator recreates a pod whose container ended by a signal
+                    # it retries (130, 137, 143, 138: an eviction, a kill) and fails the job on
+                    # any other code (training-operator v1, IsRetryableExitCode), so a bad flag
+                    # or missing data stops the job and frees its GPU nodes instead of
+                    # restarting forever as OnFailure did. training/exit_codes.py maps every
+                    # way a node ends onto these codes.
+                    "restartPolicy": "ExitCode",
                     "template": worker_pod_template(spec),
                 }
             },
         },
     }
+
+
+def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
+    """The job's runPolicy: keep finished pods, and an optional deadline.
+
+    Finished pods stay (the operator's default, stated): their logs tell how a run ended. No
+    backoffLimit: the operator counts only container restarts of running pods against it
+    (common job controller, ``PastBackoffLimit``), and under ExitCode a retried failure is a
+    new pod, so it would bound nothing; the exit codes and torchrun's ``maxRestarts`` do.
+    """
+    policy: dict[str, Any] = {"cleanPodPolicy": "None"}
+    if spec.active_deadline_s is not None:
+        policy["activeDeadlineSeconds"] = spec.active_deadline_s
+    return policy
 
 
 def checkpoint_uri(
@@ -337,6 +354,7 @@ def elastic_job_spec(
         worker_memory=job.worker_memory,
         hpa_cpu_utilization=job.hpa_cpu_utilization,
         run_id=job.run_id,
+        active_deadline_s=job.active_deadline_s,
         rendezvous=job.rendezvous,
     )
 
