@@ -1,0 +1,214 @@
+"""Stage CIFAR-10 into the ``data`` container: download, check the published checksum, upload.
+
+``pulumi up`` runs this in a Kubernetes Job on the system pool (``workloads/data_staging.py``)
+and creates the PyTorchJob only once it has succeeded, so GPU nodes never start on an empty
+container. The archive's URL and checksum are stack config: the official archive by default,
+or a mirror, or the user's own data in the same format.
+
+It is idempotent: a marker blob records what was staged (source and checksum), and a second
+run with the same checksum finds every file there and uploads nothing. Every file is checked
+as CIFAR-10 binary (record size, labels) before anything is uploaded, and the marker is
+written last, so a half-staged container is never taken for a staged one.
+
+Exit codes: 0 staged (or already there); 2 the input is wrong and no retry fixes it (bad
+checksum syntax, a checksum mismatch, an archive without the batch files); 1 the network or
+storage failed, which the Job's own retries may fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from training.blob_store import credential_from_env, parse_blob_uri
+from training.data import TEST_FILE, DatasetError, load_cifar10_binary
+
+EXIT_BAD_INPUT = 2
+EXIT_RETRY = 1
+MARKER = ".staged.json"
+"""The marker blob: its leading '.' keeps it out of the training loader's file pattern."""
+# The files the training loader reads (training/data.py), at the container's root.
+BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
+CHECKSUM = re.compile(r"^(md5:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
+CHUNK = 1 << 20
+
+
+class StagingError(Exception):
+    """Staging cannot go on; ``retry`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+def parse_checksum(text: str) -> tuple[str, str]:
+    """``md5:<hex>`` or ``sha256:<hex>`` as (algorithm, lowercase hex digest)."""
+    value = text.strip().lower()
+    if not CHECKSUM.match(value):
+        raise StagingError(
+            f"checksum must be md5:<32 hex digits> or sha256:<64 hex digits> (the official "
+            f"CIFAR-10 page publishes an MD5), got {text!r}",
+            retry=False,
+        )
+    algorithm, digest = value.split(":", 1)
+    return algorithm, digest
+
+
+def download(url: str, dest: Path, checksum: str, timeout_s: float = 60.0) -> None:
+    """Fetch ``url`` into ``dest`` and check its digest while the bytes stream in."""
+    algorithm, expected = parse_checksum(checksum)
+    digest = hashlib.new(algorithm)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response, open(dest, "wb") as out:
+            while chunk := response.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        # 4xx: the URL is wrong and stays wrong; 5xx may pass.
+        raise StagingError(
+            f"download of {url} failed: HTTP {exc.code}", retry=exc.code >= 500
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StagingError(f"download of {url} failed: {reason}", retry=True) from None
+    if digest.hexdigest() != expected:
+        raise StagingError(
+            f"{url} has {algorithm} {digest.hexdigest()}, but the config expects {expected}: "
+            "a corrupt download or the wrong archive; check dataSourceUrl and dataSourceChecksum",
+            retry=False,
+        )
+
+
+def extract_batches(archive: Path, out_dir: Path) -> list[Path]:
+    """The archive's CIFAR-10 batch files, written flat into ``out_dir`` and checked.
+
+    Members are picked by their base name and written by this code, never extracted by path,
+    so an archive cannot write outside ``out_dir``.
+    """
+    written: list[Path] = []
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if not member.isfile() or not BATCH_FILE.match(name):
+                    continue
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                target = out_dir / name
+                target.write_bytes(source.read())
+                written.append(target)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise StagingError(
+            f"{archive.name} is not a readable tar archive: {exc}", retry=False
+        ) from None
+    names = {p.name for p in written}
+    if TEST_FILE not in names or names == {TEST_FILE}:
+        raise StagingError(
+            f"the archive holds {sorted(p.name for p in written) or 'no batch files'}; "
+            "CIFAR-10's binary version has data_batch_1.bin ... data_batch_5.bin and "
+            "test_batch.bin (is it the python or matlab version?)",
+            retry=False,
+        )
+    try:  # the loader's own checks: record size and labels
+        load_cifar10_binary(out_dir, "train")
+        load_cifar10_binary(out_dir, "test")
+    except DatasetError as exc:
+        raise StagingError(
+            f"the archive's batch files are not CIFAR-10 binary: {exc}", retry=False
+        ) from None
+    return sorted(written)
+
+
+def _container(container_uri: str) -> Any:
+    """The SDK's ContainerClient: workload identity in the pod, a connection string in tests."""
+    from azure.storage.blob import ContainerClient
+
+    location = parse_blob_uri(container_uri)
+    if location.prefix:
+        raise StagingError(
+            f"{container_uri} must name a container, with no folder after it", retry=False
+        )
+    return ContainerClient(
+        location.account_url, location.container, credential=credential_from_env(location)
+    )
+
+
+def already_staged(container: Any, checksum: str) -> bool:
+    """Whether the marker names this checksum and every file it lists is there."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        marker = json.loads(container.download_blob(MARKER).readall())
+    except ResourceNotFoundError:
+        return False
+    present = {blob.name for blob in container.list_blobs()}
+    return marker.get("checksum") == checksum and set(marker.get("files", [])) <= present
+
+
+def stage(source: str, checksum: str, container_uri: str) -> str:
+    """Stage ``source`` into the container; returns what happened, for the log."""
+    from azure.core.exceptions import AzureError
+
+    parse_checksum(checksum)  # bad syntax is refused before any I/O
+    try:
+        container = _container(container_uri)
+        if already_staged(container, checksum.strip().lower()):
+            return f"{container_uri} already holds {checksum}: nothing to do"
+        with tempfile.TemporaryDirectory(prefix="stage-data-") as tmp:
+            archive = Path(tmp) / "archive"
+            download(source, archive, checksum)
+            batches = Path(tmp) / "batches"
+            batches.mkdir()
+            files = extract_batches(archive, batches)
+            for path in files:
+                with open(path, "rb") as data:
+                    container.upload_blob(path.name, data, overwrite=True)
+            marker = {"source": source, "checksum": checksum.strip().lower()}
+            marker["files"] = [p.name for p in files]
+            container.upload_blob(MARKER, json.dumps(marker), overwrite=True)
+        return f"staged {len(files)} files from {source} into {container_uri}"
+    except AzureError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StagingError(f"storage error on {container_uri}: {first}", retry=True) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.stage_data",
+        description="Download CIFAR-10's binary archive, check its checksum and upload the "
+        "batch files to a Blob container (idempotent).",
+    )
+    parser.add_argument("--source", required=True, help="https URL of the .tar.gz archive")
+    parser.add_argument(
+        "--checksum", required=True, help="md5:<hex> or sha256:<hex> of the archive"
+    )
+    parser.add_argument(
+        "--container-uri",
+        required=True,
+        help="the container's URL, e.g. https://ACCOUNT.blob.core.windows.net/data",
+    )
+    args = parser.parse_args(argv)
+    try:
+        print(stage(args.source, args.checksum, args.container_uri), flush=True)
+    except StagingError as exc:
+        print(f"stage-data: {exc}", file=sys.stderr, flush=True)
+        return EXIT_RETRY if exc.retry else EXIT_BAD_INPUT
+    except ValueError as exc:  # a malformed container URI, from parse_blob_uri
+        print(f"stage-data: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
