@@ -14,7 +14,7 @@ import pulumi
 
 import stack_config
 from infra.cluster import AksCluster, AksClusterArgs
-from infra.identity import TrainingIdentity, TrainingIdentityArgs
+from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
 from infra.image import TrainingImage, TrainingImageArgs
 from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
@@ -44,7 +44,8 @@ class AzureLab:
     cluster: AksCluster
     storage: LabStorage
     registry: LabRegistry
-    training_identity: TrainingIdentity
+    training_identity: WorkloadIdentity
+    stager_identity: WorkloadIdentity
     image: TrainingImage
 
 
@@ -68,16 +69,32 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         ),
     )
     storage, registry = deploy_stores(cfg, resource_group, cluster, tags)
-    training_identity = TrainingIdentity(
+    training_identity = WorkloadIdentity(
         "training-identity",
-        TrainingIdentityArgs(
+        WorkloadIdentityArgs(
             resource_group_name=resource_group.name,
             identity_name=names.training_identity,
             location=cfg.location,
             oidc_issuer_url=cluster.oidc_issuer_url,
             namespace=cfg.namespace,
             service_account=cfg.service_account,
-            checkpoints_container_id=storage.checkpoints_container_id,
+            writable_container_id=storage.checkpoints_container_id,
+            role_name="checkpoints-writer",
+            tags=tags,
+        ),
+    )
+    # Only the staging Job writes the dataset; the training pods never can.
+    stager_identity = WorkloadIdentity(
+        "stager-identity",
+        WorkloadIdentityArgs(
+            resource_group_name=resource_group.name,
+            identity_name=names.stager_identity,
+            location=cfg.location,
+            oidc_issuer_url=cluster.oidc_issuer_url,
+            namespace=cfg.namespace,
+            service_account=cfg.stager_service_account,
+            writable_container_id=storage.data_container_id,
+            role_name="data-writer",
             tags=tags,
         ),
     )
@@ -94,7 +111,9 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
             builder=cfg.image_builder,
         ),
     )
-    return AzureLab(resource_group, cluster, storage, registry, training_identity, image)
+    return AzureLab(
+        resource_group, cluster, storage, registry, training_identity, stager_identity, image
+    )
 
 
 def deploy_stores(
@@ -135,6 +154,7 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("image", azure.image.image_ref)
     pulumi.export("imageTag", azure.image.tag)
     pulumi.export("trainingClientId", azure.training_identity.client_id)
+    pulumi.export("stagerClientId", azure.stager_identity.client_id)
     pulumi.export("kubeletClientId", cluster.kubelet_client_id)
     pulumi.export(
         "getCredentials",
@@ -166,6 +186,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
             blob_endpoint=azure.storage.blob_endpoint,
             kubelet_client_id=azure.cluster.kubelet_client_id,
             training_client_id=azure.training_identity.client_id,
+            stager_client_id=azure.stager_identity.client_id,
             cluster_identifier=cluster_identifier(cfg),
         ),
     )

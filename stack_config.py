@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 
 from infra import gpu_sizes, naming
 from training.launch import RendezvousSettings
+from training.stage_data import CHECKSUM
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,27 @@ class JobConfig:
         return min(max(self.replicas, self.min_replicas), self.max_replicas)
 
 
+# The dataset's official source, and the MD5 its page publishes (binary version).
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+CIFAR10_CHECKSUM = "md5:c32a1d4ab5d03f1284b67883e8d87530"
+NO_STAGING = "none"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where ``pulumi up`` stages the dataset from, before the job may start."""
+
+    source_url: str = CIFAR10_URL
+    """An https URL of CIFAR-10's binary .tar.gz (or a mirror); "none": the user uploads."""
+    checksum: str = CIFAR10_CHECKSUM
+    """md5:<hex> or sha256:<hex> of the archive."""
+
+    @property
+    def staged(self) -> bool:
+        """Whether ``pulumi up`` stages the data (else the user uploads it)."""
+        return self.source_url != NO_STAGING
+
+
 @dataclass(frozen=True)
 class LabConfig:
     """Everything ``pulumi up`` needs, validated."""
@@ -104,6 +126,7 @@ class LabConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gpu_pool: GpuPoolConfig = field(default_factory=GpuPoolConfig)
     job: JobConfig = field(default_factory=JobConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def key(self, name: str) -> str:
         """A config key as the user types it: ``spot-lab:gpuMaxNodes``."""
@@ -160,6 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("globalBatchSize", "job.global_batch_size", int),
     Setting("runId", "job.run_id", str),
     Setting("activeDeadlineSeconds", "job.active_deadline_s", int, optional=True),
+    Setting("dataSourceUrl", "data.source_url", str),
+    Setting("dataSourceChecksum", "data.checksum", str),
     Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),
     Setting("workerCpu", "job.worker_cpu", str),
     Setting("workerMemory", "job.worker_memory", str),
@@ -275,6 +300,7 @@ def validate(cfg: LabConfig) -> None:
         *_gpu_pool_problems(cfg),
         *_replica_problems(cfg),
         *_training_problems(cfg),
+        *_data_problems(cfg),
     ]
     if problems:
         raise ConfigError(problems)
@@ -470,6 +496,25 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"got {job.hpa_cpu_utilization!r}"
         )
     return problems + _worker_resource_problems(cfg)
+
+
+def _data_problems(cfg: LabConfig) -> list[str]:
+    data = cfg.data
+    if not data.staged:
+        return []
+    problems = []
+    if not re.match(r"^https://[^/\s]+/\S+$", data.source_url):
+        problems.append(
+            f"{cfg.key('dataSourceUrl')} must be an https:// URL of CIFAR-10's binary .tar.gz "
+            f"(default {CIFAR10_URL}) or {NO_STAGING!r} to upload the data yourself, "
+            f"got {data.source_url!r}"
+        )
+    if not CHECKSUM.match(data.checksum.strip().lower()):
+        problems.append(
+            f"{cfg.key('dataSourceChecksum')} must be md5:<32 hex digits> or "
+            f"sha256:<64 hex digits> of the archive, got {data.checksum!r}"
+        )
+    return problems
 
 
 def _worker_resource_problems(cfg: LabConfig) -> list[str]:

@@ -1,4 +1,8 @@
-"""The training pods' Azure identity: a user-assigned identity trusted via workload identity."""
+"""Pod identities: user-assigned identities a ServiceAccount acts as, through workload identity.
+
+Two pods need Azure: the training workers (they write checkpoints) and the data-staging Job (it
+writes the dataset). Each gets its own identity, with a write role on its own container only.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ def service_account_subject(namespace: str, service_account: str) -> str:
 
 
 @dataclass
-class TrainingIdentityArgs:
-    """Inputs of ``TrainingIdentity``."""
+class WorkloadIdentityArgs:
+    """Inputs of ``WorkloadIdentity``."""
 
     resource_group_name: pulumi.Input[str]
     """Resource group of the identity."""
@@ -31,26 +35,33 @@ class TrainingIdentityArgs:
     oidc_issuer_url: pulumi.Input[str]
     """The cluster's OIDC issuer; only its tokens are trusted."""
     namespace: str
-    """Namespace of the training ServiceAccount."""
+    """Namespace of the ServiceAccount."""
     service_account: str
-    """Name of the training ServiceAccount."""
-    checkpoints_container_id: pulumi.Input[str]
-    """ARM id of the checkpoints container: the "blob" checkpoint backend writes there with
-    this identity (the dataset comes through the kubelet's read-only mount)."""
+    """Name of the ServiceAccount the identity trusts."""
+    writable_container_id: pulumi.Input[str]
+    """ARM id of the one container this identity may write: ``checkpoints`` for the training
+    pods (the "blob" backend), ``data`` for the staging Job."""
+    role_name: str = "writer"
+    """Suffix of the role assignment's resource name (``checkpoints-writer``, ...)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
 
-class TrainingIdentity(pulumi.ComponentResource):
-    """A managed identity the training ServiceAccount can act as, with access to checkpoints."""
+class WorkloadIdentity(pulumi.ComponentResource):
+    """A managed identity a ServiceAccount can act as, with write access to one container."""
 
     client_id: pulumi.Output[str]
     principal_id: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: TrainingIdentityArgs, opts: pulumi.ResourceOptions | None = None
+        self, name: str, args: WorkloadIdentityArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        super().__init__("spot-lab:identity:TrainingIdentity", name, None, opts)
+        # The alias keeps an existing stack's training identity (and its client id) in place.
+        aliases = pulumi.ResourceOptions(
+            aliases=[pulumi.Alias(type_="spot-lab:identity:TrainingIdentity")]
+        )
+        opts = pulumi.ResourceOptions.merge(opts, aliases)
+        super().__init__("spot-lab:identity:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         identity = azure_native.managedidentity.UserAssignedIdentity(
             f"{name}-uai",
@@ -71,10 +82,10 @@ class TrainingIdentity(pulumi.ComponentResource):
             opts=child,
         )
         assign_role(
-            f"{name}-checkpoints-writer",
+            f"{name}-{args.role_name}",
             principal_id=identity.principal_id,
             role=STORAGE_BLOB_DATA_CONTRIBUTOR,
-            scope=args.checkpoints_container_id,
+            scope=args.writable_container_id,
             parent=self,
         )
         self.client_id = identity.client_id

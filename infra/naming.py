@@ -42,6 +42,7 @@ class LabNames:
     resource_group: str
     cluster: str
     training_identity: str
+    stager_identity: str
     image_repository: str = "spot-lab-trainer"
     """Repository of the training image inside the registry."""
 
@@ -139,6 +140,7 @@ def lab_names(cfg: LabConfig) -> LabNames:
         resource_group=resource_group_name(cfg.name_prefix, cfg.stack),
         cluster=cluster_name(cfg.name_prefix, cfg.stack),
         training_identity=f"{cfg.name_prefix}-{stack_slug(cfg.stack)}-trainer",
+        stager_identity=f"{cfg.name_prefix}-{stack_slug(cfg.stack)}-stager",
     )
 
 

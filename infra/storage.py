@@ -65,6 +65,7 @@ class LabStorage(pulumi.ComponentResource):
     data_container: pulumi.Output[str]
     checkpoints_container: pulumi.Output[str]
     checkpoints_container_id: pulumi.Output[str]
+    data_container_id: pulumi.Output[str]
     """ARM id of the checkpoints container: the scope of checkpoint writers' roles."""
 
     def __init__(
@@ -111,6 +112,7 @@ class LabStorage(pulumi.ComponentResource):
         self.data_container = containers[DATA_CONTAINER].name
         self.checkpoints_container = containers[CHECKPOINTS_CONTAINER].name
         self.checkpoints_container_id = containers[CHECKPOINTS_CONTAINER].id
+        self.data_container_id = containers[DATA_CONTAINER].id
         self.register_outputs(
             {
                 "account_name": self.account_name,
@@ -119,5 +121,6 @@ class LabStorage(pulumi.ComponentResource):
                 "data_container": self.data_container,
                 "checkpoints_container": self.checkpoints_container,
                 "checkpoints_container_id": self.checkpoints_container_id,
+                "data_container_id": self.data_container_id,
             }
         )

@@ -59,6 +59,8 @@ class Registered:
     ignore_changes: list[str] = field(default_factory=list)
     replace_on_changes: list[str] = field(default_factory=list)
     delete_before_replace: bool = False
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
+    """``create``/``update``/``delete`` timeouts the resource asked for (empty ones left out)."""
     renamed_from: list[tuple[str, bool]] = field(default_factory=list)
     """(old name, had no parent) of each alias that renames the resource."""
 
@@ -169,6 +171,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 ignore_changes=list(request.ignoreChanges),
                 replace_on_changes=list(request.replaceOnChanges),
                 delete_before_replace=bool(request.deleteBeforeReplace),
+                custom_timeouts={
+                    key: value
+                    for key in ("create", "update", "delete")
+                    if (value := getattr(request.customTimeouts, key, ""))
+                },
                 renamed_from=[
                     (alias.spec.name, alias.spec.noParent)
                     for alias in request.aliases

@@ -208,20 +208,33 @@ def test_kubelet_reads_the_data_and_writes_only_the_checkpoints(run: ProgramRun)
     assert all(r.inputs["scope"] != account for r in run.of_type(ROLE))
 
 
-def test_training_identity_is_federated_with_the_cluster(run: ProgramRun) -> None:
-    identity = run.one(IDENTITY)
-    credential = run.one("azure-native:managedidentity:FederatedIdentityCredential").inputs
+@pytest.mark.parametrize(
+    ("who", "account", "container", "output"),
+    [
+        ("training", "trainer", "checkpoints", "trainingClientId"),
+        # Only the staging Job's identity writes the dataset.
+        ("stager", "data-stager", "data", "stagerClientId"),
+    ],
+)
+def test_pod_identities_are_federated_and_write_one_container(
+    run: ProgramRun, who: str, account: str, container: str, output: str
+) -> None:
+    identity = run.one(IDENTITY, f"{who}-identity")
+    credential = run.one(
+        "azure-native:managedidentity:FederatedIdentityCredential", f"{who}-identity"
+    ).inputs
     issuer = run.one(CLUSTER).outputs["oidcIssuerProfile"]["issuerURL"]
     assert credential["issuer"] == issuer
-    assert credential["subject"] == "system:serviceaccount:spot-lab:trainer"
+    assert credential["subject"] == f"system:serviceaccount:spot-lab:{account}"
     assert credential["audiences"] == ["api://AzureADTokenExchange"]
     assert credential["resourceName"] == identity.outputs["name"]
-    grant = _role(run, "training-identity-checkpoints-writer").inputs
+    grants = [r for r in run.of_type(ROLE) if r.name.startswith(f"{who}-identity")]
+    (grant,) = [g.inputs for g in grants]
     assert grant["principalId"] == identity.outputs["principalId"]
     assert grant["principalType"] == "ServicePrincipal"
-    assert grant["scope"] == _container(run, "checkpoints").id
+    assert grant["scope"] == _container(run, container).id
     assert grant["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
-    assert run.outputs["trainingClientId"] == identity.outputs["clientId"]
+    assert run.outputs[output] == identity.outputs["clientId"]
 
 
 # ---- image --------------------------------------------------------------------------------------
@@ -393,7 +406,7 @@ def test_every_resource_sits_in_a_component_named_for_it(run: ProgramRun) -> Non
         "spot-lab:cluster:AksCluster",
         "spot-lab:storage:LabStorage",
         "spot-lab:registry:LabRegistry",
-        "spot-lab:identity:TrainingIdentity",
+        "spot-lab:identity:WorkloadIdentity",
         "spot-lab:image:TrainingImage",
     }
     assert run.one(AGENT_POOL).parent_type == "spot-lab:cluster:AksCluster"

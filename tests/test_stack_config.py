@@ -421,3 +421,26 @@ def test_active_deadline_is_optional_and_positive() -> None:
     assert _cfg({"activeDeadlineSeconds": "86400"}).job.active_deadline_s == 86400
     message = _problems({"activeDeadlineSeconds": "0"})
     assert "spot-lab:activeDeadlineSeconds must be an integer >= 1, got 0" in message
+
+
+def test_data_staging_defaults_to_the_official_archive_and_can_be_turned_off() -> None:
+    data = _cfg({}).data
+    assert data.source_url.startswith("https://www.cs.toronto.edu/")
+    assert data.checksum == "md5:c32a1d4ab5d03f1284b67883e8d87530"
+    assert data.staged
+    off = _cfg({"dataSourceUrl": "none", "dataSourceChecksum": "ignored"}).data
+    assert not off.staged
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"dataSourceUrl": "http://mirror/cifar.tgz"},
+            "spot-lab:dataSourceUrl must be an https://",
+        ),
+        ({"dataSourceChecksum": "c32a1d4a"}, "spot-lab:dataSourceChecksum must be md5:<32 hex"),
+    ],
+)
+def test_data_staging_settings_are_checked(override: dict[str, str], message: str) -> None:
+    assert message in _problems(override)

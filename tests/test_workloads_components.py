@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 import pytest
 
-from stack_config import JobConfig, LabConfig
+from stack_config import DataConfig, JobConfig, LabConfig
 from tests.pulumi_harness import ProgramRun, Registered, run_pulumi
 from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 from workloads.manifests.operator import training_operator_source
@@ -43,6 +43,7 @@ def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
                 blob_endpoint=BLOB_ENDPOINT,
                 kubelet_client_id=KUBELET_CLIENT_ID,
                 training_client_id=TRAINING_CLIENT_ID,
+                stager_client_id="stager-client-id",
                 cluster_identifier="spotlab-dev-rg/spotlab-dev-aks",
             ),
         )
@@ -89,6 +90,7 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
         ("spot-lab:workloads:BlobVolume", "lab-data"),
         ("spot-lab:workloads:BlobVolume", "lab-checkpoints"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
+        ("spot-lab:workloads:DataStaging", "lab-data-staging"),
     }
 
 
@@ -99,7 +101,7 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 16
+    assert len(objects) == 18
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name
@@ -193,7 +195,7 @@ def test_volumes_use_the_azure_outputs(default_run: ProgramRun) -> None:
 
 
 def test_service_account_is_bound_to_the_training_identity(default_run: ProgramRun) -> None:
-    account = default_run.one("kubernetes:core/v1:ServiceAccount")
+    account = default_run.one("kubernetes:core/v1:ServiceAccount", "namespace")
     assert account.inputs["metadata"]["name"] == "trainer"
     assert account.inputs["metadata"]["annotations"] == {
         "azure.workload.identity/client-id": TRAINING_CLIENT_ID
@@ -232,3 +234,46 @@ def test_names_follow_the_config() -> None:
     assert run.outputs["job_name"] == "lab2-train"
     assert _elastic(run)["rdzvHost"] == "etcd.exp.svc.cluster.local"
     assert run.one(PYTORCHJOB).inputs["metadata"]["namespace"] == "exp"
+
+
+# ---- data staging -------------------------------------------------------------------------------
+
+
+def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
+    staging = default_run.one("kubernetes:batch/v1:Job")
+    job = default_run.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+    # pulumi-kubernetes creates the PyTorchJob only after the staging Job reports Complete.
+    assert staging.urn in job.dependencies
+    pod = staging.inputs["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "data-stager"
+    assert pod["nodeSelector"] == {"spot-lab/pool": "system"}  # no GPU node for a download
+    (container,) = pod["containers"]
+    assert container["image"] == IMAGE
+    assert container["command"][:3] == ["python", "-m", "training.stage_data"]
+    args = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
+    assert args["--container-uri"] == f"{BLOB_ENDPOINT.rstrip('/')}/data"
+    assert args["--checksum"] == "md5:c32a1d4ab5d03f1284b67883e8d87530"
+    assert (
+        staging.inputs["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"]
+        == "true"
+    )
+    assert staging.custom_timeouts["create"] == "3600s"
+    account = default_run.one("kubernetes:core/v1:ServiceAccount", "data-staging")
+    assert account.inputs["metadata"]["annotations"] == {
+        "azure.workload.identity/client-id": "stager-client-id"
+    }
+
+
+def test_no_staging_job_when_the_user_uploads() -> None:
+    cfg = replace(_config(), data=DataConfig(source_url="none"))
+    run = _run(cfg)
+    assert run.of_type("kubernetes:batch/v1:Job") == []
+    assert not [r for r in run.resources if r.type == "spot-lab:workloads:DataStaging"]
+
+
+def test_a_new_source_is_a_new_staging_job() -> None:
+    first = _run().one("kubernetes:batch/v1:Job").inputs["metadata"]["name"]
+    cfg = replace(_config(), data=DataConfig(source_url="https://mirror.example/c.tgz"))
+    second = _run(cfg).one("kubernetes:batch/v1:Job").inputs["metadata"]["name"]
+    assert first != second
+    assert first.startswith("spotlab-train-stage-") and second.startswith("spotlab-train-stage-")

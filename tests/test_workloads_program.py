@@ -84,7 +84,7 @@ def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
         assert attrs["storageAccount"] == run.outputs["storageAccount"]
         assert attrs["resourceGroup"] == run.outputs["resourceGroup"]
         assert attrs["AzureStorageIdentityClientID"] == run.outputs["kubeletClientId"]
-    account = run.one("kubernetes:core/v1:ServiceAccount").inputs["metadata"]
+    account = run.one("kubernetes:core/v1:ServiceAccount", "namespace").inputs["metadata"]
     assert (
         account["annotations"]["azure.workload.identity/client-id"]
         == (run.outputs["trainingClientId"])

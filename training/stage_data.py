@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from training.blob_store import credential_from_env, parse_blob_uri
-from training.data import TEST_FILE, DatasetError, load_cifar10_binary
 
 EXIT_BAD_INPUT = 2
 EXIT_RETRY = 1
@@ -95,6 +94,9 @@ def extract_batches(archive: Path, out_dir: Path) -> list[Path]:
     Members are picked by their base name and written by this code, never extracted by path,
     so an archive cannot write outside ``out_dir``.
     """
+    # Imported here: the stack config imports this module for the checksum rule, without torch.
+    from training.data import TEST_FILE, DatasetError, load_cifar10_binary
+
     written: list[Path] = []
     try:
         with tarfile.open(archive, "r:*") as tar:

@@ -22,9 +22,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from stack_config import LabConfig
+from workloads.data_staging import DataStaging, DataStagingArgs
 from workloads.device_plugin import NvidiaDevicePlugin, NvidiaDevicePluginArgs
 from workloads.etcd import Rendezvous, RendezvousArgs
 from workloads.job import ElasticTrainingJob, ElasticTrainingJobArgs
+from workloads.manifests.data_staging import DataStagingSpec
 from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name, watch_commands
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
@@ -61,6 +63,8 @@ class LabWorkloadsArgs:
     """Client id of the kubelet identity: the Blob CSI volumes authenticate with it."""
     training_client_id: pulumi.Input[str]
     """Client id of the training identity: the training ServiceAccount is bound to it."""
+    stager_client_id: pulumi.Input[str]
+    """Client id of the stager identity: the data-staging Job's ServiceAccount is bound to it."""
     cluster_identifier: str
     """A plain string naming the cluster (its resource group and name), known at preview."""
 
@@ -119,9 +123,13 @@ class LabWorkloads(pulumi.ComponentResource):
             operator_pod_labels=dict(OPERATOR_POD_LABELS),
         )
         rendezvous = Rendezvous(f"{name}-etcd", RendezvousArgs(spec=etcd_spec), opts=in_namespace)
-        # The CRD and its webhook must exist, and etcd must answer, before the job.
+        # The CRD and its webhook must exist, etcd must answer and the data must be staged,
+        # before the job: GPU nodes start only for a job that can train.
+        before_job: list[pulumi.Resource] = [operator, rendezvous]
+        if cfg.data.staged:
+            before_job.append(self._staging(name, args, in_namespace).job)
         job_opts = pulumi.ResourceOptions.merge(
-            in_namespace, pulumi.ResourceOptions(depends_on=[operator, rendezvous])
+            in_namespace, pulumi.ResourceOptions(depends_on=before_job)
         )
         job = self._job(name, args, rendezvous, priorities, in_namespace, job_opts)
         self.namespace = namespace.name
@@ -137,6 +145,33 @@ class LabWorkloads(pulumi.ComponentResource):
                 "rdzv_id": self.rdzv_id,
                 "watch_commands": self.watch_commands,
             }
+        )
+
+    def _staging(
+        self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
+    ) -> DataStaging:
+        """The Job that downloads the dataset into the data container."""
+        cfg = args.config
+        spec = pulumi.Output.all(args.image, args.blob_endpoint, args.data_container).apply(
+            lambda values: DataStagingSpec(
+                job_prefix=job_name(cfg),
+                namespace=cfg.namespace,
+                image=values[0],
+                service_account=cfg.stager_service_account,
+                source_url=cfg.data.source_url,
+                checksum=cfg.data.checksum,
+                container_uri=f"{values[1].rstrip('/')}/{values[2]}",
+            )
+        )
+        return DataStaging(
+            f"{name}-data-staging",
+            DataStagingArgs(
+                spec=spec,
+                stager_client_id=args.stager_client_id,
+                namespace=cfg.namespace,
+                service_account=cfg.stager_service_account,
+            ),
+            opts=opts,
         )
 
     def _job(
