@@ -18,12 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
+from training.exit_codes import BAD_INPUT, PERMANENT, signal_exit
 from training.launch import LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
 
 ETCD_BACKENDS = ("etcd", "etcd-v2")
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = BAD_INPUT
 
 
 def etcd_v2_problem(endpoint: str, timeout_s: float = 2.0) -> str | None:
@@ -90,16 +91,39 @@ def main(
         logger.error("%s", problem)
         return EXIT_BAD_INPUT
     if launcher == "warm":
-        from training.launcher import launch  # imports torch: after the cheap checks
-
-        try:
-            launch(args)
-        except ValueError as exc:
-            logger.error("%s", exc)
-            return EXIT_BAD_INPUT
-        return 0
+        return run_warm(args)
     execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
     return 0  # only reached when execv is a test double
+
+
+def run_warm(args: list[str]) -> int:
+    """The warm launcher, its ways of ending mapped onto the codes the operator understands."""
+    # Imports torch: after the cheap checks.
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from training.launcher import launch
+
+    try:
+        launch(args)
+    except ValueError as exc:  # bad flags or data, found before joining
+        logger.error("%s", exc)
+        return EXIT_BAD_INPUT
+    except SignalException as exc:
+        # torch's agent turns SIGTERM into this exception after stopping its workers (which
+        # saved on the same signal). Uncaught it would exit 1, which the ExitCode policy
+        # treats as permanent: the first eviction would fail the whole job.
+        code = signal_exit(exc.sigval)
+        logger.info("stopped by signal %s: exiting %d (the operator retries it)", exc.sigval, code)
+        return code
+    except ChildFailedError as exc:
+        logger.error(
+            "the workers failed and the restart budget is spent, so the rendezvous is closed "
+            "for this id: %s. Fix the cause and start a new run (runId).",
+            exc.get_first_failure()[1].message if exc.failures else exc,
+        )
+        return PERMANENT
+    return 0
 
 
 if __name__ == "__main__":

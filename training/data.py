@@ -132,16 +132,27 @@ def _split_files(root: Path, split: str) -> list[Path]:
     return files
 
 
-def load_cifar10_binary(data_dir: str | Path, split: str = "train") -> ImageDataset:
-    """Load a split of CIFAR-10's binary version: every data_batch_*.bin, or test_batch.bin."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+def dataset_files(data_dir: str | Path) -> list[Path]:
+    """The train and test batch files in ``data_dir``; DatasetError when either is missing."""
+    root = _data_root(data_dir)
+    return [*_split_files(root, "train"), *_split_files(root, "test")]
+
+
+def _data_root(data_dir: str | Path) -> Path:
     root = Path(data_dir)
     if not root.is_dir():
         raise DatasetError(
             f"CIFAR-10 data directory {root} does not exist; use the binary version of "
             f"CIFAR-10, or write a synthetic one with `python -m training.data --out {root}`"
         )
+    return root
+
+
+def load_cifar10_binary(data_dir: str | Path, split: str = "train") -> ImageDataset:
+    """Load a split of CIFAR-10's binary version: every data_batch_*.bin, or test_batch.bin."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    root = _data_root(data_dir)
     records = np.concatenate([_read_batch_file(p) for p in _split_files(root, split)])
     return ImageDataset(
         images=torch.from_numpy(records[:, 1:].reshape(-1, *IMAGE_SHAPE).copy()),

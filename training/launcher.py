@@ -75,7 +75,14 @@ def launch(args: Sequence[str]) -> None:
         )
     # Every worker parses the same flags and env: a mistake there is the same on every rank
     # and no restart fixes it, so the node stops here (a ConfigError), before it joins.
-    parse_config(parsed.training_script_args)
+    from training.data import DatasetError, dataset_files
+
+    cfg = parse_config(parsed.training_script_args)
+    # Missing data fails every worker the same way, restart after restart: stop before joining.
+    try:
+        dataset_files(cfg.data.data_dir)
+    except DatasetError as exc:
+        raise ValueError(str(exc)) from None
     config, _, _ = config_from_args(parsed)
     config.start_method = "forkserver"
     wait_until_warm()
