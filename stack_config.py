@@ -77,8 +77,10 @@ class JobConfig:
     run_id: str = "1"
     """Part of the rendezvous id: a new value starts a new run of the same job (same
     checkpoints), since a closed rendezvous stays closed for its id."""
-    worker_cpu: str = "3"
-    worker_memory: str = "12Gi"
+    worker_cpu: str | None = None
+    """CPU request of a worker pod; None: what the GPU size leaves allocatable."""
+    worker_memory: str | None = None
+    """Memory request (and limit) of a worker pod; None: what the GPU size leaves allocatable."""
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
 
     @property
@@ -127,6 +129,27 @@ class LabConfig:
     gpu_pool: GpuPoolConfig = field(default_factory=GpuPoolConfig)
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def gpu_size(self) -> gpu_sizes.GpuSize:
+        """The GPU size's entry in the shared table (``validate`` refuses any other size)."""
+        size = gpu_sizes.gpu_size(self.gpu_pool.vm_size)
+        if size is None:
+            raise ValueError(f"{self.gpu_pool.vm_size} is not in infra.gpu_sizes.SIZES")
+        return size
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs of one node: the worker pod asks for all of them and runs a process per GPU."""
+        return self.gpu_size.gpus
+
+    @property
+    def worker_requests(self) -> tuple[str, str]:
+        """(CPU, memory) of a worker pod: the configured values, or all the node leaves."""
+        cpu_millis, memory_mib = gpu_sizes.worker_allocatable(self.gpu_size)
+        cpu = self.job.worker_cpu or f"{cpu_millis // 100 * 100}m"
+        memory = self.job.worker_memory or f"{memory_mib // 1024}Gi"
+        return cpu, memory
 
     def key(self, name: str) -> str:
         """A config key as the user types it: ``spot-lab:gpuMaxNodes``."""
@@ -186,8 +209,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dataSourceUrl", "data.source_url", str),
     Setting("dataSourceChecksum", "data.checksum", str),
     Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),
-    Setting("workerCpu", "job.worker_cpu", str),
-    Setting("workerMemory", "job.worker_memory", str),
+    Setting("workerCpu", "job.worker_cpu", str, optional=True),
+    Setting("workerMemory", "job.worker_memory", str, optional=True),
     Setting("rdzvLastCallTimeout", "job.rendezvous.last_call_timeout_s", int),
     Setting("rdzvKeepAliveInterval", "job.rendezvous.keep_alive_interval_s", int),
     Setting("rdzvKeepAliveMaxAttempt", "job.rendezvous.keep_alive_max_attempt", int),
@@ -420,8 +443,18 @@ def _ceiling(cfg: LabConfig) -> str:
 
 def _gpu_size_problems(cfg: LabConfig) -> list[str]:
     size = cfg.gpu_pool.vm_size
-    if gpu_sizes.gpu_family(size):
+    if gpu_sizes.gpu_size(size):
         return []
+    if gpu_sizes.gpu_family(size):
+        known = ", ".join(
+            s.name
+            for s in gpu_sizes.SIZES
+            if gpu_sizes.gpu_family(s.name) == (gpu_sizes.gpu_family(size))
+        )
+        return [
+            f"{cfg.key('gpuVmSize')} {size!r} is not a size Azure offers in its family; "
+            f"the family's sizes are: {known}"
+        ]
     reason = gpu_sizes.rejection_reason(size)
     return [
         f"{cfg.key('gpuVmSize')} must be an NVIDIA full-GPU size of a family AKS installs the "
@@ -475,13 +508,16 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('checkpointEverySteps')} and {cfg.key('checkpointEverySeconds')} are both "
             "0: no checkpoint would ever be saved; set at least one above 0"
         )
+    size = gpu_sizes.gpu_size(cfg.gpu_pool.vm_size)
+    gpus = size.gpus if size else 1
     if (
         _counts(job.global_batch_size, job.max_replicas)
-        and job.global_batch_size < job.max_replicas
+        and job.global_batch_size < job.max_replicas * gpus
     ):
         problems.append(
             f"{cfg.key('globalBatchSize')} ({job.global_batch_size}) must be >= "
-            f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}): every rank needs a sample"
+            f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}) x {gpus} GPUs per "
+            f"{cfg.gpu_pool.vm_size} node = {job.max_replicas * gpus}: every rank needs a sample"
         )
     if job.active_deadline_s is not None:
         problems += _at_least(cfg, {"activeDeadlineSeconds": job.active_deadline_s}, 1)
@@ -519,14 +555,55 @@ def _data_problems(cfg: LabConfig) -> list[str]:
 
 def _worker_resource_problems(cfg: LabConfig) -> list[str]:
     job, problems = cfg.job, []
-    if not CPU_QUANTITY.match(job.worker_cpu):
-        problems.append(
-            f"{cfg.key('workerCpu')} must be a CPU quantity like 3, 2.5 or 500m, "
-            f"got {job.worker_cpu!r}"
-        )
-    if not MEMORY_QUANTITY.match(job.worker_memory):
-        problems.append(
-            f"{cfg.key('workerMemory')} must be a memory quantity like 12Gi or 512Mi, "
-            f"got {job.worker_memory!r}"
-        )
+    size = gpu_sizes.gpu_size(cfg.gpu_pool.vm_size)
+    cpu_limit, memory_limit = gpu_sizes.worker_allocatable(size) if size else (None, None)
+    if job.worker_cpu is not None:
+        if not CPU_QUANTITY.match(job.worker_cpu):
+            problems.append(
+                f"{cfg.key('workerCpu')} must be a CPU quantity like 3, 2.5 or 500m (empty: "
+                f"what the GPU size leaves), got {job.worker_cpu!r}"
+            )
+        elif cpu_limit is not None and _millicores(job.worker_cpu) > cpu_limit:
+            problems.append(
+                f"{cfg.key('workerCpu')} ({job.worker_cpu}) must fit on a {size.name} node, "
+                f"which leaves {cpu_limit}m for the worker after AKS's reservations and the "
+                "DaemonSets; leave it empty to request all of that"
+            )
+    if job.worker_memory is not None:
+        if not MEMORY_QUANTITY.match(job.worker_memory):
+            problems.append(
+                f"{cfg.key('workerMemory')} must be a memory quantity like 12Gi or 512Mi "
+                f"(empty: what the GPU size leaves), got {job.worker_memory!r}"
+            )
+        elif memory_limit is not None and _mebibytes(job.worker_memory) > memory_limit:
+            problems.append(
+                f"{cfg.key('workerMemory')} ({job.worker_memory}) must fit on a {size.name} "
+                f"node, which leaves {memory_limit}Mi for the worker after AKS's reservations "
+                "and the DaemonSets; leave it empty to request all of that"
+            )
     return problems
+
+
+_MEMORY_UNITS = {
+    "": 1 / 1024**2,
+    "Ki": 1 / 1024,
+    "Mi": 1,
+    "Gi": 1024,
+    "Ti": 1024**2,
+    "k": 1000 / 1024**2,
+    "M": 1000**2 / 1024**2,
+    "G": 1000**3 / 1024**2,
+    "T": 1000**4 / 1024**2,
+}
+
+
+def _millicores(quantity: str) -> float:
+    """A CPU quantity (``3``, ``2.5``, ``500m``) in millicores."""
+    return float(quantity[:-1]) if quantity.endswith("m") else float(quantity) * 1000
+
+
+def _mebibytes(quantity: str) -> float:
+    """A memory quantity (``12Gi``, ``512Mi``, ``1G``) in MiB."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]i|[kMGT])?", quantity)
+    assert match is not None  # MEMORY_QUANTITY matched already
+    return float(match.group(1)) * _MEMORY_UNITS[match.group(2) or ""]

@@ -149,3 +149,34 @@ def rejection_reason(vm_size: str) -> str | None:
 def allowed_families() -> str:
     """The accepted families with an example each, for error messages."""
     return ", ".join(f"{f.name} e.g. {f.example}" for f in FAMILIES)
+
+
+# ---- what a node of a size leaves for the worker pod ---------------------------------------------
+# AKS "Node resource reservations" (Resource reservations, AKS core concepts): kube-reserved CPU is
+# 60m for 1 core, 100m for 2, 140m for 4, then 10m per core more (180m for 8, 260m for 16, 420m
+# for 32, 740m for 64); kube-reserved memory (AKS >= 1.29) is 20 MB per allowed pod plus 50 MB,
+# with max pods 250 by default under Azure CNI Overlay, and the kubelet evicts below 100Mi free.
+MAX_PODS = 250
+EVICTION_THRESHOLD_MIB = 100
+# Not in AKS's figures: the DaemonSets on a GPU node (Cilium, Azure CNS, CSI drivers, the NVIDIA
+# device plugin, ...) and the memory the VM does not show the OS (a few %).
+DAEMONSET_CPU_MILLIS = 500
+DAEMONSET_MEMORY_MIB = 1024
+VISIBLE_MEMORY = 0.97
+
+
+def kube_reserved_cpu_millis(vcpus: int) -> int:
+    """AKS's kube-reserved CPU for a node with ``vcpus`` cores."""
+    if vcpus <= 1:
+        return 60
+    if vcpus <= 2:
+        return 100
+    return 140 + 10 * max(vcpus - 4, 0)
+
+
+def worker_allocatable(size: GpuSize) -> tuple[int, int]:
+    """(millicores, MiB) one worker pod may request on a node of ``size``."""
+    cpu = size.vcpus * 1000 - kube_reserved_cpu_millis(size.vcpus) - DAEMONSET_CPU_MILLIS
+    reserved_mib = (20 * MAX_PODS + 50) * 1000**2 // 1024**2 + EVICTION_THRESHOLD_MIB
+    memory = int(size.memory_gib * 1024 * VISIBLE_MEMORY) - reserved_mib - DAEMONSET_MEMORY_MIB
+    return cpu, memory

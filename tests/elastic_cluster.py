@@ -45,6 +45,7 @@ class Cluster:
         max_nodes: int = 3,
         collective_timeout_s: int = 5,
         launcher: str = "warm",
+        nproc_per_node: int = 1,
     ) -> None:
         self.root = root
         self.policy = ElasticPolicy(
@@ -54,6 +55,7 @@ class Cluster:
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             max_restarts=20,
+            nproc_per_node=nproc_per_node,
             rendezvous=RendezvousSettings(join_timeout_s=60),
         )
         self.data_dir = data_dir

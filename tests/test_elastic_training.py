@@ -136,6 +136,28 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
 
 
 @pytest.mark.timeout(300)
+def test_two_processes_per_node_survive_a_kill_with_no_lost_step(
+    cluster_factory, reference
+) -> None:
+    # A multi-GPU node (NC48ads_A100_v4: 2 GPUs) runs one worker per GPU: two nodes of two
+    # processes are world size 4; a node lost leaves 2. The global batch is split over every
+    # rank, so the run still follows the uninterrupted world-size-2 trajectory.
+    cluster = cluster_factory("two-per-node", min_nodes=1, max_nodes=2, nproc_per_node=2)
+    for node in ("a", "b"):
+        cluster.start(node, ARGS)
+    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    assert {r["world_size"] for r in cluster.records() if r["kind"] == "metrics"} == {4}
+    killed_at = cluster.max_step()
+    fault_ts = max(r["ts"] for r in cluster.records())
+    cluster.kill("b")
+    assert cluster.wait_exit("a", 180) == 0, cluster.tail()
+    resumed = _resumes_after(cluster, fault_ts)[0]
+    assert resumed["world_size"] == 2 and resumed["source"] == "local"
+    assert resumed["lost_steps"] == 0 and resumed["step"] >= killed_at
+    assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(("launcher", "warm"), [("warm", True), ("torchrun", False)])
 def test_the_launcher_decides_whether_workers_start_warm(
     cluster_factory, launcher: str, warm: bool

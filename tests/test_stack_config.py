@@ -444,3 +444,36 @@ def test_data_staging_defaults_to_the_official_archive_and_can_be_turned_off() -
 )
 def test_data_staging_settings_are_checked(override: dict[str, str], message: str) -> None:
     assert message in _problems(override)
+
+
+def test_a_multi_gpu_size_gives_a_process_and_a_gpu_per_gpu() -> None:
+    cfg = _cfg({"gpuVmSize": "Standard_NC48ads_A100_v4", "globalBatchSize": "256"})
+    assert cfg.gpus_per_node == 2
+    # Empty requests take what the node leaves: far more than one T4 node's.
+    cpu, memory = cfg.worker_requests
+    assert cpu == "46900m" and memory == "420Gi"
+    assert _cfg({}).worker_requests == ("3300m", "21Gi")
+    assert _cfg({"workerCpu": "2", "workerMemory": "8Gi"}).worker_requests == ("2", "8Gi")
+
+
+def test_requests_that_do_not_fit_the_node_are_refused() -> None:
+    message = _problems({"workerCpu": "4", "workerMemory": "32Gi"})
+    assert "spot-lab:workerCpu (4) must fit on a Standard_NC4as_T4_v3 node, which leaves 3360m" in (
+        message
+    )
+    assert "spot-lab:workerMemory (32Gi) must fit on a Standard_NC4as_T4_v3 node" in message
+
+
+def test_every_rank_of_every_gpu_needs_a_sample() -> None:
+    message = _problems(
+        {"gpuVmSize": "Standard_ND96asr_v4", "workerMaxReplicas": "3", "globalBatchSize": "16"}
+    )
+    assert "spot-lab:globalBatchSize (16) must be >= spot-lab:workerMaxReplicas (3) x 8 GPUs" in (
+        message
+    )
+
+
+def test_a_size_the_family_pattern_allows_but_azure_does_not_offer_is_refused() -> None:
+    message = _problems({"gpuVmSize": "Standard_NC12as_T4_v3"})
+    assert "'Standard_NC12as_T4_v3' is not a size Azure offers in its family" in message
+    assert "Standard_NC64as_T4_v3" in message

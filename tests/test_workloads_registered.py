@@ -163,3 +163,18 @@ def test_registered_job_workers_get_the_rendezvous_fix_a_gpu_and_shared_memory(
 def test_active_deadline_config_reaches_the_registered_job() -> None:
     job = run_program("dev", {"activeDeadlineSeconds": "43200"}).one(PYTORCHJOB).inputs
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 43200
+
+
+def test_a_multi_gpu_size_runs_a_process_per_gpu() -> None:
+    # NC48ads_A100_v4 has 2 GPUs: one pod per node asks for both and runs two workers.
+    run = run_program("dev", {"gpuVmSize": "Standard_NC48ads_A100_v4"})
+    job = run.one(PYTORCHJOB).inputs["spec"]
+    assert job["nprocPerNode"] == "2"
+    pod = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    resources = _containers(pod)["pytorch"]["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == "2"
+    assert resources["requests"] == {"cpu": "46900m", "memory": "420Gi"}
+    env = {e["name"]: e["value"] for e in _containers(pod)["pytorch"]["env"]}
+    assert "PET_NPROC_PER_NODE" not in env  # the operator sets it from nprocPerNode
+    dev = run_program("dev").one(PYTORCHJOB).inputs["spec"]
+    assert dev["nprocPerNode"] == "1"

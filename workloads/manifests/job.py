@@ -350,8 +350,10 @@ def elastic_job_spec(
         checkpoint_every_steps=job.checkpoint_every_steps,
         checkpoint_every_seconds=job.checkpoint_every_seconds,
         collective_timeout_s=job.collective_timeout_s,
-        worker_cpu=job.worker_cpu,
-        worker_memory=job.worker_memory,
+        worker_cpu=config.worker_requests[0],
+        worker_memory=config.worker_requests[1],
+        # One pod per node with all its GPUs; torchrun starts a process per GPU.
+        gpus_per_worker=config.gpus_per_node,
         hpa_cpu_utilization=job.hpa_cpu_utilization,
         run_id=job.run_id,
         active_deadline_s=job.active_deadline_s,
