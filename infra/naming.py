@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # stack_config imports this module to validate stack names
-    from stack_config import LabConfig
+if TYPE_CHECKING:  # the model is below this module; only its type is needed here
+    from stack_config.model import LabConfig
 
 # Storage accounts: 3-24 lowercase alphanumerics. Registries: 5-50 alphanumerics.
 STORAGE_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")

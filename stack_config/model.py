@@ -1,0 +1,161 @@
+"""The stack config's typed model: the frozen dataclasses ``pulumi up`` and the lab's tools read.
+
+Pure, and below everything that uses the config (``infra/naming.py`` included): it imports
+only the GPU-size table and the rendezvous settings, so no module here imports another back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra import gpu_sizes
+from training.launch import RendezvousSettings
+
+
+class ConfigError(ValueError):
+    """A stack config value is wrong; the message names the key and what is allowed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid stack config:\n  " + "\n  ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """AKS cluster and its CPU system pool (runs etcd, the operator, system pods)."""
+
+    kubernetes_version: str | None = None
+    """AKS version, e.g. "1.33"; None lets AKS pick its default."""
+    system_vm_size: str = "Standard_D4s_v5"
+    """CPU size of the system pool."""
+    system_node_count: int = 2
+    """System pool nodes; two keep etcd and the operator up through a node upgrade."""
+
+
+@dataclass(frozen=True)
+class GpuPoolConfig:
+    """The GPU Spot pool the training workers run on."""
+
+    vm_size: str = "Standard_NC4as_T4_v3"
+    """An NVIDIA full-GPU size of a family in ``infra.gpu_sizes.FAMILIES``."""
+    min_nodes: int = 0
+    """Autoscaler floor; 0 means no GPU cost when nothing trains."""
+    max_nodes: int | None = None
+    """Autoscaler ceiling; None follows the job's max workers (see ``LabConfig.gpu_max_nodes``)."""
+    spot_max_price: float = -1.0
+    """-1 pays up to the on-demand price (evicted only for capacity); else USD/hour > 0."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The elastic PyTorchJob."""
+
+    min_replicas: int = 1
+    max_replicas: int = 3
+    replicas: int = 2
+    """Workers the job asks for at start; clamped into [min, max] (``start_replicas``)."""
+    max_restarts: int = 100
+    """Every eviction costs each survivor one restart, so a long spot run needs many."""
+    collective_timeout_s: int = 30
+    """Collective (process-group) timeout: how long a frozen peer can stall the job."""
+    checkpoint_backend: str = "mount"
+    """"mount" (Blob CSI volume) or "blob" (azure-storage-blob, no fuse caches)."""
+    checkpoint_every_steps: int = 100
+    checkpoint_every_seconds: int = 300
+    max_steps: int = 20000
+    global_batch_size: int = 256
+    hpa_cpu_utilization: int = 0
+    """0: no HPA; else elasticPolicy.metrics targets this average CPU utilisation (%)."""
+    active_deadline_s: int | None = None
+    """runPolicy.activeDeadlineSeconds: the operator fails the job (and frees its GPU nodes)
+    this long after it started; None: no deadline."""
+    run_id: str = "1"
+    """Part of the rendezvous id: a new value starts a new run of the same job (same
+    checkpoints), since a closed rendezvous stays closed for its id."""
+    worker_cpu: str | None = None
+    """CPU request of a worker pod; None: what the GPU size leaves allocatable."""
+    worker_memory: str | None = None
+    """Memory request (and limit) of a worker pod; None: what the GPU size leaves allocatable."""
+    rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+
+    @property
+    def start_replicas(self) -> int:
+        """``replicas`` clamped into [min, max]: new bounds alone never make the job invalid."""
+        return min(max(self.replicas, self.min_replicas), self.max_replicas)
+
+
+# The dataset's official source, and the MD5 its page publishes (binary version).
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+CIFAR10_CHECKSUM = "md5:c32a1d4ab5d03f1284b67883e8d87530"
+NO_STAGING = "none"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where ``pulumi up`` stages the dataset from, before the job may start."""
+
+    source_url: str = CIFAR10_URL
+    """An https URL of CIFAR-10's binary .tar.gz (or a mirror); "none": the user uploads."""
+    checksum: str = CIFAR10_CHECKSUM
+    """md5:<hex> or sha256:<hex> of the archive."""
+
+    @property
+    def staged(self) -> bool:
+        """Whether ``pulumi up`` stages the data (else the user uploads it)."""
+        return self.source_url != NO_STAGING
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Everything ``pulumi up`` needs, validated."""
+
+    project: str
+    stack: str
+    location: str = "westus3"
+    name_prefix: str = "spotlab"
+    namespace: str = "spot-lab"
+    service_account: str = "trainer"
+    """Training pods' ServiceAccount; the training identity's federated credential names it."""
+    stager_service_account: str = "data-stager"
+    """The data-staging Job's ServiceAccount: the one identity that may write ``data``."""
+    image_builder: str = "acr"
+    """"acr" builds in the registry (no local Docker daemon); "docker" builds locally."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    gpu_pool: GpuPoolConfig = field(default_factory=GpuPoolConfig)
+    job: JobConfig = field(default_factory=JobConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def gpu_size(self) -> gpu_sizes.GpuSize:
+        """The GPU size's entry in the shared table (``validate`` refuses any other size)."""
+        size = gpu_sizes.gpu_size(self.gpu_pool.vm_size)
+        if size is None:
+            raise ValueError(f"{self.gpu_pool.vm_size} is not in infra.gpu_sizes.SIZES")
+        return size
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs of one node: the worker pod asks for all of them and runs a process per GPU."""
+        return self.gpu_size.gpus
+
+    @property
+    def worker_requests(self) -> tuple[str, str]:
+        """(CPU, memory) of a worker pod: the configured values, or all the node leaves."""
+        cpu_millis, memory_mib = gpu_sizes.worker_allocatable(self.gpu_size)
+        cpu = self.job.worker_cpu or f"{cpu_millis // 100 * 100}m"
+        memory = self.job.worker_memory or f"{memory_mib // 1024}Gi"
+        return cpu, memory
+
+    def key(self, name: str) -> str:
+        """A config key as the user types it: ``spot-lab:gpuMaxNodes``."""
+        return f"{self.project}:{name}"
+
+    @property
+    def gpu_max_nodes(self) -> int:
+        """The GPU pool's autoscaler ceiling: gpuMaxNodes, or one node per worker when unset.
+
+        One worker per GPU node, so by default the pool follows workerMaxReplicas and a new
+        bound in the stack file resizes the pool, the PyTorchJob and its HPA together.
+        """
+        pool_max = self.gpu_pool.max_nodes
+        return self.job.max_replicas if pool_max is None else pool_max

@@ -1,0 +1,89 @@
+"""Raw key/value pairs (``Pulumi.yaml`` defaults, then the stack file) into a ``LabConfig``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from decimal import Decimal, InvalidOperation
+
+from stack_config.keys import KEYS, SETTINGS, Setting
+from stack_config.model import ConfigError, LabConfig
+
+
+def _parse(setting: Setting, raw: str, project: str) -> object:
+    """The typed value of one raw config string (spot price stays a float, version optional)."""
+    key = f"{project}:{setting.key}"
+    if setting.optional and not raw.strip():
+        return None
+    if setting.kind is int:
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ConfigError([f"{key} must be an integer, got {raw!r}"]) from None
+    if setting.key == "spotMaxPrice":
+        return _parse_spot_price(raw, key)
+    if setting.key == "kubernetesVersion":
+        return raw.strip() or None
+    return raw.strip()
+
+
+def _parse_spot_price(raw: str, key: str) -> float:
+    allowed = "-1 (pay up to the on-demand price) or a positive USD/hour, at most 5 decimals"
+    try:
+        price = Decimal(raw.strip())
+    except InvalidOperation:
+        raise ConfigError([f"{key} must be {allowed}, got {raw!r}"]) from None
+    exponent = price.as_tuple().exponent
+    decimals = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    if not price.is_finite() or (price != -1 and (price <= 0 or decimals > 5)):
+        raise ConfigError([f"{key} must be {allowed}, got {raw!r}"])
+    return float(price)
+
+
+def _with(obj: object, path: list[str], value: object) -> object:
+    """A copy of a frozen dataclass tree with one nested field replaced."""
+    if len(path) == 1:
+        return replace(obj, **{path[0]: value})
+    child = getattr(obj, path[0])
+    return replace(obj, **{path[0]: _with(child, path[1:], value)})
+
+
+def load(
+    raw: Mapping[str, str], project: str, stack: str, location: str | None = None
+) -> LabConfig:
+    """Build a ``LabConfig`` from raw project config (keys without namespace, string values).
+
+    Missing keys keep the dataclass defaults (equal to Pulumi.yaml's). ``location`` is the
+    ``azure-native:location`` value; when set it wins over the project's ``location`` key.
+    Unknown keys and unparseable values raise ``ConfigError``, all problems at once.
+    """
+    by_key = {s.key: s for s in SETTINGS}
+    problems = [
+        f"{project}:{key} is not a setting of this project; known keys: {', '.join(KEYS)}"
+        for key in raw
+        if key not in by_key
+    ]
+    cfg = LabConfig(project=project, stack=stack)
+    for key, value in raw.items():
+        if key not in by_key:
+            continue
+        try:
+            cfg = _with(cfg, by_key[key].path.split("."), _parse(by_key[key], value, project))
+        except ConfigError as err:
+            problems.extend(err.problems)
+    if location:
+        cfg = replace(cfg, location=location.strip())
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def config_values(cfg: LabConfig) -> dict[str, object]:
+    """Each key's effective value (for logs and for checking Pulumi.yaml's defaults)."""
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        value: object = cfg
+        for part in setting.path.split("."):
+            value = getattr(value, part)
+        values[setting.key] = value
+    return values
