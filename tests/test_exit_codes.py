@@ -14,7 +14,7 @@ import pytest
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.elastic_cluster import TINY, Cluster
 from training.data import write_synthetic_cifar10
-from training.exit_codes import BAD_INPUT, ENDINGS, PERMANENT, RETRYABLE, signal_exit
+from training.exit_codes import BAD_INPUT, ENDINGS, PERMANENT, RETRY_ME, RETRYABLE, signal_exit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,7 @@ def test_the_table_agrees_with_the_operator() -> None:
         if ending.code in (BAD_INPUT, PERMANENT):
             assert not ending.retried, ending  # fails the job and frees its GPU nodes
     assert signal_exit(signal.SIGTERM) == 143 and signal_exit(signal.SIGINT) == 130
+    assert RETRY_ME in OPERATOR_RETRIES
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,22 @@ def test_an_eviction_ends_the_node_with_143(etcd: EmbeddedEtcd, tmp_path: Path) 
         assert cluster.wait_exit("a", 60) == 143, cluster.tail()
     finally:
         cluster.close()
+
+
+@pytest.mark.slow
+def test_an_etcd_outage_asks_for_a_new_pod(tmp_path: Path) -> None:
+    # torch's agent raises a RendezvousConnectionError when etcd stops answering. Uncaught it
+    # exited 1, which fails the whole job under ExitCode; 138 is retried by the operator.
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
+    root = tmp_path / "etcd"
+    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
+        cluster = Cluster(tmp_path, server.client_port, data, min_nodes=1, max_nodes=1)
+        try:
+            cluster.start("a", [*TINY, "--max-steps", "100000", "--log-every", "1"])
+            cluster.wait_until(lambda: cluster.max_step() >= 2, 120, "training to run")
+            server.stop()
+            assert cluster.wait_exit("a", 90) == RETRY_ME, cluster.tail()
+            assert "rendezvous failed" in (tmp_path / "a.err").read_text()
+        finally:
+            cluster.close()

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
-from training.exit_codes import BAD_INPUT, PERMANENT, signal_exit
+from training.exit_codes import BAD_INPUT, PERMANENT, RETRY_ME, signal_exit
 from training.launch import LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
@@ -101,6 +101,11 @@ def run_warm(args: list[str]) -> int:
     # Imports torch: after the cheap checks.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousError,
+        RendezvousTimeoutError,
+    )
 
     from training.launcher import launch
 
@@ -123,6 +128,24 @@ def run_warm(args: list[str]) -> int:
             exc.get_first_failure()[1].message if exc.failures else exc,
         )
         return PERMANENT
+    except RendezvousClosedError:
+        logger.error(
+            "the rendezvous is closed for this id (the run finished, or a node spent its "
+            "restarts): start a new run with a new runId"
+        )
+        return PERMANENT
+    except RendezvousTimeoutError as exc:
+        logger.error(
+            "too few nodes joined in time (%s): the GPU pool could not grow (Spot capacity or "
+            "quota?). Failing the job frees the nodes that did come.",
+            exc,
+        )
+        return PERMANENT
+    except RendezvousError as exc:
+        # An etcd outage: torch's agent raises out of its monitoring loop. Exiting 1 would
+        # fail the job for good under ExitCode; 138 asks the operator for a new pod.
+        logger.error("rendezvous failed (%s): exiting %d for a new pod", exc, RETRY_ME)
+        return RETRY_ME
     return 0
 
 

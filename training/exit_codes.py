@@ -16,6 +16,9 @@ PERMANENT = 1
 """Restarts spent (the rendezvous is then closed for good: start again with a new runId), or
 the workers failed in a way no restart fixed."""
 BAD_INPUT = 2
+RETRY_ME = 138
+"""SIGUSR1's code, which the operator retries by convention ("retry me"): etcd unreachable or
+in a bad state, a cause outside this node that a new pod may not meet."""
 """A bad flag or config, a missing or unreadable dataset, an etcd without the v2 API."""
 # Signals the operator retries, as the shell reports a process they ended: 128 + signal.
 RETRYABLE = frozenset({130, 137, 138, 143})
@@ -46,5 +49,10 @@ ENDINGS: tuple[Ending, ...] = (
     Ending("killed (SIGKILL, out of memory): the kernel's code", signal_exit(signal.SIGKILL)),
     Ending("bad flag, bad config or etcd without the v2 API, before joining", BAD_INPUT),
     Ending("dataset missing or unreadable, before joining", BAD_INPUT),
+    Ending(
+        "etcd unreachable, or the rendezvous state broken (RendezvousConnectionError)", RETRY_ME
+    ),
+    Ending("too few nodes joined within rdzvJoinTimeout (capacity or quota)", PERMANENT),
+    Ending("rendezvous closed for this id (a finished run, or spent restarts)", PERMANENT),
     Ending("restart budget spent, or workers failed on every restart", PERMANENT),
 )
