@@ -120,7 +120,7 @@ class FaultRunner:
         self.lab_log.write("run_started", scenario=self.scenario.name)
         for number in range(self.scenario.nodes):
             self._start_node(number)
-        self._settle_world = self.scenario.nodes
+        self._settle_world = self.scenario.nodes * self.scenario.nproc_per_node
         deadline = time.monotonic() + self.scenario.timeout_s
         while True:
             self._read_logs()

@@ -114,6 +114,8 @@ class Scenario:
     """Nodes started at the beginning, numbered 0..nodes-1."""
     min_nodes: int = 1
     max_nodes: int = 3
+    nproc_per_node: int = 1
+    """Training processes per node, as on a VM size with that many GPUs (nprocPerNode)."""
     max_restarts: int = 100
     """Per agent; every lost peer costs each survivor one."""
     restart_policy: str = "OnFailure"
@@ -140,7 +142,7 @@ class MembershipChange:
     stopped: tuple[int, ...]
     started: tuple[int, ...]
     world_size: int
-    """Nodes alive once the job settled after the fault."""
+    """Ranks once the job settled after the fault: live nodes x processes per node."""
 
 
 def plan_membership(scenario: Scenario) -> list[MembershipChange]:
@@ -183,7 +185,7 @@ def plan_membership(scenario: Scenario) -> list[MembershipChange]:
                 f"{where}: {fault.kind} leaves {len(live)} node(s), "
                 f"below min_nodes {scenario.min_nodes}"
             )
-        changes.append(MembershipChange(stopped, started, len(live)))
+        changes.append(MembershipChange(stopped, started, len(live) * scenario.nproc_per_node))
     return changes
 
 
@@ -263,6 +265,10 @@ def _validate_train(train: TrainSettings) -> None:
 def validate_scenario(scenario: Scenario) -> list[MembershipChange]:
     """Check every rule; return the membership plan. Raises ScenarioError."""
     _require(scenario.min_nodes >= 1, f"min_nodes: must be >= 1, got {scenario.min_nodes}")
+    _require(
+        scenario.nproc_per_node >= 1,
+        f"nproc_per_node: must be >= 1, got {scenario.nproc_per_node}",
+    )
     _require(
         scenario.min_nodes <= scenario.nodes <= scenario.max_nodes,
         f"nodes: {scenario.nodes} must be within min_nodes..max_nodes "

@@ -158,6 +158,7 @@ def _policy(scenario: Scenario, port: int, rdzv_id: str) -> ElasticPolicy:
         min_nodes=scenario.min_nodes,
         max_nodes=scenario.max_nodes,
         max_restarts=scenario.max_restarts,
+        nproc_per_node=scenario.nproc_per_node,
         rendezvous=scenario.rendezvous,
     )
     policy.validate()
