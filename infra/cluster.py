@@ -1,8 +1,16 @@
-"""The AKS cluster: a CPU system pool inline, and the GPU Spot pool as its own AgentPool.
+"""The AKS cluster: a fixed bootstrap pool inline, and the CPU and GPU Spot pools as AgentPools.
 
-Only the system pool is inline: editing inline pools puts every pool of the cluster into
-"Scaling" (pulumi-azure-native #4264, #2719), and a separate ``AgentPool`` can be changed or
-replaced alone. Spec builders are pure and return the SDK's keyword arguments.
+AKS accepts a cluster's first (System) pool only inline, and then refuses both a new pool in
+that list ("A new agent pool was introduced", pulumi-azure-native #579, #2719) and a change of
+its VM size ("You can't change the VM size of a node pool after you create it", AKS *Manage
+node pools*). So the inline pool is a small bootstrap pool that never changes: one
+``Standard_D2s_v5``, tainted ``CriticalAddonsOnly`` so that only AKS's own system pods run on
+it. etcd, the operator and the data staging run on the CPU pool (``systemVmSize``,
+``systemNodeCount``), and the training on the GPU Spot pool; both are separate ``AgentPool``
+resources whose names derive from their create-only settings, so a change of size is a new
+pool, created before the old one is deleted, never a refused update and never a new cluster.
+Editing inline pools would also put every pool into "Scaling" (pulumi-azure-native #4264).
+Spec builders are pure and return the SDK's keyword arguments.
 """
 
 from __future__ import annotations
@@ -26,10 +34,16 @@ GPU_SPOT_POOL = "gpu-spot"
 SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
 # Only pods that ask for a GPU (and tolerate this) land on the expensive nodes.
 GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
-SYSTEM_POOL_NAME = "system"
+BOOTSTRAP_POOL = "bootstrap"
+BOOTSTRAP_POOL_NAME = "bootstrap"
+# AKS's smallest recommended system node size (2 vCPUs, 8 GiB); it runs only AKS's addons.
+BOOTSTRAP_VM_SIZE = "Standard_D2s_v5"
+# AKS's documented taint for a dedicated system pool: only critical addons tolerate it.
+CRITICAL_ADDONS_TAINT = "CriticalAddonsOnly=true:NoSchedule"
+SYSTEM_POOL_NAME_PREFIX = "sys"
 GPU_POOL_NAME_PREFIX = "gpu"
 # Linux agent pool names: lowercase letters and digits, at most 12 characters.
-GPU_POOL_NAME_HASH = 8
+POOL_NAME_HASH = 8
 
 # Properties of an agent pool that AKS refuses to change after creation, of those this pool
 # sets: "You can't change the VM size of a node pool after you create it" (AKS, Manage node
@@ -45,13 +59,31 @@ GPU_POOL_CREATE_ONLY = (
     "os_type",
     "type",
 )
+SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
 
 
-def system_pool_profile(cluster: ClusterConfig) -> dict[str, Any]:
-    """The inline system pool: regular (not Spot) CPU nodes for etcd, the operator and AKS."""
+def bootstrap_pool_profile(kubernetes_version: str | None) -> dict[str, Any]:
+    """The inline System pool: fixed, one small node, only AKS's critical addons on it."""
     profile: dict[str, Any] = {
-        "name": SYSTEM_POOL_NAME,
+        "name": BOOTSTRAP_POOL_NAME,
         "mode": "System",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": BOOTSTRAP_VM_SIZE,
+        "count": 1,
+        "scale_set_priority": "Regular",
+        "node_taints": [CRITICAL_ADDONS_TAINT],
+        "node_labels": {POOL_LABEL: BOOTSTRAP_POOL},
+    }
+    if kubernetes_version:
+        profile["orchestrator_version"] = kubernetes_version
+    return profile
+
+
+def system_pool_spec(cluster: ClusterConfig) -> dict[str, Any]:
+    """The CPU pool's ``AgentPool`` arguments: regular nodes for etcd, the operator, staging."""
+    spec: dict[str, Any] = {
+        "mode": "User",
         "type": "VirtualMachineScaleSets",
         "os_type": "Linux",
         "vm_size": cluster.system_vm_size,
@@ -60,8 +92,9 @@ def system_pool_profile(cluster: ClusterConfig) -> dict[str, Any]:
         "node_labels": {POOL_LABEL: SYSTEM_POOL},
     }
     if cluster.kubernetes_version:
-        profile["orchestrator_version"] = cluster.kubernetes_version
-    return profile
+        spec["orchestrator_version"] = cluster.kubernetes_version
+    spec["agent_pool_name"] = pool_name(SYSTEM_POOL_NAME_PREFIX, spec, SYSTEM_POOL_CREATE_ONLY)
+    return spec
 
 
 def gpu_spot_pool_spec(
@@ -102,11 +135,16 @@ def gpu_spot_pool_spec(
     return spec
 
 
+def pool_name(prefix: str, spec: dict[str, Any], create_only: tuple[str, ...]) -> str:
+    """``prefix`` + a hash of the pool's create-only settings: a new name for a new pool."""
+    settings = {key: spec[key] for key in create_only}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return prefix + digest[:POOL_NAME_HASH]
+
+
 def gpu_pool_name(spec: dict[str, Any]) -> str:
-    """``gpu`` + a hash of the pool's create-only settings: a new name for a new pool."""
-    create_only = {key: spec[key] for key in GPU_POOL_CREATE_ONLY}
-    digest = hashlib.sha256(json.dumps(create_only, sort_keys=True).encode()).hexdigest()
-    return GPU_POOL_NAME_PREFIX + digest[:GPU_POOL_NAME_HASH]
+    """The GPU Spot pool's name."""
+    return pool_name(GPU_POOL_NAME_PREFIX, spec, GPU_POOL_CREATE_ONLY)
 
 
 def autoscaler_profile() -> dict[str, str]:
@@ -148,7 +186,7 @@ def managed_cluster_spec(
         "identity": {"type": "SystemAssigned"},
         "sku": {"name": "Base", "tier": "Free"},
         "enable_rbac": True,
-        "agent_pool_profiles": [system_pool_profile(cluster)],
+        "agent_pool_profiles": [bootstrap_pool_profile(cluster.kubernetes_version)],
         "network_profile": network_profile(),
         "auto_scaler_profile": autoscaler_profile(),
         # The Blob CSI driver mounts the checkpoint container as a volume.
@@ -195,7 +233,8 @@ class AksClusterArgs:
 
 
 class AksCluster(pulumi.ComponentResource):
-    """AKS with a CPU system pool, a GPU Spot pool, Blob CSI, OIDC and workload identity."""
+    """AKS with a bootstrap pool, a CPU pool, a GPU Spot pool, Blob CSI, OIDC and workload
+    identity."""
 
     name: pulumi.Output[str]
     gpu_pool_name: pulumi.Output[str]
@@ -216,6 +255,16 @@ class AksCluster(pulumi.ComponentResource):
             resource_group_name=args.resource_group_name,
             **managed_cluster_spec(args.cluster_name, args.location, args.cluster, args.tags),
             opts=child,
+        )
+        azure_native.containerservice.AgentPool(
+            f"{name}-system",
+            resource_group_name=args.resource_group_name,
+            resource_name_=cluster.name,
+            **system_pool_spec(args.cluster),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                replace_on_changes=[_camel(key) for key in SYSTEM_POOL_CREATE_ONLY],
+            ),
         )
         gpu_pool = azure_native.containerservice.AgentPool(
             f"{name}-gpu-spot",

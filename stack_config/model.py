@@ -26,10 +26,10 @@ class ClusterConfig:
 
     kubernetes_version: str | None = None
     """AKS version, e.g. "1.33"; None lets AKS pick its default."""
-    system_vm_size: str = "Standard_D4s_v5"
-    """CPU size of the system pool."""
+    system_vm_size: str = "Standard_D2s_v5"
+    """CPU size of the pool for etcd, the operator and data staging (not AKS's bootstrap pool)."""
     system_node_count: int = 2
-    """System pool nodes; two keep etcd and the operator up through a node upgrade."""
+    """Nodes of that pool; two keep etcd and the operator up through a node upgrade."""
 
 
 @dataclass(frozen=True)

@@ -82,11 +82,23 @@ def test_resource_group_sits_in_its_component_and_keeps_its_old_identity(
             assert resource.inputs["resourceGroupName"] == rg.outputs["name"], resource.name
 
 
-def test_system_pool_is_inline_cpu_and_regular(run: ProgramRun) -> None:
-    profiles = run.one(CLUSTER).inputs["agentPoolProfiles"]
-    assert len(profiles) == 1
-    system = profiles[0]
-    assert system["mode"] == "System"
+def test_the_inline_pool_is_a_fixed_bootstrap_pool_for_aks_addons(run: ProgramRun) -> None:
+    # AKS takes the first System pool only inline and can neither add to that list nor resize
+    # it later: so it is fixed, small, and tainted for AKS's critical addons only.
+    (bootstrap,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
+    assert bootstrap["mode"] == "System"
+    assert bootstrap["vmSize"] == "Standard_D2s_v5" and bootstrap["count"] == 1
+    assert bootstrap["nodeTaints"] == ["CriticalAddonsOnly=true:NoSchedule"]
+    assert bootstrap["nodeLabels"] == {"spot-lab/pool": "bootstrap"}
+    assert bootstrap["scaleSetPriority"] == "Regular"
+    # No stack setting reaches it.
+    other = run_program("dev", {"systemVmSize": "Standard_D8s_v5", "systemNodeCount": "3"})
+    assert other.one(CLUSTER).inputs["agentPoolProfiles"] == [bootstrap]
+
+
+def test_system_pool_is_a_separate_regular_cpu_pool(run: ProgramRun) -> None:
+    system = run.one(AGENT_POOL, "cluster-system").inputs
+    assert system["mode"] == "User"
     assert system["osType"] == "Linux"
     assert system["count"] == int(run.config["spot-lab:systemNodeCount"])
     assert system["scaleSetPriority"] == "Regular"
@@ -94,11 +106,24 @@ def test_system_pool_is_inline_cpu_and_regular(run: ProgramRun) -> None:
     assert not system["vmSize"].startswith("Standard_N")
     assert system["nodeLabels"] == {"spot-lab/pool": "system"}
     assert "enableAutoScaling" not in system
+    assert re.fullmatch(r"sys[0-9a-f]{8}", system["agentPoolName"])
+
+
+def test_a_new_system_size_is_a_new_pool_not_a_new_cluster() -> None:
+    before, after = run_program("dev"), run_program("dev", {"systemVmSize": "Standard_D4s_v5"})
+    old, new = before.one(AGENT_POOL, "cluster-system"), after.one(AGENT_POOL, "cluster-system")
+    assert old.urn == new.urn and old.inputs["agentPoolName"] != new.inputs["agentPoolName"]
+    assert not new.delete_before_replace  # the new pool is up before the old one goes
+    assert set(new.replace_on_changes) == {"vmSize", "scaleSetPriority", "osType", "type"}
+    assert before.one(CLUSTER).inputs == after.one(CLUSTER).inputs
+    # A node count is an in-place update of the same pool.
+    more = run_program("dev", {"systemNodeCount": "3"}).one(AGENT_POOL, "cluster-system")
+    assert more.inputs["agentPoolName"] == old.inputs["agentPoolName"]
 
 
 def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     config = run.config
-    pool = run.one(AGENT_POOL)
+    pool = run.one(AGENT_POOL, "gpu-spot")
     assert pool.inputs["resourceName"] == run.one(CLUSTER).outputs["name"]
     assert pool.inputs["mode"] == "User"
     assert pool.inputs["osType"] == "Linux"
@@ -116,7 +141,7 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
 
 
 def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
-    pool = run.one(AGENT_POOL).inputs
+    pool = run.one(AGENT_POOL, "gpu-spot").inputs
     assert pool["nodeTaints"] == [
         "kubernetes.azure.com/scalesetpriority=spot:NoSchedule",
         "nvidia.com/gpu=present:NoSchedule",
@@ -147,10 +172,13 @@ def test_default_gpu_size_is_the_t4() -> None:
 
 def test_a100_stack_file_overrides_the_defaults() -> None:
     dev, a100 = run_program("dev"), run_program("a100")
-    assert dev.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC4as_T4_v3"
-    assert a100.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC24ads_A100_v4"
-    assert a100.one(AGENT_POOL).inputs["maxCount"] > dev.one(AGENT_POOL).inputs["maxCount"]
-    assert a100.one(CLUSTER).inputs["agentPoolProfiles"][0]["vmSize"] == "Standard_D8s_v5"
+    assert dev.one(AGENT_POOL, "gpu-spot").inputs["vmSize"] == "Standard_NC4as_T4_v3"
+    assert a100.one(AGENT_POOL, "gpu-spot").inputs["vmSize"] == "Standard_NC24ads_A100_v4"
+    assert (
+        a100.one(AGENT_POOL, "gpu-spot").inputs["maxCount"]
+        > dev.one(AGENT_POOL, "gpu-spot").inputs["maxCount"]
+    )
+    assert a100.one(AGENT_POOL, "cluster-system").inputs["vmSize"] == "Standard_D8s_v5"
     # A key the a100 file does not set keeps the Pulumi.yaml default.
     assert a100.config["spot-lab:spotMaxPrice"] == dev.config["spot-lab:spotMaxPrice"] == "-1"
 
@@ -409,7 +437,7 @@ def test_every_resource_sits_in_a_component_named_for_it(run: ProgramRun) -> Non
         "spot-lab:identity:WorkloadIdentity",
         "spot-lab:image:TrainingImage",
     }
-    assert run.one(AGENT_POOL).parent_type == "spot-lab:cluster:AksCluster"
+    assert run.one(AGENT_POOL, "gpu-spot").parent_type == "spot-lab:cluster:AksCluster"
 
 
 # ---- overrides and errors ---------------------------------------------------------------------
@@ -417,20 +445,19 @@ def test_every_resource_sits_in_a_component_named_for_it(run: ProgramRun) -> Non
 
 def test_overrides_reach_the_gpu_pool() -> None:
     run = run_program("dev", {"gpuMaxNodes": "5", "workerMaxReplicas": "5", "spotMaxPrice": "0.5"})
-    pool = run.one(AGENT_POOL).inputs
+    pool = run.one(AGENT_POOL, "gpu-spot").inputs
     assert pool["maxCount"] == 5
     assert pool["spotMaxPrice"] == 0.5
 
 
 def test_system_node_count_override_reaches_the_system_pool() -> None:
     run = run_program("dev", {"systemNodeCount": "3"})
-    (system,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
-    assert system["count"] == 3
+    assert run.one(AGENT_POOL, "cluster-system").inputs["count"] == 3
 
 
 def test_gpu_min_nodes_override_is_the_pools_floor_and_first_count() -> None:
     run = run_program("dev", {"gpuMinNodes": "1"})
-    pool = run.one(AGENT_POOL)
+    pool = run.one(AGENT_POOL, "gpu-spot")
     assert pool.inputs["minCount"] == 1
     # The initial count; afterwards the autoscaler owns it.
     assert pool.inputs["count"] == 1
@@ -441,10 +468,10 @@ def test_kubernetes_version_set_and_unset() -> None:
     pinned = run_program("dev", {"kubernetesVersion": "1.33"})
     assert pinned.one(CLUSTER).inputs["kubernetesVersion"] == "1.33"
     assert pinned.one(CLUSTER).inputs["agentPoolProfiles"][0]["orchestratorVersion"] == "1.33"
-    assert pinned.one(AGENT_POOL).inputs["orchestratorVersion"] == "1.33"
+    assert pinned.one(AGENT_POOL, "gpu-spot").inputs["orchestratorVersion"] == "1.33"
     default = run_program("dev", {"kubernetesVersion": ""})
     assert "kubernetesVersion" not in default.one(CLUSTER).inputs
-    assert "orchestratorVersion" not in default.one(AGENT_POOL).inputs
+    assert "orchestratorVersion" not in default.one(AGENT_POOL, "gpu-spot").inputs
 
 
 def test_azure_native_location_wins() -> None:
@@ -592,8 +619,8 @@ CREATE_ONLY_CHANGES = {
 
 @pytest.mark.parametrize(("key", "value"), sorted(CREATE_ONLY_CHANGES.items()))
 def test_a_create_only_change_names_a_new_gpu_pool(key: str, value: str) -> None:
-    before = run_program("dev").one(AGENT_POOL)
-    after = run_program("dev", {key: value}).one(AGENT_POOL)
+    before = run_program("dev").one(AGENT_POOL, "gpu-spot")
+    after = run_program("dev", {key: value}).one(AGENT_POOL, "gpu-spot")
     # Same logical resource, new physical name: Pulumi replaces it, creating the new pool first.
     assert after.urn == before.urn
     assert after.inputs["agentPoolName"] != before.inputs["agentPoolName"]
@@ -605,8 +632,8 @@ def test_a_create_only_change_names_a_new_gpu_pool(key: str, value: str) -> None
     [{"gpuMinNodes": "1"}, {"gpuMaxNodes": "5"}, {"workerMaxReplicas": "2", "workerReplicas": "1"}],
 )
 def test_count_changes_keep_the_gpu_pool(override: dict[str, str]) -> None:
-    before = run_program("dev").one(AGENT_POOL)
-    after = run_program("dev", override).one(AGENT_POOL)
+    before = run_program("dev").one(AGENT_POOL, "gpu-spot")
+    after = run_program("dev", override).one(AGENT_POOL, "gpu-spot")
     assert after.inputs["agentPoolName"] == before.inputs["agentPoolName"]
     assert after.inputs["minCount"] != before.inputs["minCount"] or (
         after.inputs["maxCount"] != before.inputs["maxCount"]
@@ -614,7 +641,7 @@ def test_count_changes_keep_the_gpu_pool(override: dict[str, str]) -> None:
 
 
 def test_every_create_only_property_is_replaced_on_change(run: ProgramRun) -> None:
-    pool = run.one(AGENT_POOL)
+    pool = run.one(AGENT_POOL, "gpu-spot")
     assert set(pool.replace_on_changes) == {
         "vmSize",
         "scaleSetPriority",
@@ -642,25 +669,21 @@ def test_every_create_only_property_is_replaced_on_change(run: ProgramRun) -> No
     assert re.fullmatch(r"[a-z][a-z0-9]{0,11}", name), name  # AKS: Linux pool names
 
 
-SYSTEM_VM_SIZE = "spot-lab:systemVmSize"
-
-
 def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
     # The dev stack given the a100 stack file's values: "config overrides per environment".
     a100 = yaml.safe_load((PROJECT_DIR / "Pulumi.a100.yaml").read_text())["config"]
-    # Not namePrefix (it names every resource: another lab, not a change) and not
-    # systemVmSize (the inline system pool cannot be resized in place: docs/azure.md).
+    # Not namePrefix: it names every resource, so it makes another lab, not a change.
     overrides = {
         key.split(":", 1)[1]: str(value)
         for key, value in a100.items()
-        if key.startswith("spot-lab:") and key not in ("spot-lab:namePrefix", SYSTEM_VM_SIZE)
+        if key.startswith("spot-lab:") and key != "spot-lab:namePrefix"
     }
     dev, moved = run_program("dev"), run_program("dev", overrides)
-    assert moved.one(AGENT_POOL).inputs["vmSize"] == "Standard_NC24ads_A100_v4"
-    assert dev.one(AGENT_POOL).urn == moved.one(AGENT_POOL).urn
+    assert moved.one(AGENT_POOL, "gpu-spot").inputs["vmSize"] == "Standard_NC24ads_A100_v4"
+    assert dev.one(AGENT_POOL, "gpu-spot").urn == moved.one(AGENT_POOL, "gpu-spot").urn
     assert (
-        dev.one(AGENT_POOL).inputs["agentPoolName"]
-        != (moved.one(AGENT_POOL).inputs["agentPoolName"])
+        dev.one(AGENT_POOL, "gpu-spot").inputs["agentPoolName"]
+        != (moved.one(AGENT_POOL, "gpu-spot").inputs["agentPoolName"])
     )
     assert dev.one(CLUSTER).urn == moved.one(CLUSTER).urn
     assert (
@@ -669,7 +692,9 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
     )
     # The job finds its nodes by our label, not by the pool's name.
     for run in (dev, moved):
-        assert run.one(AGENT_POOL).inputs["nodeLabels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
+        assert run.one(AGENT_POOL, "gpu-spot").inputs["nodeLabels"] == {
+            aks.POOL_LABEL: aks.GPU_SPOT_POOL
+        }
 
 
 # ---- the harness itself -------------------------------------------------------------------------
@@ -678,8 +703,8 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
 def test_harness_runs_are_independent() -> None:
     first = run_program("dev", {"gpuMaxNodes": "4"})
     second = run_program("dev")
-    assert first.one(AGENT_POOL).inputs["maxCount"] == 4
-    assert second.one(AGENT_POOL).inputs["maxCount"] == 3
+    assert first.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] == 4
+    assert second.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] == 3
     assert len(first.resources) == len(second.resources)
     assert len({r.urn for r in second.resources}) == len(second.resources)
     assert second.config["spot-lab:gpuMaxNodes"] == ""

@@ -45,12 +45,21 @@ def tolerated(taint: str, tolerations: list[dict[str, Any]]) -> bool:
 
 
 def _system_pool(run: ProgramRun) -> dict[str, Any]:
-    (profile,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
-    return profile
+    return run.one(GPU_POOL, "cluster-system").inputs
+
+
+def test_only_aks_addons_run_on_the_bootstrap_pool(run: ProgramRun) -> None:
+    # Our workloads select the CPU pool; none tolerates into the bootstrap pool by accident.
+    (bootstrap,) = run.one(CLUSTER).inputs["agentPoolProfiles"]
+    for workload in run.resources:
+        if workload.type in ("kubernetes:apps/v1:StatefulSet", "kubernetes:batch/v1:Job"):
+            pod = _pod_spec(workload)
+            assert pod["nodeSelector"] == SYSTEM_POOL, workload.name
+            assert not (pod["nodeSelector"].items() <= bootstrap["nodeLabels"].items())
 
 
 def test_workers_fit_the_gpu_spot_pool(run: ProgramRun) -> None:
-    pool = run.one(GPU_POOL).inputs
+    pool = run.one(GPU_POOL, "gpu-spot").inputs
     for workload in (run.one(PYTORCHJOB), run.one("kubernetes:apps/v1:DaemonSet")):
         pod = _pod_spec(workload)
         assert pod["nodeSelector"].items() <= pool["nodeLabels"].items()
@@ -66,7 +75,7 @@ def test_etcd_fits_the_system_pool_and_not_the_spot_pool(run: ProgramRun) -> Non
     assert SYSTEM_POOL.items() <= system["nodeLabels"].items()
     for taint in system.get("nodeTaints") or []:
         assert tolerated(taint, etcd["tolerations"]), taint
-    spot_taints = run.one(GPU_POOL).inputs["nodeTaints"]
+    spot_taints = run.one(GPU_POOL, "gpu-spot").inputs["nodeTaints"]
     assert not any(tolerated(t, etcd["tolerations"]) for t in spot_taints)
 
 
@@ -172,7 +181,7 @@ def test_new_bounds_in_a_stack_file_reach_pool_job_and_hpa(tmp_path: Path) -> No
 
     run = run_program("dev", stack_dir=tmp_path)
 
-    assert run.one(GPU_POOL).inputs["maxCount"] == 5
+    assert run.one(GPU_POOL, "gpu-spot").inputs["maxCount"] == 5
     job = run.one(PYTORCHJOB)
     policy = job.inputs["spec"]["elasticPolicy"]
     assert (policy["minReplicas"], policy["maxReplicas"]) == (3, 5)

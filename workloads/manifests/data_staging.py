@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
-from workloads.manifests.scheduling import CRITICAL_ADDONS_TOLERATION, ROLE_LABEL, SYSTEM_POOL
+from workloads.manifests.scheduling import ROLE_LABEL, SYSTEM_POOL
 
 STAGER_LABELS = {ROLE_LABEL: "stager"}
 # Retries for what a retry may fix (the program exits 1 for network and storage errors; a
@@ -84,7 +84,6 @@ def staging_job_manifest(spec: DataStagingSpec) -> dict[str, Any]:
                     "serviceAccountName": spec.service_account,
                     "restartPolicy": "Never",
                     "nodeSelector": dict(SYSTEM_POOL),
-                    "tolerations": [dict(CRITICAL_ADDONS_TOLERATION)],
                     "containers": [
                         {
                             "name": "stage-data",
