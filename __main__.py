@@ -69,34 +69,39 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         ),
     )
     storage, registry = deploy_stores(cfg, resource_group, cluster, tags)
-    training_identity = WorkloadIdentity(
-        "training-identity",
-        WorkloadIdentityArgs(
-            resource_group_name=resource_group.name,
-            identity_name=names.training_identity,
-            location=cfg.location,
-            oidc_issuer_url=cluster.oidc_issuer_url,
-            namespace=cfg.namespace,
-            service_account=cfg.service_account,
-            writable_container_id=storage.checkpoints_container_id,
-            role_name="checkpoints-writer",
-            tags=tags,
-        ),
+
+    def pod_identity(
+        who: str, identity_name: str, account: str, container_id: pulumi.Output[str], role: str
+    ) -> WorkloadIdentity:
+        return WorkloadIdentity(
+            f"{who}-identity",
+            WorkloadIdentityArgs(
+                resource_group_name=resource_group.name,
+                identity_name=identity_name,
+                location=cfg.location,
+                oidc_issuer_url=cluster.oidc_issuer_url,
+                namespace=cfg.namespace,
+                service_account=account,
+                writable_container_id=container_id,
+                role_name=role,
+                tags=tags,
+            ),
+        )
+
+    training_identity = pod_identity(
+        "training",
+        names.training_identity,
+        cfg.service_account,
+        storage.checkpoints_container_id,
+        "checkpoints-writer",
     )
     # Only the staging Job writes the dataset; the training pods never can.
-    stager_identity = WorkloadIdentity(
-        "stager-identity",
-        WorkloadIdentityArgs(
-            resource_group_name=resource_group.name,
-            identity_name=names.stager_identity,
-            location=cfg.location,
-            oidc_issuer_url=cluster.oidc_issuer_url,
-            namespace=cfg.namespace,
-            service_account=cfg.stager_service_account,
-            writable_container_id=storage.data_container_id,
-            role_name="data-writer",
-            tags=tags,
-        ),
+    stager_identity = pod_identity(
+        "stager",
+        names.stager_identity,
+        cfg.stager_service_account,
+        storage.data_container_id,
+        "data-writer",
     )
     image = TrainingImage(
         "training-image",
