@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
 from training.checkpoint import (
+    GRACE_S,
     BackgroundSaver,
     CheckpointError,
     CheckpointRepository,
@@ -69,13 +71,12 @@ def test_missing_newest_object_falls_back(object_store: ObjectStore) -> None:
     assert loaded is not None and loaded.entry.step == 1
 
 
-def test_torn_manifest_uses_the_other_one(object_store: ObjectStore) -> None:
+def test_a_torn_manifest_falls_back_to_the_one_before(object_store: ObjectStore) -> None:
     repo = _repo(object_store)
     repo.commit(1, _state(1))
     repo.commit(2, _state(2))
-    newest = max(repo._read_manifests(), key=lambda m: m.seq)
-    name = repo.manifests[newest.seq % 2]
-    object_store.put(name, object_store.get(name)[:-7])  # torn manifest write
+    name = repo.manifest_name(repo.manifest().seq)
+    object_store.put(name, object_store.get(name)[:-7])  # a manifest damaged in the store
     assert repo.head() is not None and repo.head().step == 1
     loaded = repo.load_latest()
     assert loaded is not None and loaded.entry.step == 1
@@ -100,14 +101,35 @@ def test_a_torn_write_never_becomes_the_committed_checkpoint(tmp_path) -> None:
     assert loaded is not None and loaded.entry.step == 7
 
 
+def _aged(store: ObjectStore) -> ObjectStore:
+    """The store, seen from a clock far past the grace period: everything in it is old."""
+    store.now = lambda: time.time() + 10 * GRACE_S  # type: ignore[method-assign]
+    return store
+
+
 def test_retention_keeps_last_n_and_prunes_the_rest(object_store: ObjectStore) -> None:
-    repo = _repo(object_store, keep=2)
+    repo = _repo(_aged(object_store), keep=2)
     for step in range(1, 6):
         repo.commit(step, _state(step))
     on_store = sorted(int(n.split("-")[1]) for n in object_store.list("ckpt-") if n.endswith(".pt"))
     # keep=2 in the newest manifest; the previous manifest still names one more.
     assert on_store == [3, 4, 5]
     assert [e.step for e in repo.manifest().entries] == [5, 4]
+    manifests = [n for n in object_store.list("ckpt-manifest-")]
+    assert manifests == [repo.manifest_name(4), repo.manifest_name(5)]
+
+
+def test_nothing_younger_than_the_grace_period_is_pruned(object_store: ObjectStore) -> None:
+    # Another writer's object, uploaded and not yet published, looks exactly like this.
+    orphan = "ckpt-0000000009-0123abcd.pt"
+    object_store.put(orphan, b"in flight")
+    repo = _repo(object_store, keep=1)
+    for step in range(1, 4):
+        repo.commit(step, _state(step))
+    assert orphan in object_store.list("ckpt-")
+    _aged(object_store)
+    repo.commit(4, _state(4))
+    assert orphan not in object_store.list("ckpt-")
 
 
 def test_retention_never_deletes_the_last_good_checkpoint(tmp_path) -> None:

@@ -12,11 +12,15 @@ set (tests, Azurite, a key or SAS) its account key or SAS signs the requests; ot
 is annotated with the training identity's client id, and that identity holds a data role on
 the storage account.
 
-Atomicity: ``put`` is one ``upload_blob(overwrite=True)``. Up to ``max_single_put_bytes``
-that is a single Put Blob, which replaces the blob atomically. Larger objects are staged as
-blocks and committed by one Put Block List; staged blocks are invisible to readers and
-listings until that commit, so a reader sees the old object or the new one, never a torn one.
-All Azure imports live in this module: the file backend must work without them.
+Atomicity: ``put`` is one ``upload_blob(overwrite=True)``; ``put_new`` is the same upload
+with ``overwrite=False``, which the SDK sends as ``If-None-Match: *``: the service creates the
+blob only if none exists and answers 409 ``BlobAlreadyExists`` otherwise (Put Blob and Put
+Block List both honour the condition, so a large object stays create-if-absent too). Up to
+``max_single_put_bytes`` either is a single Put Blob, which replaces the blob atomically.
+Larger objects are staged as blocks and committed by one Put Block List; staged blocks are
+invisible to readers and listings until that commit, so a reader sees the old object or the
+new one, never a torn one. All Azure imports live in this module: the file backend must work
+without them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -246,8 +251,24 @@ class BlobStore:
                 self._create_container()
                 self._upload(blob, data)
 
-    def _upload(self, blob: str, data: bytes) -> None:
-        self._container.upload_blob(blob, data, overwrite=True, max_concurrency=4)
+    def put_new(self, name: str, data: bytes) -> None:
+        """Create ``name`` only if absent; FileExistsError when another writer has it."""
+        _check_object_name(name)
+        blob = self.location.blob_name(name)
+        with self._errors(f"create {name!r}"):
+            try:
+                try:
+                    self._upload(blob, data, overwrite=False)
+                except ResourceNotFoundError as e:
+                    if e.error_code != "ContainerNotFound":
+                        raise
+                    self._create_container()
+                    self._upload(blob, data, overwrite=False)
+            except ResourceExistsError as e:
+                raise FileExistsError(f"{name!r} already exists in {self.describe()}") from e
+
+    def _upload(self, blob: str, data: bytes, overwrite: bool = True) -> None:
+        self._container.upload_blob(blob, data, overwrite=overwrite, max_concurrency=4)
 
     def _create_container(self) -> None:
         with suppress(ResourceExistsError):  # another rank created it first
@@ -276,16 +297,25 @@ class BlobStore:
         Only direct children: a store at ``runs`` does not see objects of a store at
         ``runs/a``, just as FileStore does not descend into subdirectories.
         """
+        return sorted(self.list_modified(prefix))
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        """Like ``list``, each name with its Last-Modified time (the service's clock)."""
         base = self.location.blob_name("")
-        names: list[str] = []
+        found: dict[str, float] = {}
         with self._errors("list"):
             try:
                 for item in self._container.walk_blobs(name_starts_with=base + prefix):
                     if not isinstance(item, BlobPrefix):
-                        names.append(item.name[len(base) :])
+                        found[item.name[len(base) :]] = item.last_modified.timestamp()
             except ResourceNotFoundError:
-                return []  # no container yet: nothing was ever written
-        return sorted(names)
+                return {}  # no container yet: nothing was ever written
+        return dict(sorted(found.items()))
+
+    def now(self) -> float:
+        """This node's clock: AKS nodes and the service both keep NTP time, far within the
+        checkpoint protocol's grace period."""
+        return time.time()
 
     def describe(self) -> str:
         """The checkpoint URI (never credentials), for logs and errors."""

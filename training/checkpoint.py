@@ -1,15 +1,30 @@
-"""Durable checkpoints that stay correct on blobfuse2 and Blob Storage: no rename, ever.
+"""Durable checkpoints that stay correct with any number of writers: no rename, no overwrite.
 
 Commit protocol:
 1. write the state to a new, uniquely named object ``ckpt-<step>-<nonce>.pt``;
 2. read it back and check its SHA-256 (a torn or short write fails here, before it counts);
-3. write the manifest that names it (and the older ones kept) with their checksums.
+3. publish a new manifest, ``ckpt-manifest-<seq>.json``, that names it and the older entries
+   kept, with their checksums. A manifest is created once and never rewritten: the store's
+   create-if-absent (Blob ``If-None-Match: *``; a hard link on a local filesystem) lets
+   exactly one writer take each sequence number. A writer that loses the race reads the
+   winner's manifest and tries again on top of it, so every manifest extends the one before
+   it and two writers can never both believe they took sequence N+1.
 
-Two manifests (A and B) are written alternately, each carrying a sequence number and its own
-checksum. A torn manifest write therefore leaves the other one intact, and readers take the
-valid manifest with the highest sequence. Only objects that no valid manifest names are deleted,
-so the last good checkpoint is never lost. Loading verifies each checksum and falls back to the
-previous entry when the newest is torn.
+Readers take the newest valid manifest and fall back, entry by entry, to older checkpoints
+whose checksums verify. Why nothing acknowledged is lost (docs/training.md, "Checkpoints"):
+
+- the head only moves forward: a manifest is built on its immediate predecessor, and a step
+  older than a head that verifies is refused, not published;
+- nothing the newest ``RETAINED_MANIFESTS`` manifests name is ever deleted;
+- anything else may be another writer's commit between its upload and its manifest. It is
+  deleted only once it is older than ``grace_s``, and a writer acknowledges a commit only
+  when it published within ``grace_s / 2`` of starting the upload. So a pruner that could
+  delete it began reading the manifests after the one naming it was visible.
+  Manifests go the same way: one leaves the store only when two newer ones exist and it is
+  older than ``grace_s``, so a writer that stalled cannot recreate a retired sequence number.
+
+The store must answer listings and reads consistently (Blob's API and a local filesystem do;
+a blobfuse2 mount does not, and cannot create-if-absent: ``FileStore`` refuses one).
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -32,8 +47,14 @@ from training.storage import ObjectStore
 
 logger = logging.getLogger(__name__)
 
-MANIFESTS = ("manifest-a.json", "manifest-b.json")
-_NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8}\.pt$")
+RETAINED_MANIFESTS = 2
+"""Everything the newest two manifests name stays: a late, unacknowledged publication (see
+``commit``) can hide the acknowledged head from the newest manifest, never from both."""
+GRACE_S = 120.0
+"""How old an object no manifest names must be before it is deleted: ample for the clocks of
+the nodes and the store to disagree, and for a commit's manifest to follow its upload."""
+_OBJECT = re.compile(r"^(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8}\.pt$")
+_MANIFEST = re.compile(r"^(?P<prefix>[a-z]+)-manifest-(?P<seq>\d{10})\.json$")
 
 
 class CheckpointError(RuntimeError):
@@ -70,9 +91,15 @@ class Manifest:
     seq: int
     entries: tuple[Entry, ...]
     """Newest first."""
+    writer: str = field(default="", compare=False)
+    """Which repository wrote it: for logs when a race is lost."""
 
     def encode(self) -> bytes:
-        body = {"seq": self.seq, "entries": [asdict(e) for e in self.entries]}
+        body = {
+            "seq": self.seq,
+            "entries": [asdict(e) for e in self.entries],
+            "writer": self.writer,
+        }
         text = json.dumps(body, sort_keys=True)
         return json.dumps({"body": body, "sha256": sha256(text.encode())}).encode()
 
@@ -85,7 +112,7 @@ class Manifest:
             if sha256(json.dumps(body, sort_keys=True).encode()) != outer["sha256"]:
                 return None
             entries = tuple(Entry(**e) for e in body["entries"])
-            return Manifest(seq=int(body["seq"]), entries=entries)
+            return Manifest(int(body["seq"]), entries, str(body.get("writer", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -97,76 +124,130 @@ class Loaded:
 
 
 class CheckpointRepository:
-    """Checkpoints of one run in an object store, committed by manifest."""
+    """Checkpoints of one run in an object store, committed by an append-only manifest log.
 
-    def __init__(self, store: ObjectStore, keep: int = 3, prefix: str = "ckpt") -> None:
+    Any number of repositories, in any processes, may commit to one store at once.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        keep: int = 3,
+        prefix: str = "ckpt",
+        grace_s: float = GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if grace_s <= 0:
+            raise ValueError(f"grace_s must be > 0, got {grace_s}")
         self.store = store
         self.keep = keep
         self.prefix = prefix
-        self.manifests = tuple(f"{prefix}-{m}" for m in MANIFESTS)
-        # The background saver and an emergency save may commit at the same time: the
-        # manifest's read-modify-write and the pruning must not interleave, and pruning must
-        # not delete an object that another commit has written but not yet published.
+        self.grace_s = grace_s
+        self._clock = clock
+        self.writer = uuid.uuid4().hex[:8]
+        # The background saver and an emergency save of this process publish one at a time.
         self._publish = threading.Lock()
-        self._in_flight: set[str] = set()
         self._newest_published = -1
 
-    def _read_manifests(self) -> list[Manifest]:
-        found = []
-        for name in self.manifests:
+    # -- reading -------------------------------------------------------------------------------
+    def manifest_name(self, seq: int) -> str:
+        return f"{self.prefix}-manifest-{seq:010d}.json"
+
+    def _listed_seqs(self) -> list[int]:
+        seqs = []
+        for name in self.store.list(f"{self.prefix}-manifest-"):
+            match = _MANIFEST.match(name)
+            if match and match["prefix"] == self.prefix:
+                seqs.append(int(match["seq"]))
+        return sorted(seqs)
+
+    def _get_manifest(self, seq: int) -> Manifest | None:
+        """Manifest ``seq``; None when it is torn. FileNotFoundError when there is none."""
+        manifest = Manifest.decode(self.store.get(self.manifest_name(seq)))
+        if manifest is None or manifest.seq != seq:
+            logger.warning(
+                "manifest %d in %s is torn or misnamed; ignoring it", seq, self.store.describe()
+            )
+            return None
+        return manifest
+
+    def _log(self, depth: int = 1) -> tuple[int, list[Manifest]]:
+        """(the highest sequence taken, up to ``depth`` valid manifests, newest first).
+
+        Manifests below the newest ``depth`` are read only when those are torn.
+        """
+        seqs = self._listed_seqs()
+        top = seqs[-1] if seqs else 0
+        # A listing may lag a create that a read already sees: look past its end.
+        while True:
             try:
-                manifest = Manifest.decode(self.store.get(name))
+                self._get_manifest(top + 1)
             except FileNotFoundError:
-                continue
-            if manifest is None:
-                logger.warning(
-                    "manifest %s in %s is torn; using the other", name, self.store.describe()
-                )
-            else:
+                break
+            top += 1
+            seqs.append(top)
+        found: list[Manifest] = []
+        for seq in reversed(seqs):
+            if len(found) >= depth:
+                break
+            try:
+                manifest = self._get_manifest(seq)
+            except FileNotFoundError:
+                continue  # retired since the listing
+            if manifest is not None:
                 found.append(manifest)
-        return sorted(found, key=lambda m: m.seq, reverse=True)
+        return top, found
 
     def manifest(self) -> Manifest | None:
         """The newest valid manifest, or None before the first commit."""
-        manifests = self._read_manifests()
+        _, manifests = self._log()
         return manifests[0] if manifests else None
 
     def head(self) -> Entry | None:
-        """The newest checkpoint as the manifest claims it (reads nothing but the manifest)."""
+        """The newest checkpoint as the manifest claims it (reads nothing but the manifests)."""
         manifest = self.manifest()
         return manifest.entries[0] if manifest and manifest.entries else None
 
     def entries(self) -> list[Entry]:
-        """Every checkpoint a valid manifest names, newest first."""
-        unique = {e.name: e for m in self._read_manifests() for e in m.entries}
+        """Every checkpoint the retained manifests name, newest first: what pruning keeps."""
+        _, manifests = self._log(depth=RETAINED_MANIFESTS)
+        unique = {e.name: e for m in manifests for e in m.entries}
         return sorted(unique.values(), key=lambda e: e.step, reverse=True)
 
-    def commit(self, step: int, data: bytes) -> Entry:
-        """Write, verify, then publish a checkpoint; prune what no valid manifest names.
+    def newest_verified(self) -> Entry | None:
+        """The newest checkpoint in the store whose bytes match its checksum."""
+        loaded = self.load_latest()
+        return loaded.entry if loaded else None
 
-        Raises CheckpointError, and publishes nothing, when this process has already
-        published a newer step: a stalled background save that finishes after the emergency
-        save must not replace it as the head.
+    # -- committing ----------------------------------------------------------------------------
+    def commit(self, step: int, data: bytes) -> Entry:
+        """Write, verify, then publish a checkpoint; returns only once it is acknowledged.
+
+        Raises CheckpointError, and acknowledges nothing, when a newer step that verifies is
+        already the head (a stalled background save that finishes after the emergency save, or
+        the other half of a split rendezvous, must not replace it), or when publishing took so
+        long that a concurrent prune may have removed the object.
         """
         entry = Entry(
             f"{self.prefix}-{step:010d}-{uuid.uuid4().hex[:8]}.pt", step, sha256(data), len(data)
         )
+        started = self._clock()
+        self._write_verified(entry, data)
         with self._publish:
-            self._in_flight.add(entry.name)
-        try:
-            self._write_verified(entry, data)
-        except BaseException:
-            with self._publish:
-                self._in_flight.discard(entry.name)
-            raise
-        with self._publish:
-            try:
-                published = self._publish_entry(entry)
-            finally:
-                self._in_flight.discard(entry.name)  # named by a manifest now, or prunable
+            # An error here leaves the object for pruning: a manifest may name it already
+            # (a create whose answer was lost), and what a manifest names is never deleted.
+            published = self._publish_entry(entry, started)
+            if published:
+                self._newest_published = max(self._newest_published, step)
             self._prune()
+        if published and self._clock() - started >= self.grace_s / 2:
+            raise CheckpointError(
+                f"checkpoint of step {step} was published {self._clock() - started:.0f} s after "
+                f"its upload began, past half the {self.grace_s:.0f} s grace; not counted as "
+                "committed (a concurrent prune may have removed it)"
+            )
         if not published:
             raise CheckpointError(
                 f"checkpoint of step {step} is older than step {self._newest_published}, "
@@ -182,27 +263,49 @@ class CheckpointRepository:
                 f"checkpoint {entry.name} in {self.store.describe()} read back torn"
             )
 
-    def _publish_entry(self, entry: Entry) -> bool:
-        """Make ``entry`` the head (older entries stay, up to ``keep``); False when stale.
+    def _discard(self, entry: Entry) -> None:
+        """Delete an object of ours that no manifest names (best effort: pruning retries)."""
+        try:
+            self.store.delete(entry.name)
+        except OSError as exc:
+            logger.warning("could not delete unpublished %s: %s", entry.name, exc)
 
-        Stale is older than this process's last commit, or than a valid head in the store: the
-        head never goes back in time, not even when a second group writes to the same store (a
-        rendezvous that split in two). A torn head may be replaced by an older step.
+    def _publish_entry(self, entry: Entry, started: float) -> bool:
+        """Publish ``entry`` as the head on top of the newest manifest; False when stale.
+
+        Stale is older than this process's last commit, or than a head that verifies: the head
+        never goes back in time, not even when a second group writes to the same store. A
+        head that fails its checksum may be replaced by an older step.
         """
-        if entry.step < self._newest_published:
-            return False
-        previous = self.manifest()
-        head = previous.entries[0] if previous and previous.entries else None
-        if head is not None and head.step > entry.step and self._verifies(head):
-            self._newest_published = head.step
-            return False
-        older = [e for e in previous.entries if e.step < entry.step] if previous else []
-        manifest = Manifest(
-            seq=(previous.seq + 1) if previous else 1, entries=(entry, *older[: self.keep - 1])
-        )
-        self.store.put(self.manifests[manifest.seq % 2], manifest.encode())
-        self._newest_published = entry.step
-        return True
+        while True:
+            if entry.step < self._newest_published:
+                self._discard(entry)
+                return False
+            top, manifests = self._log()
+            base = manifests[0] if manifests else None
+            head = base.entries[0] if base and base.entries else None
+            if head is not None and head.step > entry.step and self._verifies(head):
+                self._newest_published = max(self._newest_published, head.step)
+                self._discard(entry)
+                return False
+            if self._clock() - started >= self.grace_s / 2:
+                self._discard(entry)
+                raise CheckpointError(
+                    f"checkpoint of step {entry.step} could not be published within half the "
+                    f"{self.grace_s:.0f} s grace of its upload; dropped"
+                )
+            older = [e for e in base.entries if e.step < entry.step] if base else []
+            manifest = Manifest(top + 1, (entry, *older[: self.keep - 1]), self.writer)
+            try:
+                self.store.put_new(self.manifest_name(manifest.seq), manifest.encode())
+            except FileExistsError:
+                logger.info(
+                    "manifest %d of %s was taken by another writer; publishing on top of it",
+                    manifest.seq,
+                    self.store.describe(),
+                )
+                continue
+            return True
 
     def _verifies(self, entry: Entry) -> bool:
         """True when ``entry``'s object is in the store and matches its checksum."""
@@ -212,10 +315,25 @@ class CheckpointRepository:
             return False
 
     def _prune(self) -> None:
-        named = {e.name for m in self._read_manifests() for e in m.entries} | self._in_flight
-        for name in self.store.list(self.prefix + "-"):
-            if _NAME.match(name) and name not in named:
+        """Delete what is provably unreferenced (the module docstring says why it is safe)."""
+        now = self.store.now()
+        # Ages are read before the manifests: an object old enough now was old enough when
+        # the manifests below were read, so any manifest naming it was visible to that read.
+        objects = self.store.list_modified(self.prefix + "-")
+        old = {name for name, modified in objects.items() if now - modified > self.grace_s}
+        top, manifests = self._log(depth=RETAINED_MANIFESTS)
+        named = {e.name for m in manifests if m.seq > top - RETAINED_MANIFESTS for e in m.entries}
+        for name in sorted(old - named):
+            if self._prunable(name, top):
                 self.store.delete(name)
+
+    def _prunable(self, name: str, top: int) -> bool:
+        """Ours, and a checkpoint object or a manifest older than the retained ones."""
+        if match := _OBJECT.match(name):
+            return match["prefix"] == self.prefix
+        if match := _MANIFEST.match(name):
+            return match["prefix"] == self.prefix and int(match["seq"]) <= top - RETAINED_MANIFESTS
+        return False
 
     def load_latest(self) -> Loaded | None:
         """The newest checkpoint whose checksum verifies, falling back to older ones."""

@@ -1,15 +1,23 @@
 """Where checkpoints live: a tiny object-store interface over a directory or Azure Blob.
 
-The checkpoint protocol (``training/checkpoint.py``) needs only whole-object put/get,
-delete and list, and never renames: on blobfuse2 a rename is a copy then a delete, and on
-Blob Storage one PutBlob replaces an object atomically.
+The checkpoint protocol (``training/checkpoint.py``) needs whole-object put/get, an atomic
+create-if-absent, delete, and a listing with modification times, all answered consistently.
+Blob Storage's API gives all of that. A local filesystem does too (create-if-absent is a hard
+link). A blobfuse2 mount does not: its caches serve stale listings and reads across nodes,
+and it has no atomic create-if-absent, so ``FileStore`` refuses a directory on one.
 """
 
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import Protocol
+
+# FUSE filesystems (blobfuse2 shows as "fuse" or "fuse.blobfuse2") cache listings and reads
+# per node, and most cannot link: none is trusted with a manifest.
+_UNSAFE_FILESYSTEM_PREFIX = "fuse"
 
 
 class ObjectStore(Protocol):
@@ -17,6 +25,13 @@ class ObjectStore(Protocol):
 
     def put(self, name: str, data: bytes) -> None:
         """Write ``data`` under ``name``; the object is complete when this returns."""
+
+    def put_new(self, name: str, data: bytes) -> None:
+        """Create ``name`` only if it does not exist, atomically: ``FileExistsError`` if it does.
+
+        Two writers racing for one name: exactly one succeeds, and no reader ever sees a
+        partial object under that name.
+        """
 
     def get(self, name: str) -> bytes:
         """The object's bytes; raise ``FileNotFoundError`` when there is none."""
@@ -27,6 +42,12 @@ class ObjectStore(Protocol):
     def list(self, prefix: str = "") -> list[str]:
         """Names starting with ``prefix``, sorted."""
 
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        """Names starting with ``prefix``, each with its last write (seconds since the epoch)."""
+
+    def now(self) -> float:
+        """The time, on the clock ``list_modified`` reports in."""
+
     def describe(self) -> str:
         """A human-readable location, for logs and errors."""
 
@@ -34,13 +55,21 @@ class ObjectStore(Protocol):
 class FileStore:
     """Objects as files in one directory (local disk or a Blob CSI mount).
 
-    ``put`` writes the final name directly, flushes and fsyncs: no temp file and rename,
-    which blobfuse2 turns into a non-atomic copy. Torn writes are caught by checksums.
+    ``put`` writes the final name directly, flushes and fsyncs; torn writes are caught by
+    checksums. ``put_new`` writes a hidden temporary file and hard-links it to the name, which
+    the kernel does atomically and refuses when the name exists.
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, mountinfo: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        fstype = filesystem_type(self.root.resolve(), mountinfo)
+        if fstype.startswith(_UNSAFE_FILESYSTEM_PREFIX):
+            raise ValueError(
+                f"checkpoint directory {self.root} is on a {fstype} mount, whose caches serve "
+                "stale reads across nodes and which cannot create a file only if it is absent: "
+                "use the Blob URI https://<account>.blob.core.windows.net/<container>/<prefix>"
+            )
 
     def _path(self, name: str) -> Path:
         if not name or "/" in name or name.startswith("."):
@@ -53,6 +82,18 @@ class FileStore:
             f.flush()
             os.fsync(f.fileno())
 
+    def put_new(self, name: str, data: bytes) -> None:
+        final = self._path(name)
+        temporary = self.root / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with open(temporary, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(temporary, final)  # atomic; FileExistsError when another writer won
+        finally:
+            temporary.unlink(missing_ok=True)
+
     def get(self, name: str) -> bytes:
         return self._path(name).read_bytes()
 
@@ -60,10 +101,46 @@ class FileStore:
         self._path(name).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.name.startswith(prefix))
+        return sorted(self.list_modified(prefix))
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        found = {}
+        for path in self.root.iterdir():
+            if path.name.startswith(prefix) and not path.name.startswith("."):
+                try:
+                    found[path.name] = path.stat().st_mtime
+                except FileNotFoundError:
+                    continue  # deleted since the listing
+        return dict(sorted(found.items()))
+
+    def now(self) -> float:
+        return time.time()
 
     def describe(self) -> str:
         return str(self.root)
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem ``path`` (absolute, resolved) lives on, from mountinfo.
+
+    "" when unknown (no ``/proc``: not Linux).
+    """
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return ""
+    best, fstype = "", ""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        after = line.split(" - ", 1)[1].split()
+        inside = str(path) == mount_point or str(path).startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best) and after:
+            best, fstype = mount_point, after[0]
+    return fstype
 
 
 def open_store(uri: str) -> ObjectStore:
