@@ -1,9 +1,10 @@
 """Blob storage for the training data and the checkpoints.
 
-The kubelet identity mounts both containers through the Blob CSI driver (MSI auth: blobfuse2
-gets the identity's token and talks to the container's data plane, no account key). Its
-roles are scoped to the containers, not the account: read-only on the dataset, read/write
-on the checkpoints, nothing on containers added later.
+The kubelet identity mounts the dataset through the Blob CSI driver (MSI auth: blobfuse2
+gets the identity's token and talks to the container's data plane, no account key), so it may
+read ``data`` and nothing else. Checkpoints go through the Blob API with the training pods'
+own workload identity (``__main__.py`` grants it the checkpoints container): any pod on a node
+can get the kubelet's token, so the kubelet must not be able to write or delete them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
-from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, STORAGE_BLOB_DATA_READER, assign_role
+from infra.roles import STORAGE_BLOB_DATA_READER, assign_role
 
 DATA_CONTAINER = "data"
 CHECKPOINTS_CONTAINER = "checkpoints"
@@ -48,10 +49,9 @@ class LabStorageArgs:
     it hashes the subscription id."""
     location: str
     """Azure region."""
-    blob_reader_writer_id: pulumi.Input[str]
-    """Principal (object) id of the kubelet identity, which the Blob CSI volumes authenticate
-    with (no account keys in the cluster): it reads the data container and reads and writes
-    the checkpoints container."""
+    blob_reader_id: pulumi.Input[str]
+    """Principal (object) id of the kubelet identity, which the dataset's Blob CSI volume
+    authenticates with (no account keys in the cluster): it may read the data container."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -91,19 +91,12 @@ class LabStorage(pulumi.ComponentResource):
             for container in (DATA_CONTAINER, CHECKPOINTS_CONTAINER)
         }
         # Any pod on a node can get the kubelet's token from the node, so it gets no more
-        # than the two mounts need.
+        # than the dataset's mount needs.
         assign_role(
             f"{name}-kubelet-data-reader",
-            principal_id=args.blob_reader_writer_id,
+            principal_id=args.blob_reader_id,
             role=STORAGE_BLOB_DATA_READER,
             scope=containers[DATA_CONTAINER].id,
-            parent=self,
-        )
-        assign_role(
-            f"{name}-kubelet-checkpoints-writer",
-            principal_id=args.blob_reader_writer_id,
-            role=STORAGE_BLOB_DATA_CONTRIBUTOR,
-            scope=containers[CHECKPOINTS_CONTAINER].id,
             parent=self,
         )
         self.account_name = account.name

@@ -42,7 +42,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("workerReplicas", "job.replicas", int),
     Setting("maxRestarts", "job.max_restarts", int),
     Setting("collectiveTimeoutSeconds", "job.collective_timeout_s", int),
-    Setting("checkpointBackend", "job.checkpoint_backend", str),
     Setting("checkpointEverySteps", "job.checkpoint_every_steps", int),
     Setting("checkpointEverySeconds", "job.checkpoint_every_seconds", int),
     Setting("maxSteps", "job.max_steps", int),
@@ -60,6 +59,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdzvJoinTimeout", "job.rendezvous.join_timeout_s", int),
 )
 KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS)
+REMOVED: dict[str, str] = {
+    "checkpointBackend": (
+        "checkpoints always go through the Blob API with the workers' own identity: the Blob "
+        "CSI mount cannot publish a manifest safely (its caches are per node and it has no "
+        "create-if-absent); delete the key"
+    ),
+}
+"""Keys of earlier versions, and why each went."""
 
-CHECKPOINT_BACKENDS = ("mount", "blob")
 IMAGE_BUILDERS = ("acr", "docker")

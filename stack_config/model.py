@@ -58,8 +58,6 @@ class JobConfig:
     """Every eviction costs each survivor one restart, so a long spot run needs many."""
     collective_timeout_s: int = 30
     """Collective (process-group) timeout: how long a frozen peer can stall the job."""
-    checkpoint_backend: str = "mount"
-    """"mount" (Blob CSI volume) or "blob" (azure-storage-blob, no fuse caches)."""
     checkpoint_every_steps: int = 100
     checkpoint_every_seconds: int = 300
     max_steps: int = 20000

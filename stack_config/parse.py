@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 
-from stack_config.keys import KEYS, SETTINGS, Setting
+from stack_config.keys import KEYS, REMOVED, SETTINGS, Setting
 from stack_config.model import ConfigError, LabConfig
 
 
@@ -59,7 +59,9 @@ def load(
     """
     by_key = {s.key: s for s in SETTINGS}
     problems = [
-        f"{project}:{key} is not a setting of this project; known keys: {', '.join(KEYS)}"
+        f"{project}:{key} was removed: {REMOVED[key]}"
+        if key in REMOVED
+        else f"{project}:{key} is not a setting of this project; known keys: {', '.join(KEYS)}"
         for key in raw
         if key not in by_key
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from infra import gpu_sizes, naming
-from stack_config.keys import CHECKPOINT_BACKENDS, IMAGE_BUILDERS
+from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
 from training.stage_data import CHECKSUM
 
@@ -196,7 +196,7 @@ def _replica_problems(cfg: LabConfig) -> list[str]:
 
 def _training_problems(cfg: LabConfig) -> list[str]:
     job, rdzv = cfg.job, cfg.job.rendezvous
-    problems = _one_of(cfg, "checkpointBackend", job.checkpoint_backend, CHECKPOINT_BACKENDS)
+    problems: list[str] = []
     positive = {
         "collectiveTimeoutSeconds": job.collective_timeout_s,
         "maxSteps": job.max_steps,

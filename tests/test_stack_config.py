@@ -74,7 +74,6 @@ def test_load_parses_every_section() -> None:
             "spotMaxPrice": "0.5",
             "kubernetesVersion": "1.33",
             "rdzvJoinTimeout": "60",
-            "checkpointBackend": "blob",
             "systemNodeCount": " 3 ",
         },
         "spot-lab",
@@ -85,7 +84,6 @@ def test_load_parses_every_section() -> None:
     assert cfg.gpu_pool.spot_max_price == 0.5
     assert cfg.cluster.kubernetes_version == "1.33"
     assert cfg.job.rendezvous.join_timeout_s == 60
-    assert cfg.job.checkpoint_backend == "blob"
     assert cfg.cluster.system_node_count == 3
 
 
@@ -180,7 +178,7 @@ def test_gpu_min_above_max() -> None:
             "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)",
         ),
         (
-            {"globalBatchSize": "2", "checkpointBackend": "nfs"},
+            {"globalBatchSize": "2", "imageBuilder": "kaniko"},
             "spot-lab:globalBatchSize (2) must be >= spot-lab:workerMaxReplicas (3)",
         ),
     ],
@@ -331,7 +329,6 @@ def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("checkpointBackend", "s3", "mount, blob"),
         ("imageBuilder", "kaniko", "acr, docker"),
     ],
 )
@@ -402,9 +399,14 @@ def test_bad_location_names_both_keys() -> None:
         _cfg(location="West US 3")
 
 
+def test_a_removed_key_says_why_it_went() -> None:
+    with pytest.raises(ConfigError, match="checkpointBackend was removed: checkpoints always go"):
+        _cfg({"checkpointBackend": "mount"})
+
+
 def test_validate_reports_every_problem_at_once() -> None:
     with pytest.raises(ConfigError) as info:
-        _cfg({"gpuVmSize": "Standard_D4s_v5", "namePrefix": "X", "checkpointBackend": "nfs"})
+        _cfg({"gpuVmSize": "Standard_D4s_v5", "namePrefix": "X", "imageBuilder": "kaniko"})
     assert len(info.value.problems) == 3
 
 

@@ -32,7 +32,6 @@ from workloads.manifests.scheduling import (
     TRAINER_LABELS,
 )
 from workloads.manifests.volume import (
-    CHECKPOINT_MOUNT_OPTIONS,
     DATASET_MOUNT_OPTIONS,
     BlobVolumeSpec,
     blob_persistent_volume,
@@ -270,23 +269,10 @@ def test_blob_volume_handle_is_unique_and_free_of_reserved_characters() -> None:
         blob_persistent_volume(_volume_spec(stack="dev#2"))
 
 
-def test_checkpoint_mount_turns_off_every_cache() -> None:
-    options = blob_persistent_volume(_volume_spec())["spec"]["mountOptions"]
-    assert options == list(CHECKPOINT_MOUNT_OPTIONS)
-    for option in (
-        "-o direct_io",
-        "--file-cache-timeout=0",
-        "--use-attr-cache=false",
-        "-o attr_timeout=0",
-        "-o entry_timeout=0",
-        "-o negative_timeout=0",
-        "-o allow_other",
-    ):
-        assert option in options
-
-
-def test_dataset_mount_is_read_only() -> None:
-    pv = blob_persistent_volume(_volume_spec(mount_options=DATASET_MOUNT_OPTIONS))
+def test_a_blob_volume_mounts_read_only_by_default() -> None:
+    # The only volume is the dataset's: checkpoints go through the Blob API.
+    pv = blob_persistent_volume(_volume_spec())
+    assert pv["spec"]["mountOptions"] == list(DATASET_MOUNT_OPTIONS)
     assert "-o ro" in pv["spec"]["mountOptions"]
 
 

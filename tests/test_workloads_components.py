@@ -88,7 +88,6 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
         ("spot-lab:workloads:NvidiaDevicePlugin", "lab-device-plugin"),
         ("spot-lab:workloads:Rendezvous", "lab-etcd"),
         ("spot-lab:workloads:BlobVolume", "lab-data"),
-        ("spot-lab:workloads:BlobVolume", "lab-checkpoints"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
         ("spot-lab:workloads:DataStaging", "lab-data-staging"),
     }
@@ -101,7 +100,7 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 18
+    assert len(objects) == 16
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name
@@ -127,7 +126,6 @@ def test_job_waits_for_operator_etcd_volumes_and_namespace(default_run: ProgramR
         "lab-etcd-statefulset",
         "lab-etcd-client",
         "lab-data-pvc",
-        "lab-checkpoints-pvc",
         "lab-namespace-namespace",
         "lab-priority-training",
     } <= waits_for
@@ -184,13 +182,12 @@ def test_a_new_image_is_a_new_rendezvous(default_run: ProgramRun) -> None:
 
 def test_volumes_use_the_azure_outputs(default_run: ProgramRun) -> None:
     volumes = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in default_run.of_type(PV)}
-    assert set(volumes) == {"spot-lab-data", "spot-lab-checkpoints"}
-    attributes = volumes["spot-lab-checkpoints"]["csi"]["volumeAttributes"]
+    assert set(volumes) == {"spot-lab-data"}
+    attributes = volumes["spot-lab-data"]["csi"]["volumeAttributes"]
     assert attributes["AzureStorageIdentityClientID"] == KUBELET_CLIENT_ID
     assert attributes["storageAccount"] == "spotlab1a2b3c"
     assert attributes["resourceGroup"] == "spotlab-rg"
     assert volumes["spot-lab-data"]["csi"]["volumeAttributes"]["containerName"] == "data"
-    assert "-o direct_io" in volumes["spot-lab-checkpoints"]["mountOptions"]
     assert "-o ro" in volumes["spot-lab-data"]["mountOptions"]
 
 
@@ -202,10 +199,14 @@ def test_service_account_is_bound_to_the_training_identity(default_run: ProgramR
     }
 
 
-def test_checkpoints_go_to_the_mount_or_the_blob_api(default_run: ProgramRun) -> None:
-    assert _worker_env(default_run)["TRAIN_CHECKPOINT_URI"] == "/mnt/checkpoints/spotlab-train"
-    blob = _run(_config(checkpoint_backend="blob"))
-    assert _worker_env(blob)["TRAIN_CHECKPOINT_URI"] == f"{BLOB_ENDPOINT}checkpoints/spotlab-train"
+def test_checkpoints_go_through_the_blob_api(default_run: ProgramRun) -> None:
+    env = _worker_env(default_run)
+    assert env["TRAIN_CHECKPOINT_URI"] == f"{BLOB_ENDPOINT}checkpoints/spotlab-train"
+    claims = {
+        r.inputs["metadata"]["name"]
+        for r in default_run.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+    }
+    assert all("checkpoints" not in name for name in claims)
 
 
 def test_etcd_and_priority_classes_are_wired_together(default_run: ProgramRun) -> None:

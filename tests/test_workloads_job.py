@@ -14,7 +14,6 @@ from kubeflow.training.api_client import ApiClient
 from stack_config import JobConfig, LabConfig
 from training.launch import RDZV_PORT, RendezvousSettings, train_command, worker_env
 from workloads.manifests.job import (
-    CHECKPOINT_MOUNT,
     DATA_MOUNT,
     LOCAL_MOUNT,
     RUN_ID_LABEL,
@@ -47,9 +46,7 @@ def _job_spec(**overrides: Any) -> ElasticJobSpec:
         "service_account": "trainer",
         "priority_class": "spotlab-training",
         "data_claim": "spot-lab-data",
-        "checkpoint_backend": "mount",
-        "checkpoint_uri": f"{CHECKPOINT_MOUNT}/spotlab-train",
-        "checkpoints_claim": "spot-lab-checkpoints",
+        "checkpoint_uri": "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
         "max_steps": 20000,
         "global_batch_size": 256,
         "checkpoint_every_steps": 100,
@@ -219,41 +216,31 @@ def test_dataset_may_sit_in_a_folder_of_the_container() -> None:
 def test_env_is_the_shared_worker_env() -> None:
     env = _env(pytorchjob_manifest(_job_spec(collective_timeout_s=45)))
     assert env == worker_env(
-        checkpoint_uri=f"{CHECKPOINT_MOUNT}/spotlab-train",
+        checkpoint_uri="https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=45,
     )
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
-def test_mount_backend_mounts_the_checkpoints_claim() -> None:
-    manifest = pytorchjob_manifest(_job_spec())
-    claims = {
-        v["name"]: v["persistentVolumeClaim"]["claimName"]
-        for v in _pod(manifest)["volumes"]
-        if "persistentVolumeClaim" in v
-    }
-    assert claims == {"data": "spot-lab-data", "checkpoints": "spot-lab-checkpoints"}
-    mounts = {m["name"]: m for m in _container(manifest)["volumeMounts"]}
-    assert mounts["checkpoints"]["mountPath"] == CHECKPOINT_MOUNT
-    assert _env(manifest)["TRAIN_CHECKPOINT_URI"].startswith(CHECKPOINT_MOUNT + "/")
-    assert mounts["data"] == {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}
-
-
-def test_blob_backend_writes_through_the_blob_api_without_the_mount() -> None:
+def test_checkpoints_go_through_the_blob_api_and_only_the_dataset_is_mounted() -> None:
     uri = checkpoint_uri(
-        "blob",
         run="spotlab-train",
         blob_endpoint="https://spotlabsa.blob.core.windows.net/",
         container="checkpoints",
     )
     assert uri == "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train"
-    manifest = pytorchjob_manifest(
-        _job_spec(checkpoint_backend="blob", checkpoint_uri=uri, checkpoints_claim=None)
-    )
+    manifest = pytorchjob_manifest(_job_spec(checkpoint_uri=uri))
     assert _env(manifest)["TRAIN_CHECKPOINT_URI"] == uri
-    assert "checkpoints" not in {v["name"] for v in _pod(manifest)["volumes"]}
-    assert "checkpoints" not in {m["name"] for m in _container(manifest)["volumeMounts"]}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in _pod(manifest)["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert claims == {"data": "spot-lab-data"}
+    mounts = {m["name"]: m for m in _container(manifest)["volumeMounts"]}
+    assert "checkpoints" not in mounts
+    assert mounts["data"] == {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}
 
 
 def test_one_gpu_and_cpu_memory_requests() -> None:
@@ -297,8 +284,6 @@ def test_shared_memory_and_node_local_scratch() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"checkpoint_backend": "nfs"}, "checkpoint_backend must be one of mount, blob"),
-        ({"checkpoints_claim": None}, "checkpoints_claim is required"),
         ({"replicas": 4}, "replicas (4) must be within"),
         ({"min_replicas": 0, "replicas": 0}, "min_nodes must be >= 1"),
         ({"termination_grace_s": 30}, "termination_grace_s must be in 1..29"),
@@ -312,11 +297,11 @@ def test_bad_specs_name_the_setting(overrides: dict[str, Any], message: str) -> 
         pytorchjob_manifest(_job_spec(**overrides))
 
 
-def test_checkpoint_uri_rejects_unknown_backends_and_plain_http() -> None:
-    with pytest.raises(ValueError, match="must be one of mount, blob"):
-        checkpoint_uri("s3", run="r")
+def test_checkpoint_uri_rejects_plain_http_and_a_missing_container() -> None:
     with pytest.raises(ValueError, match="https:// blob_endpoint"):
-        checkpoint_uri("blob", run="r", blob_endpoint="http://x/", container="c")
+        checkpoint_uri(run="r", blob_endpoint="http://x/", container="c")
+    with pytest.raises(ValueError, match="https:// blob_endpoint"):
+        checkpoint_uri(run="r", blob_endpoint="https://x/", container="")
 
 
 # ---- from the stack config -------------------------------------------------------------------
@@ -327,9 +312,7 @@ def test_spec_from_stack_config() -> None:
         project="spot-lab",
         stack="dev",
         name_prefix="lab",
-        job=JobConfig(
-            min_replicas=2, max_replicas=5, replicas=7, checkpoint_backend="blob", run_id="3"
-        ),
+        job=JobConfig(min_replicas=2, max_replicas=5, replicas=7, run_id="3"),
     )
     spec = elastic_job_spec(
         cfg,
@@ -337,14 +320,12 @@ def test_spec_from_stack_config() -> None:
         rdzv_host=RDZV_HOST,
         priority_class="lab-training",
         data_claim="d",
-        checkpoints_claim="c",
         checkpoint_uri="https://a.blob.core.windows.net/checkpoints/lab-train",
     )
     assert spec.name == "lab-train"
     # workerReplicas above the max starts the job at the max.
     assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 5)
     assert spec.run_id == "3"
-    assert spec.checkpoints_claim is None  # the blob backend mounts no checkpoint volume
     assert spec.rendezvous == cfg.job.rendezvous
 
 
@@ -406,9 +387,7 @@ def _manifests() -> list[dict[str, Any]]:
     return [
         pytorchjob_manifest(_job_spec()),
         pytorchjob_manifest(_job_spec(hpa_cpu_utilization=60)),
-        pytorchjob_manifest(
-            _job_spec(checkpoint_backend="blob", checkpoint_uri=blob_uri, checkpoints_claim=None)
-        ),
+        pytorchjob_manifest(_job_spec(checkpoint_uri=blob_uri)),
         # runPolicy.activeDeadlineSeconds is a v1.9.4 field; a typo would be pruned silently.
         pytorchjob_manifest(_job_spec(active_deadline_s=3600)),
     ]

@@ -88,7 +88,8 @@ def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
         ]
         for r in run.of_type("kubernetes:core/v1:PersistentVolume")
     }
-    assert set(attributes) == {run.outputs["dataContainer"], run.outputs["checkpointsContainer"]}
+    # Only the dataset is a volume: checkpoints go through the Blob API.
+    assert set(attributes) == {run.outputs["dataContainer"]}
     for attrs in attributes.values():
         assert attrs["storageAccount"] == run.outputs["storageAccount"]
         assert attrs["resourceGroup"] == run.outputs["resourceGroup"]
@@ -117,7 +118,6 @@ def test_config_overrides_reach_the_job() -> None:
             "workerReplicas": "3",
             "maxRestarts": "250",
             "hpaCpuUtilization": "55",
-            "checkpointBackend": "blob",
         },
     )
     job = run.one(PYTORCHJOB).inputs["spec"]

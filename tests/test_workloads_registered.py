@@ -134,7 +134,7 @@ def test_registered_claims_bind_to_their_static_volumes(run: ProgramRun) -> None
         if r.type.endswith(":PersistentVolume")
     }
     claims = [r.inputs for r in _core_objects() if r.type.endswith(":PersistentVolumeClaim")]
-    assert len(claims) == len(volumes) == 2
+    assert len(claims) == len(volumes) == 1
     for claim in claims:
         spec = claim["spec"]
         assert spec["volumeName"] in volumes

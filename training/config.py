@@ -55,7 +55,7 @@ class OptimConfig:
 @dataclass
 class CheckpointConfig:
     checkpoint_uri: str = ""
-    """Durable checkpoints: a directory (Blob CSI mount) or an https:// Blob URL. Required."""
+    """Durable checkpoints: a local directory or an https:// Blob URL (not a FUSE mount)."""
     local_dir: str = "/tmp/spot-lab-local"
     """Node-local directory for emergency saves, picked up by the survivors' next round."""
     checkpoint_every_steps: int = 100

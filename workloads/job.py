@@ -35,9 +35,8 @@ class ElasticTrainingJobArgs:
     priority_class: pulumi.Input[str]
     """The preemptible training PriorityClass."""
     data_claim: pulumi.Input[str]
-    checkpoints_claim: pulumi.Input[str]
     blob_endpoint: pulumi.Input[str]
-    """``https://<account>.blob.core.windows.net/`` (the "blob" checkpoint backend)."""
+    """``https://<account>.blob.core.windows.net/``: checkpoints go through the Blob API."""
     checkpoints_container: pulumi.Input[str]
 
 
@@ -58,7 +57,6 @@ class ElasticTrainingJob(pulumi.ComponentResource):
             args.rdzv_host,
             args.priority_class,
             args.data_claim,
-            args.checkpoints_claim,
             args.blob_endpoint,
             args.checkpoints_container,
         ).apply(lambda values: _spec(cfg, *values))
@@ -89,19 +87,13 @@ class ElasticTrainingJob(pulumi.ComponentResource):
 
 
 def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
-    image, rdzv_host, priority_class, data_claim, checkpoints_claim, endpoint, container = values
-    uri = checkpoint_uri(
-        cfg.job.checkpoint_backend,
-        run=job_name(cfg),
-        blob_endpoint=endpoint,
-        container=container,
-    )
+    image, rdzv_host, priority_class, data_claim, endpoint, container = values
+    uri = checkpoint_uri(run=job_name(cfg), blob_endpoint=endpoint, container=container)
     return elastic_job_spec(
         cfg,
         image=image,
         rdzv_host=rdzv_host,
         priority_class=priority_class,
         data_claim=data_claim,
-        checkpoints_claim=checkpoints_claim,
         checkpoint_uri=uri,
     )

@@ -8,7 +8,7 @@ through one Kubernetes provider (server-side apply):
 - etcd (the rendezvous) on the system pool,
 - the NVIDIA device plugin on the GPU Spot pool,
 - the Kubeflow training operator v1.9.4,
-- Blob CSI volumes for the dataset and the checkpoints,
+- the dataset's Blob CSI volume (checkpoints go through the Blob API, not a mount),
 - the elastic PyTorchJob.
 
 The objects themselves come from the pure builders in ``workloads.manifests``.
@@ -31,7 +31,7 @@ from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name, watch_commands
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
 from workloads.manifests.priority import lab_priority_classes
-from workloads.manifests.volume import CHECKPOINT_MOUNT_OPTIONS, DATASET_MOUNT_OPTIONS
+from workloads.manifests.volume import DATASET_MOUNT_OPTIONS
 from workloads.namespace import LabNamespace, LabNamespaceArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
@@ -183,8 +183,8 @@ class LabWorkloads(pulumi.ComponentResource):
         volume_opts: pulumi.ResourceOptions,
         job_opts: pulumi.ResourceOptions,
     ) -> ElasticTrainingJob:
-        """The volumes and the elastic PyTorchJob that mounts them."""
-        data, checkpoints = self._volumes(name, args, volume_opts)
+        """The dataset volume and the elastic PyTorchJob that mounts it."""
+        data = self._data_volume(name, args, volume_opts)
         return ElasticTrainingJob(
             f"{name}-job",
             ElasticTrainingJobArgs(
@@ -193,32 +193,25 @@ class LabWorkloads(pulumi.ComponentResource):
                 rdzv_host=rendezvous.host,
                 priority_class=priorities.training,
                 data_claim=data.claim_name,
-                checkpoints_claim=checkpoints.claim_name,
                 blob_endpoint=args.blob_endpoint,
                 checkpoints_container=args.checkpoints_container,
             ),
             opts=job_opts,
         )
 
-    def _volumes(
+    def _data_volume(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
-    ) -> tuple[BlobVolume, BlobVolume]:
-        """(dataset, checkpoints) volumes: one PV/PVC pair per Blob container."""
+    ) -> BlobVolume:
+        """The dataset container as a read-only PV/PVC pair."""
         cfg = args.config
-        volumes = []
-        for role, container, options in (
-            ("data", args.data_container, DATASET_MOUNT_OPTIONS),
-            ("checkpoints", args.checkpoints_container, CHECKPOINT_MOUNT_OPTIONS),
-        ):
-            volume_args = BlobVolumeArgs(
-                name=f"{cfg.namespace}-{role}",
-                namespace=cfg.namespace,
-                stack=cfg.stack,
-                storage_account=args.storage_account_name,
-                resource_group=args.storage_resource_group,
-                container=container,
-                kubelet_client_id=args.kubelet_client_id,
-                mount_options=options,
-            )
-            volumes.append(BlobVolume(f"{name}-{role}", volume_args, opts=opts))
-        return volumes[0], volumes[1]
+        volume_args = BlobVolumeArgs(
+            name=f"{cfg.namespace}-data",
+            namespace=cfg.namespace,
+            stack=cfg.stack,
+            storage_account=args.storage_account_name,
+            resource_group=args.storage_resource_group,
+            container=args.data_container,
+            kubelet_client_id=args.kubelet_client_id,
+            mount_options=DATASET_MOUNT_OPTIONS,
+        )
+        return BlobVolume(f"{name}-data", volume_args, opts=opts)

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from workloads.manifests.volume import (
-    CHECKPOINT_MOUNT_OPTIONS,
+    DATASET_MOUNT_OPTIONS,
     BlobVolumeSpec,
     blob_persistent_volume,
     blob_volume_claim,
@@ -32,8 +32,8 @@ class BlobVolumeArgs:
     container: pulumi.Input[str]
     kubelet_client_id: pulumi.Input[str]
     """The kubelet identity mounts the container (no account keys)."""
-    mount_options: tuple[str, ...] = CHECKPOINT_MOUNT_OPTIONS
-    """blobfuse2 options; the default turns off every cache that could serve stale data."""
+    mount_options: tuple[str, ...] = DATASET_MOUNT_OPTIONS
+    """blobfuse2 options; the default mounts read-only with the caches on."""
 
 
 class BlobVolume(pulumi.ComponentResource):

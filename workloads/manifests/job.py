@@ -26,9 +26,7 @@ from workloads.manifests.scheduling import (
 
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 PYTORCHJOB_KIND = "PyTorchJob"
-CHECKPOINT_BACKENDS = ("mount", "blob")
 DATA_MOUNT = "/mnt/data"
-CHECKPOINT_MOUNT = "/mnt/checkpoints"
 LOCAL_MOUNT = "/mnt/local"
 CONTAINER_NAME = "pytorch"
 """The operator's webhook requires a container with this name."""
@@ -61,12 +59,8 @@ class ElasticJobSpec:
     priority_class: str
     data_claim: str
     """PVC of the dataset container (mounted read-only)."""
-    checkpoint_backend: str
-    """"mount": files on the checkpoints PVC; "blob": the Blob API straight from the pod."""
     checkpoint_uri: str
-    """TRAIN_CHECKPOINT_URI: a path under the checkpoints mount, or an https:// Blob URL."""
-    checkpoints_claim: str | None
-    """PVC of the checkpoints container; mounted only with the "mount" backend."""
+    """TRAIN_CHECKPOINT_URI: the https:// Blob URL the workers write through the Blob API."""
     max_steps: int
     global_batch_size: int
     checkpoint_every_steps: int
@@ -91,13 +85,6 @@ class ElasticJobSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
-        if self.checkpoint_backend not in CHECKPOINT_BACKENDS:
-            raise ValueError(
-                f"checkpoint_backend must be one of {', '.join(CHECKPOINT_BACKENDS)}, "
-                f"got {self.checkpoint_backend!r}"
-            )
-        if self.checkpoint_backend == "mount" and not self.checkpoints_claim:
-            raise ValueError('checkpoints_claim is required with checkpoint_backend "mount"')
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(
                 f"replicas ({self.replicas}) must be within "
@@ -201,8 +188,6 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "local", "mountPath": LOCAL_MOUNT},
     ]
-    if spec.checkpoint_backend == "mount":
-        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -226,10 +211,6 @@ def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
         # Node-local disk for emergency saves: survives a container restart in the same pod.
         {"name": "local", "emptyDir": {}},
     ]
-    if spec.checkpoint_backend == "mount":
-        volumes.append(
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoints_claim}}
-        )
     return volumes
 
 
@@ -299,22 +280,20 @@ def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
     return policy
 
 
-def checkpoint_uri(
-    backend: str, *, run: str, blob_endpoint: str | None = None, container: str | None = None
-) -> str:
-    """Where checkpoints of ``run`` live: under the mount, or a Blob URL for the Blob API."""
-    if backend == "mount":
-        return f"{CHECKPOINT_MOUNT}/{run}"
-    if backend == "blob":
-        if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
-            raise ValueError(
-                'checkpoint backend "blob" needs an https:// blob_endpoint and a container, '
-                f"got {blob_endpoint!r} and {container!r}"
-            )
-        return f"{blob_endpoint.rstrip('/')}/{container}/{run}"
-    raise ValueError(
-        f"checkpoint backend must be one of {', '.join(CHECKPOINT_BACKENDS)}, got {backend!r}"
-    )
+def checkpoint_uri(*, run: str, blob_endpoint: str | None, container: str | None) -> str:
+    """The Blob URL of ``run``'s checkpoints.
+
+    Always the Blob API, never the Blob CSI mount: the commit protocol needs create-if-absent
+    and consistent listings, which blobfuse2's per-node caches cannot give
+    (``training/storage.py``); and the pod's own workload identity, not the node's kubelet
+    identity, is then the only one that can write checkpoints.
+    """
+    if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
+        raise ValueError(
+            "checkpoints need an https:// blob_endpoint and a container, "
+            f"got {blob_endpoint!r} and {container!r}"
+        )
+    return f"{blob_endpoint.rstrip('/')}/{container}/{run}"
 
 
 def elastic_job_spec(
@@ -324,7 +303,6 @@ def elastic_job_spec(
     rdzv_host: str,
     priority_class: str,
     data_claim: str,
-    checkpoints_claim: str,
     checkpoint_uri: str,
 ) -> ElasticJobSpec:
     """The job spec the stack config asks for; the job is ``<prefix>-train``."""
@@ -342,9 +320,7 @@ def elastic_job_spec(
         service_account=config.service_account,
         priority_class=priority_class,
         data_claim=data_claim,
-        checkpoint_backend=job.checkpoint_backend,
         checkpoint_uri=checkpoint_uri,
-        checkpoints_claim=checkpoints_claim if job.checkpoint_backend == "mount" else None,
         max_steps=job.max_steps,
         global_batch_size=job.global_batch_size,
         checkpoint_every_steps=job.checkpoint_every_steps,

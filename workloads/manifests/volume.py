@@ -12,25 +12,6 @@ from typing import Any
 
 BLOB_CSI_DRIVER = "blob.csi.azure.com"
 
-# Checkpoints are written by one node and read by another after an eviction; blobfuse2
-# caches at several layers, and each one can serve a stale manifest or miss a new file.
-CHECKPOINT_MOUNT_OPTIONS: tuple[str, ...] = (
-    # Bypass the kernel page cache: reads go to blobfuse2 every time.
-    "-o direct_io",
-    # Drop a file from blobfuse2's local file cache as soon as it is closed, so the next
-    # open downloads the blob as it is now.
-    "--file-cache-timeout=0",
-    # No blobfuse2 attribute-cache component: sizes and mtimes come from Blob Storage.
-    "--use-attr-cache=false",
-    # Kernel attribute cache: a rewritten manifest's new size is seen at once.
-    "-o attr_timeout=0",
-    # Kernel directory-entry cache: a checkpoint written elsewhere is found at once.
-    "-o entry_timeout=0",
-    # Kernel negative cache: "not found" is never remembered for a file that appears later.
-    "-o negative_timeout=0",
-    # The training container may run as a non-root user; without this only root sees files.
-    "-o allow_other",
-)
 # The dataset never changes during a run: keep blobfuse2's caches, and mount it read-only
 # so a worker cannot damage the data every other worker reads.
 DATASET_MOUNT_OPTIONS: tuple[str, ...] = ("-o allow_other", "-o ro")
@@ -53,7 +34,7 @@ class BlobVolumeSpec:
     """Client id of the kubelet identity (it holds Storage Blob Data Contributor)."""
     stack: str
     """Pulumi stack; keeps the volume handle unique if stacks share a cluster."""
-    mount_options: tuple[str, ...] = CHECKPOINT_MOUNT_OPTIONS
+    mount_options: tuple[str, ...] = DATASET_MOUNT_OPTIONS
     capacity: str = "100Gi"
     """Required by the API; Blob Storage does not enforce it."""
 
