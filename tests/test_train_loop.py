@@ -259,6 +259,20 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
     assert h.local.load().entry.step == 2 and h.durable.head().step == 2
 
 
+def test_finish_commits_when_the_claimed_head_does_not_verify(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    _trained_to(tmp_path, data_dir, 3)
+    store = FileStore(tmp_path / "durable")
+    head = CheckpointRepository(store).head()
+    assert head is not None and head.step == 3
+    store.put(head.name, store.get(head.name)[:100])  # the object behind the claim is damaged
+    h = _harness(tmp_path, data_dir, "--max-steps=3")
+    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    loaded = h.durable.load_latest()
+    assert loaded is not None and loaded.entry.step == 3
+
+
 # --- Start-up errors: named, exit 2, before any collective --------------------------------------
 
 

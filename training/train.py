@@ -363,8 +363,10 @@ class Trainer:
         """
         if self.env.rank == 0:
             self.saver.wait()
-            head = self.durable.head()
-            if head is None or head.step < self.state.step:
+            # The store, not this process's memory, says what is durable: another writer or a
+            # damaged object may have changed it since this process last committed.
+            durable = self.durable.newest_verified()
+            if durable is None or durable.step < self.state.step:
                 self.durable.commit(self.state.step, serialize(self.state_dict()))
             self.durable_step = self.state.step
             self.events.event("finished", step=self.state.step, loss=self.last_loss)
