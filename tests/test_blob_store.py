@@ -292,7 +292,12 @@ def test_bad_connection_strings_are_clear(connection_string: str, message: str) 
 
 @pytest.mark.parametrize(
     "options",
-    [{"retries": -1}, {"connect_timeout_s": 0}, {"max_single_put_bytes": 0}],
+    [
+        {"retries": -1},
+        {"connect_timeout_s": 0},
+        {"max_single_put_bytes": 0},
+        {"max_single_get_bytes": 0},
+    ],
 )
 def test_bad_store_options_are_rejected(options: dict[str, float]) -> None:
     key = {"account_name": "acct01", "account_key": "a2V5"}

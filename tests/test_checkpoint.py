@@ -278,3 +278,32 @@ def test_background_saver_wait_is_bounded(tmp_path) -> None:
     assert saver.wait(0.2) is False and saver.busy
     release.set()
     assert saver.wait(10) is True
+
+
+def test_a_checkpoint_deleted_during_its_download_falls_back_to_the_previous_one(
+    azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from azure.storage.blob import ContainerClient
+
+    from training.blob_store import BlobStore
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    # Small ranges, so that the download of the newest checkpoint takes several requests.
+    store = BlobStore.from_uri(f"{blob_container_uri}/run", max_single_get_bytes=16 * 1024)
+    repo = _repo(store)
+    repo.commit(1, serialize({"w": torch.zeros(40_000)}))
+    newest = repo.commit(2, serialize({"w": torch.ones(40_000)}))
+    other_writer = ContainerClient.from_connection_string(
+        azurite, blob_container_uri.rsplit("/", 1)[1]
+    )
+    download = store._container.download_blob
+
+    def first_range_then_deleted(blob: str, **kwargs: object) -> object:
+        downloader = download(blob, **kwargs)  # the first range is in
+        if blob.endswith(newest.name):
+            other_writer.delete_blob(blob)  # e.g. pruned by another writer
+        return downloader
+
+    monkeypatch.setattr(store._container, "download_blob", first_range_then_deleted)
+    loaded = repo.load_latest()
+    assert loaded is not None and loaded.entry.step == 1

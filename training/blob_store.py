@@ -40,6 +40,7 @@ from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
+    ResourceModifiedError,
     ResourceNotFoundError,
     ServiceRequestError,
     ServiceResponseError,
@@ -213,11 +214,18 @@ class BlobStore:
         retries: int = 3,
         connect_timeout_s: float = 5.0,
         max_single_put_bytes: int = 64 * 1024 * 1024,
+        max_single_get_bytes: int = 32 * 1024 * 1024,
     ) -> None:
-        if retries < 0 or connect_timeout_s <= 0 or max_single_put_bytes < 1:
+        if (
+            retries < 0
+            or connect_timeout_s <= 0
+            or max_single_put_bytes < 1
+            or max_single_get_bytes < 1
+        ):
             raise ValueError(
-                "BlobStore needs retries >= 0, connect_timeout_s > 0 and max_single_put_bytes"
-                f" >= 1; got {retries}, {connect_timeout_s}, {max_single_put_bytes}"
+                "BlobStore needs retries >= 0, connect_timeout_s > 0, max_single_put_bytes >= 1"
+                f" and max_single_get_bytes >= 1; got {retries}, {connect_timeout_s}, "
+                f"{max_single_put_bytes}, {max_single_get_bytes}"
             )
         self.location = location
         self._auth = _describe_auth(credential)
@@ -230,6 +238,9 @@ class BlobStore:
             connection_timeout=connect_timeout_s,
             max_single_put_size=max_single_put_bytes,
             max_block_size=min(max_single_put_bytes, 8 * 1024 * 1024),
+            # Larger objects download in ranges, each pinned to the first one's ETag.
+            max_single_get_size=max_single_get_bytes,
+            max_chunk_get_size=min(max_single_get_bytes, 4 * 1024 * 1024),
         )
 
     @classmethod
@@ -284,6 +295,12 @@ class BlobStore:
                 ).readall()
             except ResourceNotFoundError as e:
                 raise FileNotFoundError(f"no object {name!r} in {self.describe()}") from e
+            except ResourceModifiedError as e:
+                # A ranged download is pinned to the first range's ETag; objects are never
+                # rewritten, so a mismatch means the object was deleted while being read.
+                raise FileNotFoundError(
+                    f"object {name!r} in {self.describe()} went away during its download"
+                ) from e
 
     def delete(self, name: str) -> None:
         """Delete the object; a missing blob or container is not an error."""
