@@ -90,7 +90,7 @@ def _harness(
     env = env or DistEnv()
     dataset = load_cifar10_binary(data_dir)
     durable = CheckpointRepository(store or FileStore(root / "durable"))
-    local = open_node_local(cfg, env, len(dataset))
+    local = open_node_local(cfg, env, dataset)
     stream = io.StringIO()
     trainer = Trainer(
         cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group
@@ -215,8 +215,36 @@ def test_resuming_with_another_dataset_size_is_a_clear_error(
     smaller = tmp_path / "smaller"
     write_synthetic_cifar10(smaller, train_records=40, test_records=8, train_files=1)
     # The step -> sample mapping depends on the dataset size: step 1 would be other samples.
-    with pytest.raises(ConfigError, match="'num_samples': 48.*'num_samples': 40"):
+    with pytest.raises(ConfigError, match="num_samples=48.*this run has .*num_samples=40"):
         _harness(tmp_path, smaller).trainer.restore()
+
+
+def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    first = _harness(tmp_path, data_dir, "--max-steps=1")
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    other = tmp_path / "other"
+    write_synthetic_cifar10(
+        other, train_records=TRAIN_RECORDS, test_records=8, train_files=1, seed=7
+    )
+    with pytest.raises(
+        ConfigError, match="dataset_sha256='[0-9a-f]{64}'; this run has dataset_sha"
+    ):
+        _harness(tmp_path, other).trainer.restore()
+
+
+@pytest.mark.parametrize(
+    ("flag", "key"),
+    [("--lr=0.5", "lr"), ("--momentum=0.5", "momentum"), ("--weight-decay=0.1", "weight_decay")],
+)
+def test_resuming_under_another_optimiser_setting_is_a_clear_error(
+    tmp_path: Path, data_dir: Path, world_of_one: None, flag: str, key: str
+) -> None:
+    first = _harness(tmp_path, data_dir, "--max-steps=1")
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    with pytest.raises(ConfigError, match=f"written with {key}=.*this run has {key}="):
+        _harness(tmp_path, data_dir, flag).trainer.restore()
 
 
 # --- Peer failures outside the loop -------------------------------------------------------------
@@ -408,10 +436,8 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
     class ManifestWritesFail(FileStore):
-        def put(self, name: str, data: bytes) -> None:
-            if "manifest" in name:
-                raise OSError(f"put {name!r}: Azure Blob error 503 (ServerBusy)")
-            super().put(name, data)
+        def put_new(self, name: str, data: bytes) -> None:
+            raise OSError(f"create {name!r}: Azure Blob error 503 (ServerBusy)")
 
     store = ManifestWritesFail(tmp_path / "durable")
     failing = _harness(

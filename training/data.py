@@ -9,6 +9,8 @@ trajectory does not depend on the world size.
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import logging
 import re
 import sys
@@ -72,6 +74,14 @@ class ImageDataset:
 
     def __len__(self) -> int:
         return self.labels.shape[0]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """SHA-256 of the images and labels (about 0.1 s for CIFAR-10's 150 MB): two datasets
+        of one size but other content must not resume each other's state."""
+        hasher = hashlib.sha256(self.images.contiguous().numpy().tobytes())
+        hasher.update(self.labels.contiguous().numpy().tobytes())
+        return hasher.hexdigest()
 
 
 def _mix(z: np.ndarray) -> np.ndarray:

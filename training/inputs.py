@@ -20,17 +20,23 @@ from training.storage import open_store
 STORAGE_KEY = "checkpoint_uri_sha256"
 
 
-def run_identity(cfg: TrainConfig, num_samples: int) -> dict[str, Any]:
+def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
     """What a saved state must match to be resumed: the settings that fix the trajectory.
 
-    ``num_samples`` belongs here because the sample order of a step depends on it.
+    The optimiser's settings and the dataset's content belong here: resuming another run's
+    state under a changed learning rate, or over other data of the same size, would go on
+    silently from a trajectory this run never had.
     """
     return {
         "global_batch_size": cfg.optim.global_batch_size,
+        "lr": cfg.optim.lr,
+        "momentum": cfg.optim.momentum,
+        "weight_decay": cfg.optim.weight_decay,
         "seed": cfg.run.seed,
         "model_width": cfg.model.model_width,
         "model_blocks": cfg.model.model_blocks,
-        "num_samples": num_samples,
+        "num_samples": len(dataset),
+        "dataset_sha256": dataset.digest,
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
     }
 
@@ -49,12 +55,12 @@ def open_durable(cfg: TrainConfig) -> CheckpointRepository:
     return durable
 
 
-def open_node_local(cfg: TrainConfig, env: DistEnv, num_samples: int) -> NodeLocalState:
+def open_node_local(cfg: TrainConfig, env: DistEnv, dataset: ImageDataset) -> NodeLocalState:
     """This job's emergency saves on this node, keyed by run id and checkpoint URI."""
     key = node_local_key(env.run_id, cfg.checkpoint.checkpoint_uri)
     try:
         return NodeLocalState(
-            cfg.checkpoint.local_dir, key, expected_run=run_identity(cfg, num_samples)
+            cfg.checkpoint.local_dir, key, expected_run=run_identity(cfg, dataset)
         )
     except OSError as exc:
         raise ConfigError(
@@ -79,4 +85,4 @@ def load_inputs(
         ) from exc
     check_batch_fits(cfg, len(dataset), env.world_size)
     durable = open_durable(cfg)
-    return cfg, dataset, durable, open_node_local(cfg, env, len(dataset))
+    return cfg, dataset, durable, open_node_local(cfg, env, dataset)

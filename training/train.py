@@ -84,7 +84,7 @@ class Trainer:
         self.cfg, self.env, self.device, self.dataset = cfg, env, device, dataset
         self.durable, self.local, self.events = durable, local, events
         self.checkpoint_group = checkpoint_group
-        self.identity = run_identity(cfg, len(dataset))
+        self.identity = run_identity(cfg, dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
             device
@@ -126,9 +126,14 @@ class Trainer:
         theirs = {k: v for k, v in state["run"].items() if k != STORAGE_KEY}
         mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
         if theirs != mine:
+            differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
             raise ConfigError(
-                f"the checkpoint was written with {theirs}, this run has {mine}; "
-                "use a new --checkpoint-uri, or the checkpoint's settings and dataset"
+                "the checkpoint was written with "
+                + ", ".join(f"{k}={theirs.get(k)!r}" for k in differ)
+                + "; this run has "
+                + ", ".join(f"{k}={mine.get(k)!r}" for k in differ)
+                + ". Use a new --checkpoint-uri (a new runId), or the checkpoint's settings "
+                "and dataset"
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
