@@ -7,6 +7,7 @@ typed settings and the outputs of the components it depends on.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,14 @@ from infra.storage import LabStorage, LabStorageArgs
 from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 
 PROJECT_DIR = Path(__file__).resolve().parent
+
+
+def deployer_principal_type() -> str:
+    """Whether ``pulumi up`` runs as a user (``az login``) or a service principal: the
+    azure-native provider signs in as one when its client id is configured (``ARM_CLIENT_ID``
+    or ``azure-native:clientId``, with a secret, a certificate, OIDC or a managed identity)."""
+    configured = pulumi.Config("azure-native").get("clientId")
+    return "ServicePrincipal" if configured or os.environ.get("ARM_CLIENT_ID") else "User"
 
 
 def read_config() -> stack_config.LabConfig:
@@ -71,7 +80,12 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
     storage, registry = deploy_stores(cfg, resource_group, cluster, tags)
 
     def pod_identity(
-        who: str, identity_name: str, account: str, container_id: pulumi.Output[str], role: str
+        who: str,
+        identity_name: str,
+        account: str,
+        container_id: pulumi.Output[str],
+        role: str,
+        readable_container_id: pulumi.Output[str] | None = None,
     ) -> WorkloadIdentity:
         return WorkloadIdentity(
             f"{who}-identity",
@@ -84,6 +98,7 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
                 service_account=account,
                 writable_container_id=container_id,
                 role_name=role,
+                readable_container_id=readable_container_id,
                 tags=tags,
             ),
         )
@@ -94,6 +109,8 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         cfg.service_account,
         storage.checkpoints_container_id,
         "checkpoints-writer",
+        # The workers copy the dataset to their node's disk with this identity.
+        readable_container_id=storage.data_container_id,
     )
     # Only the staging Job writes the dataset; the training pods never can.
     stager_identity = pod_identity(
@@ -127,14 +144,21 @@ def deploy_stores(
     cluster: AksCluster,
     tags: dict[str, str],
 ) -> tuple[LabStorage, LabRegistry]:
-    """Storage and registry, named uniquely for the subscription; the kubelet can use both."""
+    """Storage and registry, named uniquely for the subscription; the kubelet pulls images."""
     unique: pulumi.Output[GlobalNames] = resource_group.subscription_id.apply(
         lambda subscription_id: global_names(cfg, subscription_id)
     )
     rg, kubelet = resource_group.name, cluster.kubelet_object_id
     storage = LabStorage(
         "storage",
-        LabStorageArgs(rg, unique.apply(lambda n: n.storage_account), cfg.location, kubelet, tags),
+        LabStorageArgs(
+            rg,
+            unique.apply(lambda n: n.storage_account),
+            cfg.location,
+            resource_group.deployer_object_id,
+            deployer_principal_type(),
+            tags,
+        ),
     )
     registry = LabRegistry(
         "registry",
@@ -184,12 +208,9 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
             config=cfg,
             kubeconfig=azure.cluster.kubeconfig,
             image=azure.image.image_ref,
-            storage_account_name=azure.storage.account_name,
-            storage_resource_group=azure.resource_group.name,
             data_container=azure.storage.data_container,
             checkpoints_container=azure.storage.checkpoints_container,
             blob_endpoint=azure.storage.blob_endpoint,
-            kubelet_client_id=azure.cluster.kubelet_client_id,
             training_client_id=azure.training_identity.client_id,
             stager_client_id=azure.stager_identity.client_id,
             cluster_identifier=cluster_identifier(cfg),

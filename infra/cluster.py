@@ -189,8 +189,8 @@ def managed_cluster_spec(
         "agent_pool_profiles": [bootstrap_pool_profile(cluster.kubernetes_version)],
         "network_profile": network_profile(),
         "auto_scaler_profile": autoscaler_profile(),
-        # The Blob CSI driver mounts the dataset's container as a volume.
-        "storage_profile": {"blob_csi_driver": {"enabled": True}},
+        # No Blob CSI volumes: the workers reach Blob Storage with their own identity.
+        "storage_profile": {"blob_csi_driver": {"enabled": False}},
         # OIDC issuer + workload identity: training pods get Azure tokens without secrets.
         "oidc_issuer_profile": {"enabled": True},
         "security_profile": {"workload_identity": {"enabled": True}},

@@ -1,7 +1,8 @@
 """Pod identities: user-assigned identities a ServiceAccount acts as, through workload identity.
 
-Two pods need Azure: the training workers (they write checkpoints) and the data-staging Job (it
-writes the dataset). Each gets its own identity, with a write role on its own container only.
+Two pods need Azure: the training workers (they read the dataset and write checkpoints) and the
+data-staging Job (it writes the dataset). Each gets its own identity, with a write role on its
+own container only, and the workers a read role on the dataset.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_azure_native as azure_native
 
-from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, assign_role
+from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, STORAGE_BLOB_DATA_READER, assign_role
 
 # The audience AKS workload identity tokens carry; Entra ID accepts only this one.
 TOKEN_AUDIENCE = "api://AzureADTokenExchange"
@@ -43,6 +44,8 @@ class WorkloadIdentityArgs:
     pods (the "blob" backend), ``data`` for the staging Job."""
     role_name: str = "writer"
     """Suffix of the role assignment's resource name (``checkpoints-writer``, ...)."""
+    readable_container_id: pulumi.Input[str] | None = None
+    """ARM id of a container this identity may read: ``data`` for the training pods."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -88,6 +91,14 @@ class WorkloadIdentity(pulumi.ComponentResource):
             scope=args.writable_container_id,
             parent=self,
         )
+        if args.readable_container_id is not None:
+            assign_role(
+                f"{name}-reader",
+                principal_id=identity.principal_id,
+                role=STORAGE_BLOB_DATA_READER,
+                scope=args.readable_container_id,
+                parent=self,
+            )
         self.client_id = identity.client_id
         self.principal_id = identity.principal_id
         self.register_outputs({"client_id": self.client_id, "principal_id": self.principal_id})

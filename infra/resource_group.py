@@ -30,6 +30,7 @@ class LabResourceGroup(pulumi.ComponentResource):
     name: pulumi.Output[str]
     resource_group_id: pulumi.Output[str]
     subscription_id: pulumi.Output[str]
+    deployer_object_id: pulumi.Output[str]
 
     def __init__(
         self, name: str, args: LabResourceGroupArgs, opts: pulumi.ResourceOptions | None = None
@@ -53,10 +54,13 @@ class LabResourceGroup(pulumi.ComponentResource):
         self.name = group.name
         self.resource_group_id = group.id
         self.subscription_id = client.subscription_id
+        # Who runs `pulumi up`: the user (or CI principal) gets the roles a user needs.
+        self.deployer_object_id = client.object_id
         self.register_outputs(
             {
                 "name": self.name,
                 "resource_group_id": self.resource_group_id,
                 "subscription_id": self.subscription_id,
+                "deployer_object_id": self.deployer_object_id,
             }
         )

@@ -27,14 +27,17 @@ def assign_role(
     role: str,
     scope: pulumi.Input[str],
     parent: pulumi.Resource,
+    principal_type: str = "ServicePrincipal",
 ) -> azure_native.authorization.RoleAssignment:
-    """Grant ``role`` on ``scope`` to a managed identity (a service principal, never a user)."""
+    """Grant ``role`` on ``scope`` to a managed identity, or to whoever runs ``pulumi up``
+    (``principal_type`` "User" or "ServicePrincipal": ARM refuses a type that does not match,
+    and pulumi-azure-native sends "User" when none is given)."""
     return azure_native.authorization.RoleAssignment(
         name,
         principal_id=principal_id,
-        # Without the type, ARM looks the new principal up in Entra ID and can fail with
-        # PrincipalNotFound while the identity is still replicating.
-        principal_type="ServicePrincipal",
+        # For a new identity the type is required: without it ARM looks the principal up in
+        # Entra ID and can fail with PrincipalNotFound while the identity still replicates.
+        principal_type=principal_type,
         role_definition_id=pulumi.Output.from_input(scope).apply(
             lambda scope_id: role_definition_id(scope_id, role)
         ),

@@ -1,10 +1,11 @@
 """Blob storage for the training data and the checkpoints.
 
-The kubelet identity mounts the dataset through the Blob CSI driver (MSI auth: blobfuse2
-gets the identity's token and talks to the container's data plane, no account key), so it may
-read ``data`` and nothing else. Checkpoints go through the Blob API with the training pods'
-own workload identity (``__main__.py`` grants it the checkpoints container): any pod on a node
-can get the kubelet's token, so the kubelet must not be able to write or delete them.
+Entra ID only: shared-key access is off, so no account key exists that could leak or be
+misused, and every reader and writer authenticates as an identity with a role on one container.
+The workers (their own workload identity, ``__main__.py``) read ``data`` and write
+``checkpoints`` through the Blob API; the staging Job writes ``data``; the deploying user may
+write ``data`` too (``az storage blob upload-batch --auth-mode login``). No Blob CSI volume is
+mounted: it would authenticate as the kubelet identity, whose token any pod on a node can get.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
-from infra.roles import STORAGE_BLOB_DATA_READER, assign_role
+from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, assign_role
 
 DATA_CONTAINER = "data"
 CHECKPOINTS_CONTAINER = "checkpoints"
@@ -24,7 +25,8 @@ CHECKPOINTS_CONTAINER = "checkpoints"
 def storage_account_spec(
     account_name: pulumi.Input[str], location: str, tags: dict[str, str]
 ) -> dict[str, Any]:
-    """The ``StorageAccount`` arguments (without the resource group): private, HTTPS, TLS 1.2."""
+    """The ``StorageAccount`` arguments (without the resource group): private, HTTPS, TLS 1.2,
+    Entra ID only."""
     return {
         "account_name": account_name,
         "location": location,
@@ -34,6 +36,11 @@ def storage_account_spec(
         "enable_https_traffic_only": True,
         "minimum_tls_version": "TLS1_2",
         "allow_blob_public_access": False,
+        # Unset means true (StorageAccount docs in pulumi-azure-native and the REST API's
+        # allowSharedKeyAccess): off, requests signed with the account key or a SAS made
+        # from it are refused, and the portal uses the signed-in user's Entra ID.
+        "allow_shared_key_access": False,
+        "default_to_o_auth_authentication": True,
         "tags": tags,
     }
 
@@ -49,9 +56,11 @@ class LabStorageArgs:
     it hashes the subscription id."""
     location: str
     """Azure region."""
-    blob_reader_id: pulumi.Input[str]
-    """Principal (object) id of the kubelet identity, which the dataset's Blob CSI volume
-    authenticates with (no account keys in the cluster): it may read the data container."""
+    uploader_id: pulumi.Input[str]
+    """Object id of whoever runs ``pulumi up``: may write the data container, so that a user
+    who stages the data by hand needs no account key."""
+    uploader_type: str
+    """``User`` or ``ServicePrincipal``: what ``uploader_id`` is."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -90,14 +99,13 @@ class LabStorage(pulumi.ComponentResource):
             )
             for container in (DATA_CONTAINER, CHECKPOINTS_CONTAINER)
         }
-        # Any pod on a node can get the kubelet's token from the node, so it gets no more
-        # than the dataset's mount needs.
         assign_role(
-            f"{name}-kubelet-data-reader",
-            principal_id=args.blob_reader_id,
-            role=STORAGE_BLOB_DATA_READER,
+            f"{name}-deployer-data-writer",
+            principal_id=args.uploader_id,
+            role=STORAGE_BLOB_DATA_CONTRIBUTOR,
             scope=containers[DATA_CONTAINER].id,
             parent=self,
+            principal_type=args.uploader_type,
         )
         self.account_name = account.name
         self.account_id = account.id

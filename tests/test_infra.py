@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shutil
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.pulumi_harness import (
     SUBSCRIPTION_ID,
     ProgramRun,
     Registered,
+    fake_uuid,
     run_program,
     run_pulumi,
     stack_config,
@@ -153,7 +155,8 @@ def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
 
 def test_cluster_features(run: ProgramRun) -> None:
     cluster = run.one(CLUSTER).inputs
-    assert cluster["storageProfile"]["blobCSIDriver"] == {"enabled": True}
+    # No Blob CSI volume: a mount would authenticate as the kubelet identity.
+    assert cluster["storageProfile"]["blobCSIDriver"] == {"enabled": False}
     assert cluster["oidcIssuerProfile"] == {"enabled": True}
     assert cluster["securityProfile"]["workloadIdentity"] == {"enabled": True}
     assert cluster["identity"] == {"type": "SystemAssigned"}
@@ -218,35 +221,69 @@ def _container(run: ProgramRun, name: str) -> Registered:
     return container
 
 
-def test_kubelet_reads_the_data_and_nothing_else(run: ProgramRun) -> None:
-    """Any pod on a node can use the kubelet's token: it gets the dataset mount's needs only,
-    and no role on the checkpoints, which only the training identity writes."""
-    reader = _role(run, "kubelet-data-reader").inputs
-    assert reader["principalId"] == _kubelet(run)["objectId"]
-    assert reader["principalType"] == "ServicePrincipal"
-    data, checkpoints = _container(run, "data"), _container(run, "checkpoints")
-    assert reader["scope"] == data.id
-    assert reader["roleDefinitionId"].endswith(f"/roleDefinitions/{STORAGE_BLOB_DATA_READER}")
-    kubelet_grants = [
-        r for r in run.of_type(ROLE) if r.inputs["principalId"] == _kubelet(run)["objectId"]
-    ]
-    assert all(r.inputs["scope"] != checkpoints.id for r in kubelet_grants)
-    assert checkpoints.id.startswith(run.one(STORAGE_ACCOUNT).id + "/blobServices/default/")
-    # Nothing in the lab holds a data role on the whole account.
+def test_the_kubelet_has_no_storage_role_and_nothing_is_account_wide(run: ProgramRun) -> None:
+    """Any pod on a node can get the kubelet's token from the instance metadata service: it may
+    pull images, and touch no blob."""
+    kubelet = _kubelet(run)["objectId"]
+    kubelet_roles = [r.inputs for r in run.of_type(ROLE) if r.inputs["principalId"] == kubelet]
+    assert [r["roleDefinitionId"].rsplit("/", 1)[1] for r in kubelet_roles] == [ACR_PULL]
     account = run.one(STORAGE_ACCOUNT).id
+    assert all(not r["scope"].startswith(account) for r in kubelet_roles)
     assert all(r.inputs["scope"] != account for r in run.of_type(ROLE))
 
 
+def test_storage_accepts_entra_id_only(run: ProgramRun) -> None:
+    spec = run.one(STORAGE_ACCOUNT).inputs
+    # Unset means true: an account key would exist and sign anything.
+    assert spec["allowSharedKeyAccess"] is False
+    assert spec["defaultToOAuthAuthentication"] is True
+
+
+def test_the_deployer_may_upload_the_data_without_a_key(run: ProgramRun) -> None:
+    grant = _role(run, "deployer-data-writer").inputs
+    assert grant["principalId"] == fake_uuid("deployer", "object")
+    assert grant["principalType"] == "User"  # `az login`
+    assert grant["scope"] == _container(run, "data").id
+    assert grant["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
+
+
+def test_a_service_principal_deployer_is_granted_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ARM refuses a role assignment whose principalType does not match the principal.
+    monkeypatch.setenv("ARM_CLIENT_ID", "00000000-0000-0000-0000-00000000c1d0")
+    grant = _role(run_program("dev"), "deployer-data-writer").inputs
+    assert grant["principalType"] == "ServicePrincipal"
+
+
+def test_no_resource_and_no_kubernetes_object_references_an_account_key(run: ProgramRun) -> None:
+    assert run.calls_to("azure-native:storage:listStorageAccountKeys") == []
+    assert run.calls_to("azure-native:storage:listStorageAccountSAS") == []
+    for resource in run.resources:
+        text = json.dumps(resource.inputs, default=str).lower()
+        for needle in (
+            "accountkey",
+            "account_key",
+            "azurestorageaccountkey",
+            "sharedaccesssignature",
+        ):
+            assert needle not in text, (resource.type, resource.name, needle)
+
+
 @pytest.mark.parametrize(
-    ("who", "account", "container", "output"),
+    ("who", "account", "grants", "output"),
     [
-        ("training", "trainer", "checkpoints", "trainingClientId"),
-        # Only the staging Job's identity writes the dataset.
-        ("stager", "data-stager", "data", "stagerClientId"),
+        # The workers copy the dataset with their own identity and write checkpoints.
+        (
+            "training",
+            "trainer",
+            {("checkpoints", STORAGE_BLOB_DATA_CONTRIBUTOR), ("data", STORAGE_BLOB_DATA_READER)},
+            "trainingClientId",
+        ),
+        # Only the staging Job's identity (and the deployer) writes the dataset.
+        ("stager", "data-stager", {("data", STORAGE_BLOB_DATA_CONTRIBUTOR)}, "stagerClientId"),
     ],
 )
 def test_pod_identities_are_federated_and_write_one_container(
-    run: ProgramRun, who: str, account: str, container: str, output: str
+    run: ProgramRun, who: str, account: str, grants: set[tuple[str, str]], output: str
 ) -> None:
     identity = run.one(IDENTITY, f"{who}-identity")
     credential = run.one(
@@ -257,12 +294,19 @@ def test_pod_identities_are_federated_and_write_one_container(
     assert credential["subject"] == f"system:serviceaccount:spot-lab:{account}"
     assert credential["audiences"] == ["api://AzureADTokenExchange"]
     assert credential["resourceName"] == identity.outputs["name"]
-    grants = [r for r in run.of_type(ROLE) if r.name.startswith(f"{who}-identity")]
-    (grant,) = [g.inputs for g in grants]
-    assert grant["principalId"] == identity.outputs["principalId"]
-    assert grant["principalType"] == "ServicePrincipal"
-    assert grant["scope"] == _container(run, container).id
-    assert grant["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
+    found = [r.inputs for r in run.of_type(ROLE) if r.name.startswith(f"{who}-identity")]
+    ids = {c: _container(run, c).id for c in ("data", "checkpoints")}
+    assert {
+        (
+            next(c for c, i in ids.items() if i == g["scope"]),
+            g["roleDefinitionId"].rsplit("/", 1)[1],
+        )
+        for g in found
+    } == grants
+    assert len(found) == len(grants)
+    for grant in found:
+        assert grant["principalId"] == identity.outputs["principalId"]
+        assert grant["principalType"] == "ServicePrincipal"
     assert run.outputs[output] == identity.outputs["clientId"]
 
 

@@ -18,7 +18,11 @@ from workloads.manifests.etcd import (
     etcd_peer_service,
     etcd_statefulset,
 )
-from workloads.manifests.namespace import namespace_manifest, training_service_account
+from workloads.manifests.namespace import (
+    identity_egress_policy,
+    namespace_manifest,
+    training_service_account,
+)
 from workloads.manifests.operator import OPERATOR_POD_LABELS, training_operator_source
 from workloads.manifests.priority import (
     PriorityClassSpec,
@@ -30,12 +34,6 @@ from workloads.manifests.scheduling import (
     SPOT_TOLERATION,
     SYSTEM_POOL,
     TRAINER_LABELS,
-)
-from workloads.manifests.volume import (
-    DATASET_MOUNT_OPTIONS,
-    BlobVolumeSpec,
-    blob_persistent_volume,
-    blob_volume_claim,
 )
 
 K8S_VERSION = "1.33"
@@ -59,26 +57,13 @@ def _etcd_spec(**overrides: Any) -> EtcdSpec:
     return EtcdSpec(**values)
 
 
-def _volume_spec(**overrides: Any) -> BlobVolumeSpec:
-    values: dict[str, Any] = {
-        "name": "spot-lab-checkpoints",
-        "namespace": "spot-lab",
-        "storage_account": "spotlab1a2b3c",
-        "resource_group": "spotlab-rg",
-        "container": "checkpoints",
-        "kubelet_client_id": "00000000-0000-0000-0000-0000000000aa",
-        "stack": "dev",
-    }
-    values.update(overrides)
-    return BlobVolumeSpec(**values)
-
-
 def _all_objects() -> list[dict[str, Any]]:
     etcd = _etcd_spec()
     training, rendezvous = lab_priority_classes("spotlab")
     return [
         namespace_manifest("spot-lab"),
         training_service_account("trainer", "spot-lab", "client-id"),
+        identity_egress_policy("spot-lab"),
         priority_class_manifest(training),
         priority_class_manifest(rendezvous),
         etcd_statefulset(etcd),
@@ -87,9 +72,6 @@ def _all_objects() -> list[dict[str, Any]]:
         etcd_disruption_budget(etcd),
         etcd_network_policy(etcd),
         device_plugin_daemonset(DevicePluginSpec()),
-        blob_persistent_volume(_volume_spec()),
-        blob_volume_claim(_volume_spec()),
-        blob_persistent_volume(_volume_spec(mount_options=DATASET_MOUNT_OPTIONS)),
     ]
 
 
@@ -241,56 +223,6 @@ def test_device_plugin_on_gpu_spot_nodes() -> None:
     assert daemonset["metadata"]["namespace"] == "kube-system"
 
 
-# ---- Blob CSI volumes ------------------------------------------------------------------------
-
-
-def test_blob_pv_mounts_with_the_kubelet_identity_not_a_key() -> None:
-    pv = blob_persistent_volume(_volume_spec())["spec"]
-    assert pv["csi"]["driver"] == "blob.csi.azure.com"
-    assert pv["csi"]["volumeAttributes"] == {
-        "protocol": "fuse2",
-        "storageAccount": "spotlab1a2b3c",
-        "resourceGroup": "spotlab-rg",
-        "containerName": "checkpoints",
-        "AzureStorageAuthType": "MSI",
-        "AzureStorageIdentityClientID": "00000000-0000-0000-0000-0000000000aa",
-    }
-    assert "nodeStageSecretRef" not in pv["csi"]
-    assert pv["accessModes"] == ["ReadWriteMany"]
-    assert pv["persistentVolumeReclaimPolicy"] == "Retain"
-
-
-def test_blob_volume_handle_is_unique_and_free_of_reserved_characters() -> None:
-    handle = blob_persistent_volume(_volume_spec())["spec"]["csi"]["volumeHandle"]
-    assert handle == "spotlab1a2b3c_checkpoints_dev"
-    other = blob_persistent_volume(_volume_spec(container="data", name="spot-lab-data"))
-    assert other["spec"]["csi"]["volumeHandle"] != handle
-    with pytest.raises(ValueError, match="must not contain '#' or '/'"):
-        blob_persistent_volume(_volume_spec(stack="dev#2"))
-
-
-def test_a_blob_volume_mounts_read_only_by_default() -> None:
-    # The only volume is the dataset's: checkpoints go through the Blob API.
-    pv = blob_persistent_volume(_volume_spec())
-    assert pv["spec"]["mountOptions"] == list(DATASET_MOUNT_OPTIONS)
-    assert "-o ro" in pv["spec"]["mountOptions"]
-
-
-def test_claim_binds_to_its_volume_by_name() -> None:
-    spec = _volume_spec()
-    claim = blob_volume_claim(spec)
-    assert claim["spec"]["volumeName"] == blob_persistent_volume(spec)["metadata"]["name"]
-    assert claim["spec"]["storageClassName"] == ""
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert claim["metadata"]["namespace"] == "spot-lab"
-
-
-@pytest.mark.parametrize("field", ["storage_account", "container", "kubelet_client_id"])
-def test_blob_volume_needs_every_coordinate(field: str) -> None:
-    with pytest.raises(ValueError, match=f"{field} must not be empty"):
-        blob_persistent_volume(_volume_spec(**{field: ""}))
-
-
 # ---- namespace, identity, operator -----------------------------------------------------------
 
 
@@ -312,3 +244,16 @@ def test_operator_overlay_is_pinned_to_the_release_tag() -> None:
     )
     with pytest.raises(ValueError, match="must be a v1 release tag"):
         training_operator_source("master")
+
+
+def test_identity_pods_reach_their_peers_and_dns_but_not_the_metadata_service() -> None:
+    spec = identity_egress_policy("spot-lab")["spec"]
+    rules = spec["egress"]
+    world = [p["ipBlock"] for r in rules for p in r["to"] if "ipBlock" in p]
+    assert world == [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}]
+    # Cilium never matches an ipBlock against a pod: etcd and the peers need their own rule.
+    assert {"to": [{"podSelector": {}}]} in rules
+    (dns,) = [r for r in rules if "ports" in r]
+    assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert spec["podSelector"] == {"matchLabels": {"azure.workload.identity/use": "true"}}

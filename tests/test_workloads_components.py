@@ -36,12 +36,9 @@ def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
                 config=cfg,
                 kubeconfig=pulumi.Output.secret("apiVersion: v1\nkind: Config\n"),
                 image=pulumi.Output.from_input(image),
-                storage_account_name="spotlab1a2b3c",
-                storage_resource_group="spotlab-rg",
                 data_container="data",
                 checkpoints_container="checkpoints",
                 blob_endpoint=BLOB_ENDPOINT,
-                kubelet_client_id=KUBELET_CLIENT_ID,
                 training_client_id=TRAINING_CLIENT_ID,
                 stager_client_id="stager-client-id",
                 cluster_identifier="spotlab-dev-rg/spotlab-dev-aks",
@@ -87,7 +84,6 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
         ("spot-lab:workloads:TrainingOperator", "lab-operator"),
         ("spot-lab:workloads:NvidiaDevicePlugin", "lab-device-plugin"),
         ("spot-lab:workloads:Rendezvous", "lab-etcd"),
-        ("spot-lab:workloads:BlobVolume", "lab-data"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
         ("spot-lab:workloads:DataStaging", "lab-data-staging"),
     }
@@ -100,7 +96,7 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 16
+    assert len(objects) == 15
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name
@@ -125,7 +121,6 @@ def test_job_waits_for_operator_etcd_volumes_and_namespace(default_run: ProgramR
         "lab-operator-kustomize",
         "lab-etcd-statefulset",
         "lab-etcd-client",
-        "lab-data-pvc",
         "lab-namespace-namespace",
         "lab-priority-training",
     } <= waits_for
@@ -180,15 +175,11 @@ def test_a_new_image_is_a_new_rendezvous(default_run: ProgramRun) -> None:
     assert _elastic(other)["rdzvId"] != _elastic(default_run)["rdzvId"]
 
 
-def test_volumes_use_the_azure_outputs(default_run: ProgramRun) -> None:
-    volumes = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in default_run.of_type(PV)}
-    assert set(volumes) == {"spot-lab-data"}
-    attributes = volumes["spot-lab-data"]["csi"]["volumeAttributes"]
-    assert attributes["AzureStorageIdentityClientID"] == KUBELET_CLIENT_ID
-    assert attributes["storageAccount"] == "spotlab1a2b3c"
-    assert attributes["resourceGroup"] == "spotlab-rg"
-    assert volumes["spot-lab-data"]["csi"]["volumeAttributes"]["containerName"] == "data"
-    assert "-o ro" in volumes["spot-lab-data"]["mountOptions"]
+def test_no_blob_volume_is_mounted(default_run: ProgramRun) -> None:
+    # A Blob CSI volume would authenticate as the kubelet, whose token any pod on the node
+    # can fetch: the workers copy the data with their own identity instead.
+    assert default_run.of_type(PV) == []
+    assert default_run.of_type("kubernetes:core/v1:PersistentVolumeClaim") == []
 
 
 def test_service_account_is_bound_to_the_training_identity(default_run: ProgramRun) -> None:
@@ -199,14 +190,11 @@ def test_service_account_is_bound_to_the_training_identity(default_run: ProgramR
     }
 
 
-def test_checkpoints_go_through_the_blob_api(default_run: ProgramRun) -> None:
+def test_data_and_checkpoints_go_through_the_blob_api(default_run: ProgramRun) -> None:
     env = _worker_env(default_run)
     assert env["TRAIN_CHECKPOINT_URI"] == f"{BLOB_ENDPOINT}checkpoints/spotlab-train"
-    claims = {
-        r.inputs["metadata"]["name"]
-        for r in default_run.of_type("kubernetes:core/v1:PersistentVolumeClaim")
-    }
-    assert all("checkpoints" not in name for name in claims)
+    assert env["TRAIN_DATA_URI"] == f"{BLOB_ENDPOINT}data"
+    assert env["TRAIN_DATA_DIR"] == "/mnt/local/data"
 
 
 def test_etcd_and_priority_classes_are_wired_together(default_run: ProgramRun) -> None:
@@ -278,3 +266,27 @@ def test_a_new_source_is_a_new_staging_job() -> None:
     second = _run(cfg).one("kubernetes:batch/v1:Job").inputs["metadata"]["name"]
     assert first != second
     assert first.startswith("spotlab-train-stage-") and second.startswith("spotlab-train-stage-")
+
+
+# ---- what a pod with an identity may reach -----------------------------------------------------
+
+
+def test_every_pod_with_an_azure_identity_is_kept_from_the_metadata_service(
+    default_run: ProgramRun,
+) -> None:
+    policy = default_run.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "identity")
+    spec = policy.inputs["spec"]
+    assert policy.inputs["metadata"]["namespace"] == "spot-lab"
+    selected = spec["podSelector"]["matchLabels"]
+    templates = [
+        _job(default_run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"],
+        default_run.one("kubernetes:batch/v1:Job").inputs["spec"]["template"],
+    ]
+    for template in templates:  # the workers and the staging Job
+        assert selected.items() <= template["metadata"]["labels"].items()
+        assert template["spec"]["serviceAccountName"] in ("trainer", "data-stager")
+    assert spec["policyTypes"] == ["Egress"]
+    blocks = [
+        peer["ipBlock"] for rule in spec["egress"] for peer in rule["to"] if "ipBlock" in peer
+    ]
+    assert blocks == [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}]

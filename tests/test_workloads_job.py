@@ -14,11 +14,11 @@ from kubeflow.training.api_client import ApiClient
 from stack_config import JobConfig, LabConfig
 from training.launch import RDZV_PORT, RendezvousSettings, train_command, worker_env
 from workloads.manifests.job import (
-    DATA_MOUNT,
+    LOCAL_DATA_DIR,
     LOCAL_MOUNT,
     RUN_ID_LABEL,
     ElasticJobSpec,
-    checkpoint_uri,
+    blob_url,
     elastic_job_spec,
     elastic_policy,
     pytorchjob_manifest,
@@ -45,7 +45,7 @@ def _job_spec(**overrides: Any) -> ElasticJobSpec:
         "max_restarts": 100,
         "service_account": "trainer",
         "priority_class": "spotlab-training",
-        "data_claim": "spot-lab-data",
+        "data_uri": "https://spotlabsa.blob.core.windows.net/data",
         "checkpoint_uri": "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
         "max_steps": 20000,
         "global_batch_size": 256,
@@ -201,16 +201,11 @@ def test_container_runs_torchrun_on_the_exact_image() -> None:
         "--module",
         "training.train",
     ]
-    assert f"--data-dir={DATA_MOUNT}" in container["command"]
+    assert not any(arg.startswith("--data-dir") for arg in container["command"])
     assert "--max-steps=20000" in container["command"]
     assert "--global-batch-size=256" in container["command"]
     assert "--checkpoint-every-steps=100" in container["command"]
     assert "--checkpoint-every-seconds=300" in container["command"]
-
-
-def test_dataset_may_sit_in_a_folder_of_the_container() -> None:
-    args = training_args(_job_spec(data_subdir="cifar-10-batches-bin/"))
-    assert args[0] == f"--data-dir={DATA_MOUNT}/cifar-10-batches-bin"
 
 
 def test_env_is_the_shared_worker_env() -> None:
@@ -219,28 +214,24 @@ def test_env_is_the_shared_worker_env() -> None:
         checkpoint_uri="https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=45,
-    )
+    ) | {
+        "TRAIN_DATA_URI": "https://spotlabsa.blob.core.windows.net/data",
+        "TRAIN_DATA_DIR": LOCAL_DATA_DIR,
+    }
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
-def test_checkpoints_go_through_the_blob_api_and_only_the_dataset_is_mounted() -> None:
-    uri = checkpoint_uri(
-        run="spotlab-train",
-        blob_endpoint="https://spotlabsa.blob.core.windows.net/",
-        container="checkpoints",
-    )
+def test_data_and_checkpoints_go_through_the_blob_api_and_nothing_is_mounted() -> None:
+    endpoint = "https://spotlabsa.blob.core.windows.net/"
+    uri = blob_url(endpoint, "checkpoints", "spotlab-train")
     assert uri == "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train"
+    assert blob_url(endpoint, "data") == "https://spotlabsa.blob.core.windows.net/data"
     manifest = pytorchjob_manifest(_job_spec(checkpoint_uri=uri))
-    assert _env(manifest)["TRAIN_CHECKPOINT_URI"] == uri
-    claims = {
-        v["name"]: v["persistentVolumeClaim"]["claimName"]
-        for v in _pod(manifest)["volumes"]
-        if "persistentVolumeClaim" in v
-    }
-    assert claims == {"data": "spot-lab-data"}
-    mounts = {m["name"]: m for m in _container(manifest)["volumeMounts"]}
-    assert "checkpoints" not in mounts
-    assert mounts["data"] == {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}
+    env = _env(manifest)
+    assert env["TRAIN_CHECKPOINT_URI"] == uri
+    # The agent copies the data to the pod's local disk before it joins.
+    assert env["TRAIN_DATA_DIR"] == LOCAL_DATA_DIR and LOCAL_DATA_DIR.startswith(LOCAL_MOUNT)
+    assert not [v for v in _pod(manifest)["volumes"] if "persistentVolumeClaim" in v]
 
 
 def test_one_gpu_and_cpu_memory_requests() -> None:
@@ -297,11 +288,11 @@ def test_bad_specs_name_the_setting(overrides: dict[str, Any], message: str) -> 
         pytorchjob_manifest(_job_spec(**overrides))
 
 
-def test_checkpoint_uri_rejects_plain_http_and_a_missing_container() -> None:
+def test_blob_url_rejects_plain_http_and_a_missing_container() -> None:
     with pytest.raises(ValueError, match="https:// blob_endpoint"):
-        checkpoint_uri(run="r", blob_endpoint="http://x/", container="c")
+        blob_url("http://x/", "c", "r")
     with pytest.raises(ValueError, match="https:// blob_endpoint"):
-        checkpoint_uri(run="r", blob_endpoint="https://x/", container="")
+        blob_url("https://x/", "", "r")
 
 
 # ---- from the stack config -------------------------------------------------------------------
@@ -319,7 +310,7 @@ def test_spec_from_stack_config() -> None:
         image=IMAGE,
         rdzv_host=RDZV_HOST,
         priority_class="lab-training",
-        data_claim="d",
+        data_uri="https://a.blob.core.windows.net/data",
         checkpoint_uri="https://a.blob.core.windows.net/checkpoints/lab-train",
     )
     assert spec.name == "lab-train"

@@ -82,18 +82,10 @@ def test_etcd_fits_the_system_pool_and_not_the_spot_pool(run: ProgramRun) -> Non
 def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
     job = _pod_spec(run.one(PYTORCHJOB))
     assert job["containers"][0]["image"] == run.outputs["image"]
-    attributes = {
-        r.inputs["spec"]["csi"]["volumeAttributes"]["containerName"]: r.inputs["spec"]["csi"][
-            "volumeAttributes"
-        ]
-        for r in run.of_type("kubernetes:core/v1:PersistentVolume")
-    }
-    # Only the dataset is a volume: checkpoints go through the Blob API.
-    assert set(attributes) == {run.outputs["dataContainer"]}
-    for attrs in attributes.values():
-        assert attrs["storageAccount"] == run.outputs["storageAccount"]
-        assert attrs["resourceGroup"] == run.outputs["resourceGroup"]
-        assert attrs["AzureStorageIdentityClientID"] == run.outputs["kubeletClientId"]
+    env = {e["name"]: e["value"] for e in job["containers"][0]["env"]}
+    endpoint = run.outputs["blobEndpoint"]
+    assert env["TRAIN_DATA_URI"] == f"{endpoint}{run.outputs['dataContainer']}"
+    assert run.of_type("kubernetes:core/v1:PersistentVolume") == []
     account = run.one("kubernetes:core/v1:ServiceAccount", "namespace").inputs["metadata"]
     assert (
         account["annotations"]["azure.workload.identity/client-id"]

@@ -127,23 +127,6 @@ def test_registered_device_plugin_runs_on_every_gpu_spot_node(run: ProgramRun) -
     assert volume["hostPath"]["path"] == DEVICE_PLUGIN_DIR
 
 
-def test_registered_claims_bind_to_their_static_volumes(run: ProgramRun) -> None:
-    volumes = {
-        r.inputs["metadata"]["name"]: r.inputs["spec"]
-        for r in _core_objects()
-        if r.type.endswith(":PersistentVolume")
-    }
-    claims = [r.inputs for r in _core_objects() if r.type.endswith(":PersistentVolumeClaim")]
-    assert len(claims) == len(volumes) == 1
-    for claim in claims:
-        spec = claim["spec"]
-        assert spec["volumeName"] in volumes
-        # "" (not absent): the default StorageClass must not provision a disk instead.
-        assert spec["storageClassName"] == "" == volumes[spec["volumeName"]]["storageClassName"]
-        assert spec["accessModes"] == ["ReadWriteMany"]
-        assert claim["metadata"]["namespace"] == "spot-lab"
-
-
 def test_registered_job_workers_get_the_rendezvous_fix_a_gpu_and_shared_memory(
     run: ProgramRun,
 ) -> None:

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
 from training.exit_codes import BAD_INPUT, PERMANENT, RETRY_ME, signal_exit
-from training.launch import LAUNCHER_ENV, LAUNCHERS
+from training.launch import DATA_DIR_ENV, DATA_URI_ENV, LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
 
@@ -90,10 +90,38 @@ def main(
     if problem is not None:
         logger.error("%s", problem)
         return EXIT_BAD_INPUT
+    code = fetch_data(env)
+    if code is not None:
+        return code
     if launcher == "warm":
         return run_warm(args)
     execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
     return 0  # only reached when execv is a test double
+
+
+def fetch_data(env: Mapping[str, str]) -> int | None:
+    """Copy the dataset to node-local disk when ``TRAIN_DATA_URI`` asks; an exit code if not."""
+    from training.data import DatasetError
+    from training.fetch_data import fetch_dataset
+
+    uri = env.get(DATA_URI_ENV, "")
+    if not uri:
+        return None
+    dest = env.get(DATA_DIR_ENV, "")
+    if not dest:
+        logger.error(
+            "%s is set but %s is empty: where should the data go?", DATA_URI_ENV, DATA_DIR_ENV
+        )
+        return EXIT_BAD_INPUT
+    try:
+        fetch_dataset(uri, dest)
+    except (DatasetError, ValueError) as exc:  # no data, a refused identity, a bad URI
+        logger.error("%s", exc)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # the store is unreachable from this node: a new pod may do better
+        logger.error("cannot copy the dataset from %s (%s): exiting %d", uri, exc, RETRY_ME)
+        return RETRY_ME
+    return None
 
 
 def run_warm(args: list[str]) -> int:

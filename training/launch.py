@@ -21,6 +21,10 @@ AGENT_MODULE = "training.agent"
 # new interpreter per worker and so pays for the imports again on every restart.
 LAUNCHER_ENV = "TRAIN_LAUNCHER"
 LAUNCHERS = ("warm", "torchrun")
+# In the cluster the agent copies the dataset from this Blob URL into this directory before it
+# joins (training/fetch_data.py); the training flags' --data-dir falls back to the directory.
+DATA_URI_ENV = "TRAIN_DATA_URI"
+DATA_DIR_ENV = "TRAIN_DATA_DIR"
 
 
 @dataclass(frozen=True)

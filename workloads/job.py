@@ -13,7 +13,7 @@ from workloads.manifests.job import (
     PYTORCHJOB_API_VERSION,
     PYTORCHJOB_KIND,
     ElasticJobSpec,
-    checkpoint_uri,
+    blob_url,
     elastic_job_spec,
     job_name,
     pytorchjob_manifest,
@@ -34,9 +34,10 @@ class ElasticTrainingJobArgs:
     """DNS name of the etcd client Service."""
     priority_class: pulumi.Input[str]
     """The preemptible training PriorityClass."""
-    data_claim: pulumi.Input[str]
     blob_endpoint: pulumi.Input[str]
-    """``https://<account>.blob.core.windows.net/``: checkpoints go through the Blob API."""
+    """``https://<account>.blob.core.windows.net/``: data and checkpoints go through the Blob
+    API, with the workers' own identity."""
+    data_container: pulumi.Input[str]
     checkpoints_container: pulumi.Input[str]
 
 
@@ -56,8 +57,8 @@ class ElasticTrainingJob(pulumi.ComponentResource):
             args.image,
             args.rdzv_host,
             args.priority_class,
-            args.data_claim,
             args.blob_endpoint,
+            args.data_container,
             args.checkpoints_container,
         ).apply(lambda values: _spec(cfg, *values))
         manifest = spec.apply(pytorchjob_manifest)
@@ -87,13 +88,12 @@ class ElasticTrainingJob(pulumi.ComponentResource):
 
 
 def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
-    image, rdzv_host, priority_class, data_claim, endpoint, container = values
-    uri = checkpoint_uri(run=job_name(cfg), blob_endpoint=endpoint, container=container)
+    image, rdzv_host, priority_class, endpoint, data_container, checkpoints_container = values
     return elastic_job_spec(
         cfg,
         image=image,
         rdzv_host=rdzv_host,
         priority_class=priority_class,
-        data_claim=data_claim,
-        checkpoint_uri=uri,
+        data_uri=blob_url(endpoint, data_container),
+        checkpoint_uri=blob_url(endpoint, checkpoints_container, job_name(cfg)),
     )

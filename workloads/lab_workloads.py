@@ -8,7 +8,6 @@ through one Kubernetes provider (server-side apply):
 - etcd (the rendezvous) on the system pool,
 - the NVIDIA device plugin on the GPU Spot pool,
 - the Kubeflow training operator v1.9.4,
-- the dataset's Blob CSI volume (checkpoints go through the Blob API, not a mount),
 - the elastic PyTorchJob.
 
 The objects themselves come from the pure builders in ``workloads.manifests``.
@@ -31,11 +30,9 @@ from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name, watch_commands
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
 from workloads.manifests.priority import lab_priority_classes
-from workloads.manifests.volume import DATASET_MOUNT_OPTIONS
 from workloads.namespace import LabNamespace, LabNamespaceArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
-from workloads.volume import BlobVolume, BlobVolumeArgs
 
 __all__ = ["LabWorkloads", "LabWorkloadsArgs"]
 
@@ -50,17 +47,12 @@ class LabWorkloadsArgs:
     """Kubeconfig of the AKS cluster (secret)."""
     image: pulumi.Input[str]
     """Full training image reference, content-hash tag."""
-    storage_account_name: pulumi.Input[str]
-    storage_resource_group: pulumi.Input[str]
-    """Resource group of the storage account."""
     data_container: pulumi.Input[str]
     """Blob container holding the dataset."""
     checkpoints_container: pulumi.Input[str]
     """Blob container holding the checkpoints."""
     blob_endpoint: pulumi.Input[str]
     """``https://<account>.blob.core.windows.net/``."""
-    kubelet_client_id: pulumi.Input[str]
-    """Client id of the kubelet identity: the Blob CSI volumes authenticate with it."""
     training_client_id: pulumi.Input[str]
     """Client id of the training identity: the training ServiceAccount is bound to it."""
     stager_client_id: pulumi.Input[str]
@@ -131,7 +123,7 @@ class LabWorkloads(pulumi.ComponentResource):
         job_opts = pulumi.ResourceOptions.merge(
             in_namespace, pulumi.ResourceOptions(depends_on=before_job)
         )
-        job = self._job(name, args, rendezvous, priorities, in_namespace, job_opts)
+        job = self._job(name, args, rendezvous, priorities, job_opts)
         self.namespace = namespace.name
         self.job_name = job.job_name
         self.rdzv_id = job.rdzv_id
@@ -180,11 +172,9 @@ class LabWorkloads(pulumi.ComponentResource):
         args: LabWorkloadsArgs,
         rendezvous: Rendezvous,
         priorities: PriorityClasses,
-        volume_opts: pulumi.ResourceOptions,
-        job_opts: pulumi.ResourceOptions,
+        opts: pulumi.ResourceOptions,
     ) -> ElasticTrainingJob:
-        """The dataset volume and the elastic PyTorchJob that mounts it."""
-        data = self._data_volume(name, args, volume_opts)
+        """The elastic PyTorchJob; its workers reach data and checkpoints through the Blob API."""
         return ElasticTrainingJob(
             f"{name}-job",
             ElasticTrainingJobArgs(
@@ -192,26 +182,9 @@ class LabWorkloads(pulumi.ComponentResource):
                 image=args.image,
                 rdzv_host=rendezvous.host,
                 priority_class=priorities.training,
-                data_claim=data.claim_name,
                 blob_endpoint=args.blob_endpoint,
+                data_container=args.data_container,
                 checkpoints_container=args.checkpoints_container,
             ),
-            opts=job_opts,
+            opts=opts,
         )
-
-    def _data_volume(
-        self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
-    ) -> BlobVolume:
-        """The dataset container as a read-only PV/PVC pair."""
-        cfg = args.config
-        volume_args = BlobVolumeArgs(
-            name=f"{cfg.namespace}-data",
-            namespace=cfg.namespace,
-            stack=cfg.stack,
-            storage_account=args.storage_account_name,
-            resource_group=args.storage_resource_group,
-            container=args.data_container,
-            kubelet_client_id=args.kubelet_client_id,
-            mount_options=DATASET_MOUNT_OPTIONS,
-        )
-        return BlobVolume(f"{name}-data", volume_args, opts=opts)

@@ -1,4 +1,5 @@
-"""The lab's namespace and the training ServiceAccount bound to the training identity."""
+"""The lab's namespace, the training ServiceAccount bound to the training identity, and the
+egress policy that keeps pods with an identity away from the node's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from workloads.manifests.namespace import namespace_manifest, training_service_account
+from workloads.manifests.namespace import (
+    identity_egress_policy,
+    namespace_manifest,
+    training_service_account,
+)
 from workloads.ordering import child_options
 
 
@@ -24,7 +29,7 @@ class LabNamespaceArgs:
 
 
 class LabNamespace(pulumi.ComponentResource):
-    """The namespace plus the training pods' ServiceAccount."""
+    """The namespace, the training pods' ServiceAccount, and their egress policy."""
 
     name: pulumi.Output[str]
     service_account: pulumi.Output[str]
@@ -45,6 +50,13 @@ class LabNamespace(pulumi.ComponentResource):
         service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
             metadata=account["metadata"],
+            opts=child_options(self, opts, depends_on=[namespace]),
+        )
+        policy = identity_egress_policy(args.name)
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-identity-egress",
+            metadata=policy["metadata"],
+            spec=policy["spec"],
             opts=child_options(self, opts, depends_on=[namespace]),
         )
         self.name = namespace.metadata.name

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stack_config import LabConfig
-from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from training.launch import (
+    DATA_DIR_ENV,
+    DATA_URI_ENV,
+    ElasticPolicy,
+    RendezvousSettings,
+    train_command,
+    worker_env,
+)
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
@@ -26,8 +33,9 @@ from workloads.manifests.scheduling import (
 
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 PYTORCHJOB_KIND = "PyTorchJob"
-DATA_MOUNT = "/mnt/data"
 LOCAL_MOUNT = "/mnt/local"
+LOCAL_DATA_DIR = f"{LOCAL_MOUNT}/data"
+"""Where the agent copies the dataset before it joins (``training/fetch_data.py``)."""
 CONTAINER_NAME = "pytorch"
 """The operator's webhook requires a container with this name."""
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -57,8 +65,8 @@ class ElasticJobSpec:
     max_restarts: int
     service_account: str
     priority_class: str
-    data_claim: str
-    """PVC of the dataset container (mounted read-only)."""
+    data_uri: str
+    """TRAIN_DATA_URI: the Blob URL of the dataset, which the agent copies to local disk."""
     checkpoint_uri: str
     """TRAIN_CHECKPOINT_URI: the https:// Blob URL the workers write through the Blob API."""
     max_steps: int
@@ -77,8 +85,6 @@ class ElasticJobSpec:
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     gpus_per_worker: int = 1
     """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
-    data_subdir: str = ""
-    """Folder of the CIFAR-10 binary batches inside the data container ("" = its root)."""
     shm_size: str = "2Gi"
     termination_grace_s: int = DEFAULT_GRACE_S
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
@@ -167,9 +173,7 @@ def elastic_policy_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
 
 def training_args(spec: ElasticJobSpec) -> list[str]:
     """Flags of ``training.train``; checkpoint location and timeouts come as env."""
-    data_dir = f"{DATA_MOUNT}/{spec.data_subdir.strip('/')}" if spec.data_subdir else DATA_MOUNT
     return [
-        f"--data-dir={data_dir}",
         f"--max-steps={spec.max_steps}",
         f"--global-batch-size={spec.global_batch_size}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
@@ -183,8 +187,10 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=spec.collective_timeout_s,
     )
+    # The agent copies the dataset to the node's disk with the pod's own identity: no Blob CSI
+    # mount, so no node-wide identity needs a role on the storage account.
+    env |= {DATA_URI_ENV: spec.data_uri, DATA_DIR_ENV: LOCAL_DATA_DIR}
     mounts = [
-        {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "local", "mountPath": LOCAL_MOUNT},
     ]
@@ -204,7 +210,6 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
 
 def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
-        {"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim}},
         # DataLoader workers and NCCL pass tensors through /dev/shm; the runtime's 64 MiB
         # default breaks both.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
@@ -280,20 +285,20 @@ def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
     return policy
 
 
-def checkpoint_uri(*, run: str, blob_endpoint: str | None, container: str | None) -> str:
-    """The Blob URL of ``run``'s checkpoints.
+def blob_url(blob_endpoint: str | None, container: str | None, path: str = "") -> str:
+    """``<endpoint>/<container>[/<path>]``: what the workers read and write through the Blob API.
 
-    Always the Blob API, never the Blob CSI mount: the commit protocol needs create-if-absent
+    Always the Blob API, never a Blob CSI mount: the checkpoint protocol needs create-if-absent
     and consistent listings, which blobfuse2's per-node caches cannot give
-    (``training/storage.py``); and the pod's own workload identity, not the node's kubelet
-    identity, is then the only one that can write checkpoints.
+    (``training/storage.py``), and only the pods' own workload identity, not the node's
+    kubelet identity, may then touch the data or the checkpoints.
     """
     if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
         raise ValueError(
-            "checkpoints need an https:// blob_endpoint and a container, "
+            "the workers need an https:// blob_endpoint and a container, "
             f"got {blob_endpoint!r} and {container!r}"
         )
-    return f"{blob_endpoint.rstrip('/')}/{container}/{run}"
+    return "/".join(p for p in (blob_endpoint.rstrip("/"), container, path.strip("/")) if p)
 
 
 def elastic_job_spec(
@@ -302,7 +307,7 @@ def elastic_job_spec(
     image: str,
     rdzv_host: str,
     priority_class: str,
-    data_claim: str,
+    data_uri: str,
     checkpoint_uri: str,
 ) -> ElasticJobSpec:
     """The job spec the stack config asks for; the job is ``<prefix>-train``."""
@@ -319,7 +324,7 @@ def elastic_job_spec(
         max_restarts=job.max_restarts,
         service_account=config.service_account,
         priority_class=priority_class,
-        data_claim=data_claim,
+        data_uri=data_uri,
         checkpoint_uri=checkpoint_uri,
         max_steps=job.max_steps,
         global_batch_size=job.global_batch_size,

@@ -45,3 +45,48 @@ def training_service_account(name: str, namespace: str, client_id: str) -> dict[
             "annotations": {WORKLOAD_IDENTITY_CLIENT_ID: client_id},
         },
     }
+
+
+# Azure's instance metadata service: it hands the node's (kubelet's) managed identity to any
+# process on the node that asks. A pod with its own identity never needs it.
+IMDS_CIDR = "169.254.169.254/32"
+DNS_PORT = 53
+
+
+def identity_egress_policy(namespace: str) -> dict[str, Any]:
+    """Pods that hold a workload identity may reach anything but the instance metadata service.
+
+    The pods are the workers and the staging Job (``azure.workload.identity/use``). Allowed:
+    the internet and Azure's public endpoints (Blob Storage, the Entra ID token endpoint, the
+    dataset's source) through ``ipBlock``; the pods of this namespace (etcd, the other workers'
+    collectives); and cluster DNS. Cilium matches an ``ipBlock`` only against addresses outside
+    the cluster, never against pods, so the in-cluster peers get rules of their own. The
+    ``except`` keeps a compromised training process from taking the node's identity.
+    """
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "identity-pods-egress", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": dict(WORKLOAD_IDENTITY_USE)},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [IMDS_CIDR]}}]},
+                {"to": [{"podSelector": {}}]},
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                            },
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                        }
+                    ],
+                    "ports": [
+                        {"protocol": "UDP", "port": DNS_PORT},
+                        {"protocol": "TCP", "port": DNS_PORT},
+                    ],
+                },
+            ],
+        },
+    }

@@ -1,0 +1,139 @@
+"""The workers copy the dataset from Blob Storage to node-local disk with their own identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training import agent
+from training.blob_store import BlobStore
+from training.data import DatasetError, load_cifar10_binary, write_synthetic_cifar10
+from training.exit_codes import BAD_INPUT, RETRY_ME
+from training.fetch_data import MARKER, fetch_dataset
+from training.launch import DATA_DIR_ENV, DATA_URI_ENV
+
+
+@pytest.fixture
+def data_uri(
+    azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> str:
+    """A container prefix holding a small synthetic CIFAR-10, as staging leaves it."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    uri = f"{blob_container_uri}/cifar-10-batches-bin"
+    store = BlobStore.from_uri(uri)
+    for path in write_synthetic_cifar10(
+        tmp_path / "source", train_records=30, test_records=10, train_files=2
+    ):
+        store.put(path.name, path.read_bytes())
+    store.put("readme.html", b"not a batch file")
+    return uri
+
+
+def test_the_batches_are_copied_and_load(data_uri: str, tmp_path: Path) -> None:
+    files = fetch_dataset(data_uri, tmp_path / "local")
+    assert sorted(p.name for p in files) == [
+        "data_batch_1.bin",
+        "data_batch_2.bin",
+        "test_batch.bin",
+    ]
+    source = load_cifar10_binary(tmp_path / "source")
+    copied = load_cifar10_binary(tmp_path / "local")
+    assert copied.digest == source.digest
+    assert not (tmp_path / "local" / "readme.html").exists()
+
+
+def test_a_second_fetch_into_the_same_directory_downloads_nothing(
+    data_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetch_dataset(data_uri, tmp_path / "local")
+
+    def no_download(self: BlobStore, name: str) -> bytes:
+        raise AssertionError(f"downloaded {name} again")
+
+    monkeypatch.setattr(BlobStore, "get", no_download)
+    assert len(fetch_dataset(data_uri, tmp_path / "local")) == 3
+
+
+def test_a_copy_cut_short_is_copied_again(data_uri: str, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    fetch_dataset(data_uri, local)
+    (local / "data_batch_2.bin").write_bytes(b"\0" * 10)  # a copy that stopped part way
+    fetch_dataset(data_uri, local)
+    assert load_cifar10_binary(local).digest == load_cifar10_binary(tmp_path / "source").digest
+
+
+def test_an_empty_container_is_a_dataset_error_that_says_how_to_fill_it(
+    azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    with pytest.raises(DatasetError, match="holds no data_batch_N.bin.*--auth-mode login"):
+        fetch_dataset(f"{blob_container_uri}/cifar", tmp_path / "local")
+
+
+def test_a_refusal_is_retried_while_a_new_role_applies(
+    data_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusals = [PermissionError("403 AuthorizationPermissionMismatch")] * 2
+    real_list = BlobStore.list
+
+    def list_after_refusals(self: BlobStore, prefix: str = "") -> list[str]:
+        if refusals:
+            raise refusals.pop()
+        return real_list(self, prefix)
+
+    monkeypatch.setattr(BlobStore, "list", list_after_refusals)
+    waits: list[float] = []
+    assert len(fetch_dataset(data_uri, tmp_path / "local", sleep=waits.append)) == 3
+    assert len(waits) == 2
+
+
+def test_a_lasting_refusal_names_the_role_it_needs(
+    data_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(self: BlobStore, prefix: str = "") -> list[str]:
+        raise PermissionError("403 AuthorizationPermissionMismatch")
+
+    monkeypatch.setattr(BlobStore, "list", refused)
+    with pytest.raises(DatasetError, match="needs Storage Blob Data Reader on the data container"):
+        fetch_dataset(data_uri, tmp_path / "local", role_wait_s=0, sleep=lambda s: None)
+    assert not (tmp_path / "local" / MARKER).exists()
+
+
+# ---- the agent: before it joins ------------------------------------------------------------
+
+
+def _agent(env: dict[str, str]) -> tuple[int, list[list[str]]]:
+    launched: list[list[str]] = []
+    code = agent.main(
+        ["--module", "training.train"],
+        env={"TRAIN_LAUNCHER": "torchrun", **env},
+        execv=lambda path, argv: launched.append(argv),
+    )
+    return code, launched
+
+
+def test_the_agent_copies_the_data_before_it_launches(data_uri: str, tmp_path: Path) -> None:
+    code, launched = _agent({DATA_URI_ENV: data_uri, DATA_DIR_ENV: str(tmp_path / "local")})
+    assert code == 0 and len(launched) == 1
+    assert (tmp_path / "local" / MARKER).exists()
+
+
+def test_the_agent_stops_at_once_on_an_empty_container(
+    azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
+    env = {DATA_URI_ENV: f"{blob_container_uri}/x", DATA_DIR_ENV: str(tmp_path / "d")}
+    assert _agent(env) == (BAD_INPUT, [])
+
+
+def test_an_unreachable_store_asks_for_a_new_pod(
+    unused_loopback_port: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true")
+    uri = f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/data/x"
+    assert _agent({DATA_URI_ENV: uri, DATA_DIR_ENV: str(tmp_path / "d")}) == (RETRY_ME, [])
+
+
+def test_a_data_uri_without_a_directory_is_bad_input(tmp_path: Path) -> None:
+    assert _agent({DATA_URI_ENV: "https://a.blob.core.windows.net/data"}) == (BAD_INPUT, [])

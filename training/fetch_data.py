@@ -1,0 +1,113 @@
+"""Copy the dataset from its Blob container to node-local disk, with the pod's own identity.
+
+In the cluster the workers read CIFAR-10 from the node's disk, not from a Blob CSI mount. A
+mount would authenticate as the kubelet identity, whose token any pod on the node can fetch
+from the instance metadata service; or, with workload identity, it would need the account's
+shared key (the driver fetches it) or a token mount that expires after 24 h. A copy through
+the Blob API needs neither: the training identity reads the ``data`` container, and 170 MB
+takes seconds inside a region. The copy sits in the pod's ``emptyDir``, so a container that
+restarts in the same pod finds it there and copies nothing.
+
+The agent (``training/agent.py``) calls this before it joins the rendezvous, when
+``TRAIN_DATA_URI`` is set, into ``TRAIN_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from training.data import DatasetError
+from training.launch import DATA_URI_ENV
+from training.stage_data import BATCH_FILE
+from training.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".fetched.json"
+"""Written last, naming what was copied: a copy cut short is never taken for a whole one."""
+ROLE_WAIT_S = 300.0
+"""How long a refused read is retried: a new role assignment can take minutes to apply."""
+
+
+def fetch_dataset(
+    uri: str,
+    dest: str | Path,
+    *,
+    role_wait_s: float = ROLE_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Path]:
+    """Copy every CIFAR-10 batch file under ``uri`` into ``dest``; the local paths.
+
+    Raises DatasetError (no retry helps) when the container holds no training batches or the
+    identity stays refused for ``role_wait_s``; OSError (ConnectionError, ...) when the store
+    cannot be reached, which a new pod may not meet.
+    """
+    from training.blob_store import BlobStore  # optional deps: only the cloud path needs them
+
+    store = BlobStore.from_uri(uri)
+    names = _listed(store, uri, role_wait_s, sleep)
+    if not any(name.startswith("data_batch_") for name in names):
+        raise DatasetError(
+            f"{DATA_URI_ENV} {uri} holds no data_batch_N.bin: stage CIFAR-10 with `pulumi up` "
+            "(dataSourceUrl), or upload the binary batches with `az storage blob upload-batch "
+            "--auth-mode login`"
+        )
+    root = Path(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    if _already_fetched(root, uri, names):
+        logger.info("dataset from %s already in %s", uri, root)
+        return [root / name for name in names]
+    (root / MARKER).unlink(missing_ok=True)
+    started, total = time.monotonic(), 0
+    sizes = {}
+    for name in names:
+        data = store.get(name)
+        partial = root / f".{name}.partial"
+        partial.write_bytes(data)
+        os.replace(partial, root / name)  # local disk: a rename is atomic here
+        sizes[name] = len(data)
+        total += len(data)
+    (root / MARKER).write_text(json.dumps({"source": uri, "files": sizes}))
+    logger.info(
+        "copied %d files (%.1f MB) from %s to %s in %.1f s",
+        len(names),
+        total / 1e6,
+        uri,
+        root,
+        time.monotonic() - started,
+    )
+    return [root / name for name in names]
+
+
+def _listed(
+    store: ObjectStore, uri: str, role_wait_s: float, sleep: Callable[[float], None]
+) -> list[str]:
+    """The batch files in the container, retrying a refusal while a new role applies."""
+    deadline = time.monotonic() + role_wait_s
+    while True:
+        try:
+            return [name for name in store.list() if BATCH_FILE.match(name)]
+        except PermissionError as exc:
+            if time.monotonic() >= deadline:
+                raise DatasetError(
+                    f"{DATA_URI_ENV} {uri}: still refused after {role_wait_s:.0f} s ({exc}). "
+                    "The training identity needs Storage Blob Data Reader on the data container"
+                ) from exc
+            logger.warning("reading %s refused (%s); a new role may not apply yet", uri, exc)
+            sleep(10.0)
+
+
+def _already_fetched(root: Path, uri: str, names: list[str]) -> bool:
+    try:
+        marker = json.loads((root / MARKER).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    files = marker.get("files", {})
+    if marker.get("source") != uri or sorted(files) != sorted(names):
+        return False
+    return all((root / n).is_file() and (root / n).stat().st_size == s for n, s in files.items())
