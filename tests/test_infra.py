@@ -434,6 +434,20 @@ def test_stack_outputs(run: ProgramRun) -> None:
     assert {"namespace", "jobName", "rdzvId", "watchCommands"} <= set(run.outputs)
 
 
+def test_the_stack_exports_no_credential_and_marks_the_kubeconfig_secret(
+    run: ProgramRun,
+) -> None:
+    """Every secret the stack could hold, listed: only the kubeconfig is marked secret."""
+    assert run.secret_outputs == {"kubeconfig"}
+    credential_markers = ("accountkey", "sharedaccesssignature", "password", "client-key")
+    for name, value in run.outputs.items():
+        if name != "kubeconfig":
+            text = json.dumps(value, default=str).lower()
+            assert not any(m in text for m in credential_markers), name
+    registry = run.one("azure-native:containerregistry:Registry").inputs
+    assert registry["adminUserEnabled"] is False  # no registry password exists
+
+
 def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
     assert "kubeconfig" in run.secret_outputs
     (call,) = run.calls_to("azure-native:containerservice:listManagedClusterUserCredentials")
