@@ -46,6 +46,7 @@ class Cluster:
         collective_timeout_s: int = 5,
         launcher: str = "warm",
         nproc_per_node: int = 1,
+        max_restarts: int = 20,
     ) -> None:
         self.root = root
         self.policy = ElasticPolicy(
@@ -54,7 +55,7 @@ class Cluster:
             rdzv_id=f"test-{uuid.uuid4().hex[:8]}",
             min_nodes=min_nodes,
             max_nodes=max_nodes,
-            max_restarts=20,
+            max_restarts=max_restarts,
             nproc_per_node=nproc_per_node,
             rendezvous=RendezvousSettings(join_timeout_s=60),
         )

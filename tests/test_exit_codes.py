@@ -14,7 +14,17 @@ import pytest
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.elastic_cluster import TINY, Cluster
 from training.data import write_synthetic_cifar10
-from training.exit_codes import BAD_INPUT, ENDINGS, PERMANENT, RETRY_ME, RETRYABLE, signal_exit
+from training.exit_codes import (
+    BAD_INPUT,
+    ENDINGS,
+    PERMANENT,
+    RETRY_ME,
+    RETRYABLE,
+    WORKER_RESTART,
+    after_spent_restarts,
+    signal_exit,
+)
+from training.rendezvous_guard import BadInputAfterJoin, GuardedRendezvous
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,6 +43,63 @@ def test_the_table_agrees_with_the_operator() -> None:
             assert not ending.retried, ending  # fails the job and frees its GPU nodes
     assert signal_exit(signal.SIGTERM) == 143 and signal_exit(signal.SIGINT) == 130
     assert RETRY_ME in OPERATOR_RETRIES
+
+
+@pytest.mark.parametrize(
+    ("worker_codes", "node_code"),
+    [
+        ([WORKER_RESTART, WORKER_RESTART], RETRY_ME),  # every worker lost a peer: evictions
+        ([WORKER_RESTART, 1], PERMANENT),  # one crashed: a bug, whatever the others did
+        ([1], PERMANENT),
+        ([-9], PERMANENT),  # a worker killed outright (out of memory) again and again
+        ([WORKER_RESTART, BAD_INPUT], BAD_INPUT),
+        ([], PERMANENT),
+    ],
+)
+def test_spent_restarts_end_by_what_spent_them(worker_codes: list[int], node_code: int) -> None:
+    assert after_spent_restarts(worker_codes) == node_code
+
+
+class _Inner:
+    """A rendezvous handler that records what is asked of it."""
+
+    use_agent_store = False
+
+    def __init__(self) -> None:
+        self.closed = 0
+        self.rounds = 0
+
+    def next_rendezvous(self) -> str:
+        self.rounds += 1
+        return "round"
+
+    def shutdown(self) -> bool:
+        self.closed += 1
+        return True
+
+    def get_run_id(self) -> str:
+        return "run-1"
+
+
+def test_the_launcher_cannot_close_the_rendezvous_only_the_agent_can(tmp_path: Path) -> None:
+    inner = _Inner()
+    guard = GuardedRendezvous(inner, "guarded-etcd-v2", tmp_path / "verdict")  # type: ignore[arg-type]
+    assert guard.next_rendezvous() == "round" and guard.get_backend() == "guarded-etcd-v2"
+    assert guard.shutdown() is True and inner.closed == 0  # what torch's launcher calls
+    guard.settle(close=False)
+    assert inner.closed == 0
+    guard.settle(close=True)
+    guard.settle(close=True)
+    assert inner.closed == 1
+
+
+def test_a_verdict_stops_the_next_round_before_it_joins(tmp_path: Path) -> None:
+    inner = _Inner()
+    guard = GuardedRendezvous(inner, "guarded-etcd-v2", tmp_path / "verdict")  # type: ignore[arg-type]
+    (tmp_path / "verdict").write_text("bad checkpoint")
+    with pytest.raises(BadInputAfterJoin, match="bad checkpoint"):
+        guard.next_rendezvous()
+    assert inner.rounds == 0
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +168,78 @@ def test_an_etcd_outage_asks_for_a_new_pod(tmp_path: Path) -> None:
             assert "rendezvous failed" in (tmp_path / "a.err").read_text()
         finally:
             cluster.close()
+
+
+def _steps_at_world(cluster: Cluster, world: int) -> list[dict]:
+    """Metrics lines (rank 0 logs them) of steps trained at ``world`` ranks."""
+    return [r for r in cluster.records() if r["kind"] == "metrics" and r["world_size"] == world]
+
+
+def _resumed(cluster: Cluster, node: str) -> list[dict]:
+    return [r for r in cluster.records(node) if r.get("event") == "resumed"]
+
+
+@pytest.mark.slow
+def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothing(
+    etcd: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    # Every eviction costs the survivors' agent a restart. Once the budget is spent the agent
+    # used to exit 1 and close the rendezvous: the first few evictions ended the whole job.
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
+    cluster = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=2, max_restarts=1)
+    args = [*TINY, "--max-steps", "100000", "--log-every", "1", "--checkpoint-every-steps", "0"]
+    try:
+        cluster.start("a", args)
+        for peer in ("b", "c"):
+            before = len(_steps_at_world(cluster, 2))
+            cluster.start(peer, args)
+            cluster.wait_until(
+                lambda n=before: len(_steps_at_world(cluster, 2)) > n + 2, 120, f"{peer} to join"
+            )
+            cluster.kill(peer)  # an eviction without notice: a's workers lose their peer
+        assert cluster.wait_exit("a", 120) == RETRY_ME, cluster.tail()
+        assert "a new pod with a fresh budget joins" in (tmp_path / "a.err").read_text()
+        last = max(r["step"] for r in cluster.records("a") if r["kind"] == "metrics")
+        # The operator's new pod: the rendezvous is still open, and a's last round committed
+        # its state durably, since a new pod's disk is empty.
+        cluster.start("d", args)
+        cluster.wait_until(lambda: bool(_resumed(cluster, "d")), 120, "d to resume")
+        (resumed,) = _resumed(cluster, "d")
+        assert (resumed["source"], resumed["step"]) == ("durable", last), resumed
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_bad_input_found_after_joining_stops_the_node_without_restarts(
+    etcd: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    # A checkpoint of another run is found only after joining (the ranks agree on it first).
+    # It fails every round the same way: the node must stop at once with 2, not spend its
+    # twenty restarts and then exit 1.
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
+    first = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=1)
+    try:
+        first.start("a", [*TINY, "--max-steps", "2"])
+        assert first.wait_exit("a", 120) == 0, first.tail()
+    finally:
+        first.close()
+    second = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=1)
+    try:
+        second.start("b", [*TINY, "--max-steps", "4", "--lr", "0.5"])
+        assert second.wait_exit("b", 120) == BAD_INPUT, second.tail()
+        err = (tmp_path / "b.err").read_text()
+        assert "this run has lr=0.5" in err
+        assert "stopping without another restart" in err
+        assert len([r for r in second.records("b") if r.get("event") == "started"]) == 1
+    finally:
+        second.close()
+
+
+def test_the_docs_table_is_the_code_table() -> None:
+    text = (REPO / "docs" / "training.md").read_text()
+    table = text[text.index("| how the node ends | code |") :].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert [(r[0].lstrip("| "), int(r[1])) for r in rows] == [(e.how, e.code) for e in ENDINGS]

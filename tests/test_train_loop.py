@@ -200,7 +200,8 @@ def test_a_stalled_store_cannot_hold_up_the_node_local_save(
 def test_an_emergency_save_with_other_settings_is_ignored_not_fatal(
     tmp_path: Path, data_dir: Path, world_of_one: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    env = DistEnv(run_id="none")  # plain torchrun: every job has this id
+    # Plain torchrun: every job has this id. Not the last round: the save stays on the node.
+    env = DistEnv(run_id="none", max_restarts=3)
     _harness(tmp_path, data_dir, env=env).trainer.emergency_save("peer_failure")
     changed = _harness(tmp_path, data_dir, "--global-batch-size=16", env=env)
     assert changed.trainer.restore().source == "fresh"
@@ -451,3 +452,17 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
     (resumed,) = retry.events("resumed")
     assert (resumed["source"], resumed["step"]) == ("local", 3)
     assert retry.durable.head().step == 3
+
+
+@pytest.mark.parametrize(("restart_count", "durable"), [(1, False), (3, True)])
+def test_a_nodes_last_round_commits_its_emergency_save_durably(
+    tmp_path: Path, data_dir: Path, world_of_one: None, restart_count: int, durable: bool
+) -> None:
+    # Not rank 0, but its agent will exit for a new pod, whose disk is empty: the node-local
+    # save alone would go with this pod.
+    env = DistEnv(rank=1, world_size=2, run_id="r", restart_count=restart_count, max_restarts=3)
+    h = _harness(tmp_path, data_dir, env=env)
+    h.trainer.emergency_save("peer_failure")
+    (save,) = h.events("emergency_save")
+    assert save["durable"] is durable
+    assert (h.durable.head() is not None) is durable

@@ -18,7 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
-from training.exit_codes import BAD_INPUT, PERMANENT, RETRY_ME, signal_exit
+from training.exit_codes import (
+    BAD_INPUT,
+    PERMANENT,
+    RETRY_ME,
+    after_spent_restarts,
+    signal_exit,
+)
 from training.launch import DATA_DIR_ENV, DATA_URI_ENV, LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
@@ -126,6 +132,18 @@ def fetch_data(env: Mapping[str, str]) -> int | None:
 
 def run_warm(args: list[str]) -> int:
     """The warm launcher, its ways of ending mapped onto the codes the operator understands."""
+    code, close = _launch_warm(args)
+    # torch's launcher would have closed the rendezvous id on every ending but a signal;
+    # here it closes only when the run is over for good (training/rendezvous_guard.py).
+    from training.rendezvous_guard import created
+
+    for handler in created():
+        handler.settle(close=close)
+    return code
+
+
+def _launch_warm(args: list[str]) -> tuple[int, bool]:
+    """(exit code, whether the rendezvous should close)."""
     # Imports torch: after the cheap checks.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -136,45 +154,60 @@ def run_warm(args: list[str]) -> int:
     )
 
     from training.launcher import launch
+    from training.rendezvous_guard import BadInputAfterJoin
 
     try:
         launch(args)
     except ValueError as exc:  # bad flags or data, found before joining
         logger.error("%s", exc)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, False
     except SignalException as exc:
         # torch's agent turns SIGTERM into this exception after stopping its workers (which
         # saved on the same signal). Uncaught it would exit 1, which the ExitCode policy
         # treats as permanent: the first eviction would fail the whole job.
         code = signal_exit(exc.sigval)
         logger.info("stopped by signal %s: exiting %d (the operator retries it)", exc.sigval, code)
-        return code
+        return code, False
+    except BadInputAfterJoin as exc:
+        logger.error("%s; stopping without another restart", exc)
+        return EXIT_BAD_INPUT, True
     except ChildFailedError as exc:
-        logger.error(
-            "the workers failed and the restart budget is spent, so the rendezvous is closed "
-            "for this id: %s. Fix the cause and start a new run (runId).",
-            exc.get_first_failure()[1].message if exc.failures else exc,
-        )
-        return PERMANENT
+        codes = [failure.exitcode for failure in exc.failures.values()]
+        code = after_spent_restarts(codes)
+        if code == RETRY_ME:
+            logger.error(
+                "the restart budget went on lost peers (workers exited %s): exiting %d, so a "
+                "new pod with a fresh budget joins the same run",
+                codes,
+                code,
+            )
+        else:
+            logger.error(
+                "the workers failed (exit codes %s) and no restart fixed it: %s. Fix the "
+                "cause and start a new run (runId).",
+                codes,
+                exc.get_first_failure()[1].message if exc.failures else exc,
+            )
+        return code, code != RETRY_ME
     except RendezvousClosedError:
         logger.error(
-            "the rendezvous is closed for this id (the run finished, or a node spent its "
-            "restarts): start a new run with a new runId"
+            "the rendezvous is closed for this id (the run finished, or failed for good): "
+            "start a new run with a new runId"
         )
-        return PERMANENT
+        return PERMANENT, False
     except RendezvousTimeoutError as exc:
         logger.error(
             "too few nodes joined in time (%s): the GPU pool could not grow (Spot capacity or "
             "quota?). Failing the job frees the nodes that did come.",
             exc,
         )
-        return PERMANENT
+        return PERMANENT, True
     except RendezvousError as exc:
         # An etcd outage: torch's agent raises out of its monitoring loop. Exiting 1 would
         # fail the job for good under ExitCode; 138 asks the operator for a new pod.
         logger.error("rendezvous failed (%s): exiting %d for a new pod", exc, RETRY_ME)
-        return RETRY_ME
-    return 0
+        return RETRY_ME, False
+    return 0, True
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ class DistEnv:
     local_world_size: int = 1
     group_rank: int = 0
     restart_count: int = 0
+    max_restarts: int = 0
     run_id: str = "standalone"
+
+    @property
+    def last_round(self) -> bool:
+        """This node's agent will not restart these workers again: its budget is spent."""
+        return self.launched and self.restart_count >= self.max_restarts
 
     @property
     def launched(self) -> bool:
@@ -40,6 +46,7 @@ class DistEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
             group_rank=int(env.get("GROUP_RANK", "0")),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            max_restarts=int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")),
             run_id=env.get("TORCHELASTIC_RUN_ID", "torchrun"),
         )
 

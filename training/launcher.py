@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from training.config import parse_config
+from training.exit_codes import BAD_INPUT, VERDICT_ENV
 from training.launch import LAUNCHER_ENV, TRAIN_MODULE
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
@@ -26,10 +30,16 @@ PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
 
 
 def worker(*argv: str) -> None:
-    """One worker: ``training.train`` with ``argv``; a non-zero exit code fails the worker."""
+    """One worker: ``training.train`` with ``argv``; a non-zero exit code fails the worker.
+
+    Bad input found after joining (a checkpoint of another run, say) is the same in every
+    round: the verdict file stops the agent before it spends another restart on it.
+    """
     from training.train import run
 
     code = run(list(argv))
+    if code == BAD_INPUT and (verdict := os.environ.get(VERDICT_ENV)):
+        Path(verdict).write_text("see the worker's log for the setting and the fix")
     if code:
         raise SystemExit(code)
 
@@ -60,6 +70,10 @@ def wait_until_warm() -> None:
 
 def launch(args: Sequence[str]) -> None:
     """``torchrun ARGS`` for ``--module training.train ...``, its workers forked warm."""
+    # Before the fork server starts: its workers inherit the environment it starts with.
+    verdict = Path(tempfile.gettempdir()) / f"spot-lab-verdict-{os.getpid()}"
+    verdict.unlink(missing_ok=True)
+    os.environ[VERDICT_ENV] = str(verdict)
     start_fork_server()  # first, so that its imports and the ones below overlap
     # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
     # logs one on every worker failure: imported now, that is not 2-3 s of the first recovery.
@@ -83,7 +97,11 @@ def launch(args: Sequence[str]) -> None:
         dataset_files(cfg.data.data_dir)
     except DatasetError as exc:
         raise ValueError(str(exc)) from None
+    from training.rendezvous_guard import register
+
     config, _, _ = config_from_args(parsed)
     config.start_method = "forkserver"
+    # torch's own handler for the same backend, but the agent decides when it closes.
+    config.rdzv_backend = register(config.rdzv_backend)
     wait_until_warm()
     elastic_launch(config=config, entrypoint=worker)(*parsed.training_script_args)

@@ -42,6 +42,7 @@ from training.dist import (
     init_process_group,
     new_checkpoint_group,
 )
+from training.exit_codes import WORKER_RESTART
 from training.faults import StopRequest, is_peer_failure
 from training.inputs import STORAGE_KEY, load_inputs, run_identity
 from training.metrics import EventLog, Phases, progress_line, setup_logging
@@ -53,7 +54,7 @@ logger = logging.getLogger("training")
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
-EXIT_RESTART = 75  # state saved; torchrun starts a new round (EX_TEMPFAIL)
+EXIT_RESTART = WORKER_RESTART  # state saved; torchrun starts a new round
 # A spot eviction gives >= 30 s of notice before SIGKILL. The node-local save comes first;
 # then a periodic save still being written gets this long before the emergency commit goes
 # ahead beside it, so a stalled Blob write cannot eat the notice.
@@ -225,7 +226,9 @@ class Trainer:
 
         Rank 0 commits durably whenever a stop was requested, whatever ended the loop: when
         every node is told to stop, a rank that left at a step boundary makes rank 0's
-        collective fail, and a node-local save alone would go with the pod.
+        collective fail, and a node-local save alone would go with the pod. So does a node's
+        local rank 0 in its agent's last round: the agent then exits for a new pod, whose disk
+        is empty (concurrent commits are safe: training/checkpoint.py).
         """
         if self.env.local_rank != 0:
             return  # one writer per node; rank 0 is always its node's local rank 0
@@ -233,8 +236,10 @@ class Trainer:
         data = serialize(self.state_dict())
         if self.local is not None:
             self._save_locally(data)
-        stopping = reason == "sigterm" or (stop is not None and stop.requested)
-        durable = self.env.rank == 0 and self._commit_durably(data, stopping)
+        last_round = self.env.last_round
+        stopping = reason == "sigterm" or (stop is not None and stop.requested) or last_round
+        writer = self.env.rank == 0 or last_round
+        durable = writer and self._commit_durably(data, stopping)
         self.events.event(
             "emergency_save",
             step=self.state.step,
@@ -405,8 +410,16 @@ def run(argv: list[str] | None = None) -> int:
         "started", world_size=env.world_size, local_rank=env.local_rank, group_rank=env.group_rank
     )
     device = device_for(env)
-    init_process_group(env, device, cfg.run.collective_timeout_s)
-    group = _checkpoint_group(cfg, env)
+    try:
+        init_process_group(env, device, cfg.run.collective_timeout_s)
+        group = _checkpoint_group(cfg, env)
+    except Exception as exc:
+        if not is_peer_failure(exc):
+            raise
+        # A peer vanished while the group formed (its store timed out waiting for it): a lost
+        # peer, like one in a collective, not a bug. Nothing was trained in this round.
+        logger.warning("a peer left while the process group formed: %s", exc)
+        return EXIT_RESTART
     phases.mark("process_group")
     code = EXIT_OK
     try:
