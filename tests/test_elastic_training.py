@@ -136,6 +136,31 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
 
 
 @pytest.mark.timeout(300)
+def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
+    cluster_factory, reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NCCL completes DDP's all-reduce future without the lost peer's share, so backward()
+    # returns normally. Emulated on gloo (training/step_guard.py): without the step guard the
+    # survivors apply a half-reduced gradient, and the trajectory leaves the reference.
+    monkeypatch.setenv("TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE", "1")
+    cluster = cluster_factory("nccl-semantics", collective_timeout_s=5)
+    for node in ("a", "b", "c"):
+        cluster.start(node, ARGS)
+    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    fault_ts = max(r["ts"] for r in cluster.records())
+    cluster.kill("c")
+    for node in ("a", "b"):
+        assert cluster.wait_exit(node, 180) == 0, cluster.tail()
+    failures = [e for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
+    assert failures and all(e["ts"] - fault_ts < 5 + 5 for e in failures)  # the timeout bounds it
+    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    assert {e["reason"] for e in saves} == {"peer_failure"} and len(saves) == 2
+    resumed = _resumes_after(cluster, fault_ts)[0]
+    assert resumed["source"] == "local" and resumed["lost_steps"] == 0
+    assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
+
+
+@pytest.mark.timeout(300)
 def test_two_processes_per_node_survive_a_kill_with_no_lost_step(
     cluster_factory, reference
 ) -> None:

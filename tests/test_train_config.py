@@ -95,8 +95,11 @@ def test_worker_env_carries_the_scale_up_workaround_and_timeouts() -> None:
     env = worker_env(checkpoint_uri="/ckpt", local_dir="/local", collective_timeout_s=30)
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env["TRAIN_COLLECTIVE_TIMEOUT_S"] == "30"
-    # NCCL: a failed all-reduce must raise inside backward(), before optimizer.step().
-    assert env["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    # NCCL: the watchdog aborts the communicator but leaves the process to save; blocking
+    # wait off, or it would take precedence; "is there a GPU?" asked through NVML.
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    assert env["TORCH_NCCL_BLOCKING_WAIT"] == "0"
+    assert env["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
     assert train_command(["--max-steps", "5"]) == [
         "python",
         "-m",

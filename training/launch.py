@@ -123,10 +123,17 @@ def worker_env(
         LAUNCHER_ENV: launcher,
         # torch 2.13 hangs a *new* node on scale-up when the agent's TCP store is shared.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        # NCCL: makes DDP's wait inside backward() raise on a failed or timed-out all-reduce
-        # (it takes precedence over async error handling, whose watchdog would kill the
-        # process), so the survivor saves before optimizer.step(). Gloo ignores it.
-        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        # NCCL, as torch 2.13 documents these ("ProcessGroupNCCL Environment Variables"). A
+        # lost peer is caught by the step guard (training/step_guard.py), not by NCCL:
+        # 2 = on an error or timeout the watchdog only aborts the communicator, so stuck
+        # kernels return and the process lives to save (the default, 3, tears it down).
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+        # 0: blocking wait would take precedence over async error handling, and DDP never
+        # calls the wait it makes blocking.
+        "TORCH_NCCL_BLOCKING_WAIT": "0",
+        # The agent and the fork server ask "is there a GPU?" through NVML, which does not
+        # initialise CUDA: a process that forks must not have.
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
         "TRAIN_CHECKPOINT_URI": checkpoint_uri,
         "TRAIN_LOCAL_DIR": local_dir,
         # A frozen peer (no RST from a deleted VM) ends the collective after this, not 30 min.

@@ -3,10 +3,11 @@
 restore (rank agreement) -> wrap in DDP -> ``while step < max_steps: train_step; maybe_save``.
 On SIGTERM (spot eviction notice, pod deletion, torchrun restarting the group) the worker
 finishes the step in flight, saves, and exits. When a collective fails because a peer vanished,
-every survivor still holds the state of the last completed step (gradients are all-reduced
-inside ``backward()``, before ``optimizer.step()``), so it saves that to node-local disk and
-exits; the next round resumes from it and no completed step is lost. Whenever a stop was
-requested, rank 0 also commits that state durably: the node-local disk may go with the pod.
+every survivor still holds the state of the last completed step (on gloo the gradient
+all-reduce fails inside ``backward()``; on NCCL the step guard raises after it; both before
+``optimizer.step()``: training/step_guard.py), so it saves that to node-local disk and exits;
+the next round resumes from it and no completed step is lost. Whenever a stop was requested,
+rank 0 also commits that state durably: the node-local disk may go with the pod.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ from training.metrics import EventLog, Phases, progress_line, setup_logging
 from training.model import ModelConfig, build_model
 from training.resume import NONE, NodeLocalState, Resume, agree_on_resume
 from training.sampler import ElasticSampler, loss_scale, micro_batches
+from training.step_guard import (
+    StepGuard,
+    abort_collectives,
+    cpu_state,
+    emulating,
+    stream_ordered_allreduce_hook,
+)
 
 logger = logging.getLogger("training")
 
@@ -79,12 +87,15 @@ class Trainer:
         local: NodeLocalState | None,
         events: EventLog,
         checkpoint_group: dist.ProcessGroup | None = None,
+        guard: StepGuard | None = None,
     ) -> None:
         """``checkpoint_group`` carries the collectives that wait on storage (restore, finish);
-        None uses the default group."""
+        None uses the default group. ``guard`` checks every step before ``optimizer.step()``
+        where the gradient all-reduce may complete without a lost peer (NCCL)."""
         self.cfg, self.env, self.device, self.dataset = cfg, env, device, dataset
         self.durable, self.local, self.events = durable, local, events
         self.checkpoint_group = checkpoint_group
+        self.guard = guard or StepGuard(None)
         self.identity = run_identity(cfg, dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
@@ -193,6 +204,9 @@ class Trainer:
                 )
                 (loss * scale).backward()
             loss_sum += float(loss.detach())
+        # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
+        # a half-reduced gradient changes the state every rank must agree on.
+        self.guard.check()
         self.optimizer.step()
         return loss_sum, len(indices)
 
@@ -233,7 +247,8 @@ class Trainer:
         if self.env.local_rank != 0:
             return  # one writer per node; rank 0 is always its node's local rank 0
         started = time.monotonic()
-        data = serialize(self.state_dict())
+        # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
+        data = serialize(cpu_state(self.state_dict()))
         if self.local is not None:
             self._save_locally(data)
         last_round = self.env.last_round
@@ -300,6 +315,8 @@ class Trainer:
         self, kind: str, exc: BaseException, stop: StopRequest, restored: bool
     ) -> int:
         self.events.event(kind, step=self.state.step, error=str(exc)[:200])
+        if kind == "peer_failure":
+            abort_collectives()  # NCCL kernels stuck on the lost peer return
         if restored and self.cfg.checkpoint.emergency_saves:
             self.emergency_save(kind, stop)
         return EXIT_RESTART
@@ -307,6 +324,8 @@ class Trainer:
     def _wrap_in_ddp(self, phases: Phases) -> None:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        if emulating():
+            self.ddp.register_comm_hook(None, stream_ordered_allreduce_hook)
         phases.mark("ddp")
         if self.env.rank == 0:
             self.events.event(
@@ -413,6 +432,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         init_process_group(env, device, cfg.run.collective_timeout_s)
         group = _checkpoint_group(cfg, env)
+        guard = StepGuard.create(dist.get_backend(), cfg.run.collective_timeout_s)
     except Exception as exc:
         if not is_peer_failure(exc):
             raise
@@ -423,7 +443,7 @@ def run(argv: list[str] | None = None) -> int:
     phases.mark("process_group")
     code = EXIT_OK
     try:
-        trainer = Trainer(cfg, env, device, dataset, durable, local, events, group)
+        trainer = Trainer(cfg, env, device, dataset, durable, local, events, group, guard)
         phases.mark("build")
         code = trainer.run(stop, phases)
     except ConfigError as exc:
