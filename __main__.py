@@ -74,6 +74,8 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
             cluster=cfg.cluster,
             gpu_pool=cfg.gpu_pool,
             gpu_max_nodes=cfg.gpu_max_nodes,
+            admin_object_id=resource_group.deployer_object_id,
+            admin_principal_type=deployer_principal_type(),
             tags=tags,
         ),
     )
@@ -185,10 +187,15 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("trainingClientId", azure.training_identity.client_id)
     pulumi.export("stagerClientId", azure.stager_identity.client_id)
     pulumi.export("kubeletClientId", cluster.kubelet_client_id)
+    # Entra ID sign-in: the kubeconfig runs kubelogin, which takes the token from `az login`.
     pulumi.export(
         "getCredentials",
         pulumi.Output.concat(
-            "az aks get-credentials --resource-group ", rg, " --name ", cluster.name
+            "az aks get-credentials --resource-group ",
+            rg,
+            " --name ",
+            cluster.name,
+            " && kubelogin convert-kubeconfig -l azurecli",
         ),
     )
 
@@ -214,6 +221,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
             training_client_id=azure.training_identity.client_id,
             stager_client_id=azure.stager_identity.client_id,
             cluster_identifier=cluster_identifier(cfg),
+            access=[azure.cluster.admin_grant],
         ),
     )
     pulumi.export("namespace", workloads.namespace)

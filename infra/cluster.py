@@ -24,6 +24,8 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
+from infra.kubeconfig import azure_cli_kubeconfig
+from infra.roles import AKS_RBAC_CLUSTER_ADMIN, assign_role
 from stack_config import ClusterConfig, GpuPoolConfig
 
 # Our node label (AKS reserves the kubernetes.azure.com/ and kubernetes.io/ prefixes).
@@ -191,6 +193,12 @@ def managed_cluster_spec(
         "auto_scaler_profile": autoscaler_profile(),
         # No Blob CSI volumes: the workers reach Blob Storage with their own identity.
         "storage_profile": {"blob_csi_driver": {"enabled": False}},
+        # Entra ID sign-in with Azure RBAC, and no local accounts: no long-lived admin
+        # certificate exists to leak (ManagedClusterAADProfile, disableLocalAccounts in the
+        # AKS API; AKS docs "Manage local accounts with AKS-managed Microsoft Entra
+        # integration": disabling them needs managed Entra ID).
+        "aad_profile": {"managed": True, "enable_azure_rbac": True},
+        "disable_local_accounts": True,
         # OIDC issuer + workload identity: training pods get Azure tokens without secrets.
         "oidc_issuer_profile": {"enabled": True},
         "security_profile": {"workload_identity": {"enabled": True}},
@@ -198,6 +206,8 @@ def managed_cluster_spec(
     }
     if cluster.kubernetes_version:
         spec["kubernetes_version"] = cluster.kubernetes_version
+    if cluster.authorized_ip_ranges:
+        spec["api_server_access_profile"] = {"authorized_ip_ranges": cluster.authorized_ip_ranges}
     return spec
 
 
@@ -228,6 +238,10 @@ class AksClusterArgs:
     """GPU Spot pool settings."""
     gpu_max_nodes: int
     """The GPU pool's autoscaler ceiling: gpuMaxNodes, or workerMaxReplicas when unset."""
+    admin_object_id: pulumi.Input[str]
+    """Whoever runs ``pulumi up``: granted cluster admin through Azure RBAC."""
+    admin_principal_type: str
+    """``User`` or ``ServicePrincipal``: what ``admin_object_id`` is."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
@@ -244,6 +258,8 @@ class AksCluster(pulumi.ComponentResource):
     kubelet_object_id: pulumi.Output[str]
     oidc_issuer_url: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
+    admin_grant: pulumi.Resource
+    """The deployer's cluster-admin role: the Kubernetes provider must wait for it."""
 
     def __init__(
         self, name: str, args: AksClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -290,13 +306,26 @@ class AksCluster(pulumi.ComponentResource):
         self.kubelet_client_id = kubelet.apply(lambda k: k.client_id)
         self.kubelet_object_id = kubelet.apply(lambda k: k.object_id)
         self.oidc_issuer_url = cluster.oidc_issuer_profile.apply(lambda p: p.issuer_url)
+        self.admin_grant = assign_role(
+            f"{name}-deployer-cluster-admin",
+            principal_id=args.admin_object_id,
+            role=AKS_RBAC_CLUSTER_ADMIN,
+            scope=cluster.id,
+            parent=self,
+            principal_type=args.admin_principal_type,
+        )
+        # Exec format: the kubelogin plugin, no credential (infra/kubeconfig.py).
         credentials = azure_native.containerservice.list_managed_cluster_user_credentials_output(
             resource_group_name=args.resource_group_name,
             resource_name=cluster.name,
+            format="exec",
             opts=pulumi.InvokeOutputOptions(parent=self),
         )
+        # Secret although it holds no credential: it names the API server of the lab.
         self.kubeconfig = pulumi.Output.secret(
-            credentials.kubeconfigs.apply(lambda kcs: decode_kubeconfig(kcs[0].value))
+            credentials.kubeconfigs.apply(
+                lambda kcs: azure_cli_kubeconfig(decode_kubeconfig(kcs[0].value))
+            )
         )
         self.register_outputs(
             {

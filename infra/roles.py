@@ -10,6 +10,8 @@ import pulumi_azure_native as azure_native
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
+AKS_RBAC_CLUSTER_ADMIN = "b1ff04bb-8a4e-4dc4-8eb5-8693973ce19b"
+"""Azure Kubernetes Service RBAC Cluster Admin: every Kubernetes action, through Entra ID."""
 
 
 def role_definition_id(scope_id: str, role: str) -> str:

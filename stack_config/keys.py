@@ -31,6 +31,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("serviceAccount", "service_account", str),
     Setting("imageBuilder", "image_builder", str),
     Setting("kubernetesVersion", "cluster.kubernetes_version", str),
+    Setting("apiServerAuthorizedIpRanges", "cluster.api_server_authorized_ip_ranges", str),
     Setting("systemVmSize", "cluster.system_vm_size", str),
     Setting("systemNodeCount", "cluster.system_node_count", int),
     Setting("gpuVmSize", "gpu_pool.vm_size", str),

@@ -30,6 +30,12 @@ class ClusterConfig:
     """CPU size of the pool for etcd, the operator and data staging (not AKS's bootstrap pool)."""
     system_node_count: int = 2
     """Nodes of that pool; two keep etcd and the operator up through a node upgrade."""
+    api_server_authorized_ip_ranges: str = ""
+    """Comma-separated IPv4 CIDRs allowed to reach the API server; "" = any address."""
+
+    @property
+    def authorized_ip_ranges(self) -> list[str]:
+        return [r.strip() for r in self.api_server_authorized_ip_ranges.split(",") if r.strip()]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from infra import gpu_sizes, naming
@@ -107,6 +108,14 @@ def _stack_name_problems(cfg: LabConfig) -> list[str]:
     ]
 
 
+def _is_ipv4_cidr(text: str) -> bool:
+    """An IPv4 network with its prefix length, host bits clear (what AKS accepts)."""
+    try:
+        return "/" in text and ipaddress.ip_network(text, strict=True).version == 4
+    except ValueError:
+        return False
+
+
 def _cluster_problems(cfg: LabConfig) -> list[str]:
     cluster = cfg.cluster
     problems = _at_least(cfg, {"systemNodeCount": cluster.system_node_count}, 1)
@@ -116,6 +125,12 @@ def _cluster_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('kubernetesVersion')} must be empty (AKS default) or a version such as "
             f"1.33 or 1.33.2, got {version!r}"
         )
+    for entry in cluster.authorized_ip_ranges:
+        if not _is_ipv4_cidr(entry):
+            problems.append(
+                f"{cfg.key('apiServerAuthorizedIpRanges')} must be comma-separated IPv4 CIDRs "
+                f"such as 203.0.113.7/32 or 198.51.100.0/24, got {entry!r}"
+            )
     if not CPU_VM_SIZE.match(cluster.system_vm_size):
         problems.append(
             f"{cfg.key('systemVmSize')} must be a CPU VM size such as Standard_D4s_v5 "

@@ -316,14 +316,45 @@ def mock_id(
     )
 
 
-def fake_kubeconfig(cluster: str) -> str:
-    """A syntactically valid kubeconfig for a mocked cluster."""
+# AKS's well-known Entra ID server (application) id, the same for every cluster.
+AKS_SERVER_ID = "6dae42f8-4368-4678-94ff-3960e28e3630"
+
+
+def fake_kubeconfig(cluster: str, fmt: str | None = None) -> str:
+    """What listClusterUserCredential returns for a mocked cluster.
+
+    ``format=exec`` on an Entra ID cluster gives the kubelogin plugin with a device-code login
+    (the AKS API's ``format`` parameter); without it, a token stands in for the legacy forms.
+    """
+    if fmt == "exec":
+        user: dict[str, Any] = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": "kubelogin",
+                "args": [
+                    "get-token",
+                    "--environment",
+                    "AzurePublicCloud",
+                    "--server-id",
+                    AKS_SERVER_ID,
+                    "--client-id",
+                    "80faf920-1908-4b52-b5ef-a8e7bedfc67a",
+                    "--tenant-id",
+                    TENANT_ID,
+                    "--login",
+                    "devicecode",
+                ],
+                "installHint": "kubelogin is not installed",
+            }
+        }
+    else:
+        user = {"token": "mock-token"}
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": cluster, "cluster": {"server": f"https://{cluster}.mock:443"}}],
-            "users": [{"name": f"clusterUser_{cluster}", "user": {"token": "mock-token"}}],
+            "users": [{"name": f"clusterUser_{cluster}", "user": user}],
             "contexts": [
                 {"name": cluster, "context": {"cluster": cluster, "user": f"clusterUser_{cluster}"}}
             ],
@@ -340,7 +371,7 @@ def mock_invoke(
         "azure-native:containerservice:listManagedClusterUserCredentials",
         "azure-native:containerservice:listManagedClusterAdminCredentials",
     ):
-        kubeconfig = fake_kubeconfig(str(args.get("resourceName", "cluster")))
+        kubeconfig = fake_kubeconfig(str(args.get("resourceName", "cluster")), args.get("format"))
         value = base64.b64encode(kubeconfig.encode()).decode()
         return {"kubeconfigs": [{"name": "clusterUser", "value": value}]}
     if token == "azure-native:authorization:getClientConfig":

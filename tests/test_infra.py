@@ -15,6 +15,7 @@ from pulumi.runtime.sync_await import _sync_await
 
 from infra import cluster as aks
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
+from infra.kubeconfig import azure_cli_kubeconfig
 from infra.naming import global_names, lab_names, unique_suffix
 from infra.roles import (
     ACR_PULL,
@@ -429,7 +430,7 @@ def test_stack_outputs(run: ProgramRun) -> None:
     assert run.outputs["kubeletClientId"] == _kubelet(run)["clientId"]
     assert run.outputs["getCredentials"] == (
         f"az aks get-credentials --resource-group {run.outputs['resourceGroup']} "
-        f"--name {cluster['name']}"
+        f"--name {cluster['name']} && kubelogin convert-kubeconfig -l azurecli"
     )
     assert {"namespace", "jobName", "rdzvId", "watchCommands"} <= set(run.outputs)
 
@@ -453,8 +454,9 @@ def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
     (call,) = run.calls_to("azure-native:containerservice:listManagedClusterUserCredentials")
     assert call.args["resourceName"] == run.outputs["clusterName"]
     assert call.args["resourceGroupName"] == run.outputs["resourceGroup"]
+    assert call.args["format"] == "exec"  # the kubelogin plugin, not a certificate
     encoded = call.result["kubeconfigs"][0]["value"]
-    assert run.outputs["kubeconfig"] == base64.b64decode(encoded).decode()
+    assert run.outputs["kubeconfig"] == azure_cli_kubeconfig(base64.b64decode(encoded).decode())
     assert yaml.safe_load(run.outputs["kubeconfig"])["kind"] == "Config"
     # The workloads' Kubernetes provider gets the same kubeconfig, still marked secret.
     provider = run.one("pulumi:providers:kubernetes")

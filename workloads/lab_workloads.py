@@ -15,7 +15,7 @@ The objects themselves come from the pure builders in ``workloads.manifests``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -59,6 +59,8 @@ class LabWorkloadsArgs:
     """Client id of the stager identity: the data-staging Job's ServiceAccount is bound to it."""
     cluster_identifier: str
     """A plain string naming the cluster (its resource group and name), known at preview."""
+    access: list[pulumi.Resource] = field(default_factory=list)
+    """What must exist before the provider signs in: the deployer's cluster-admin role."""
 
 
 class LabWorkloads(pulumi.ComponentResource):
@@ -85,7 +87,7 @@ class LabWorkloads(pulumi.ComponentResource):
             cluster_identifier=args.cluster_identifier,
             # The PyTorchJob CRD is too large for client-side apply's annotation.
             enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
         )
         cluster = pulumi.ResourceOptions(parent=self, providers=[provider])
         namespace = LabNamespace(
