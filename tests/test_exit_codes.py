@@ -243,3 +243,75 @@ def test_the_docs_table_is_the_code_table() -> None:
     table = text[text.index("| how the node ends | code |") :].split("\n\n")[0]
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     assert [(r[0].lstrip("| "), int(r[1])) for r in rows] == [(e.how, e.code) for e in ENDINGS]
+
+
+def _failure(exitcode: int) -> object:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    return ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="/nonexistent")
+
+
+def _raises(exc: BaseException):
+    def launch(args: list[str]) -> None:
+        raise exc
+
+    return launch
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "closes"),
+    [
+        (lambda: None, 0, True),
+        (lambda: _signal(signal.SIGTERM), 143, False),
+        (lambda: _signal(signal.SIGINT), 130, False),
+        (lambda: ValueError("--lr must be > 0"), BAD_INPUT, False),
+        (lambda: _bad_input_after_join(), BAD_INPUT, True),
+        (lambda: _child_failed([WORKER_RESTART, WORKER_RESTART]), RETRY_ME, False),
+        (lambda: _child_failed([1, WORKER_RESTART]), PERMANENT, True),
+        (lambda: _rendezvous("RendezvousTimeoutError"), PERMANENT, True),
+        (lambda: _rendezvous("RendezvousClosedError"), PERMANENT, False),
+        (lambda: _rendezvous("RendezvousConnectionError"), RETRY_ME, False),
+    ],
+    ids=[
+        "finished",
+        "sigterm",
+        "sigint",
+        "bad-flag",
+        "bad-input-after-join",
+        "spent-on-evictions",
+        "spent-on-a-crash",
+        "join-timeout",
+        "closed",
+        "etcd-outage",
+    ],
+)
+def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
+    monkeypatch: pytest.MonkeyPatch, make, code: int, closes: bool
+) -> None:
+    from training import agent, launcher
+
+    exc = make()
+    monkeypatch.setattr(launcher, "launch", (lambda args: None) if exc is None else _raises(exc))
+    assert agent._launch_warm([]) == (code, closes)
+
+
+def _signal(sig: signal.Signals) -> BaseException:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return SignalException(f"Process got signal: {sig}", sigval=sig)
+
+
+def _bad_input_after_join() -> BaseException:
+    return BadInputAfterJoin("a worker stopped on input no restart fixes")
+
+
+def _child_failed(codes: list[int]) -> BaseException:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    return ChildFailedError("training.train", {i: _failure(c) for i, c in enumerate(codes)})
+
+
+def _rendezvous(name: str) -> BaseException:
+    from torch.distributed.elastic.rendezvous import api
+
+    return getattr(api, name)("test")
