@@ -84,19 +84,15 @@ class WorkloadIdentity(pulumi.ComponentResource):
             audiences=[TOKEN_AUDIENCE],
             opts=child,
         )
-        assign_role(
-            f"{name}-{args.role_name}",
-            principal_id=identity.principal_id,
-            role=STORAGE_BLOB_DATA_CONTRIBUTOR,
-            scope=args.writable_container_id,
-            parent=self,
-        )
+        grants = [(args.role_name, STORAGE_BLOB_DATA_CONTRIBUTOR, args.writable_container_id)]
         if args.readable_container_id is not None:
+            grants.append(("reader", STORAGE_BLOB_DATA_READER, args.readable_container_id))
+        for suffix, role, scope in grants:
             assign_role(
-                f"{name}-reader",
+                f"{name}-{suffix}",
                 principal_id=identity.principal_id,
-                role=STORAGE_BLOB_DATA_READER,
-                scope=args.readable_container_id,
+                role=role,
+                scope=scope,
                 parent=self,
             )
         self.client_id = identity.client_id

@@ -223,8 +223,7 @@ def test_resuming_with_another_dataset_size_is_a_clear_error(
 def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    first = _harness(tmp_path, data_dir, "--max-steps=1")
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    _trained_to(tmp_path, data_dir, 1)
     other = tmp_path / "other"
     write_synthetic_cifar10(
         other, train_records=TRAIN_RECORDS, test_records=8, train_files=1, seed=7
@@ -242,8 +241,7 @@ def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
 def test_resuming_under_another_optimiser_setting_is_a_clear_error(
     tmp_path: Path, data_dir: Path, world_of_one: None, flag: str, key: str
 ) -> None:
-    first = _harness(tmp_path, data_dir, "--max-steps=1")
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    _trained_to(tmp_path, data_dir, 1)
     with pytest.raises(ConfigError, match=f"written with {key}=.*this run has {key}="):
         _harness(tmp_path, data_dir, flag).trainer.restore()
 
