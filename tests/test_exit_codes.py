@@ -200,13 +200,16 @@ def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothi
             cluster.kill(peer)  # an eviction without notice: a's workers lose their peer
         assert cluster.wait_exit("a", 120) == RETRY_ME, cluster.tail()
         assert "a new pod with a fresh budget joins" in (tmp_path / "a.err").read_text()
-        last = max(r["step"] for r in cluster.records("a") if r["kind"] == "metrics")
-        # The operator's new pod: the rendezvous is still open, and a's last round committed
-        # its state durably, since a new pod's disk is empty.
+        logged = max(r["step"] for r in cluster.records("a") if r["kind"] == "metrics")
+        saves = [r for r in cluster.records("a") if r.get("event") == "emergency_save"]
+        # a's last round committed its state durably, since a new pod's disk is empty: the
+        # step it completed last (its log line may have been cut by the failure).
+        assert saves[-1]["durable"] is True and saves[-1]["step"] >= logged, saves[-1]
+        # The operator's new pod: the rendezvous is still open, and nothing is lost.
         cluster.start("d", args)
         cluster.wait_until(lambda: bool(_resumed(cluster, "d")), 120, "d to resume")
         (resumed,) = _resumed(cluster, "d")
-        assert (resumed["source"], resumed["step"]) == ("durable", last), resumed
+        assert (resumed["source"], resumed["step"]) == ("durable", saves[-1]["step"]), resumed
     finally:
         cluster.close()
 
