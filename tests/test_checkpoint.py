@@ -307,3 +307,26 @@ def test_a_checkpoint_deleted_during_its_download_falls_back_to_the_previous_one
     monkeypatch.setattr(store._container, "download_blob", first_range_then_deleted)
     loaded = repo.load_latest()
     assert loaded is not None and loaded.entry.step == 1
+
+
+def test_a_slow_upload_still_commits_the_grace_runs_from_its_end(tmp_path) -> None:
+    # A large checkpoint takes longer to upload than half the grace period: the store dates
+    # the object when the upload ends, and so does the deadline for its manifest.
+    class SlowUploads(FileStore):
+        def put(self, name: str, data: bytes) -> None:
+            time.sleep(0.6)
+            super().put(name, data)
+
+    repo = CheckpointRepository(SlowUploads(tmp_path), grace_s=1.0)
+    assert repo.commit(1, _state(1)).step == 1
+    assert repo.load_latest().entry.step == 1
+
+
+def test_a_manifest_published_too_late_is_not_acknowledged(tmp_path) -> None:
+    class SlowManifests(FileStore):
+        def put_new(self, name: str, data: bytes) -> None:
+            time.sleep(0.6)
+            super().put_new(name, data)
+
+    with pytest.raises(CheckpointError, match="past half the 1 s grace; not counted"):
+        CheckpointRepository(SlowManifests(tmp_path), grace_s=1.0).commit(1, _state(1))

@@ -18,7 +18,7 @@ whose checksums verify. Why nothing acknowledged is lost (docs/training.md, "Che
 - nothing the newest ``RETAINED_MANIFESTS`` manifests name is ever deleted;
 - anything else may be another writer's commit between its upload and its manifest. It is
   deleted only once it is older than ``grace_s``, and a writer acknowledges a commit only
-  when it published within ``grace_s / 2`` of starting the upload. So a pruner that could
+  when it published within ``grace_s / 2`` of its upload's end. So a pruner that could
   delete it began reading the manifests after the one naming it was visible.
   Manifests go the same way: one leaves the store only when two newer ones exist and it is
   older than ``grace_s``, so a writer that stalled cannot recreate a retired sequence number.
@@ -233,20 +233,20 @@ class CheckpointRepository:
         entry = Entry(
             f"{self.prefix}-{step:010d}-{uuid.uuid4().hex[:8]}.pt", step, sha256(data), len(data)
         )
-        started = self._clock()
-        self._write_verified(entry, data)
+        uploaded = self._write_verified(entry, data)
         with self._publish:
             # An error here leaves the object for pruning: a manifest may name it already
             # (a create whose answer was lost), and what a manifest names is never deleted.
-            published = self._publish_entry(entry, started)
+            published = self._publish_entry(entry, uploaded)
+            late = self._clock() - uploaded
             if published:
                 self._newest_published = max(self._newest_published, step)
             self._prune()
-        if published and self._clock() - started >= self.grace_s / 2:
+        if published and late >= self.grace_s / 2:
             raise CheckpointError(
-                f"checkpoint of step {step} was published {self._clock() - started:.0f} s after "
-                f"its upload began, past half the {self.grace_s:.0f} s grace; not counted as "
-                "committed (a concurrent prune may have removed it)"
+                f"checkpoint of step {step} was published {late:.0f} s after its upload, "
+                f"past half the {self.grace_s:.0f} s grace; not counted as committed (a "
+                "concurrent prune may have removed it)"
             )
         if not published:
             raise CheckpointError(
@@ -255,13 +255,20 @@ class CheckpointRepository:
             )
         return entry
 
-    def _write_verified(self, entry: Entry, data: bytes) -> None:
+    def _write_verified(self, entry: Entry, data: bytes) -> float:
+        """Write and read back ``entry``; the clock when the write returned.
+
+        The store dates the object no later than that (its modification time), and the
+        grace period runs from that date, whatever the size of the upload.
+        """
         self.store.put(entry.name, data)
+        uploaded = self._clock()
         if not self._verifies(entry):
             self.store.delete(entry.name)
             raise CheckpointError(
                 f"checkpoint {entry.name} in {self.store.describe()} read back torn"
             )
+        return uploaded
 
     def _discard(self, entry: Entry) -> None:
         """Delete an object of ours that no manifest names (best effort: pruning retries)."""
@@ -270,7 +277,7 @@ class CheckpointRepository:
         except OSError as exc:
             logger.warning("could not delete unpublished %s: %s", entry.name, exc)
 
-    def _publish_entry(self, entry: Entry, started: float) -> bool:
+    def _publish_entry(self, entry: Entry, uploaded: float) -> bool:
         """Publish ``entry`` as the head on top of the newest manifest; False when stale.
 
         Stale is older than this process's last commit, or than a head that verifies: the head
@@ -288,7 +295,7 @@ class CheckpointRepository:
                 self._newest_published = max(self._newest_published, head.step)
                 self._discard(entry)
                 return False
-            if self._clock() - started >= self.grace_s / 2:
+            if self._clock() - uploaded >= self.grace_s / 2:
                 self._discard(entry)
                 raise CheckpointError(
                     f"checkpoint of step {entry.step} could not be published within half the "
