@@ -8,9 +8,9 @@ import pytest
 
 from training import agent
 from training.blob_store import BlobStore
-from training.data import DatasetError, load_cifar10_binary, write_synthetic_cifar10
+from training.data import load_cifar10_binary, write_synthetic_cifar10
 from training.exit_codes import BAD_INPUT, RETRY_ME
-from training.fetch_data import MARKER, fetch_dataset
+from training.fetch_data import MARKER, DataFetchError, fetch_dataset
 from training.launch import DATA_DIR_ENV, DATA_URI_ENV
 
 
@@ -67,7 +67,7 @@ def test_an_empty_container_is_a_dataset_error_that_says_how_to_fill_it(
     azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
-    with pytest.raises(DatasetError, match="holds no data_batch_N.bin.*--auth-mode login"):
+    with pytest.raises(DataFetchError, match="holds no data_batch_N.bin.*--auth-mode login"):
         fetch_dataset(f"{blob_container_uri}/cifar", tmp_path / "local")
 
 
@@ -95,7 +95,9 @@ def test_a_lasting_refusal_names_the_role_it_needs(
         raise PermissionError("403 AuthorizationPermissionMismatch")
 
     monkeypatch.setattr(BlobStore, "list", refused)
-    with pytest.raises(DatasetError, match="needs Storage Blob Data Reader on the data container"):
+    with pytest.raises(
+        DataFetchError, match="needs Storage Blob Data Reader on the data container"
+    ):
         fetch_dataset(data_uri, tmp_path / "local", role_wait_s=0, sleep=lambda s: None)
     assert not (tmp_path / "local" / MARKER).exists()
 

@@ -107,7 +107,6 @@ def main(
 
 def fetch_data(env: Mapping[str, str]) -> int | None:
     """Copy the dataset to node-local disk when ``TRAIN_DATA_URI`` asks; an exit code if not."""
-    from training.data import DatasetError
     from training.fetch_data import fetch_dataset
 
     uri = env.get(DATA_URI_ENV, "")
@@ -121,7 +120,7 @@ def fetch_data(env: Mapping[str, str]) -> int | None:
         return EXIT_BAD_INPUT
     try:
         fetch_dataset(uri, dest)
-    except (DatasetError, ValueError) as exc:  # no data, a refused identity, a bad URI
+    except ValueError as exc:  # no data, a refused identity, a bad URI
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
     except OSError as exc:  # the store is unreachable from this node: a new pod may do better

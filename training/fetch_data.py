@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.data import DatasetError
 from training.launch import DATA_URI_ENV
 from training.stage_data import BATCH_FILE
 from training.storage import ObjectStore
@@ -34,6 +33,14 @@ ROLE_WAIT_S = 300.0
 """How long a refused read is retried: a new role assignment can take minutes to apply."""
 
 
+class DataFetchError(ValueError):
+    """The data is not there, or this identity may not read it: no retry by a new pod helps.
+
+    Defined here, not in ``training.data``, so that the agent copies the data before it
+    imports torch (the fork server's imports overlap the agent's).
+    """
+
+
 def fetch_dataset(
     uri: str,
     dest: str | Path,
@@ -43,7 +50,7 @@ def fetch_dataset(
 ) -> list[Path]:
     """Copy every CIFAR-10 batch file under ``uri`` into ``dest``; the local paths.
 
-    Raises DatasetError (no retry helps) when the container holds no training batches or the
+    Raises DataFetchError (no retry helps) when the container holds no training batches or the
     identity stays refused for ``role_wait_s``; OSError (ConnectionError, ...) when the store
     cannot be reached, which a new pod may not meet.
     """
@@ -52,7 +59,7 @@ def fetch_dataset(
     store = BlobStore.from_uri(uri)
     names = _listed(store, uri, role_wait_s, sleep)
     if not any(name.startswith("data_batch_") for name in names):
-        raise DatasetError(
+        raise DataFetchError(
             f"{DATA_URI_ENV} {uri} holds no data_batch_N.bin: stage CIFAR-10 with `pulumi up` "
             "(dataSourceUrl), or upload the binary batches with `az storage blob upload-batch "
             "--auth-mode login`"
@@ -94,7 +101,7 @@ def _listed(
             return [name for name in store.list() if BATCH_FILE.match(name)]
         except PermissionError as exc:
             if time.monotonic() >= deadline:
-                raise DatasetError(
+                raise DataFetchError(
                     f"{DATA_URI_ENV} {uri}: still refused after {role_wait_s:.0f} s ({exc}). "
                     "The training identity needs Storage Blob Data Reader on the data container"
                 ) from exc
