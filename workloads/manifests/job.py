@@ -213,7 +213,8 @@ def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
         # DataLoader workers and NCCL pass tensors through /dev/shm; the runtime's 64 MiB
         # default breaks both.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
-        # Node-local disk for emergency saves: survives a container restart in the same pod.
+        # Node-local disk for the dataset copy and the emergency saves: both survive a
+        # container restart in the same pod.
         {"name": "local", "emptyDir": {}},
     ]
     return volumes
