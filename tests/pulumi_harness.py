@@ -9,7 +9,6 @@ session can run the program many times with different config.
 from __future__ import annotations
 
 import base64
-import json
 import runpy
 import sys
 import uuid
@@ -24,6 +23,8 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+
+from stack_config.files import stack_file_config
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
@@ -384,51 +385,7 @@ def mock_invoke(
     return {}
 
 
-# ---- config the way the CLI assembles it ----------------------------------------------------
-
-
-def _config_string(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return str(value)
-
-
-def stack_config(
-    stack: str = "dev",
-    overrides: Mapping[str, str] | None = None,
-    project_dir: Path = PROJECT_DIR,
-    stack_dir: Path | None = None,
-) -> tuple[str, dict[str, str]]:
-    """(project name, config) from Pulumi.yaml defaults, Pulumi.<stack>.yaml, then overrides.
-
-    Keys are namespaced (``spot-lab:gpuMaxNodes``); an override key without a namespace is
-    taken as the project's. Values are strings, objects JSON, as ``pulumi.Config`` expects.
-    Like the CLI, a project key that Pulumi.yaml does not declare is an error. The stack
-    file is read from ``stack_dir`` when given (the CLI's ``stackConfigDir``), else from
-    the project.
-    """
-    project_file = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
-    project = project_file["name"]
-    config: dict[str, str] = {}
-    for key, spec in (project_file.get("config") or {}).items():
-        full = key if ":" in key else f"{project}:{key}"
-        if isinstance(spec, dict) and ("default" in spec or "value" in spec):
-            config[full] = _config_string(spec.get("default", spec.get("value")))
-    declared = set(config)
-    stack_file = (stack_dir or project_dir) / f"Pulumi.{stack}.yaml"
-    if not stack_file.exists():
-        raise FileNotFoundError(f"no stack file {stack_file.name} in {stack_file.parent}")
-    values = dict(yaml.safe_load(stack_file.read_text()).get("config") or {})
-    values.update({k if ":" in k else f"{project}:{k}": v for k, v in (overrides or {}).items()})
-    for key, value in values.items():
-        if key.startswith(f"{project}:") and key not in declared:
-            raise ValueError(f"{key} is not declared in Pulumi.yaml (the CLI rejects it too)")
-        if isinstance(value, dict) and "secure" in value:
-            raise ValueError(f"{stack_file.name}: {key} is encrypted; the harness has no key")
-        config[key] = _config_string(value)
-    return project, config
+# ---- config the way the CLI assembles it: stack_config.files.stack_file_config ----------
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -498,7 +455,7 @@ def run_program(
     """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
 
     ``stack_dir`` holds the stack file when it is not the project's (a modified copy)."""
-    project, config = stack_config(stack, overrides, project_dir, stack_dir)
+    project, config = stack_file_config(stack, overrides, project_dir, stack_dir)
     main_file = project_dir / "__main__.py"
     if str(project_dir) not in sys.path:
         sys.path.insert(0, str(project_dir))

@@ -24,6 +24,7 @@ from infra.roles import (
     role_definition_id,
 )
 from stack_config import ConfigError, LabConfig, validate
+from stack_config.files import stack_file_config
 from tests.pulumi_harness import (
     PROJECT_DIR,
     SUBSCRIPTION_ID,
@@ -32,7 +33,6 @@ from tests.pulumi_harness import (
     fake_uuid,
     run_program,
     run_pulumi,
-    stack_config,
 )
 
 STACKS = ["dev", "a100"]
@@ -566,9 +566,9 @@ def test_config_errors_register_nothing(stack: str, overrides: dict[str, str], k
 
 def test_stack_files_use_only_declared_keys() -> None:
     for stack in STACKS:
-        stack_config(stack)
-    with pytest.raises(ValueError, match="spot-lab:gpuMaxNode is not declared"):
-        stack_config("dev", {"gpuMaxNode": "3"})
+        stack_file_config(stack)
+    with pytest.raises(ConfigError, match="spot-lab:gpuMaxNode is not declared"):
+        stack_file_config("dev", {"gpuMaxNode": "3"})
 
 
 # ---- naming -------------------------------------------------------------------------------------
