@@ -167,18 +167,19 @@ def token_claims(token: str) -> dict[str, Any]:
 
 @dataclass
 class Azure:
-    """Azure clients for one credential; ``transport`` and ``reach`` are for tests."""
+    """Azure clients for one credential; ``transport`` and ``probe`` are for tests."""
 
     credential: TokenCredential | None = None
     """None: signs in lazily with ``credential_from_env``."""
-    transport: HttpTransport | None = None
+    transport: Callable[[], HttpTransport] | None = None
+    """Makes each client's transport (a client closes its own when it closes)."""
     probe: Callable[[str], None] = reach
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"retry_total": RETRIES}
         if self.transport is not None:
-            kwargs["transport"] = self.transport
+            kwargs["transport"] = self.transport()
         return kwargs
 
     def signed_in(self) -> TokenCredential:
@@ -228,7 +229,7 @@ class Azure:
             HttpLoggingPolicy(),
         ]
         if self.transport is not None:
-            return PipelineClient(base_url, policies=policies, transport=self.transport)
+            return PipelineClient(base_url, policies=policies, transport=self.transport())
         return PipelineClient(base_url, policies=policies)
 
 

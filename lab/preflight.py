@@ -197,7 +197,7 @@ def check_subscription(ctx: Context) -> Iterator[Check]:
     detail = f"{found.display_name} ({sub}), from {ctx.subscription_source}"
     if found.state != "Enabled":
         fix = "use an enabled subscription (azure-native:subscriptionId)"
-        yield Check("subscription", FAILS, f"{detail} is {found.state}", fix)
+        yield Check("subscription", FAILS, f"{detail} is {_text(found.state)}", fix)
         return
     az_default = (ctx.az_account or {}).get("id")
     if az_default is None or az_default.lower() == sub.lower():
@@ -222,7 +222,7 @@ def check_providers(ctx: Context) -> Iterator[Check]:
     states: dict[str, str] = {}
     with ctx.azure.resources(_sub(ctx)) as client:
         for namespace in PROVIDERS:
-            states[namespace] = client.providers.get(namespace).registration_state or "?"
+            states[namespace] = _text(client.providers.get(namespace).registration_state)
     missing = [ns for ns, state in states.items() if state != "Registered"]
     if not missing:
         yield Check("resource providers", OK, f"{len(states)} registered: {', '.join(states)}")
@@ -237,7 +237,9 @@ def _sku_problem(sku: Any, region: str) -> str | None:
         # A Location restriction withholds the size from the whole region; a Zone one only
         # from some zones, and the pools ask for no zone.
         if restriction.type == "Location":
-            return f"not offered to this subscription in {region} ({restriction.reason_code})"
+            return (
+                f"not offered to this subscription in {region} ({_text(restriction.reason_code)})"
+            )
     return None
 
 
@@ -421,6 +423,11 @@ def check_acr_tasks(ctx: Context) -> Iterator[Check]:
         )
     else:
         yield Check("ACR Tasks", OK, f"allowed for the subscription's offer ({offer})")
+
+
+def _text(value: object) -> str:
+    """An SDK enum member as Azure spelled it (``NotAvailableForSubscription``)."""
+    return str(getattr(value, "value", value))
 
 
 def _sub(ctx: Context) -> str:

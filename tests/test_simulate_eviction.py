@@ -1,29 +1,19 @@
-"""simulate-eviction against a loopback server that answers like Azure Resource Manager.
-
-The real ComputeManagementClient (its pipeline, auth policy and serialisation) talks HTTP to
-127.0.0.1; only the transport's host is rewritten, because the SDK refuses bearer tokens over
-plain http to any other URL.
-"""
+"""simulate-eviction against a loopback server that answers like Azure Resource Manager
+(tests/azure_replay.py): the real ComputeManagementClient runs, over HTTP to 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from azure.core.credentials import AccessToken
-from azure.core.pipeline.transport import RequestsTransport
-from azure.identity import CredentialUnavailableError
 from azure.mgmt.compute import ComputeManagementClient
 
 from lab.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_node_name
+from tests.azure_replay import FakeAzure as FakeArm
+from tests.azure_replay import LoopbackTransport, NoSignIn, StaticToken, serve
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 RG = "MC_spotlab_aks_westus3"
@@ -37,85 +27,9 @@ VMSS_LIST = f"{RG_PATH}/virtualMachineScaleSets"
 GPU_VMS = f"{VMSS_LIST}/{GPU_VMSS}/virtualMachines"
 
 
-@dataclass
-class Seen:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    authorization: str | None
-
-
-@dataclass
-class FakeArm:
-    """Canned ARM answers by (method, path); anything else is a 404 like ARM's."""
-
-    url: str = ""
-    routes: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
-    seen: list[Seen] = field(default_factory=list)
-
-    def posts(self) -> list[str]:
-        return [s.path for s in self.seen if s.method == "POST"]
-
-
-def _handler(arm: FakeArm) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            url = urlsplit(self.path)
-            seen = Seen(self.command, url.path, parse_qs(url.query), self.headers["Authorization"])
-            arm.seen.append(seen)
-            status, body = arm.routes.get(
-                (self.command, url.path),
-                (404, {"error": {"code": "NotFound", "message": f"no {url.path}"}}),
-            )
-            payload = b"" if body is None else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
 @pytest.fixture
 def arm() -> Iterator[FakeArm]:
-    fake = FakeArm()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
-        yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class LoopbackTransport(RequestsTransport):
-    """Sends what the client addresses to management.azure.com to the fake ARM instead."""
-
-    def __init__(self, base: str) -> None:
-        super().__init__()
-        self._base = base
-
-    def send(self, request: Any, **kwargs: Any) -> Any:
-        request.url = request.url.replace(ARM, self._base, 1)
-        return super().send(request, **kwargs)
-
-
-class StaticToken:
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        return AccessToken("test-token", int(time.time()) + 3600)
-
-
-class NoSignIn:
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        raise CredentialUnavailableError(message="Please run 'az login' to set up an account")
+    yield from serve()
 
 
 def _factory(arm: FakeArm, credential: Any = None) -> Any:
