@@ -236,6 +236,8 @@ class Azure:
 def get_json(client: PipelineClient, url: str) -> Any:
     """GET ``url`` through ``client`` and decode its JSON, errors as ``AzureError``."""
     with azure_errors():
-        response = client.send_request(HttpRequest("GET", url))
+        # A path is relative to the client's base URL; a next-page link is absolute.
+        absolute = client.format_url(url) if url.startswith("/") else url
+        response = client.send_request(HttpRequest("GET", absolute))
         response.raise_for_status()
         return response.json()

@@ -115,9 +115,10 @@ class Context:
 
 def _version(ctx: Context, argv: list[str]) -> tuple[bool, str]:
     done = ctx.run(argv)
-    text = (done.stdout or done.stderr).strip()
-    first = text.splitlines()[0].strip() if text else ""
-    return done.returncode == 0, first
+    lines = [line.strip() for line in (done.stdout or done.stderr).splitlines() if line.strip()]
+    # The first line with a digit: kubelogin prints a title line before its version.
+    version = next((line for line in lines if any(c.isdigit() for c in line)), "")
+    return done.returncode == 0, version or (lines[0] if lines else "")
 
 
 def check_tools(ctx: Context) -> Iterator[Check]:

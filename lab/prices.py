@@ -217,7 +217,9 @@ def build_report(
         note = "unavailable"
         print(f"warning: eviction bands unavailable: {err}", file=sys.stderr)
     if regions:
+        # Resource Graph answers for every region; a region no source knows still gets a row.
         bands = {r: b for r, b in bands.items() if r in regions}
+        prices = [p for p in prices if p.region in regions]
         prices += [VmPrice(r, None, None) for r in regions if r not in {p.region for p in prices}]
     rows = rank(prices, bands, hours, workers)
     costs = [item.monthly for item in idle]
