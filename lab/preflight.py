@@ -2,7 +2,7 @@
 
 Reads the stack exactly as ``pulumi up`` does, then checks the machine (tools, logins) and
 the subscription (providers, VM sizes, quotas, permissions, ACR Tasks). It only reads: every
-Azure call is a GET, except the Resource Graph-style POSTs no check here needs.
+Azure call is a GET, every local tool is asked for its version or its account.
 
 Exit 0: ``pulumi up`` can go ahead (warnings allowed). 1: a check fails. 2: bad input.
 """
@@ -196,13 +196,18 @@ def check_subscription(ctx: Context) -> Iterator[Check]:
         found = client.subscriptions.get(sub)
     ctx.offer = found.subscription_policies.quota_id if found.subscription_policies else None
     detail = f"{found.display_name} ({sub}), from {ctx.subscription_source}"
-    if found.state != "Enabled":
-        fix = "use an enabled subscription (azure-native:subscriptionId)"
-        yield Check("subscription", FAILS, f"{detail} is {_text(found.state)}", fix)
+    enable = "use an enabled subscription (azure-native:subscriptionId)"
+    # Warned: past due or at a spending limit; its resources still run and can be created.
+    if found.state not in ("Enabled", "Warned"):
+        yield Check("subscription", FAILS, f"{detail} is {_text(found.state)}", enable)
         return
+    status, fix = (OK, "") if found.state == "Enabled" else (WARNING, enable)
+    if found.state != "Enabled":
+        detail += f", {_text(found.state)}"
     az_default = (ctx.az_account or {}).get("id")
     if az_default is None or az_default.lower() == sub.lower():
-        yield Check("subscription", OK, detail + (", az's default too" if az_default else ""))
+        also = ", az's default too" if az_default else ""
+        yield Check("subscription", status, detail + also, fix)
         return
     # The image build passes --subscription, so az only has to be able to reach it.
     done = ctx.run(["az", "account", "show", "--subscription", sub, "--output", "json"])
@@ -211,12 +216,8 @@ def check_subscription(ctx: Context) -> Iterator[Check]:
         why = f"{detail}; az cannot use it, and the image build runs az"
         yield Check("subscription", FAILS, why, fix)
         return
-    yield Check(
-        "subscription",
-        WARNING,
-        f"{detail}; az's default is {az_default}: az commands in the docs would go there",
-        f"az account set --subscription {sub}",
-    )
+    detail += f"; az's default is {az_default}: az commands in the docs would go there"
+    yield Check("subscription", WARNING, detail, fix or f"az account set --subscription {sub}")
 
 
 def check_providers(ctx: Context) -> Iterator[Check]:
@@ -405,9 +406,13 @@ def check_permissions(ctx: Context) -> Iterator[Check]:
 
 
 def check_acr_tasks(ctx: Context) -> Iterator[Check]:
-    offer = ctx.offer or "unknown"
+    offer = ctx.offer or ""
+    fallback = f"if the image build fails: pulumi config set {ctx.cfg.key('imageBuilder')} docker"
     if ctx.cfg.image_builder != "acr":
         yield Check("ACR Tasks", OK, f"not used (imageBuilder: {ctx.cfg.image_builder})")
+    elif not offer:
+        why = "the subscription shows no offer (quotaId), so whether ACR Tasks run is unknown"
+        yield Check("ACR Tasks", WARNING, why, fallback)
     elif offer.startswith(NO_ACR_TASKS):
         yield Check(
             "ACR Tasks",
@@ -420,7 +425,7 @@ def check_acr_tasks(ctx: Context) -> Iterator[Check]:
             "ACR Tasks",
             WARNING,
             f"a credit-based offer ({offer}); some refuse ACR Tasks (TasksOperationsNotAllowed)",
-            f"if the image build fails: pulumi config set {ctx.cfg.key('imageBuilder')} docker",
+            fallback,
         )
     else:
         yield Check("ACR Tasks", OK, f"allowed for the subscription's offer ({offer})")

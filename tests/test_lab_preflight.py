@@ -258,14 +258,29 @@ def test_a_subscription_az_cannot_use_fails(
     assert checks["resource providers"]["status"] == "skipped"
 
 
-def test_a_disabled_subscription_fails(
-    azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("state", "status", "code"),
+    [("Disabled", "fails", 1), ("PastDue", "fails", 1), ("Warned", "warning", 0)],
+)
+def test_a_subscription_that_is_not_enabled(
+    state: str,
+    status: str,
+    code: int,
+    azure: FakeAzure,
+    tools: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    body = recording("subscription.json") | {"state": "Disabled"}
+    body = recording("subscription.json") | {"state": state}
     azure.routes[("GET", SUB_PATH)] = (200, body)
-    code, checks = _preflight(azure, capsys)
-    assert code == 1
-    assert checks["subscription"]["detail"].endswith("is Disabled")
+    exit_code, checks = _preflight(azure, capsys)
+    assert exit_code == code
+    assert (checks["subscription"]["status"], checks["subscription"]["fix"]) == (
+        status,
+        "use an enabled subscription (azure-native:subscriptionId)",
+    )
+    assert state in checks["subscription"]["detail"]
+    # A subscription that cannot be deployed into leaves nothing else to check.
+    assert checks["ACR Tasks"]["status"] == ("skipped" if status == "fails" else "ok")
 
 
 def test_az_not_signed_in_fails_the_az_check(
