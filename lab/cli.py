@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 
 from lab.etcd_server import EtcdError
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.interrupts import InterruptGuard, interrupt_guard
 from lab.report import format_table
 from lab.scenario import FAULT_KINDS, ScenarioError
 from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
 from lab.session import LabError, SessionOptions, run_session
 from lab.status_line import StatusLine
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:

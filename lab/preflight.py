@@ -31,11 +31,11 @@ from lab.azure import (
     azure_errors,
     signed_in_as,
 )
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.stack_choice import resolve_stack
 from stack_config.files import PROJECT_DIR, StackSettings
 from stack_config.model import ConfigError, LabConfig
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OK, WARNING, FAILS, SKIPPED = "ok", "warning", "fails", "skipped"
 
 # Resource providers of what the stack creates: AKS (and the VMs, load balancer and disks it

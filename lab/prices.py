@@ -21,13 +21,12 @@ from infra.cluster import BOOTSTRAP_VM_SIZE
 from lab.api_cache import ApiCache, cache_dir
 from lab.azure import RETAIL_PRICES, Azure, AzureError, NotSignedIn
 from lab.eviction_rates import band_floor, eviction_bands
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.retail_prices import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
 from lab.stack_choice import resolve_stack
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.azure import Azure, reach
+from lab.preflight import PROVIDERS
 from tests.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -27,14 +28,6 @@ ROLES = {
     "user_access_administrator": "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9",
     "reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
 }
-PROVIDERS = (
-    "Microsoft.ContainerService",
-    "Microsoft.Compute",
-    "Microsoft.Network",
-    "Microsoft.Storage",
-    "Microsoft.ContainerRegistry",
-    "Microsoft.ManagedIdentity",
-)
 RETAIL = "/api/retail/prices"
 GRAPH = "/providers/Microsoft.ResourceGraph/resources"
 
