@@ -23,6 +23,7 @@ PATH = "/api/retail/prices"
 API_VERSION = "2023-01-01-preview"
 TTL_S = 12 * 3600  # list prices change at most daily
 HOURS_PER_MONTH = 730  # Azure's pricing calculator month
+GLOBAL = "Global"  # the armRegionName of meters priced the same everywhere
 MAX_PAGES = 100  # one size in every region is a few pages; more means a filter went wrong
 
 
@@ -107,12 +108,23 @@ class RetailPrices:
     def meter_price(
         self, region: str, service: str, sku: str, meter: str
     ) -> tuple[float, str] | None:
-        """(USD, unit) of one meter of a service in a region, or None if not listed."""
-        where = {"serviceName": service, "armRegionName": region, "priceType": "Consumption"}
-        for item in self.items(odata_filter(**where)).items:
-            if item.get("skuName") == sku and item.get("meterName") == meter:
-                return float(item["retailPrice"]), str(item.get("unitOfMeasure", ""))
-        return None
+        """(USD, unit) of one meter of a service in a region, or None if not listed.
+
+        Some meters are priced once for every region, under ``armRegionName`` "Global" (the
+        Standard load balancer's included rules are): the region's own price wins if both.
+        """
+        where = {
+            "serviceName": service,
+            "armRegionName": [region, GLOBAL],
+            "priceType": "Consumption",
+        }
+        found = {
+            item.get("armRegionName"): item
+            for item in self.items(odata_filter(**where)).items
+            if item.get("skuName") == sku and item.get("meterName") == meter
+        }
+        item = found.get(region) or found.get(GLOBAL)
+        return None if item is None else (float(item["retailPrice"]), str(item["unitOfMeasure"]))
 
 
 def _is_linux(item: dict) -> bool:

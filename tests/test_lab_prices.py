@@ -195,3 +195,22 @@ def test_linux_on_demand_and_spot_only() -> None:
     assert [(p.region, p.spot, p.on_demand) for p in vm_prices(items)] == [
         ("westus3", 0.0115, 0.096)
     ]
+
+
+def test_a_meter_priced_for_all_regions_counts_and_a_regional_price_wins(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The load balancer's included rules are listed once, under armRegionName "Global".
+    idle = _prices(azure, capsys)["idle"]
+    assert next(i for i in idle["items"] if i["name"] == "load balancer")["monthly"] == (
+        pytest.approx(0.025 * 730)
+    )
+    lb = next(s for s in azure.seen if "Load Balancer" in s.query["$filter"][0])
+    assert "(armRegionName eq 'westus3' or armRegionName eq 'Global')" in lb.query["$filter"][0]
+    answer = recording("prices_load_balancer.json")
+    answer["Items"].append(answer["Items"][0] | {"armRegionName": "westus3", "retailPrice": 0.03})
+    azure.routes[("GET", RETAIL, "serviceName eq 'Load Balancer'")] = (200, answer)
+    idle = _prices(azure, capsys, "--refresh")["idle"]
+    assert next(i for i in idle["items"] if i["name"] == "load balancer")["monthly"] == (
+        pytest.approx(0.03 * 730)
+    )
