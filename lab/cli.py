@@ -11,7 +11,7 @@ from pathlib import Path
 from lab.etcd_server import EtcdError
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.interrupts import InterruptGuard, interrupt_guard
-from lab.report import format_table
+from lab.report import format_report
 from lab.scenario import FAULT_KINDS, ScenarioError
 from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
 from lab.session import LabError, SessionOptions, run_session
@@ -48,6 +48,80 @@ CLOUD_COMMANDS = {
 }
 
 
+def _report_parser(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser(
+        "report",
+        help="the report of a run from its saved logs: a lab run or a cluster's pod logs",
+        description="Build report.json, report.txt and timeline.png from saved logs: a lab "
+        "run's directory (lab-runs/<timestamp>), or a directory of pod logs (pods/<pod>.log "
+        "or <pod>.log, as `kubectl logs --timestamps` prints them) with, optionally, the "
+        "cluster's events (events.json from `kubectl get events -o json`, or events.jsonl) "
+        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only.",
+    )
+    report.add_argument("--logs", type=Path, required=True, help="the directory of the logs")
+    report.add_argument("--out", type=Path, help="where to write the report (default: --logs)")
+    report.add_argument(
+        "--stack",
+        help="a cluster run's stack: its GPU size and region price the run from the cache of "
+        "`lab prices` (default: the selected Pulumi stack)",
+    )
+    report.add_argument("--spot-price", type=float, help="USD per GPU node-hour at Spot")
+    report.add_argument("--on-demand-price", type=float, help="USD per GPU node-hour on demand")
+    report.add_argument(
+        "--max-steps", type=int, help="the run's max_steps, for logs that do not say it"
+    )
+    report.add_argument(
+        "--global-batch-size", type=int, help="the run's global batch, for logs that do not say it"
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    from lab.report import cost_of_run, report_from_run, write_outputs
+    from lab.run_logs import RunLogsError, load_run
+
+    for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            print(f"error: --{flag.replace('_', '-')} must be > 0, got {value}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    try:
+        run = load_run(
+            args.logs, max_steps=args.max_steps, global_batch_size=args.global_batch_size
+        )
+    except RunLogsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    report = report_from_run(run)
+    if run.source == "cluster":
+        spot, demand, source = _run_prices(args)
+        report["cost"] = cost_of_run(run, spot, demand, source)
+    out = args.out or args.logs
+    write_outputs(out, run, report)
+    print(format_report(report))
+    print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
+    return EXIT_OK
+
+
+def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, str]:
+    """The prices a cluster run is costed at: the flags, else `lab prices`' cache."""
+    if args.spot_price or args.on_demand_price:
+        return args.spot_price, args.on_demand_price, "prices given on the command line"
+    from lab.prices import cached_vm_price
+    from lab.stack_choice import resolve_stack
+    from stack_config.model import ConfigError
+
+    try:
+        cfg = resolve_stack(args.stack).config
+    except ConfigError:
+        return None, None, "no stack to price it: pass --stack or --spot-price"
+    found = cached_vm_price(cfg.gpu_pool.vm_size, cfg.location)
+    if found is None:
+        hint = f"run `python -m lab prices --stack {cfg.stack}` first, or pass --spot-price"
+        return None, None, f"no cached price of {cfg.gpu_pool.vm_size} in {cfg.location}: {hint}"
+    spot, demand = found
+    return spot, demand, f"list prices of {cfg.gpu_pool.vm_size} in {cfg.location} (lab prices)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m lab`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -56,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     sub.add_parser("scenarios", help="list the built-in scenarios and their faults")
+    _report_parser(sub)
     for name, text in CLOUD_COMMANDS.items():
         sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
@@ -71,7 +146,7 @@ def _run(args: argparse.Namespace, guard: InterruptGuard) -> int:
     out = args.out or Path("lab-runs") / time.strftime("%Y%m%d-%H%M%S")
     options = SessionOptions(out_dir=out, data_dir=args.data_dir, etcd_binary=args.etcd_binary)
     report = run_session(scenario, options, StatusLine())
-    print(format_table(report))
+    print(format_report(report))
     print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
     if report["run"]["lingering_nodes"]:
         lingering = ", ".join(report["run"]["lingering_nodes"])
@@ -114,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "scenarios":
         return _list_scenarios()
+    if args.command == "report":
+        return _report(args)
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
     # The session stops and sweeps everything it started, however it ends.
     with interrupt_guard(take_ignored=True) as guard:

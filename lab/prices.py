@@ -336,3 +336,22 @@ def main(
         return EXIT_FAILED
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return EXIT_OK
+
+
+def cached_vm_price(vm_size: str, region: str) -> tuple[float | None, float | None] | None:
+    """(Spot, on-demand) $/h of a size in a region from the cache of an earlier ``lab prices``
+    run, never from the network (a report is built offline); None when not cached."""
+
+    def offline() -> None:
+        raise AzureError("not in the cache")
+
+    retail = RetailPrices(Azure().public(RETAIL_PRICES), ApiCache(cache_dir()), offline)
+    for regions in ([region], None):  # `lab prices --regions <region>`, or all regions
+        try:
+            prices, _ = retail.vm_prices(vm_size, regions)
+        except AzureError:
+            continue
+        found = next((p for p in prices if p.region == region), None)
+        if found is not None:
+            return found.spot, found.on_demand
+    return None

@@ -26,16 +26,56 @@ machine):
   ``last_step_before - resumed_step``.
 - ``world_size_before`` / ``world_size_after``: of the last metrics line before the
   injection and of the recovery line (without recovery: of the window's last line).
+- ``paused``: the intervals in which no optimiser step ran, from the injection to the
+  recovery: gaps between metrics lines longer than the run's ``pause_after_s``, the first one
+  clamped to the injection. A join pauses only while the group re-forms, not while the new
+  node boots and the old group trains on; ``paused_s`` is their sum.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+from pathlib import Path
 from typing import Any
 
 from lab.node_logs import Record
+from lab.run_logs import RunLogs
 
 _STEP_RECORDS = ("checkpoint_saved", "emergency_save")
+# A gap between metrics lines counts as a pause when it is this many typical gaps long (the
+# program logs every ``log_every`` steps), and at least MIN_PAUSE_S.
+PAUSE_FACTOR = 3.0
+MIN_PAUSE_S = 1.0
+
+
+def pause_after_s(records: list[Record]) -> float:
+    """How long a gap between metrics lines must be to count as a pause in this run."""
+    times = [r["ts"] for r in records if r["kind"] == "metrics"]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    typical = statistics.median(gaps) if gaps else 0.0
+    return max(PAUSE_FACTOR * typical, MIN_PAUSE_S)
+
+
+def paused_intervals(
+    records: list[Record], injected_at: float, until: float, after_s: float
+) -> list[list[float]]:
+    """[start, end] of every stretch without an optimiser step between ``injected_at`` and
+    ``until`` (see the module docstring)."""
+    times = sorted(r["ts"] for r in records if r["kind"] == "metrics")
+    before = [t for t in times if t <= injected_at]
+    marks = ([before[-1]] if before else [injected_at]) + [
+        t for t in times if injected_at < t <= until
+    ]
+    if not math.isinf(until) and (not marks or marks[-1] < until):
+        marks.append(until)  # no line yet at the end of the window: paused up to there
+    paused = []
+    for start, end in zip(marks, marks[1:], strict=False):
+        start = max(start, injected_at)
+        if end - start > after_s:
+            paused.append([round(start, 3), round(end, 3)])
+    return paused
 
 
 def _events(records: list[Record], name: str, start: float, end: float) -> list[Record]:
@@ -109,10 +149,15 @@ def _sum_known(values: list[Any]) -> int | None:
 
 
 def fault_outcome(
-    records: list[Record], injection: dict[str, Any], window_start: float, window_end: float
+    records: list[Record],
+    injection: dict[str, Any],
+    window_start: float,
+    window_end: float,
+    pause_after: float | None = None,
 ) -> dict[str, Any]:
     """The report entry for one injected fault (see the module docstring)."""
     injected_at = float(injection["injected_at"])
+    pause_after = pause_after_s(records) if pause_after is None else pause_after
     planned = injection.get("planned_world_size")
     before = _metrics(records, -math.inf, injected_at)
     all_rounds = _events(records, "resumed", injected_at, window_end)
@@ -134,6 +179,10 @@ def fault_outcome(
     later = _metrics(records, injected_at, window_end)
     after = recovery["world_size"] if recovery else (later[-1]["world_size"] if later else None)
     detection_s, resume_s = _since(detected_at, injected_at), _since(resumed_at, injected_at)
+    paused_until = recovered_at if recovered_at is not None else window_end
+    if math.isinf(paused_until):
+        paused_until = max((r["ts"] for r in records), default=injected_at)
+    paused = paused_intervals(records, injected_at, paused_until, pause_after)
     return {
         "index": injection["index"],
         "kind": injection["kind"],
@@ -160,6 +209,8 @@ def fault_outcome(
         "reported_lost_steps": _sum_known([r.get("lost_steps") for r in rounds]),
         "resume_source": final.get("source") if final else None,
         "recovered": recovery is not None,
+        "paused": paused,
+        "paused_s": round(sum(end - start for start, end in paused), 3),
     }
 
 
@@ -186,13 +237,15 @@ def build_report(
     faults: list[dict[str, Any]] = []
     window_start = -math.inf
     ordered = sorted(injections, key=lambda i: i["injected_at"])
+    after_s = pause_after_s(records)
     for position, injection in enumerate(ordered):
         end = ordered[position + 1]["injected_at"] if position + 1 < len(ordered) else math.inf
-        outcome = fault_outcome(records, injection, window_start, end)
+        outcome = fault_outcome(records, injection, window_start, end, after_s)
         faults.append(outcome)
         window_start = outcome["recovered_at"] or injection["injected_at"]
     return {
         "start_ts": start_ts,
+        "pause_after_s": round(after_s, 3),
         "faults": faults,
         "run": _run_totals(
             records, faults, start_ts, global_batch_size, max_steps, planned_faults, end_ts
@@ -229,6 +282,7 @@ def _run_totals(
         # While training: the mean of the logged rates.
         "training_samples_per_s": round(sum(rates) / len(rates), 2) if rates else None,
         "total_downtime_s": round(sum(f["downtime_s"] or 0.0 for f in faults), 3),
+        "total_paused_s": round(sum(f["paused_s"] for f in faults), 3),
         "faults_planned": planned_faults,
         "faults_injected": len(faults),
         "faults_recovered": sum(1 for f in faults if f["recovered"]),
@@ -245,7 +299,7 @@ def format_table(report: dict[str, Any]) -> str:
     start = report["start_ts"]
     header = (
         f"{'#':>2}  {'fault':<36} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
-        f"{'down s':>6} {'lost':>4} {'world':>6} {'source':<8} ok"
+        f"{'down s':>6} {'pause':>5} {'lost':>4} {'world':>6} {'source':<8} ok"
     )
     lines = [header, "-" * len(header)]
     for f in report["faults"]:
@@ -255,7 +309,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{_cell(f['detection_s'], '+{:.1f}'):>6} "
             f"{_cell(f['resume_s'], '+{:.1f}'):>6} "
             f"{_cell(f['detect_to_resume_s'], '{:.1f}'):>5} "
-            f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['steps_lost']):>4} "
+            f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['paused_s'], '{:.1f}'):>5} "
+            f"{_cell(f['steps_lost']):>4} "
             f"{_cell(f['world_size_before'])}->{_cell(f['world_size_after']):<3} "
             f"{_cell(f['resume_source']):<8} {'yes' if f['recovered'] else 'NO'}"
         )
@@ -265,7 +320,162 @@ def format_table(report: dict[str, Any]) -> str:
         f"step {run['final_step']}/{run['max_steps']}, final loss {_cell(run['final_loss'])}, "
         f"{run['samples_per_s']} samples/s overall "
         f"({_cell(run['training_samples_per_s'])} while training), "
-        f"{run['total_downtime_s']:.1f} s down in {run['wall_s']:.0f} s, "
+        f"{run['total_downtime_s']:.1f} s to full size ({run['total_paused_s']:.1f} s without a "
+        f"step) in {run['wall_s']:.0f} s, "
         f"{run['faults_recovered']}/{run['faults_planned']} faults recovered"
     )
     return "\n".join(lines)
+
+
+# ---- a run's saved logs: the lab's and the cluster's ------------------------------------------
+
+
+def report_from_run(run: RunLogs) -> dict[str, Any]:
+    """The report of a run read by ``lab.run_logs``: the same for the lab and the cluster."""
+    report = build_report(
+        run.records,
+        run.injections,
+        start_ts=run.start_ts,
+        global_batch_size=run.global_batch_size,
+        max_steps=run.max_steps,
+        planned_faults=run.planned_faults,
+        end_ts=run.end_ts,
+    )
+    report["source"] = run.source
+    if run.source == "cluster":
+        # A replacement belongs to the loss before it, up to the next loss: a join in
+        # between is the replacement arriving.
+        losses = sorted(f["injected_at"] for f in report["faults"] if f["kind"] != "join")
+        for fault in report["faults"]:
+            if fault["kind"] != "join":
+                nxt = next((t for t in losses if t > fault["injected_at"]), math.inf)
+                fault["arrival"] = node_arrival(run, fault, nxt)
+    return report
+
+
+def _pod_node(run: RunLogs, pod: str) -> str | None:
+    """The node a pod was scheduled to, from its Scheduled event ("... to <node>")."""
+    for event in run.cluster_events:
+        if event.kind == "Pod" and event.name == pod and event.reason == "Scheduled":
+            return event.message.rsplit(" to ", 1)[-1].strip() or None
+    return None
+
+
+def _first_event(run: RunLogs, after: float, reason: str, name: str | None = None) -> float | None:
+    return next(
+        (
+            e.ts
+            for e in run.cluster_events
+            if e.ts >= after and e.reason == reason and (name is None or e.name == name)
+        ),
+        None,
+    )
+
+
+def node_arrival(run: RunLogs, fault: dict[str, Any], until: float) -> dict[str, Any] | None:
+    """How the replacement for a fault arrived: the first pod that started after it, from
+    the scale-up to the round it trained in at the size before the fault. On the cloud this
+    figure (a VM starts, pulls the image, joins) dominates; the stages show where it goes."""
+    injected = fault["injected_at"]
+    first_seen: dict[str, float] = {}
+    for record in run.records:
+        first_seen.setdefault(record["node"], record["ts"])
+    new = sorted((t, pod) for pod, t in first_seen.items() if injected < t < until)
+    if not new:
+        return None
+    started_at, pod = new[0]
+    node = _pod_node(run, pod)
+    target = fault["world_size_before"]
+    joined = next(
+        (
+            r["ts"]
+            for r in run.records
+            if r["kind"] == "metrics" and started_at < r["ts"] < until and r["world_size"] == target
+        ),
+        None,
+    )
+    stages = {
+        "scale_up_at": _first_event(run, injected, "TriggeredScaleUp"),
+        "node_registered_at": _first_event(run, injected, "RegisteredNode", node) if node else None,
+        "scheduled_at": _first_event(run, injected, "Scheduled", pod),
+        "image_pulled_at": _first_event(run, injected, "Pulled", pod),
+        "started_at": started_at,
+        "joined_at": joined,
+    }
+    return {
+        "pod": pod,
+        "node": node,
+        **{k: round(v, 3) if v is not None else None for k, v in stages.items()},
+        "arrival_s": _since(joined, injected),
+    }
+
+
+def cost_of_run(
+    run: RunLogs, spot_per_h: float | None, on_demand_per_h: float | None, source: str
+) -> dict[str, Any]:
+    """GPU node-hours, approximated by the worker pods' lifetimes in the logs (a node's boot
+    before its pod started and its drain after are not in them), at Spot and on-demand."""
+    spans: dict[str, list[float]] = {}
+    for record in run.records:
+        spans.setdefault(record["node"], [record["ts"], record["ts"]])[1] = record["ts"]
+    hours = sum(end - begin for begin, end in spans.values()) / 3600
+    return {
+        "gpu_node_hours": round(hours, 4),
+        "spot_usd_per_h": spot_per_h,
+        "on_demand_usd_per_h": on_demand_per_h,
+        "spot_usd": None if spot_per_h is None else round(hours * spot_per_h, 4),
+        "on_demand_usd": None if on_demand_per_h is None else round(hours * on_demand_per_h, 4),
+        "price_source": source,
+    }
+
+
+def format_arrivals(report: dict[str, Any]) -> str:
+    """One line per fault with a replacement: how long it took and where the time went."""
+    lines = []
+    for fault in report["faults"]:
+        arrival = fault.get("arrival")
+        if not arrival:
+            continue
+        origin = fault["injected_at"]
+        stages = [
+            f"{name} +{arrival[key] - origin:.0f} s"
+            for key, name in (
+                ("scale_up_at", "scale-up"),
+                ("node_registered_at", "node"),
+                ("scheduled_at", "scheduled"),
+                ("image_pulled_at", "image"),
+                ("started_at", "started"),
+                ("joined_at", "joined"),
+            )
+            if arrival.get(key) is not None
+        ]
+        total = _cell(arrival["arrival_s"], "{:.0f} s")
+        head = f"fault {fault['index']}: replacement {arrival['pod']} in {total}: "
+        lines.append(head + ", ".join(stages))
+    return "\n".join(lines)
+
+
+def format_cost(cost: dict[str, Any]) -> str:
+    spot, demand = cost["spot_usd"], cost["on_demand_usd"]
+    return (
+        f"GPU node-hours {cost['gpu_node_hours']:.3f}: {_cell(spot, '${:.2f}')} at Spot, "
+        f"{_cell(demand, '${:.2f}')} on demand ({cost['price_source']})"
+    )
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table, then the replacements' arrivals and the cost when the report has them."""
+    parts = [format_table(report), format_arrivals(report)]
+    if report.get("cost"):
+        parts.append(format_cost(report["cost"]))
+    return "\n".join(p for p in parts if p)
+
+
+def write_outputs(out: Path, run: RunLogs, report: dict[str, Any]) -> None:
+    """``report.json``, ``report.txt`` and ``timeline.png``: the same files for every run."""
+    from lab.timeline_plot import plot_timeline  # matplotlib: only when a plot is written
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.txt").write_text(format_report(report) + "\n")
+    plot_timeline(run.records, report, out / "timeline.png")

@@ -32,8 +32,8 @@ from lab import process_tree
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.interrupts import InterruptGuard, interrupt_guard
 from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
-from lab.node_logs import read_jsonl, read_records
-from lab.report import build_report, format_table
+from lab.report import report_from_run, write_outputs
+from lab.run_logs import load_lab_run
 from lab.runner import FaultRunner, LabEventLog, RunOutcome
 from lab.scenario import (
     SYNTHETIC_TRAIN_FILES,
@@ -43,7 +43,6 @@ from lab.scenario import (
     validate_scenario,
 )
 from lab.status_line import StatusLine
-from lab.timeline_plot import plot_timeline
 from training.launch import ElasticPolicy, train_command
 
 REPO_ROOT = Path(training.__file__).resolve().parent.parent
@@ -269,27 +268,15 @@ def _run_in_workspace(
 
 
 def write_report(scenario: Scenario, outcome: RunOutcome, out: Path) -> dict[str, Any]:
-    """Build the report from the logs in ``out``; write report.json and timeline.png."""
-    records = read_records(out / "nodes")
-    lab_events = read_jsonl(out / "lab-events.jsonl")
-    injections = [r for r in lab_events if r["event"] == "fault_injected"]
-    ended = [r["ts"] for r in lab_events if r["event"] == "run_ended"]
-    report = build_report(
-        records,
-        injections,
-        start_ts=outcome.start_ts,
-        global_batch_size=scenario.train.global_batch_size,
-        max_steps=scenario.train.max_steps,
-        planned_faults=len(scenario.faults),
-        end_ts=ended[-1] if ended else None,
-    )
+    """Build the report from the logs in ``out`` (as ``lab report --logs`` would) and write
+    report.json, report.txt and timeline.png."""
+    run = load_lab_run(out)
+    report = report_from_run(run)
     # Agents still in their exit barrier after training finished: a pod that never completes.
     report["run"]["lingering_nodes"] = [
-        r["node"] for r in lab_events if r["event"] == "node_lingered"
+        r["node"] for r in run.lab_events if r["event"] == "node_lingered"
     ]
     report["scenario"] = scenario.name
     report["outcome"] = {"status": outcome.status, "message": outcome.message}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.txt").write_text(format_table(report) + "\n")
-    plot_timeline(records, report, out / "timeline.png")
+    write_outputs(out, run, report)
     return report

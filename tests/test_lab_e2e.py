@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +338,62 @@ def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
         if any(marker in text for marker in markers):
             found.append(int(proc.name))
     return found
+
+
+# The report's own extras that only the running session knows.
+SESSION_ONLY = ("scenario", "outcome")
+
+
+def _report_from_logs(logs: Path, out: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "lab", "report", "--logs", str(logs), "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_report_rebuilt_from_the_saved_logs_is_the_runs_report(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    rebuilt = _report_from_logs(run["out"], tmp_path / "again")
+    original = {k: v for k, v in run["report"].items() if k not in SESSION_ONLY}
+    original["run"] = {k: v for k, v in original["run"].items() if k != "lingering_nodes"}
+    assert rebuilt == original
+    assert (tmp_path / "again" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_same_logs_as_pod_logs_give_the_same_faults(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The lab's node logs rewritten as `kubectl logs --timestamps` prints a pod's, with the
+    lab's injections as a drill's: the cluster path gives the same faults, steps and losses."""
+    pods = tmp_path / "cluster" / "pods"
+    pods.mkdir(parents=True)
+    for path in sorted((run["out"] / "nodes").glob("*.jsonl")):
+        lines = []
+        for line in path.read_text().splitlines():
+            try:
+                ts = json.loads(line)["ts"]
+            except (ValueError, KeyError, TypeError):
+                continue  # kubectl prints every line; a torn one has no time of its own
+            stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            lines.append(f"{stamp}.{int(ts % 1 * 1e9):09d}Z {line}")
+        (pods / f"{path.stem}.log").write_text("\n".join(lines) + "\n")
+    drill = (run["out"] / "lab-events.jsonl").read_text()
+    (tmp_path / "cluster" / "drill-events.jsonl").write_text(drill)
+    rebuilt = _report_from_logs(tmp_path / "cluster", tmp_path / "out")
+    assert rebuilt["source"] == "cluster"
+    keys = ("kind", "injected_at", "resumed_step", "steps_lost", "world_size_before")
+    keys += ("world_size_after", "recovered", "resume_source", "paused")
+    assert [{k: f[k] for k in keys} for f in rebuilt["faults"]] == [
+        {k: f[k] for k in keys} for f in run["report"]["faults"]
+    ]
+    assert rebuilt["run"]["final_step"] == run["report"]["run"]["final_step"]

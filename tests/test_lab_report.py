@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from lab.report import build_report, fault_outcome, format_table
-from lab.timeline_plot import plot_timeline
+from lab.report import build_report, fault_outcome, format_table, pause_after_s
+from lab.timeline_plot import plot_timeline, timeline_figure
 
 START = 1000.0
 
@@ -275,3 +278,87 @@ def test_a_run_that_did_not_finish_is_measured_to_its_end_not_to_the_shutdown() 
     assert run["wall_s"] == pytest.approx(27.0)
     assert run["final_step"] == 20
     assert run["samples_per_s"] == pytest.approx(20 * 32 / 27.0, abs=0.01)
+
+
+def _join_story() -> list[dict]:
+    """Two nodes train a step every 0.5 s; a third node is added at t=10 and boots for 60 s
+    while the two train on; the group re-forms at t=70.2 and trains at 3 from t=72."""
+    records = [metrics(1.0 + 0.5 * i, i, 2, loss=2.0 - 0.01 * i) for i in range(1, 139)]
+    # Last line at 2 nodes: t=70.0, step 138; the round of three resumes from there.
+    records += [
+        event(70.2, "emergency_save", step=138, reason="rendezvous"),
+        event(71.5, "resumed", step=138, source="local", world_size=3, lost_steps=0),
+    ]
+    records += [metrics(72.0 + 0.5 * i, 138 + i, 3, loss=0.6) for i in range(1, 11)]
+    return sorted(records, key=lambda r: r["ts"])
+
+
+def test_a_join_pauses_only_while_the_group_re_forms() -> None:
+    records = _join_story()
+    report = build_report(
+        records,
+        [injection(0, 10.0, "join", 3)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=148,
+        planned_faults=1,
+    )
+    fault = report["faults"][0]
+    assert report["pause_after_s"] == pytest.approx(1.5)  # 3 × the 0.5 s between lines
+    assert fault["downtime_s"] == pytest.approx(62.5)  # node added -> training at 3
+    # No step ran only from the last line at two (t=70.0) to the first at three (t=72.5).
+    assert fault["paused"] == [[START + 70.0, START + 72.5]]
+    assert fault["paused_s"] == pytest.approx(2.5)
+    assert report["run"]["total_paused_s"] == pytest.approx(2.5)
+
+
+def test_a_kill_pauses_from_the_injection_not_from_the_last_line() -> None:
+    records = _kill_story()
+    outcome = fault_outcome(records, injection(0, 12.5, "kill", 2), float("-inf"), float("inf"))
+    # Lines every second up to t=13 (step 12); killed at 12.5; the next line is at t=19.5.
+    assert outcome["paused"] == [[START + 13.0, START + 19.5]]
+    assert pause_after_s(records) == pytest.approx(3.0)
+
+
+def _marks(fig: Figure, prefix: str) -> dict[str, list[Any]]:
+    """x of each vertical line, (x0, x1) of each shaded span, by gid, over every panel."""
+    found: dict[str, list[Any]] = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            if (line.get_gid() or "").startswith(prefix):
+                found.setdefault(line.get_gid(), []).append(float(line.get_xdata()[0]))
+        for patch in ax.patches:
+            if isinstance(patch, Rectangle) and (patch.get_gid() or "").startswith(prefix):
+                span = (patch.get_x(), patch.get_x() + patch.get_width())
+                found.setdefault(patch.get_gid(), []).append(span)
+    return found
+
+
+@pytest.mark.parametrize("story", ["kill", "join"])
+def test_every_mark_on_the_plot_is_a_figure_of_the_report(story: str) -> None:
+    if story == "kill":
+        records, inj, steps = _kill_story(), injection(0, 12.5, "kill", 2), 20
+    else:
+        records, inj, steps = _join_story(), injection(0, 10.0, "join", 3), 148
+    report = build_report(
+        records, [inj], start_ts=START, global_batch_size=32, max_steps=steps, planned_faults=1
+    )
+    fig = timeline_figure(records, report)
+    fault = report["faults"][0]
+    for key in ("injected_at", "detected_at", "resumed_at"):
+        # One line per panel, at the report's time.
+        assert _marks(fig, f"{key}-0")[f"{key}-0"] == [pytest.approx(fault[key] - START)] * 3
+    spans = _marks(fig, "paused-0")
+    assert sorted(spans) == [f"paused-0-{n}" for n in range(len(fault["paused"]))]
+    for n, (begin, end) in enumerate(fault["paused"]):
+        assert (
+            spans[f"paused-0-{n}"]
+            == [(pytest.approx(begin - START), pytest.approx(end - START))] * 3
+        )
+    run = report["run"]
+    title = fig._suptitle.get_text()
+    assert f"step {run['final_step']}/{run['max_steps']}" in title
+    assert f"{run['total_paused_s']:.1f} s without a step" in title
+    assert f"{run['total_downtime_s']:.1f} s to full size" in title
+    loss = fig.axes[2].lines[0]
+    assert list(loss.get_ydata()) == [r["loss"] for r in records if r["kind"] == "metrics"]

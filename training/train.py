@@ -425,8 +425,14 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     phases.mark("inputs")
     logger.info("config %s", cfg.as_dict())
+    # The run's target, so a report built from the logs alone knows what "finished" means.
     events.event(
-        "started", world_size=env.world_size, local_rank=env.local_rank, group_rank=env.group_rank
+        "started",
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        group_rank=env.group_rank,
+        max_steps=cfg.run.max_steps,
+        global_batch_size=cfg.optim.global_batch_size,
     )
     device = device_for(env)
     try:

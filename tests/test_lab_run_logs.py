@@ -1,0 +1,233 @@
+"""Saved cluster logs into the report: pod logs as `kubectl logs --timestamps` prints them,
+the cluster's events, faults inferred, a replacement's arrival and the run's cost."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.cli import main
+from lab.report import cost_of_run, report_from_run
+from lab.run_logs import (
+    RunLogsError,
+    cluster_event,
+    load_cluster_run,
+    load_run,
+    parse_pod_log,
+    parse_time,
+)
+
+T0 = 1_790_000_000.0  # 2026-09-21, a time on the cluster's clock
+NS = "spot-lab"
+JOB = "spotlab-train"
+
+
+def stamp(ts: float) -> str:
+    """RFC 3339 with nanoseconds, as kubectl and the API server write times."""
+    whole = datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{round(ts % 1 * 1e9):09d}Z"
+
+
+def _line(ts: float, **record: Any) -> str:
+    return f"{stamp(ts)} {json.dumps({'ts': ts, 'rank': 0, **record})}"
+
+
+def metrics(ts: float, step: int, world: int, loss: float = 1.0) -> str:
+    return _line(
+        T0 + ts, kind="metrics", step=step, world_size=world, loss=loss, samples_per_s=500.0
+    )
+
+
+def event(ts: float, name: str, **fields: Any) -> str:
+    return _line(T0 + ts, kind="event", event=name, **fields)
+
+
+def k8s_event(ts: float, reason: str, kind: str, name: str, message: str = "") -> dict[str, Any]:
+    """A core/v1 Event as `kubectl get events -o json` lists it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{int(ts)}", "namespace": NS},
+        "involvedObject": {"kind": kind, "name": name, "namespace": NS},
+        "reason": reason,
+        "message": message,
+        "type": "Normal",
+        "firstTimestamp": stamp(T0 + ts).split(".")[0] + "Z",
+        "lastTimestamp": stamp(T0 + ts).split(".")[0] + "Z",
+        "count": 1,
+    }
+
+
+W0, W1, W2 = f"{JOB}-worker-0", f"{JOB}-worker-1", f"{JOB}-worker-2"
+NEW_NODE = "aks-gpu1a2b3c4d-12345678-vmss000007"
+
+
+def eviction_story(root: Path) -> Path:
+    """Three workers train; worker-2's Spot node is evicted at t=100 (SIGTERM, an emergency
+    save, the pod goes, its node is removed); the two others resume at t=103.5. A new node
+    is asked for at t=110, registers at t=290, its pod is scheduled, pulls the image, starts
+    at t=400 and joins at t=408: training is back at three from t=409."""
+    logs: dict[str, list[str]] = {W0: [], W1: [], W2: []}
+    for pod in (W0, W1, W2):
+        logs[pod].append(event(1.0, "started", max_steps=300, global_batch_size=256))
+    logs[W0].append(event(2.0, "resumed", step=0, source="fresh", world_size=3))
+    logs[W0] += [metrics(2.0 + i, i, 3, loss=2.0 - i / 100) for i in range(1, 98)]  # to t=99
+    logs[W2].append(event(100.2, "emergency_save", step=97, reason="sigterm"))
+    logs[W0].append(event(100.8, "peer_failure", step=97))
+    logs[W0].append(event(103.5, "resumed", step=97, source="local", world_size=2))
+    logs[W0] += [metrics(104.0 + i, 97 + i, 2, loss=1.0) for i in range(1, 301) if 104 + i < 404]
+    logs[W2 + "x"] = [event(400.0, "started", max_steps=300, global_batch_size=256)]
+    logs[W0].append(event(408.0, "resumed", step=396, source="local", world_size=3))
+    logs[W0] += [metrics(408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
+    logs[W0].append(event(413.0, "finished", step=400))
+    pods = root / "pods"
+    pods.mkdir(parents=True)
+    for pod, lines in logs.items():
+        (pods / f"{pod}.log").write_text("\n".join(sorted(lines)) + "\nnot json\n")
+    events = [
+        k8s_event(100.0, "Killing", "Pod", W2, "Stopping container pytorch"),
+        k8s_event(100.5, "RemovingNode", "Node", "aks-gpu1a2b3c4d-12345678-vmss000002"),
+        k8s_event(110.0, "TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up"),
+        k8s_event(290.0, "RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered"),
+        k8s_event(
+            300.0, "Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}"
+        ),
+        k8s_event(390.0, "Pulled", "Pod", W2 + "x", "Successfully pulled image in 88s"),
+    ]
+    (root / "events.json").write_text(json.dumps({"kind": "List", "items": events}))
+    return root
+
+
+def test_times_as_kubernetes_writes_them() -> None:
+    utc = datetime.fromtimestamp(T0, UTC)
+    assert parse_time(utc.strftime("%Y-%m-%dT%H:%M:%S.123456789Z")) == pytest.approx(
+        T0 + 0.123456789
+    )
+    plus_two = datetime.fromtimestamp(T0 + 7200, UTC).strftime("%Y-%m-%dT%H:%M:%S+02:00")
+    assert parse_time(plus_two) == T0
+    with pytest.raises(ValueError, match="not an RFC 3339 time"):
+        parse_time("yesterday")
+
+
+def test_a_pod_log_keeps_the_training_records_and_skips_the_rest() -> None:
+    text = "\n".join(
+        [metrics(1.0, 1, 3), f"{stamp(T0 + 2)} Traceback (most recent call last):", "{torn"]
+    )
+    records = parse_pod_log(text, W0)
+    assert [(r["step"], r["node"]) for r in records] == [(1, W0)]
+
+
+def test_an_events_k8s_io_event_reads_the_same() -> None:
+    new_api = {
+        "reason": "Scheduled",
+        "regarding": {"kind": "Pod", "name": W0},
+        "note": f"Successfully assigned {NS}/{W0} to node-a",
+        "eventTime": stamp(T0 + 0.5),
+    }
+    found = cluster_event(new_api)
+    assert found is not None
+    assert (found.ts, found.kind, found.name) == (T0 + 0.5, "Pod", W0)
+    assert cluster_event({"reason": "x"}) is None  # no time: nothing to place it at
+
+
+def test_an_eviction_is_inferred_from_the_logs_and_dated_by_its_first_sign(
+    tmp_path: Path,
+) -> None:
+    run = load_run(eviction_story(tmp_path))
+    assert (run.source, run.max_steps, run.global_batch_size) == ("cluster", 300, 256)
+    leave, join = run.injections
+    # The pod's Killing event (t=100) comes before the worker's own emergency save.
+    assert (leave["kind"], leave["injected_at"], leave["planned_world_size"]) == (
+        "leave",
+        T0 + 100.0,
+        2,
+    )
+    # The join began when the new node was asked for, while two workers trained on.
+    assert (join["kind"], join["injected_at"], join["planned_world_size"]) == (
+        "join",
+        T0 + 110.0,
+        3,
+    )
+
+
+def test_the_report_of_a_cluster_run_with_the_replacements_arrival(tmp_path: Path) -> None:
+    report = report_from_run(load_run(eviction_story(tmp_path)))
+    leave, join = report["faults"]
+    assert (leave["world_size_before"], leave["world_size_after"]) == (3, 2)
+    assert leave["steps_lost"] == 0 and leave["resume_source"] == "local"
+    assert leave["paused"] == [[T0 + 100.0, T0 + 105.0]]  # killed at 100, stepping at 105
+    assert join["paused"] == [[T0 + 403.0, T0 + 409.0]]  # not the 290 s the node booted
+    arrival = leave["arrival"]
+    assert arrival == {
+        "pod": W2 + "x",
+        "node": NEW_NODE,
+        "scale_up_at": T0 + 110.0,
+        "node_registered_at": T0 + 290.0,
+        "scheduled_at": T0 + 300.0,
+        "image_pulled_at": T0 + 390.0,
+        "started_at": T0 + 400.0,
+        "joined_at": T0 + 409.0,
+        "arrival_s": 309.0,
+    }
+
+
+def test_the_cost_of_a_run_is_its_pods_hours_at_each_price(tmp_path: Path) -> None:
+    run = load_run(eviction_story(tmp_path))
+    cost = cost_of_run(run, 0.0915, 0.526, "test prices")
+    # worker-0 1..413 s, worker-1 1..1 s, worker-2 1..100.2 s, the new pod 400..400 s.
+    hours = (412.0 + 0.0 + 99.2 + 0.0) / 3600
+    assert cost["gpu_node_hours"] == pytest.approx(hours, abs=1e-4)
+    assert cost["spot_usd"] == pytest.approx(hours * 0.0915, abs=1e-4)
+    assert cost["on_demand_usd"] == pytest.approx(hours * 0.526, abs=1e-4)
+
+
+def test_report_command_writes_the_three_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = eviction_story(tmp_path / "logs")
+    out = tmp_path / "out"
+    argv = ["report", "--logs", str(logs), "--out", str(out), "--spot-price", "0.1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "fault 0: replacement" in text and "in 309 s" in text
+    assert "at Spot" in text and "prices given on the command line" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["cost"]["spot_usd_per_h"] == 0.1
+    assert (out / "report.txt").read_text().startswith(" #  fault")
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("setup", "argv", "message"),
+    [
+        ("none", [], "is not a directory"),
+        ("empty", [], "holds no training records"),
+        ("old", [], "pass --max-steps and --global-batch-size"),
+        ("story", ["--spot-price", "-1"], "--spot-price must be > 0"),
+    ],
+)
+def test_report_command_bad_input(
+    setup: str, argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "logs"
+    if setup == "empty":
+        logs.mkdir()
+    elif setup == "old":
+        (logs / "pods").mkdir(parents=True)
+        (logs / "pods" / f"{W0}.log").write_text(metrics(1.0, 1, 3) + "\n")
+    elif setup == "story":
+        eviction_story(logs)
+    assert main(["report", "--logs", str(logs), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_old_logs_take_the_target_from_flags(tmp_path: Path) -> None:
+    (tmp_path / f"{W0}.log").write_text(metrics(1.0, 1, 3) + "\n" + metrics(2.0, 2, 3) + "\n")
+    with pytest.raises(RunLogsError):
+        load_cluster_run(tmp_path)
+    run = load_cluster_run(tmp_path, max_steps=10, global_batch_size=64)
+    assert (run.max_steps, run.injections) == (10, [])
