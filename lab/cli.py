@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab.etcd_server import EtcdError
@@ -75,6 +76,83 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--stack-outputs",
+        type=Path,
+        required=True,
+        help="the stack's outputs: `pulumi stack output --json --show-secrets > FILE` "
+        "(the kubeconfig, namespace and job; for drill also the node resource group and pool)",
+    )
+    common.add_argument("--out", type=Path, help="run dir (default lab-runs/cloud-<timestamp>)")
+    common.add_argument(
+        "--stack", help="the stack, to price the run from `lab prices`' cache (default: selected)"
+    )
+    sub.add_parser(
+        "watch",
+        parents=[common],
+        help="follow the PyTorchJob on the cluster; Ctrl-C writes the report",
+        description="Follow the job: pods and their nodes, world size, step, loss, samples/s "
+        "and the last event of the training logs and of Kubernetes. Ctrl-C (or the job's end) "
+        "stops watching and writes report.json, report.txt and timeline.png for the time "
+        "watched. It only reads: it never touches the job.",
+    )
+    drill = sub.add_parser(
+        "drill",
+        parents=[common],
+        help="evict Spot nodes one at a time and report the recovery (the cloud `make lab`)",
+        description="Wait until the job trains at full size, evict one Spot node with "
+        "simulate-eviction, wait until training runs again and the replacement has joined; "
+        "N times. Then write the same report as the local lab, with each replacement's "
+        "arrival (scale-up, node, image, start, join) and the run's cost. Refuses a job that "
+        "is not training at full size.",
+    )
+    drill.add_argument("--evict", type=int, default=1, help="evictions, one at a time (default 1)")
+    drill.add_argument(
+        "--interval", type=float, default=60.0, help="seconds at full size between evictions"
+    )
+    drill.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="seconds to wait for full size first"
+    )
+    drill.add_argument(
+        "--recover-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds to wait for training, then for the replacement, after each eviction",
+    )
+    drill.add_argument(
+        "--subscription", help="subscription of the cluster (default: $AZURE_SUBSCRIPTION_ID)"
+    )
+
+
+def _cloud(args: argparse.Namespace) -> int:
+    from lab.cloud_run import CloudOptions, DrillOptions, drill, watch
+
+    out = args.out or Path("lab-runs") / time.strftime("cloud-%Y%m%d-%H%M%S")
+    options = CloudOptions(args.stack_outputs, out, lambda: _run_prices(args))
+    if args.command == "watch":
+        return watch(options)
+    if args.evict < 1 or args.interval < 0 or args.ready_timeout <= 0 or args.recover_timeout <= 0:
+        print("error: --evict must be >= 1, --interval >= 0, the timeouts > 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    plan = DrillOptions(args.evict, args.interval, args.ready_timeout, args.recover_timeout)
+    return drill(options, plan, _evictor(args))
+
+
+def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
+    """Evict through simulate-eviction, as a user would run it."""
+    from lab.simulate_eviction import main as simulate_eviction
+
+    def evict(node: str) -> int:
+        argv = ["--stack-outputs", str(args.stack_outputs), "--node", node]
+        if args.subscription:
+            argv += ["--subscription", args.subscription]
+        return simulate_eviction(argv)
+
+    return evict
+
+
 def _report(args: argparse.Namespace) -> int:
     from lab.report import cost_of_run, report_from_run, write_outputs
     from lab.run_logs import RunLogsError, load_run
@@ -104,7 +182,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, str]:
     """The prices a cluster run is costed at: the flags, else `lab prices`' cache."""
-    if args.spot_price or args.on_demand_price:
+    if getattr(args, "spot_price", None) or getattr(args, "on_demand_price", None):
         return args.spot_price, args.on_demand_price, "prices given on the command line"
     from lab.prices import cached_vm_price
     from lab.stack_choice import resolve_stack
@@ -131,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     sub.add_parser("scenarios", help="list the built-in scenarios and their faults")
     _report_parser(sub)
+    _cloud_parsers(sub)
     for name, text in CLOUD_COMMANDS.items():
         sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
@@ -191,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_scenarios()
     if args.command == "report":
         return _report(args)
+    if args.command in ("watch", "drill"):
+        return _cloud(args)
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
     # The session stops and sweeps everything it started, however it ends.
     with interrupt_guard(take_ignored=True) as guard:

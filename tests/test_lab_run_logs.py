@@ -66,7 +66,7 @@ W0, W1, W2 = f"{JOB}-worker-0", f"{JOB}-worker-1", f"{JOB}-worker-2"
 NEW_NODE = "aks-gpu1a2b3c4d-12345678-vmss000007"
 
 
-def eviction_story(root: Path) -> Path:
+def eviction_logs() -> tuple[dict[str, str], list[dict[str, Any]]]:
     """Three workers train; worker-2's Spot node is evicted at t=100 (SIGTERM, an emergency
     save, the pod goes, its node is removed); the two others resume at t=103.5. A new node
     is asked for at t=110, registers at t=290, its pod is scheduled, pulls the image, starts
@@ -84,10 +84,7 @@ def eviction_story(root: Path) -> Path:
     logs[W0].append(event(408.0, "resumed", step=396, source="local", world_size=3))
     logs[W0] += [metrics(408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
     logs[W0].append(event(413.0, "finished", step=400))
-    pods = root / "pods"
-    pods.mkdir(parents=True)
-    for pod, lines in logs.items():
-        (pods / f"{pod}.log").write_text("\n".join(sorted(lines)) + "\nnot json\n")
+    texts = {pod: "\n".join(sorted(lines)) + "\nnot json\n" for pod, lines in logs.items()}
     events = [
         k8s_event(100.0, "Killing", "Pod", W2, "Stopping container pytorch"),
         k8s_event(100.5, "RemovingNode", "Node", "aks-gpu1a2b3c4d-12345678-vmss000002"),
@@ -98,6 +95,15 @@ def eviction_story(root: Path) -> Path:
         ),
         k8s_event(390.0, "Pulled", "Pod", W2 + "x", "Successfully pulled image in 88s"),
     ]
+    return texts, events
+
+
+def eviction_story(root: Path) -> Path:
+    """``eviction_logs`` saved as a user would: pod logs and ``kubectl get events -o json``."""
+    texts, events = eviction_logs()
+    (root / "pods").mkdir(parents=True)
+    for pod, text in texts.items():
+        (root / "pods" / f"{pod}.log").write_text(text)
     (root / "events.json").write_text(json.dumps({"kind": "List", "items": events}))
     return root
 

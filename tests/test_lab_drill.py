@@ -1,0 +1,196 @@
+"""``lab drill`` against a loopback Kubernetes API server whose job reacts to the eviction the
+way a real one does: a worker is SIGTERMed and saves, the others resume at two, and minutes
+(here: a second) later a new pod on a new node starts and the group is back at three."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from argparse import Namespace
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lab.simulate_eviction
+from lab.cli import _evictor
+from lab.cloud_run import CloudOptions, DrillOptions, drill
+from lab.status_line import StatusLine
+from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
+from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
+from tests.test_lab_watch import _outputs
+
+VICTIM_NODE = "aks-gpu-vmss000002"
+
+
+def _line(ts: float, **record: Any) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
+    return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
+
+
+class Job:
+    """The training job's logs, written as time goes on."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.step = 0
+        self.world = 3
+        self.stop = threading.Event()
+        self.version = 100
+        self._lock = threading.Lock()  # the training thread and the eviction both log
+        for pod in (W0, W1, W2):
+            self._started(pod)
+        self._resumed(0, "fresh", 3)
+        self.thread = threading.Thread(target=self._train, daemon=True)
+        self.thread.start()
+
+    def _log(self, pod: str, **record: Any) -> None:
+        with self._lock:
+            line = _line(time.time(), **record)
+            self.kube.logs[pod] = self.kube.logs.get(pod, "") + line + "\n"
+
+    def _started(self, pod: str) -> None:
+        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+
+    def _resumed(self, step: int, source: str, world: int) -> None:
+        self._log(W0, kind="event", event="resumed", step=step, source=source, world_size=world)
+
+    def _train(self) -> None:
+        while not self.stop.wait(0.2):
+            if self.world:
+                self.step += 1
+                self._log(
+                    W0,
+                    kind="metrics",
+                    step=self.step,
+                    world_size=self.world,
+                    loss=1.0,
+                    samples_per_s=400.0,
+                )
+
+    def _event(self, reason: str, kind: str, name: str, message: str = "") -> None:
+        self.version += 1
+        event = k8s_event(0, reason, kind, name, message)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event |= {"firstTimestamp": stamp, "lastTimestamp": stamp}
+        event["metadata"]["resourceVersion"] = str(self.version)
+        (self.kube.node_events if kind == "Node" else self.kube.events).append(event)
+
+    def evict(self, node: str) -> int:
+        """What the cluster does when the Spot VM behind ``node`` is evicted."""
+        self._event("Killing", "Pod", W2, "Stopping container pytorch")
+        self._log(W2, kind="event", event="emergency_save", step=self.step, reason="sigterm")
+        self.world = 0
+        self._log(W0, kind="event", event="peer_failure", step=self.step)
+        self._resumed(self.step, "local", 2)
+        self.world = 2
+        threading.Timer(1.5, self._replace).start()
+        return 0
+
+    def _replace(self) -> None:
+        self._event("TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up")
+        self._event("RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered")
+        self._event("Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}")
+        self._event("Pulled", "Pod", W2 + "x", "Successfully pulled image")
+        self.version += 1
+        self.kube.pods.append(pod_manifest(W2 + "x", NEW_NODE, version=str(self.version)))
+        self._started(W2 + "x")
+        self.world = 0
+        time.sleep(0.3)
+        self._resumed(self.step, "local", 3)
+        self.world = 3
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    for fake in serve_kube():
+        fake.job = (200, job_manifest())
+        fake.pods = [
+            pod_manifest(W0, "aks-gpu-vmss000000"),
+            pod_manifest(W1, "aks-gpu-vmss000001"),
+            pod_manifest(W2, VICTIM_NODE),
+        ]
+        yield fake
+
+
+PLAN = DrillOptions(evictions=1, interval_s=0, ready_timeout_s=20, recover_timeout_s=30)
+
+
+def test_a_drill_evicts_one_node_and_reports_the_recovery_and_the_arrival(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    job = Job(kube)
+    evicted: list[str] = []
+
+    def evict(node: str) -> int:
+        evicted.append(node)
+        return job.evict(node)
+
+    out = tmp_path / "run"
+    options = CloudOptions(_outputs(tmp_path, kube), out, lambda: (0.09, 0.53, "test"))
+    try:
+        code = drill(options, PLAN, evict, status=StatusLine(io.StringIO(), interval_s=0))
+    finally:
+        job.stop.set()
+    assert code == 0
+    assert evicted == [VICTIM_NODE]
+    drill_log = [json.loads(line) for line in (out / "drill-events.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in drill_log] == ["run_started", "fault_injected", "run_ended"]
+    report = json.loads((out / "report.json").read_text())
+    (fault,) = report["faults"]
+    assert (fault["kind"], fault["recovered"], fault["steps_lost"]) == ("evict", True, 0)
+    assert (fault["world_size_before"], fault["world_size_after"]) == (3, 2)
+    arrival = fault["arrival"]
+    assert (arrival["pod"], arrival["node"]) == (W2 + "x", NEW_NODE)
+    assert arrival["joined_at"] > arrival["started_at"] > fault["injected_at"]
+    assert report["cost"]["spot_usd_per_h"] == 0.09
+    assert (out / "report.txt").read_text().count("replacement") == 1
+    assert kube.methods() == {"GET"}  # the drill evicts through Azure only
+
+
+def test_a_job_that_is_not_running_is_refused(
+    kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube.job = (200, job_manifest(phase="Restarting"))
+    options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run")
+    quiet = StatusLine(io.StringIO())
+    assert drill(options, PLAN, lambda node: pytest.fail("evicted"), status=quiet) == 1
+    assert "the job is Restarting, not Running" in capsys.readouterr().out
+
+
+def test_a_job_below_full_size_is_refused_and_nothing_is_evicted(
+    kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = Job(kube)
+    job.world = 2
+    options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run")
+    plan = DrillOptions(1, 0, ready_timeout_s=2, recover_timeout_s=5)
+    try:
+        quiet = StatusLine(io.StringIO())
+        code = drill(options, plan, lambda node: pytest.fail("evicted"), status=quiet)
+    finally:
+        job.stop.set()
+    assert code == 1
+    assert "does not train at its full size (world 3) within 2 s" in capsys.readouterr().out
+
+
+def test_the_cli_evicts_through_simulate_eviction(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(lab.simulate_eviction, "main", lambda argv: calls.append(argv) or 0)
+    args = Namespace(stack_outputs=tmp_path / "o.json", subscription="sub-1")
+    assert _evictor(args)("aks-gpu-vmss000002") == 0
+    assert calls == [
+        [
+            "--stack-outputs",
+            str(tmp_path / "o.json"),
+            "--node",
+            "aks-gpu-vmss000002",
+            "--subscription",
+            "sub-1",
+        ]
+    ]

@@ -1,0 +1,158 @@
+"""``lab watch`` against a loopback Kubernetes API server replaying a recorded eviction."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import config as k8s_config
+
+from lab.cloud_run import CloudOptions, watch
+from lab.cluster_watch import Cluster, ClusterError, Target, read_target
+from lab.run_logs import load_cluster_run
+from lab.status_line import StatusLine
+from tests.kube_replay import (
+    EVENTS_PATH,
+    JOB,
+    NS,
+    FakeKube,
+    job_manifest,
+    kubeconfig,
+    pod_manifest,
+    serve_kube,
+)
+from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    for fake in serve_kube():
+        texts, events = eviction_logs()
+        fake.job = (200, job_manifest())
+        fake.pods = [
+            pod_manifest(W0, "aks-gpu-vmss000000"),
+            pod_manifest(W1, "aks-gpu-vmss000001"),
+            pod_manifest(W2, "aks-gpu-vmss000002", phase="Failed"),
+            pod_manifest(W2 + "x", NEW_NODE),
+        ]
+        fake.logs = texts
+        fake.events = [e for e in events if e["involvedObject"]["kind"] == "Pod"]
+        fake.node_events = [e for e in events if e["involvedObject"]["kind"] == "Node"]
+        yield fake
+
+
+def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
+    path = tmp_path / "outputs.json"
+    outputs = {"kubeconfig": json.dumps(kubeconfig(kube.url)), "namespace": NS, "jobName": JOB}
+    path.write_text(json.dumps(outputs))
+    return path
+
+
+def _cluster(kube: FakeKube) -> Cluster:
+    api = k8s_config.new_client_from_config_dict(kubeconfig(kube.url))
+    return Cluster(Target(kubeconfig(kube.url), NS, JOB), api)
+
+
+def _until_logged(out: Path, pods: int, lines: int, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+
+    def done() -> bool:
+        files = list((out / "pods").glob("*.log"))
+        counted = sum(len(f.read_text().splitlines()) for f in files)
+        events = out / "events.jsonl"
+        have_events = events.exists() and len(events.read_text().splitlines()) >= 6
+        return (len(files) >= pods and counted >= lines and have_events) or (
+            time.monotonic() > deadline
+        )
+
+    return done
+
+
+def _expected_lines(kube: FakeKube) -> int:
+    return sum(len([line for line in t.splitlines() if line]) for t in kube.logs.values())
+
+
+def test_watch_records_the_logs_and_events_and_reports_the_eviction(
+    kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    options = CloudOptions(_outputs(tmp_path, kube), out, lambda: (0.0915, 0.526, "test"))
+    status = StatusLine(io.StringIO(), interval_s=0)
+    code = watch(options, until=_until_logged(out, 4, _expected_lines(kube)), status=status)
+    assert code == 0
+    # Every line of every pod's log, once; the cluster's events, once each.
+    for pod, text in kube.logs.items():
+        assert (out / "pods" / f"{pod}.log").read_text().splitlines() == [
+            line for line in text.splitlines() if line
+        ]
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert sorted(e["reason"] for e in events) == sorted(
+        e["reason"] for e in kube.events + kube.node_events
+    )
+    report = json.loads((out / "report.json").read_text())
+    leave = report["faults"][0]
+    assert (leave["world_size_before"], leave["world_size_after"], leave["steps_lost"]) == (3, 2, 0)
+    assert leave["arrival"]["node"] == NEW_NODE and leave["arrival"]["arrival_s"] == 309.0
+    assert report["cost"]["spot_usd_per_h"] == 0.0915
+    assert (out / "timeline.png").exists()
+    # It only reads, and follows with the watch API and log streaming.
+    assert kube.methods() == {"GET"}
+    watches = [q for m, p, q in kube.seen if p == EVENTS_PATH]
+    assert watches and all(q["watch"][0].lower() == "true" for q in watches)
+    logs = [q for m, p, q in kube.seen if p.endswith("/log")]
+    assert logs and all(q["follow"] == q["timestamps"] == ["True"] for q in logs)
+    assert "report: " in capsys.readouterr().out
+
+
+def test_a_dropped_log_stream_and_a_broken_watch_are_opened_again(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    kube.cut_first_log_at = 40
+    kube.broken_first_watch = True
+    out = tmp_path / "run"
+    options = CloudOptions(_outputs(tmp_path, kube), out)
+    status = StatusLine(io.StringIO(), interval_s=0)
+    assert watch(options, until=_until_logged(out, 4, _expected_lines(kube)), status=status) == 0
+    text = kube.logs[W0]
+    assert (out / "pods" / f"{W0}.log").read_text().splitlines() == [
+        line for line in text.splitlines() if line
+    ]
+    assert len([p for _, p, _ in kube.seen if p.endswith(f"{W0}/log")]) >= 2
+    run = load_cluster_run(out)
+    assert [f["kind"] for f in run.injections] == ["leave", "join"]
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (401, "refused the sign-in"),
+        (403, "not allowed to read PyTorchJob spotlab-train"),
+        (404, "PyTorchJob spotlab-train in namespace spot-lab not found"),
+    ],
+)
+def test_cluster_errors_are_one_clear_line(
+    status: int, message: str, kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube.job = (status, {"kind": "Status", "code": status, "reason": "x", "message": "no"})
+    options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run")
+    assert watch(options, status=StatusLine(io.StringIO())) == 1
+    out = capsys.readouterr().out
+    assert message in out and "Traceback" not in out
+
+
+def test_an_unreachable_cluster_and_bad_outputs(tmp_path: Path) -> None:
+    cluster = _cluster(FakeKube(url="http://127.0.0.1:9"))
+    with pytest.raises(ClusterError, match="cannot reach the cluster"):
+        cluster.job()
+    bad = tmp_path / "outputs.json"
+    bad.write_text(json.dumps({"namespace": NS}))
+    with pytest.raises(ClusterError, match="lacks kubeconfig, jobName"):
+        read_target(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ClusterError, match="pulumi stack output --json --show-secrets"):
+        read_target(bad)
