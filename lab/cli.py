@@ -193,6 +193,9 @@ def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, s
     except ConfigError:
         return None, None, "no stack to price it: pass --stack or --spot-price"
     found = cached_vm_price(cfg.gpu_pool.vm_size, cfg.location)
+    if found is None and cfg.gpu_pool.spot_max_price > 0:
+        cap = cfg.gpu_pool.spot_max_price
+        return cap, None, f"{cfg.key('spotMaxPrice')} {cap} (what a node may cost at most)"
     if found is None:
         hint = f"run `python -m lab prices --stack {cfg.stack}` first, or pass --spot-price"
         return None, None, f"no cached price of {cfg.gpu_pool.vm_size} in {cfg.location}: {hint}"

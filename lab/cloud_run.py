@@ -90,6 +90,7 @@ def watch(
         status.message("stopped watching; the job goes on")
     finally:
         watcher.close()
+        status.message(recorder.status(phase, _max_steps(recorder)))  # where it ended
         status.close()
     return EXIT_OK if _report(options.out, options.prices) is not None else EXIT_FAILED
 

@@ -184,9 +184,13 @@ class Recorder:
         view = self.view
         loss = "-" if view.loss is None else f"{view.loss:.4f}"
         pods = ", ".join(f"{p}@{n or '?'}" for p, n in sorted(self.pods.items())) or "no pods"
+        rate = next(
+            (f"{r['samples_per_s']:.0f}" for r in reversed(self.records) if "samples_per_s" in r),
+            "-",
+        )
         return (
             f"{phase} | {pods} | world {view.world_size} | step {view.step}/{max_steps or '?'} | "
-            f"loss {loss} | {view.last_event} | {self.last_cluster_event}"
+            f"loss {loss} | {rate} samples/s | {view.last_event} | {self.last_cluster_event}"
         )
 
 

@@ -73,14 +73,14 @@ def eviction_logs() -> tuple[dict[str, str], list[dict[str, Any]]]:
     at t=400 and joins at t=408: training is back at three from t=409."""
     logs: dict[str, list[str]] = {W0: [], W1: [], W2: []}
     for pod in (W0, W1, W2):
-        logs[pod].append(event(1.0, "started", max_steps=300, global_batch_size=256))
+        logs[pod].append(event(1.0, "started", max_steps=400, global_batch_size=256))
     logs[W0].append(event(2.0, "resumed", step=0, source="fresh", world_size=3))
     logs[W0] += [metrics(2.0 + i, i, 3, loss=2.0 - i / 100) for i in range(1, 98)]  # to t=99
     logs[W2].append(event(100.2, "emergency_save", step=97, reason="sigterm"))
     logs[W0].append(event(100.8, "peer_failure", step=97))
     logs[W0].append(event(103.5, "resumed", step=97, source="local", world_size=2))
     logs[W0] += [metrics(104.0 + i, 97 + i, 2, loss=1.0) for i in range(1, 301) if 104 + i < 404]
-    logs[W2 + "x"] = [event(400.0, "started", max_steps=300, global_batch_size=256)]
+    logs[W2 + "x"] = [event(400.0, "started", max_steps=400, global_batch_size=256)]
     logs[W0].append(event(408.0, "resumed", step=396, source="local", world_size=3))
     logs[W0] += [metrics(408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
     logs[W0].append(event(413.0, "finished", step=400))
@@ -144,7 +144,7 @@ def test_an_eviction_is_inferred_from_the_logs_and_dated_by_its_first_sign(
     tmp_path: Path,
 ) -> None:
     run = load_run(eviction_story(tmp_path))
-    assert (run.source, run.max_steps, run.global_batch_size) == ("cluster", 300, 256)
+    assert (run.source, run.max_steps, run.global_batch_size) == ("cluster", 400, 256)
     leave, join = run.injections
     # The pod's Killing event (t=100) comes before the worker's own emergency save.
     assert (leave["kind"], leave["injected_at"], leave["planned_world_size"]) == (

@@ -156,3 +156,26 @@ def test_an_unreachable_cluster_and_bad_outputs(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(ClusterError, match="pulumi stack output --json --show-secrets"):
         read_target(bad)
+
+
+def test_a_kubeconfig_the_client_cannot_use_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="the stack's kubeconfig is not usable"):
+        Cluster(Target({"apiVersion": "v1", "kind": "Config", "clusters": []}, NS, JOB))
+
+
+def test_the_status_line_shows_the_job_its_pods_and_the_last_events(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    stream = io.StringIO()
+    status = StatusLine(stream, interval_s=0)
+    watch(
+        CloudOptions(_outputs(tmp_path, kube), out),
+        until=_until_logged(out, 4, _expected_lines(kube)),
+        status=status,
+    )
+    last = [line for line in stream.getvalue().splitlines() if line.startswith("Running")][-1]
+    assert f"{W0}@aks-gpu-vmss000000" in last
+    assert "world 3 | step 400/400 | loss 0.5000" in last
+    assert "500 samples/s" in last
+    assert "finished step 400" in last
