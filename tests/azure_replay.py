@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -22,6 +21,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport import RequestsTransport
 from azure.identity import CredentialUnavailableError
+
+from tests.loopback import loopback_server
 
 RECORDINGS = Path(__file__).parent / "recordings" / "azure"
 HOSTS = ("https://management.azure.com", "https://prices.azure.com:443", "https://prices.azure.com")
@@ -102,15 +103,9 @@ def _handler(fake: FakeAzure) -> type[BaseHTTPRequestHandler]:
 def serve() -> Iterator[FakeAzure]:
     """A running fake on a free loopback port (use as a pytest fixture body)."""
     fake = FakeAzure()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_handler(fake)) as url:
+        fake.url = url
         yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class LoopbackTransport(RequestsTransport):

@@ -10,13 +10,14 @@ to show that a dropped stream is read again and no line is kept twice.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.loopback import loopback_server
 
 NS = "spot-lab"
 JOB = "spotlab-train"
@@ -152,16 +153,9 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
 
 def serve_kube() -> Iterator[FakeKube]:
     kube = FakeKube()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(kube))
-    server.daemon_threads = True
-    kube.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_handler(kube)) as url:
+        kube.url = url
         yield kube
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def kubeconfig(url: str) -> dict[str, Any]:
