@@ -9,6 +9,7 @@ in the layout ``lab report --logs`` reads, and build the report from there.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from lab.cluster_watch import (
 )
 from lab.exit_status import EXIT_FAILED, EXIT_OK
 from lab.report import cost_of_run, format_report, report_from_run, write_outputs
-from lab.run_logs import RunLogsError, load_cluster_run
+from lab.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
 from lab.runner import LabEventLog
 from lab.status_line import StatusLine
 
@@ -46,7 +47,7 @@ def _report(out: Path, prices: Prices) -> dict[str, Any] | None:
     try:
         run = load_cluster_run(out)
     except RunLogsError as err:
-        print(f"no report: {err}")
+        print(f"no report: {err}", file=sys.stderr)
         return None
     report = report_from_run(run)
     report["cost"] = cost_of_run(run, *prices())
@@ -72,9 +73,12 @@ def watch(
         cluster = cluster or Cluster(read_target(options.stack_outputs))
         phase = job_phase(cluster.job())
     except ClusterError as err:
-        print(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
         return EXIT_FAILED
     recorder = Recorder(options.out)
+    # The span watched: the report covers it, the logs before it only give the context.
+    span = LabEventLog(options.out / WATCH_EVENTS)
+    span.write("run_started")
     watcher = JobWatcher(cluster, recorder)
     status = status or StatusLine()
     watcher.start()
@@ -90,6 +94,7 @@ def watch(
         status.message("stopped watching; the job goes on")
     finally:
         watcher.close()
+        span.write("run_ended")
         status.message(recorder.status(phase, _max_steps(recorder)))  # where it ended
         status.close()
     return EXIT_OK if _report(options.out, options.prices) is not None else EXIT_FAILED
@@ -194,15 +199,15 @@ def drill(
         cluster = cluster or Cluster(read_target(options.stack_outputs))
         job = cluster.job()
     except ClusterError as err:
-        print(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
         return EXIT_FAILED
     phase, full = job_phase(job), full_world_size(job)
     if phase != "Running":
-        print(f"error: the job is {phase}, not Running: drill only a healthy job")
+        print(f"error: the job is {phase}, not Running: drill only a healthy job", file=sys.stderr)
         return EXIT_FAILED
     per_node = max(full // max(len(cluster.worker_pods()), 1), 1)
     recorder = Recorder(options.out)
-    log = LabEventLog(options.out / "drill-events.jsonl")
+    log = LabEventLog(options.out / DRILL_EVENTS)
     watcher = JobWatcher(cluster, recorder)
     status = status or StatusLine()
     watcher.start()
@@ -219,7 +224,8 @@ def drill(
             print(
                 f"error: the job does not train at its full size (world {full}) within "
                 f"{plan.ready_timeout_s:.0f} s (world {recorder.view.world_size} now): drill "
-                "only a healthy job"
+                "only a healthy job",
+                file=sys.stderr,
             )
             return EXIT_FAILED
         log.write("run_started", evictions=plan.evictions, full_world_size=full)

@@ -149,6 +149,7 @@ class Recorder:
     last_cluster_event: str = "-"
     records: list[dict[str, Any]] = field(default_factory=list)
     _seen: dict[str, set[str]] = field(default_factory=dict)
+    _newest: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -168,7 +169,10 @@ class Recorder:
             record = parse_record(stamped[-1], pod)
             if record is not None:
                 self.records.append(record)
-                self.view.observe(record)
+                # Each pod's log streams on its own: the picture follows the newest record.
+                if record["ts"] >= self._newest:
+                    self._newest = record["ts"]
+                    self.view.observe(record)
         return True
 
     def cluster_event(self, obj: dict[str, Any]) -> ClusterEvent | None:

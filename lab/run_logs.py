@@ -9,7 +9,8 @@ Two layouts, both read here and nowhere else:
   optional Kubernetes events, ``events.jsonl`` (one Event object a line) or ``events.json``
   (``kubectl get events -o json``); optional ``drill-events.jsonl``, the evictions ``lab
   drill`` made. Without it the faults are inferred from the logs: each round after the first
-  is a fault, which began at the first sign of it (a worker's reaction, a new pod's start).
+  is a fault, which began at the first sign of it (a worker's reaction, a new pod's start);
+  ``watch-events.jsonl`` then bounds the report to the span ``lab watch`` watched.
 
 Each worker pod (or lab node) logs the same JSON lines, so every record keeps its ``node``
 tag: the pod's name on the cluster.
@@ -25,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from lab.node_logs import Record, parse_record, read_jsonl, read_records
+
+DRILL_EVENTS = "drill-events.jsonl"
+"""What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""
+WATCH_EVENTS = "watch-events.jsonl"
+"""The span ``lab watch`` watched: its faults are inferred from the logs."""
 
 
 class RunLogsError(ValueError):
@@ -184,26 +190,29 @@ def load_cluster_run(
             "the logs do not say the run's max_steps and global_batch_size (older images "
             "log neither): pass --max-steps and --global-batch-size"
         )
-    drill = read_jsonl(directory / "drill-events.jsonl")
+    drill = read_jsonl(directory / DRILL_EVENTS)
+    span = drill or read_jsonl(directory / WATCH_EVENTS)
     events = read_cluster_events(directory)
-    injections = [r for r in drill if r["event"] == "fault_injected"]
-    planned = len(injections)
-    if not drill:
-        injections = infer_faults(records, events)
-        planned = len(injections)
-    ended = [r["ts"] for r in drill if r["event"] == "run_ended"]
-    begun = [r["ts"] for r in drill if r["event"] == "run_started"]
+    begun = [r["ts"] for r in span if r["event"] == "run_started"]
+    ended = [r["ts"] for r in span if r["event"] == "run_ended"]
+    start_ts = begun[0] if begun else records[0]["ts"]
+    if drill:
+        injections = [r for r in drill if r["event"] == "fault_injected"]
+    else:
+        injections = [f for f in infer_faults(records, events) if f["injected_at"] >= start_ts]
+        for index, fault in enumerate(injections):
+            fault["index"] = index
     return RunLogs(
         records=records,
         injections=injections,
-        start_ts=begun[0] if begun else records[0]["ts"],
+        start_ts=start_ts,
         end_ts=ended[-1] if ended else None,
         max_steps=int(max_steps),
         global_batch_size=int(batch),
-        planned_faults=planned,
+        planned_faults=len(injections),
         source="cluster",
         cluster_events=events,
-        lab_events=drill,
+        lab_events=span,
     )
 
 

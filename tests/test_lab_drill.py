@@ -158,7 +158,7 @@ def test_a_job_that_is_not_running_is_refused(
     options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run")
     quiet = StatusLine(io.StringIO())
     assert drill(options, PLAN, lambda node: pytest.fail("evicted"), status=quiet) == 1
-    assert "the job is Restarting, not Running" in capsys.readouterr().out
+    assert "the job is Restarting, not Running" in capsys.readouterr().err
 
 
 def test_a_job_below_full_size_is_refused_and_nothing_is_evicted(
@@ -174,7 +174,7 @@ def test_a_job_below_full_size_is_refused_and_nothing_is_evicted(
     finally:
         job.stop.set()
     assert code == 1
-    assert "does not train at its full size (world 3) within 2 s" in capsys.readouterr().out
+    assert "does not train at its full size (world 3) within 2 s" in capsys.readouterr().err
 
 
 def test_the_cli_evicts_through_simulate_eviction(

@@ -66,34 +66,39 @@ W0, W1, W2 = f"{JOB}-worker-0", f"{JOB}-worker-1", f"{JOB}-worker-2"
 NEW_NODE = "aks-gpu1a2b3c4d-12345678-vmss000007"
 
 
-def eviction_logs() -> tuple[dict[str, str], list[dict[str, Any]]]:
+def eviction_logs(origin: float = T0) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """Three workers train; worker-2's Spot node is evicted at t=100 (SIGTERM, an emergency
     save, the pod goes, its node is removed); the two others resume at t=103.5. A new node
     is asked for at t=110, registers at t=290, its pod is scheduled, pulls the image, starts
     at t=400 and joins at t=408: training is back at three from t=409."""
+    o = origin - T0  # every time below is T0 + seconds
     logs: dict[str, list[str]] = {W0: [], W1: [], W2: []}
     for pod in (W0, W1, W2):
-        logs[pod].append(event(1.0, "started", max_steps=400, global_batch_size=256))
-    logs[W0].append(event(2.0, "resumed", step=0, source="fresh", world_size=3))
-    logs[W0] += [metrics(2.0 + i, i, 3, loss=2.0 - i / 100) for i in range(1, 98)]  # to t=99
-    logs[W2].append(event(100.2, "emergency_save", step=97, reason="sigterm"))
-    logs[W0].append(event(100.8, "peer_failure", step=97))
-    logs[W0].append(event(103.5, "resumed", step=97, source="local", world_size=2))
-    logs[W0] += [metrics(104.0 + i, 97 + i, 2, loss=1.0) for i in range(1, 301) if 104 + i < 404]
-    logs[W2 + "x"] = [event(400.0, "started", max_steps=400, global_batch_size=256)]
-    logs[W0].append(event(408.0, "resumed", step=396, source="local", world_size=3))
-    logs[W0] += [metrics(408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
-    logs[W0].append(event(413.0, "finished", step=400))
+        logs[pod].append(event(o + 1.0, "started", max_steps=400, global_batch_size=256))
+    logs[W0].append(event(o + 2.0, "resumed", step=0, source="fresh", world_size=3))
+    logs[W0] += [metrics(o + 2.0 + i, i, 3, loss=2.0 - i / 100) for i in range(1, 98)]  # to t=99
+    logs[W2].append(event(o + 100.2, "emergency_save", step=97, reason="sigterm"))
+    logs[W0].append(event(o + 100.8, "peer_failure", step=97))
+    logs[W0].append(event(o + 103.5, "resumed", step=97, source="local", world_size=2))
+    logs[W0] += [
+        metrics(o + 104.0 + i, 97 + i, 2, loss=1.0) for i in range(1, 301) if 104 + i < 404
+    ]
+    logs[W2 + "x"] = [event(o + 400.0, "started", max_steps=400, global_batch_size=256)]
+    logs[W0].append(event(o + 408.0, "resumed", step=396, source="local", world_size=3))
+    logs[W0] += [metrics(o + 408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
+    logs[W0].append(event(o + 413.0, "finished", step=400))
     texts = {pod: "\n".join(sorted(lines)) + "\nnot json\n" for pod, lines in logs.items()}
     events = [
-        k8s_event(100.0, "Killing", "Pod", W2, "Stopping container pytorch"),
-        k8s_event(100.5, "RemovingNode", "Node", "aks-gpu1a2b3c4d-12345678-vmss000002"),
-        k8s_event(110.0, "TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up"),
-        k8s_event(290.0, "RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered"),
+        k8s_event(o + 100.0, "Killing", "Pod", W2, "Stopping container pytorch"),
+        k8s_event(o + 100.5, "RemovingNode", "Node", "aks-gpu1a2b3c4d-12345678-vmss000002"),
+        k8s_event(o + 110.0, "TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up"),
         k8s_event(
-            300.0, "Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}"
+            o + 290.0, "RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered"
         ),
-        k8s_event(390.0, "Pulled", "Pod", W2 + "x", "Successfully pulled image in 88s"),
+        k8s_event(
+            o + 300.0, "Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}"
+        ),
+        k8s_event(o + 390.0, "Pulled", "Pod", W2 + "x", "Successfully pulled image in 88s"),
     ]
     return texts, events
 

@@ -32,7 +32,9 @@ from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs
 @pytest.fixture
 def kube() -> Iterator[FakeKube]:
     for fake in serve_kube():
-        texts, events = eviction_logs()
+        # The story happens while it is watched: from two seconds after the watch starts (on
+        # whole seconds, as events carry them), replayed faster than it happened.
+        texts, events = eviction_logs(origin=float(int(time.time()) + 2))
         fake.job = (200, job_manifest())
         fake.pods = [
             pod_manifest(W0, "aks-gpu-vmss000000"),
@@ -141,8 +143,8 @@ def test_cluster_errors_are_one_clear_line(
     kube.job = (status, {"kind": "Status", "code": status, "reason": "x", "message": "no"})
     options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run")
     assert watch(options, status=StatusLine(io.StringIO())) == 1
-    out = capsys.readouterr().out
-    assert message in out and "Traceback" not in out
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_an_unreachable_cluster_and_bad_outputs(tmp_path: Path) -> None:
@@ -179,3 +181,18 @@ def test_the_status_line_shows_the_job_its_pods_and_the_last_events(
     assert "world 3 | step 400/400 | loss 0.5000" in last
     assert "500 samples/s" in last
     assert "finished step 400" in last
+
+
+def test_the_report_covers_the_time_watched(kube: FakeKube, tmp_path: Path) -> None:
+    # The same eviction, but an hour before the watch started: context, not a fault of it.
+    texts, events = eviction_logs(origin=float(int(time.time()) - 3600))
+    kube.logs = texts
+    kube.events = [e for e in events if e["involvedObject"]["kind"] == "Pod"]
+    kube.node_events = [e for e in events if e["involvedObject"]["kind"] == "Node"]
+    out = tmp_path / "run"
+    options = CloudOptions(_outputs(tmp_path, kube), out)
+    until = _until_logged(out, 4, _expected_lines(kube))
+    assert watch(options, until=until, status=StatusLine(io.StringIO())) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["faults"] == []
+    assert report["run"]["final_step"] == 400  # what the logs show, whenever it was logged
