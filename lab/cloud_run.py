@@ -84,6 +84,8 @@ def watch(
     watcher.start()
     try:
         while phase not in ENDED and not until():
+            for notice in watcher.notices():
+                status.message(f"warning: {notice}")
             status.update(recorder.status(phase, _max_steps(recorder)))
             time.sleep(TICK_S)
             try:
@@ -213,6 +215,8 @@ def drill(
     watcher.start()
 
     def tick() -> None:
+        for notice in watcher.notices():
+            status.message(f"warning: {notice}")
         status.update(recorder.status(phase, _max_steps(recorder)))
 
     def trains_at(world: int, since: int, timeout_s: float) -> bool:

@@ -150,6 +150,7 @@ class Recorder:
     records: list[dict[str, Any]] = field(default_factory=list)
     _seen: dict[str, set[str]] = field(default_factory=dict)
     _newest: float = 0.0
+    _events_seen: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -176,8 +177,17 @@ class Recorder:
         return True
 
     def cluster_event(self, obj: dict[str, Any]) -> ClusterEvent | None:
+        """Keep an Event once: a new watch lists every existing one again."""
+        meta = obj.get("metadata") or {}
+        identity = ("namespace", "name", "resourceVersion")
+        key = json.dumps(
+            [meta.get(k) for k in identity] + [obj.get(k) for k in ("count", "lastTimestamp")]
+        )
         event = cluster_event(obj)
         with self._lock:
+            if key in self._events_seen:
+                return None
+            self._events_seen.add(key)
             with open(self.out / "events.jsonl", "a") as handle:
                 handle.write(json.dumps(obj) + "\n")
             if event is not None and event.reason in SHOWN_REASONS:
@@ -198,17 +208,20 @@ class Recorder:
         )
 
 
-def _forever(stop: threading.Event, body: Callable[[], bool]) -> None:
+def _forever(
+    stop: threading.Event, body: Callable[[], bool], dropped: Callable[[Exception], None]
+) -> None:
     """Run ``body`` until ``stop`` or until it says it is done; a dropped stream or a failed
-    request is opened again."""
+    request is reported to ``dropped`` and opened again."""
     while not stop.is_set():
         try:
             if body():
                 return
         # A stream cut mid-object fails in the client's decoding (ValueError, TypeError) as
         # well as in the connection: either way, open it again.
-        except (k8s.ApiException, Urllib3Error, OSError, ValueError, TypeError):
-            pass
+        except (k8s.ApiException, Urllib3Error, OSError, ValueError, TypeError) as err:
+            if not stop.is_set():
+                dropped(err)
         stop.wait(RECONNECT_S)
 
 
@@ -221,16 +234,30 @@ class JobWatcher:
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._following: set[str] = set()
+        self._notices: list[str] = []
+        self._lock = threading.Lock()
+
+    def notices(self) -> list[str]:
+        """What went wrong since the last call: each dropped stream, once."""
+        with self._lock:
+            taken, self._notices = self._notices, []
+        return taken
 
     def _start(self, name: str, body: Callable[[], bool]) -> None:
-        thread = threading.Thread(target=_forever, args=(self.stop, body), daemon=True, name=name)
+        def dropped(err: Exception) -> None:
+            reason = explain(err, name) if isinstance(err, k8s.ApiException) else err
+            with self._lock:
+                self._notices.append(f"the {name} stream dropped ({reason}); opening it again")
+
+        args = (self.stop, body, dropped)
+        thread = threading.Thread(target=_forever, args=args, daemon=True, name=name)
         thread.start()
         self._threads.append(thread)
 
     def start(self) -> None:
-        self._start("pods", self._watch_pods)
-        self._start("events", self._watch_events)
-        self._start("node events", self._watch_node_events)
+        self._start("pod watch", self._watch_pods)
+        self._start("event watch", self._watch_events)
+        self._start("node event watch", self._watch_node_events)
 
     def _watch_pods(self) -> bool:
         target = self.cluster.target
@@ -249,7 +276,7 @@ class JobWatcher:
                 self.recorder.pods.pop(name, None)
             elif name not in self._following and pod.status and pod.status.phase != "Pending":
                 self._following.add(name)
-                self._start(f"log {name}", lambda name=name: self._follow_log(name))
+                self._start(f"{name} log", lambda name=name: self._follow_log(name))
         return False
 
     def _follow_log(self, pod: str) -> bool:

@@ -118,8 +118,12 @@ def test_a_dropped_log_stream_and_a_broken_watch_are_opened_again(
     kube.broken_first_watch = True
     out = tmp_path / "run"
     options = CloudOptions(_outputs(tmp_path, kube), out)
-    status = StatusLine(io.StringIO(), interval_s=0)
+    stream = io.StringIO()
+    status = StatusLine(stream, interval_s=0)
     assert watch(options, until=_until_logged(out, 4, _expected_lines(kube)), status=status) == 0
+    # A torn watch is said once, in one line, and opened again.
+    warnings = [line for line in stream.getvalue().splitlines() if line.startswith("warning")]
+    assert any("the event watch stream dropped" in w and "opening it again" in w for w in warnings)
     text = kube.logs[W0]
     assert (out / "pods" / f"{W0}.log").read_text().splitlines() == [
         line for line in text.splitlines() if line
