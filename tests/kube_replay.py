@@ -81,6 +81,11 @@ def pod_manifest(name: str, node: str, phase: str = "Running", version: str = "1
     }
 
 
+def _change(obj: dict[str, Any]) -> str:
+    """A pod marked deleted (``metadata.deletionTimestamp``) is gone: DELETED, else ADDED."""
+    return "DELETED" if (obj.get("metadata") or {}).get("deletionTimestamp") else "ADDED"
+
+
 def _version(obj: dict[str, Any]) -> int:
     return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
 
@@ -113,11 +118,12 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 # A reconnect: only what changed since that version (nothing, mostly).
                 since = int(query["resourceVersion"][0])
                 newer = [o for o in objects if _version(o) > since]
-                events = [json.dumps({"type": "ADDED", "object": o}) for o in newer]
+                events = [json.dumps({"type": _change(o), "object": o}) for o in newer]
                 return self._stream(events, pause_s=0.2)
             if kube.broken_first_watch and count == 1:
                 return self._stream(['{"type": "ADDED", "object": {"kind"'])  # torn
-            events = [json.dumps({"type": "ADDED", "object": o}) for o in objects]
+            current = [o for o in objects if _change(o) != "DELETED"]
+            events = [json.dumps({"type": "ADDED", "object": o}) for o in current]
             return self._stream(events)
 
         def do_GET(self) -> None:  # noqa: N802

@@ -79,10 +79,20 @@ class Job:
         event["metadata"]["resourceVersion"] = str(self.version)
         (self.kube.node_events if kind == "Node" else self.kube.events).append(event)
 
+    def _gone(self, pod: str) -> None:
+        """The pod is deleted with its node: the pod watch says DELETED."""
+        self.version += 1
+        for manifest in self.kube.pods:
+            if manifest["metadata"]["name"] == pod:
+                manifest["metadata"]["deletionTimestamp"] = "2026-11-24T00:00:00Z"
+                manifest["metadata"]["resourceVersion"] = str(self.version)
+        self._event("RemovingNode", "Node", VICTIM_NODE, f"Node {VICTIM_NODE} event: Removing")
+
     def evict(self, node: str) -> int:
         """What the cluster does when the Spot VM behind ``node`` is evicted."""
         self._event("Killing", "Pod", W2, "Stopping container pytorch")
         self._log(W2, kind="event", event="emergency_save", step=self.step, reason="sigterm")
+        self._gone(W2)
         self.world = 0
         self._log(W0, kind="event", event="peer_failure", step=self.step)
         self._resumed(self.step, "local", 2)
@@ -149,6 +159,9 @@ def test_a_drill_evicts_one_node_and_reports_the_recovery_and_the_arrival(
     assert report["cost"]["spot_usd_per_h"] == 0.09
     assert (out / "report.txt").read_text().count("replacement") == 1
     assert kube.methods() == {"GET"}  # the drill evicts through Azure only
+    # The evicted pod's log was read to its last line, its emergency save included.
+    assert '"emergency_save"' in (out / "pods" / f"{W2}.log").read_text()
+    assert fault["detected_at"] is not None
 
 
 def test_a_job_that_is_not_running_is_refused(
