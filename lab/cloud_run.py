@@ -23,6 +23,7 @@ from lab.cluster_watch import (
     Recorder,
     full_world_size,
     job_phase,
+    procs_per_worker,
     read_target,
 )
 from lab.exit_status import EXIT_FAILED, EXIT_OK
@@ -207,7 +208,7 @@ def drill(
     if phase != "Running":
         print(f"error: the job is {phase}, not Running: drill only a healthy job", file=sys.stderr)
         return EXIT_FAILED
-    per_node = max(full // max(len(cluster.worker_pods()), 1), 1)
+    per_node = procs_per_worker(job)
     recorder = Recorder(options.out)
     log = LabEventLog(options.out / DRILL_EVENTS)
     watcher = JobWatcher(cluster, recorder)

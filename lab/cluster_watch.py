@@ -28,9 +28,9 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from lab.job_view import JobView
 from lab.node_logs import parse_record
 from lab.run_logs import ClusterEvent, cluster_event
+from workloads.manifests.job import JOB_NAME_LABEL
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # workloads/manifests/job.py
 RECONNECT_S = 1.0
 # Kubernetes events that tell the user what the cluster does to the job, for the status line.
 SHOWN_REASONS = (
@@ -114,14 +114,6 @@ class Cluster:
         except (k8s.ApiException, Urllib3Error, OSError) as err:
             raise explain(err, what) from None
 
-    def worker_pods(self) -> list[Any]:
-        try:
-            return self.core.list_namespaced_pod(
-                self.target.namespace, label_selector=f"{JOB_NAME_LABEL}={self.target.job}"
-            ).items
-        except (k8s.ApiException, Urllib3Error, OSError) as err:
-            raise explain(err, f"the job's pods in namespace {self.target.namespace}") from None
-
 
 def job_phase(job: dict[str, Any]) -> str:
     """The newest true condition of the job (Created, Running, Restarting, Succeeded...)."""
@@ -130,12 +122,18 @@ def job_phase(job: dict[str, Any]) -> str:
     return conditions[-1]["type"] if conditions else "Pending"
 
 
+def procs_per_worker(job: dict[str, Any]) -> int:
+    """Training processes in one worker pod (``nprocPerNode``: one per GPU in our job)."""
+    spec = job.get("spec") or {}
+    value = str(spec.get("nprocPerNode") or (spec.get("elasticPolicy") or {}).get("nProcPerNode"))
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 def full_world_size(job: dict[str, Any]) -> int:
     """Workers the job asks for × processes per worker: the world at full size."""
     spec = job.get("spec") or {}
     workers = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas") or 1
-    per_node = spec.get("nprocPerNode") or (spec.get("elasticPolicy") or {}).get("nProcPerNode")
-    return int(workers) * int(per_node or 1)
+    return int(workers) * procs_per_worker(job)
 
 
 @dataclass
@@ -244,10 +242,15 @@ class JobWatcher:
         return taken
 
     def _start(self, name: str, body: Callable[[], bool]) -> None:
+        said: list[str] = []
+
         def dropped(err: Exception) -> None:
             reason = explain(err, name) if isinstance(err, k8s.ApiException) else err
-            with self._lock:
-                self._notices.append(f"the {name} stream dropped ({reason}); opening it again")
+            notice = f"the {name} stream dropped ({reason}); opening it again"
+            if said[-1:] != [notice]:  # a refusal that lasts is said once, not every second
+                said.append(notice)
+                with self._lock:
+                    self._notices.append(notice)
 
         args = (self.stop, body, dropped)
         thread = threading.Thread(target=_forever, args=args, daemon=True, name=name)

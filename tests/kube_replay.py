@@ -38,6 +38,8 @@ class FakeKube:
     cut_first_log_at: int | None = None
     """Lines of the first log request before the stream breaks."""
     broken_first_watch: bool = False
+    node_events_status: int = 200
+    """Anything else: the node event watch is refused with it (RBAC on another namespace)."""
     seen: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
     _log_requests: dict[str, int] = field(default_factory=dict)
     _watch_requests: dict[str, int] = field(default_factory=dict)
@@ -141,6 +143,9 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             if url.path == EVENTS_PATH and watching:
                 return self._watch(url.path, kube.events, query)
             if url.path == NODE_EVENTS_PATH and watching:
+                if kube.node_events_status != 200:
+                    code = kube.node_events_status
+                    return self._json(code, {"kind": "Status", "code": code, "reason": "Forbidden"})
                 return self._watch(url.path, kube.node_events, query)
             if url.path.startswith(PODS_PATH + "/") and url.path.endswith("/log"):
                 pod = url.path.split("/")[-2]

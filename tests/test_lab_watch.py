@@ -60,14 +60,16 @@ def _cluster(kube: FakeKube) -> Cluster:
     return Cluster(Target(kubeconfig(kube.url), NS, JOB), api)
 
 
-def _until_logged(out: Path, pods: int, lines: int, timeout_s: float = 20.0) -> Any:
+def _until_logged(
+    out: Path, pods: int, lines: int, timeout_s: float = 20.0, events: int = 6
+) -> Any:
     deadline = time.monotonic() + timeout_s
 
     def done() -> bool:
         files = list((out / "pods").glob("*.log"))
         counted = sum(len(f.read_text().splitlines()) for f in files)
-        events = out / "events.jsonl"
-        have_events = events.exists() and len(events.read_text().splitlines()) >= 6
+        log = out / "events.jsonl"
+        have_events = log.exists() and len(log.read_text().splitlines()) >= events
         return (len(files) >= pods and counted >= lines and have_events) or (
             time.monotonic() > deadline
         )
@@ -200,3 +202,21 @@ def test_the_report_covers_the_time_watched(kube: FakeKube, tmp_path: Path) -> N
     report = json.loads((out / "report.json").read_text())
     assert report["faults"] == []
     assert report["run"]["final_step"] == 400  # what the logs show, whenever it was logged
+
+
+def test_a_refused_watch_is_said_once_and_the_rest_goes_on(kube: FakeKube, tmp_path: Path) -> None:
+    kube.node_events_status = 403
+    out = tmp_path / "run"
+    stream = io.StringIO()
+    options = CloudOptions(_outputs(tmp_path, kube), out)
+    pods_logged = _until_logged(out, 4, _expected_lines(kube), events=4)  # the pods' only
+    deadline = time.monotonic() + 4  # long enough for a few retries of the refused watch
+
+    def until() -> bool:
+        return pods_logged() and time.monotonic() > deadline
+
+    assert watch(options, until=until, status=StatusLine(stream, interval_s=0)) == 0
+    warnings = [line for line in stream.getvalue().splitlines() if "node event watch" in line]
+    assert len(warnings) == 1
+    assert "403, Kubernetes RBAC" in warnings[0]
+    assert (out / "pods" / f"{W0}.log").exists()
