@@ -4,6 +4,7 @@ run, check the subscription (``preflight``), compare regions (``prices``), evict
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -159,7 +160,7 @@ def _report(args: argparse.Namespace) -> int:
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)
-        if value is not None and value <= 0:
+        if value is not None and not (0 < value < math.inf):  # nan and inf too
             print(f"error: --{flag.replace('_', '-')} must be > 0, got {value}", file=sys.stderr)
             return EXIT_BAD_INPUT
     try:

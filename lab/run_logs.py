@@ -19,13 +19,14 @@ tag: the pod's name on the cluster.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lab.node_logs import Record, parse_record, read_jsonl, read_records
+from lab.node_logs import Record, parse_record, read_records
 
 DRILL_EVENTS = "drill-events.jsonl"
 """What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""
@@ -66,6 +67,95 @@ class RunLogs:
     lab_events: list[dict[str, Any]] = field(default_factory=list)
 
 
+# ---- what a record and a side file must hold ------------------------------------------------
+
+_COUNTS = ("step", "world_size", "max_steps", "global_batch_size")
+_RATES = ("loss", "samples_per_s")
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return _number(value) and value == int(value) and value >= 0
+
+
+def well_formed(record: Record) -> bool:
+    """Whether a training record holds what the report and the status line read from it.
+
+    A JSON line that only looks like a record (a count that is not a whole number, a metrics
+    line without its step) is skipped like any other stray line, never fatal. A loss may be
+    NaN: training that diverged logs it so.
+    """
+    if not _number(record.get("ts")):
+        return False
+    if any(key in record and not _count(record[key]) for key in _COUNTS):
+        return False
+    if any(record.get(key) is not None and not _rate(record[key]) for key in _RATES):
+        return False
+    if record["kind"] == "metrics":
+        return "step" in record and "world_size" in record and _rate(record.get("loss"))
+    event = record.get("event")
+    return isinstance(event, str) and (event != "resumed" or "step" in record)
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def read_side_file(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file the lab or ``lab watch``/``drill`` wrote beside
+    the logs (lab-events.jsonl, drill-events.jsonl, events.jsonl); [] when absent.
+
+    ``RunLogsError`` names the file and line of anything else; only a last line cut off
+    mid-write (no newline after it) is dropped.
+    """
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunLogsError(f"{path}: cannot read it: {err}") from None
+    lines = text.splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif not (number == len(lines) and not text.endswith("\n")):
+            raise RunLogsError(f"{path} line {number} is not a JSON object: {line[:60]!r}")
+    return rows
+
+
+_LAB_EVENT_FIELDS = {"event": str, "ts": float}
+_FAULT_FIELDS = {"index": int, "kind": str, "injected_at": float}
+
+
+def read_lab_events(path: Path) -> list[dict[str, Any]]:
+    """What the lab, ``lab watch`` or ``lab drill`` recorded; ``RunLogsError`` for a record
+    the report could not place (no event name or time, a fault without its fields)."""
+    rows = read_side_file(path)
+    for number, row in enumerate(rows, 1):
+        fields = dict(_LAB_EVENT_FIELDS)
+        if row.get("event") == "fault_injected":
+            fields.update(_FAULT_FIELDS)
+        for key, kind in fields.items():
+            value = row.get(key)
+            valid = {str: isinstance(value, str), int: _count(value), float: _number(value)}
+            if not valid[kind]:
+                raise RunLogsError(
+                    f"{path}: record {number} has no valid {key!r}: {json.dumps(row)[:80]}"
+                )
+    return rows
+
+
 # ---- the local lab --------------------------------------------------------------------------
 
 
@@ -75,7 +165,7 @@ def is_lab_run(directory: Path) -> bool:
 
 def load_lab_run(directory: Path) -> RunLogs:
     """A ``lab run`` output directory."""
-    lab_events = read_jsonl(directory / "lab-events.jsonl")
+    lab_events = read_lab_events(directory / "lab-events.jsonl")
     started = [r["ts"] for r in lab_events if r["event"] == "run_started"]
     ended = [r["ts"] for r in lab_events if r["event"] == "run_ended"]
     try:
@@ -85,7 +175,7 @@ def load_lab_run(directory: Path) -> RunLogs:
         planned = len(scenario["faults"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RunLogsError(f"{directory}/scenario.json is missing or unreadable: {err}") from None
-    records = read_records(directory / "nodes")
+    records = [r for r in read_records(directory / "nodes") if well_formed(r)]
     return RunLogs(
         records=records,
         injections=[r for r in lab_events if r["event"] == "fault_injected"],
@@ -122,7 +212,7 @@ def parse_pod_log(text: str, pod: str) -> list[Record]:
     for line in text.splitlines():
         stamped = _STAMPED.match(line)
         record = parse_record(stamped.group(2) if stamped else line, pod)
-        if record is not None:
+        if record is not None and well_formed(record):
             records.append(record)
     return records
 
@@ -154,15 +244,24 @@ def cluster_event(obj: dict[str, Any]) -> ClusterEvent | None:
 
 
 def read_cluster_events(directory: Path) -> list[ClusterEvent]:
-    objects: list[dict[str, Any]] = []
-    if (directory / "events.jsonl").exists():
-        objects += read_jsonl(directory / "events.jsonl")
-    if (directory / "events.json").exists():
+    objects = [(directory / "events.jsonl", o) for o in read_side_file(directory / "events.jsonl")]
+    listed = directory / "events.json"
+    if listed.exists():
         try:
-            objects += json.loads((directory / "events.json").read_text()).get("items", [])
-        except (ValueError, AttributeError) as err:
-            raise RunLogsError(f"{directory}/events.json is not an event list: {err}") from None
-    events = [e for e in (cluster_event(o) for o in objects) if e is not None]
+            items = json.loads(listed.read_text()).get("items", [])
+        except (OSError, ValueError, AttributeError) as err:
+            raise RunLogsError(f"{listed} is not an event list: {err}") from None
+        if not isinstance(items, list) or not all(isinstance(o, dict) for o in items):
+            raise RunLogsError(f"{listed} is not an event list: its items are not all objects")
+        objects += [(listed, o) for o in items]
+    events = []
+    for path, obj in objects:
+        try:
+            event = cluster_event(obj)
+        except (ValueError, AttributeError, TypeError) as err:
+            raise RunLogsError(f"{path} holds an event the report cannot read: {err}") from None
+        if event is not None:
+            events.append(event)
     return sorted(events, key=lambda e: e.ts)
 
 
@@ -171,8 +270,12 @@ def load_cluster_run(
 ) -> RunLogs:
     """Pod logs, and the cluster's and the drill's events when saved beside them."""
     files = pod_log_files(directory)
+    try:
+        texts = {path.stem: path.read_text(errors="replace") for path in files}
+    except OSError as err:
+        raise RunLogsError(f"cannot read a pod log: {err}") from None
     records = sorted(
-        (r for path in files for r in parse_pod_log(path.read_text(errors="replace"), path.stem)),
+        (r for pod, text in texts.items() for r in parse_pod_log(text, pod)),
         key=lambda r: r["ts"],
     )
     if not records:
@@ -190,8 +293,8 @@ def load_cluster_run(
             "the logs do not say the run's max_steps and global_batch_size (older images "
             "log neither): pass --max-steps and --global-batch-size"
         )
-    drill = read_jsonl(directory / DRILL_EVENTS)
-    span = drill or read_jsonl(directory / WATCH_EVENTS)
+    drill = read_lab_events(directory / DRILL_EVENTS)
+    span = drill or read_lab_events(directory / WATCH_EVENTS)
     events = read_cluster_events(directory)
     begun = [r["ts"] for r in span if r["event"] == "run_started"]
     ended = [r["ts"] for r in span if r["event"] == "run_ended"]

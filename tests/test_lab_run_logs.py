@@ -219,21 +219,81 @@ def test_report_command_writes_the_three_files(
         ("empty", [], "holds no training records"),
         ("old", [], "pass --max-steps and --global-batch-size"),
         ("story", ["--spot-price", "-1"], "--spot-price must be > 0"),
+        ("story", ["--spot-price", "nan"], "--spot-price must be > 0"),
+        ("garbage", [], "holds no training records"),
+        ("events.jsonl", [], "events.jsonl line 1 is not a JSON object"),
+        ("events.json", [], "events.json is not an event list"),
+        ("event time", [], "holds an event the report cannot read: not an RFC 3339 time"),
+        ("drill-events.jsonl", [], "drill-events.jsonl: record 1 has no valid 'event'"),
+        ("drill fault", [], "drill-events.jsonl: record 1 has no valid 'kind'"),
+        ("binary", [], "events.jsonl: cannot read it"),
+        ("lab-events.jsonl", [], "lab-events.jsonl line 1 is not a JSON object"),
     ],
 )
 def test_report_command_bad_input(
     setup: str, argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs = tmp_path / "logs"
-    if setup == "empty":
+    if setup == "none":
+        pass
+    elif setup == "empty":
         logs.mkdir()
     elif setup == "old":
         (logs / "pods").mkdir(parents=True)
         (logs / "pods" / f"{W0}.log").write_text(metrics(1.0, 1, 3) + "\n")
-    elif setup == "story":
+    elif setup == "garbage":
+        logs.mkdir()
+        (logs / "notes.txt").write_text("not a log\n")
+        (logs / "w.log").write_bytes(bytes(range(256)) * 4)
+    elif setup == "lab-events.jsonl":
+        (logs / "nodes").mkdir(parents=True)
+        (logs / "lab-events.jsonl").write_text("garbage\n")
+    else:
         eviction_story(logs)
+        side = {
+            "events.jsonl": "{garbage\n",
+            "events.json": json.dumps({"items": [1, "x"]}),
+            "event time": json.dumps({"items": [{"lastTimestamp": "yesterday"}]}),
+            "drill-events.jsonl": json.dumps({"ts": T0}) + "\n",
+            "drill fault": json.dumps({"ts": T0, "event": "fault_injected", "index": 0}) + "\n",
+        }
+        if setup in side:
+            name = "drill-events.jsonl" if setup.startswith("drill") else setup
+            name = "events.json" if setup == "event time" else name
+            (logs / name).write_text(side[setup])
+        if setup == "binary":
+            (logs / "events.jsonl").write_bytes(b"\xff\xfe\x00\x01")
     assert main(["report", "--logs", str(logs), *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_lines_that_only_look_like_records_are_skipped(tmp_path: Path) -> None:
+    logs = eviction_story(tmp_path / "logs")
+    good = load_run(logs)
+    stray = [
+        {"ts": T0 + 50.5, "kind": "metrics"},  # no step, world size or loss
+        {"ts": T0 + 50.6, "kind": "metrics", "step": "a", "world_size": 3, "loss": 1.0},
+        {"ts": float("nan"), "kind": "metrics", "step": 3, "world_size": 3, "loss": 1.0},
+        {"ts": True, "kind": "metrics", "step": 3, "world_size": 3, "loss": 1.0},
+        {"ts": T0 + 50.7, "kind": "event"},  # no event name
+        {"ts": T0 + 50.8, "kind": "event", "event": "resumed"},  # a round without its step
+        {"ts": T0 + 50.9, "kind": "event", "event": "started", "max_steps": "x"},
+    ]
+    (logs / "pods" / "stray.log").write_text("\n".join(json.dumps(r) for r in stray) + "\n")
+    run = load_run(logs)
+    assert [r for r in run.records if r["node"] == "stray"] == []
+    assert report_from_run(run)["faults"] == report_from_run(good)["faults"]
+
+
+def test_a_side_file_cut_off_mid_write_loses_only_its_last_line(tmp_path: Path) -> None:
+    logs = eviction_story(tmp_path / "logs")
+    events = json.loads((logs / "events.json").read_text())["items"]
+    (logs / "events.json").unlink()
+    text = "\n".join(json.dumps(e) for e in events)
+    (logs / "events.jsonl").write_text(text + "\n" + json.dumps(events[0])[:40])
+    assert len(load_run(logs).cluster_events) == len(events)
 
 
 def test_old_logs_take_the_target_from_flags(tmp_path: Path) -> None:
