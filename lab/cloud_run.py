@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.cluster_watch import (
+    BadOutputs,
     Cluster,
     ClusterError,
     JobWatcher,
@@ -26,7 +27,7 @@ from lab.cluster_watch import (
     procs_per_worker,
     read_target,
 )
-from lab.exit_status import EXIT_FAILED, EXIT_OK
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.report import cost_of_run, format_report, report_from_run, write_outputs
 from lab.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
 from lab.runner import LabEventLog
@@ -75,7 +76,7 @@ def watch(
         phase = job_phase(cluster.job())
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
     recorder = Recorder(options.out)
     # The span watched: the report covers it, the logs before it only give the context.
     span = LabEventLog(options.out / WATCH_EVENTS)
@@ -203,7 +204,7 @@ def drill(
         job = cluster.job()
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
     phase, full = job_phase(job), full_world_size(job)
     if phase != "Running":
         print(f"error: the job is {phase}, not Running: drill only a healthy job", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import config as k8s_config
 
-from lab.cloud_run import CloudOptions, watch
-from lab.cluster_watch import Cluster, ClusterError, Target, read_target
+from lab.cloud_run import CloudOptions, DrillOptions, drill, watch
+from lab.cluster_watch import Cluster, ClusterError, Recorder, Target, read_target
 from lab.run_logs import load_cluster_run
 from lab.status_line import StatusLine
 from tests.kube_replay import (
@@ -155,8 +156,10 @@ def test_cluster_errors_are_one_clear_line(
 
 def test_an_unreachable_cluster_and_bad_outputs(tmp_path: Path) -> None:
     cluster = _cluster(FakeKube(url="http://127.0.0.1:9"))
-    with pytest.raises(ClusterError, match="cannot reach the cluster"):
+    with pytest.raises(ClusterError, match="cannot reach the cluster") as raised:
         cluster.job()
+    # The reason, not urllib3's nested reprs of the pool and the retries.
+    assert str(raised.value).endswith(": Connection refused")
     bad = tmp_path / "outputs.json"
     bad.write_text(json.dumps({"namespace": NS}))
     with pytest.raises(ClusterError, match="lacks kubeconfig, jobName"):
@@ -169,6 +172,83 @@ def test_an_unreachable_cluster_and_bad_outputs(tmp_path: Path) -> None:
 def test_a_kubeconfig_the_client_cannot_use_is_named(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="the stack's kubeconfig is not usable"):
         Cluster(Target({"apiVersion": "v1", "kind": "Config", "clusters": []}, NS, JOB))
+
+
+def _signing_in_with(command: str) -> dict[str, Any]:
+    """The fake's kubeconfig with an exec sign-in plugin, as the stack's kubelogin one."""
+    config = kubeconfig("http://127.0.0.1:9")
+    config["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": command,
+            "args": ["get-token", "--login", "azurecli", "--server-id", "6dae42f8"],
+            "installHint": "kubelogin signs in to Entra ID for the cluster: install it with\n"
+            "`az aks install-cli`",
+        }
+    }
+    return config
+
+
+def test_a_sign_in_plugin_that_is_not_installed_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ClusterError) as raised:
+        Cluster(Target(_signing_in_with("kubelogin"), NS, JOB))
+    assert str(raised.value) == (
+        "the stack's kubeconfig signs in with kubelogin, which is not on PATH: kubelogin signs "
+        "in to Entra ID for the cluster: install it with `az aks install-cli`"
+    )
+
+
+def test_a_failed_sign_in_is_one_clear_line_and_logs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = tmp_path / "kubelogin"
+    plugin.write_text(
+        "#!/bin/sh\necho 'Error: AzureCLICredential: Please run az login' >&2\nexit 1\n"
+    )
+    plugin.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    handlers = list(logging.getLogger().handlers)
+    with pytest.raises(ClusterError) as raised:
+        Cluster(Target(_signing_in_with("kubelogin"), NS, JOB))
+    message = str(raised.value)
+    assert message.startswith("signing in to the cluster failed (exec: process returned 1.")
+    assert "Please run az login" in message and "\n" not in message
+    # The client's own logging.error is kept, not printed, and installs no root handler.
+    assert caplog.records == []
+    assert logging.getLogger().handlers == handlers
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("[1]", "must hold a JSON object of stack outputs"),
+        (json.dumps({"kubeconfig": "a: [", "namespace": NS, "jobName": JOB}), "not YAML (line 1)"),
+    ],
+)
+def test_outputs_that_are_not_the_stacks_are_bad_input(
+    text: str | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "outputs.json"
+    if text is not None:
+        path.write_text(text)
+    options, quiet = CloudOptions(path, tmp_path / "run"), StatusLine(io.StringIO())
+    assert watch(options, status=quiet) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert drill(options, DrillOptions(), lambda node: pytest.fail("evicted"), status=quiet) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_log_line_that_only_looks_like_a_record_is_kept_but_not_read(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path)
+    line = '2026-09-21T00:00:01.000000000Z {"ts": 1790000001.0, "kind": "metrics"}'
+    assert recorder.log_line(W0, line)
+    assert recorder.records == [] and recorder.view.step == 0
+    assert (tmp_path / "pods" / f"{W0}.log").read_text() == line + "\n"
 
 
 def test_the_status_line_shows_the_job_its_pods_and_the_last_events(
