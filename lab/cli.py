@@ -58,17 +58,33 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
         "run's directory (lab-runs/<timestamp>), or a directory of pod logs (pods/<pod>.log "
         "or <pod>.log, as `kubectl logs --timestamps` prints them) with, optionally, the "
         "cluster's events (events.json from `kubectl get events -o json`, or events.jsonl) "
-        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only.",
+        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only. "
+        "Exit status: 0 written, 2 the logs cannot be read or a flag is wrong.",
     )
-    report.add_argument("--logs", type=Path, required=True, help="the directory of the logs")
-    report.add_argument("--out", type=Path, help="where to write the report (default: --logs)")
+    report.add_argument(
+        "--logs", type=Path, required=True, metavar="DIR", help="the directory of the logs"
+    )
+    report.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the directory to write the report into (default: --logs)",
+    )
     report.add_argument(
         "--stack",
         help="a cluster run's stack: its GPU size and region price the run from the cache of "
         "`lab prices` (default: the selected Pulumi stack)",
     )
-    report.add_argument("--spot-price", type=float, help="USD per GPU node-hour at Spot")
-    report.add_argument("--on-demand-price", type=float, help="USD per GPU node-hour on demand")
+    report.add_argument(
+        "--spot-price",
+        type=float,
+        help="USD per GPU node-hour at Spot, to cost a cluster run (beats the cache of prices)",
+    )
+    report.add_argument(
+        "--on-demand-price",
+        type=float,
+        help="USD per GPU node-hour on demand, to compare a cluster run's cost with",
+    )
     report.add_argument(
         "--max-steps", type=int, help="the run's max_steps, for logs that do not say it"
     )
@@ -83,12 +99,20 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
         "--stack-outputs",
         type=Path,
         required=True,
+        metavar="FILE",
         help="the stack's outputs: `pulumi stack output --json --show-secrets > FILE` "
         "(the kubeconfig, namespace and job; for drill also the node resource group and pool)",
     )
-    common.add_argument("--out", type=Path, help="run dir (default lab-runs/cloud-<timestamp>)")
     common.add_argument(
-        "--stack", help="the stack, to price the run from `lab prices`' cache (default: selected)"
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the run directory: pod logs, events, report (default: lab-runs/cloud-<timestamp>)",
+    )
+    common.add_argument(
+        "--stack",
+        help="the stack whose GPU size and region price the run from the cache of `lab prices` "
+        "(default: the selected Pulumi stack; without one the cost has no prices)",
     )
     sub.add_parser(
         "watch",
@@ -97,7 +121,9 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
         description="Follow the job: pods and their nodes, world size, step, loss, samples/s "
         "and the last event of the training logs and of Kubernetes. Ctrl-C (or the job's end) "
         "stops watching and writes report.json, report.txt and timeline.png for the time "
-        "watched. It only reads: it never touches the job.",
+        "watched. It only reads: it never touches the job. Exit status: 0 report written, "
+        "1 the cluster cannot be reached or refuses, or nothing was logged to report; 2 a bad "
+        "--stack-outputs file.",
     )
     drill = sub.add_parser(
         "drill",
@@ -107,23 +133,44 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
         "simulate-eviction, wait until training runs again and the replacement has joined; "
         "N times. Then write the same report as the local lab, with each replacement's "
         "arrival (scale-up, node, image, start, join) and the run's cost. Refuses a job that "
-        "is not training at full size.",
-    )
-    drill.add_argument("--evict", type=int, default=1, help="evictions, one at a time (default 1)")
-    drill.add_argument(
-        "--interval", type=float, default=60.0, help="seconds at full size between evictions"
+        "is not training at full size. Exit status: 0 every eviction recovered, 1 the cluster "
+        "cannot be reached or refuses, the job is not healthy, an eviction failed or did not "
+        "recover in time, or Ctrl-C; 2 a bad flag or --stack-outputs file.",
     )
     drill.add_argument(
-        "--ready-timeout", type=float, default=600.0, help="seconds to wait for full size first"
+        "--evict",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many Spot nodes to evict, one at a time (default: %(default)s)",
+    )
+    drill.add_argument(
+        "--interval",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of training at full size between evictions (default: %(default)g)",
+    )
+    drill.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds to wait for the job to train at full size before the first eviction "
+        "(default: %(default)g)",
     )
     drill.add_argument(
         "--recover-timeout",
         type=float,
         default=1800.0,
-        help="seconds to wait for training, then for the replacement, after each eviction",
+        metavar="S",
+        help="seconds to wait for training to run again after each eviction, then as long for "
+        "the replacement to join (default: %(default)g)",
     )
     drill.add_argument(
-        "--subscription", help="subscription of the cluster (default: $AZURE_SUBSCRIPTION_ID)"
+        "--subscription",
+        help="subscription of the cluster's node resource group, for simulate-eviction "
+        "(default: $AZURE_SUBSCRIPTION_ID)",
     )
 
 

@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Prices: the public Azure Retail Prices API. Eviction bands: Azure Resource Graph, "
             "with the identity `pulumi up` uses (az login, or ARM_CLIENT_ID/ARM_CLIENT_SECRET/"
             "ARM_TENANT_ID); without a sign-in that column says so and the rest still prints. "
-            "Answers are cached in $XDG_CACHE_HOME/spot-lab (12 h prices, 1 h bands)."
+            "Answers are cached in $XDG_CACHE_HOME/spot-lab (12 h prices, 1 h bands).\n"
+            "Exit status: 0 printed, 1 Azure cannot be reached or refuses, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -4,6 +4,7 @@ way a real one does: a worker is SIGTERMed and saves, the others resume at two, 
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import threading
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 
 import lab.simulate_eviction
-from lab.cli import _evictor
+from lab.cli import _evictor, build_parser
 from lab.cloud_run import CloudOptions, DrillOptions, drill
+from lab.preflight import build_parser as preflight_parser
+from lab.prices import build_parser as prices_parser
 from lab.status_line import StatusLine
 from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
@@ -207,3 +210,24 @@ def test_the_cli_evicts_through_simulate_eviction(
             "sub-1",
         ]
     ]
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """The parser of each command that reads a run or Azure, as ``python -m lab`` builds it."""
+    parsers = {"preflight": preflight_parser(), "prices": prices_parser()}
+    for action in build_parser()._subparsers._group_actions:  # type: ignore[union-attr]
+        if isinstance(action, argparse._SubParsersAction):
+            for name in ("watch", "drill", "report"):
+                parsers[name] = action.choices[name]
+    return parsers
+
+
+@pytest.mark.parametrize("command", ["preflight", "prices", "watch", "drill", "report"])
+def test_every_flag_is_explained_and_so_is_the_exit_status(command: str) -> None:
+    parser = _parsers()[command]
+    for action in parser._actions:
+        assert action.help and len(action.help) > 12, f"{command} {action.option_strings}"
+        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+            shown = "%(default)" in action.help or "default" in action.help
+            assert shown, f"{command} {action.option_strings}: its default is not said"
+    assert "Exit status: 0" in (parser.description or "")
