@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.cluster_watch import (
+    EVICTION_OUTPUTS,
     BadOutputs,
     Cluster,
     ClusterError,
@@ -200,7 +201,8 @@ def drill(
     """Evict ``plan.evictions`` Spot nodes, one at a time, each once training ran at full size
     again; write the report. Refuses to start on a job that is not training at full size."""
     try:
-        cluster = cluster or Cluster(read_target(options.stack_outputs))
+        target = read_target(options.stack_outputs, also=EVICTION_OUTPUTS)  # before waiting
+        cluster = cluster or Cluster(target)
         job = cluster.job()
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -61,8 +61,13 @@ class Target:
     job: str
 
 
-def read_target(path: Path) -> Target:
-    """The cluster, namespace and job named by ``pulumi stack output --json --show-secrets``."""
+EVICTION_OUTPUTS = ("nodeResourceGroup", "gpuPoolName")
+"""What ``simulate-eviction`` reads from the outputs, so ``lab drill`` needs it too."""
+
+
+def read_target(path: Path, also: tuple[str, ...] = ()) -> Target:
+    """The cluster, namespace and job named by ``pulumi stack output --json --show-secrets``;
+    ``also``: other outputs the caller needs, checked here so a run does not start without."""
     write = "write it with `pulumi stack output --json --show-secrets > FILE`"
     try:
         outputs = json.loads(path.read_text())
@@ -74,7 +79,7 @@ def read_target(path: Path) -> Target:
         raise BadOutputs(f"--stack-outputs {path}: not JSON ({err}); {write}") from None
     if not isinstance(outputs, dict):
         raise BadOutputs(f"--stack-outputs {path} must hold a JSON object of stack outputs")
-    missing = [k for k in ("kubeconfig", "namespace", "jobName") if not outputs.get(k)]
+    missing = [k for k in ("kubeconfig", "namespace", "jobName", *also) if not outputs.get(k)]
     if missing:
         raise BadOutputs(
             f"--stack-outputs {path} lacks {', '.join(missing)}: was it written with "

@@ -177,6 +177,20 @@ def test_a_job_that_is_not_running_is_refused(
     assert "the job is Restarting, not Running" in capsys.readouterr().err
 
 
+def test_outputs_that_cannot_evict_are_refused_before_waiting(
+    kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _outputs(tmp_path, kube)
+    outputs = json.loads(path.read_text())
+    del outputs["gpuPoolName"]
+    path.write_text(json.dumps(outputs))
+    options = CloudOptions(path, tmp_path / "run")
+    quiet = StatusLine(io.StringIO())
+    assert drill(options, PLAN, lambda node: pytest.fail("evicted"), status=quiet) == 2
+    assert "lacks gpuPoolName" in capsys.readouterr().err
+    assert kube.seen == []  # refused before asking the cluster anything
+
+
 def test_a_job_below_full_size_is_refused_and_nothing_is_evicted(
     kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,7 +51,13 @@ def kube() -> Iterator[FakeKube]:
 
 def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
     path = tmp_path / "outputs.json"
-    outputs = {"kubeconfig": json.dumps(kubeconfig(kube.url)), "namespace": NS, "jobName": JOB}
+    outputs = {
+        "kubeconfig": json.dumps(kubeconfig(kube.url)),
+        "namespace": NS,
+        "jobName": JOB,
+        "nodeResourceGroup": "MC_spotlab-rg_spotlab-aks_westus3",
+        "gpuPoolName": "gpu",
+    }
     path.write_text(json.dumps(outputs))
     return path
 
@@ -226,7 +232,18 @@ def test_a_failed_sign_in_is_one_clear_line_and_logs_nothing(
     [
         (None, "cannot read it (No such file or directory)"),
         ("[1]", "must hold a JSON object of stack outputs"),
-        (json.dumps({"kubeconfig": "a: [", "namespace": NS, "jobName": JOB}), "not YAML (line 1)"),
+        (
+            json.dumps(
+                {
+                    "kubeconfig": "a: [",
+                    "namespace": NS,
+                    "jobName": JOB,
+                    "nodeResourceGroup": "MC_x",
+                    "gpuPoolName": "gpu",
+                }
+            ),
+            "not YAML (line 1)",
+        ),
     ],
 )
 def test_outputs_that_are_not_the_stacks_are_bad_input(
