@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,20 @@ def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
+        _reachable(server.server_address[1])
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _reachable(port: int) -> None:
+    """Fail the test with the cause when loopback is down (a fresh network namespace, as
+    `unshare -n` makes, has its `lo` down): otherwise it fails as an API that cannot be reached."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError as err:
+        raise RuntimeError(
+            f"cannot connect to the fake API on 127.0.0.1:{port} ({err.strerror}): these tests "
+            "need the loopback interface up (in a new network namespace: ip link set lo up)"
+        ) from None
