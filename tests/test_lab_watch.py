@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.kube_replay import (
     pod_manifest,
     serve_kube,
 )
+from tests.test_lab_preflight import _can_unshare, _offline
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs
 
 
@@ -317,3 +319,50 @@ def test_a_refused_watch_is_said_once_and_the_rest_goes_on(kube: FakeKube, tmp_p
     assert len(warnings) == 1
     assert "403, Kubernetes RBAC" in warnings[0]
     assert (out / "pods" / f"{W0}.log").exists()
+
+
+def _stack_outputs(tmp_path: Path, user: dict[str, Any]) -> Path:
+    """Outputs of a stack that is up, its API server at AKS's kind of address."""
+    config = kubeconfig("https://spotlab-dev-1a2b3c4d.hcp.westus3.azmk8s.io:443")
+    config["users"][0]["user"] = user
+    path = tmp_path / "outputs.json"
+    outputs = {
+        "kubeconfig": json.dumps(config),
+        "namespace": NS,
+        "jobName": JOB,
+        "nodeResourceGroup": "MC_spotlab-rg_spotlab-aks_westus3",
+        "gpuPoolName": "gpu",
+    }
+    path.write_text(json.dumps(outputs))
+    return path
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")
+@pytest.mark.parametrize("command", ["watch", "drill"])
+@pytest.mark.parametrize(
+    ("user", "message"),
+    [
+        ({"token": "test-token"}, "error: cannot reach the cluster reading PyTorchJob"),
+        (
+            _signing_in_with("kubelogin")["users"][0]["user"],
+            "error: the stack's kubeconfig signs in with kubelogin, which is not on PATH",
+        ),
+    ],
+)
+def test_with_no_network_watch_and_drill_say_so_in_one_line(
+    command: str,
+    user: dict[str, Any],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outputs = _stack_outputs(tmp_path, user)
+    argv = [command, "--stack-outputs", str(outputs), "--out", str(tmp_path / "run")]
+    tools = tmp_path / "bin"  # unshare, and no kubelogin even where one is installed
+    tools.mkdir()
+    (tools / "unshare").symlink_to(shutil.which("unshare") or "unshare")
+    monkeypatch.setenv("PATH", str(tools))
+    done = _offline(argv, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith(message) and len(done.stderr.splitlines()) == 1, done.stderr
