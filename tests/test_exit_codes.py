@@ -24,7 +24,7 @@ from training.exit_codes import (
     after_spent_restarts,
     signal_exit,
 )
-from training.rendezvous_guard import BadInputAfterJoin, GuardedRendezvous
+from training.rendezvous import BadInputAfterJoin
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,48 +58,6 @@ def test_the_table_agrees_with_the_operator() -> None:
 )
 def test_spent_restarts_end_by_what_spent_them(worker_codes: list[int], node_code: int) -> None:
     assert after_spent_restarts(worker_codes) == node_code
-
-
-class _Inner:
-    """A rendezvous handler that records what is asked of it."""
-
-    use_agent_store = False
-
-    def __init__(self) -> None:
-        self.closed = 0
-        self.rounds = 0
-
-    def next_rendezvous(self) -> str:
-        self.rounds += 1
-        return "round"
-
-    def shutdown(self) -> bool:
-        self.closed += 1
-        return True
-
-    def get_run_id(self) -> str:
-        return "run-1"
-
-
-def test_the_launcher_cannot_close_the_rendezvous_only_the_agent_can(tmp_path: Path) -> None:
-    inner = _Inner()
-    guard = GuardedRendezvous(inner, "guarded-etcd-v2", tmp_path / "verdict")  # type: ignore[arg-type]
-    assert guard.next_rendezvous() == "round" and guard.get_backend() == "guarded-etcd-v2"
-    assert guard.shutdown() is True and inner.closed == 0  # what torch's launcher calls
-    guard.settle(close=False)
-    assert inner.closed == 0
-    guard.settle(close=True)
-    guard.settle(close=True)
-    assert inner.closed == 1
-
-
-def test_a_verdict_stops_the_next_round_before_it_joins(tmp_path: Path) -> None:
-    inner = _Inner()
-    guard = GuardedRendezvous(inner, "guarded-etcd-v2", tmp_path / "verdict")  # type: ignore[arg-type]
-    (tmp_path / "verdict").write_text("bad checkpoint")
-    with pytest.raises(BadInputAfterJoin, match="bad checkpoint"):
-        guard.next_rendezvous()
-    assert inner.rounds == 0
 
 
 @pytest.fixture(scope="module")
@@ -152,20 +110,28 @@ def test_an_eviction_ends_the_node_with_143(etcd: EmbeddedEtcd, tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_an_etcd_outage_asks_for_a_new_pod(tmp_path: Path) -> None:
-    # torch's agent raises a RendezvousConnectionError when etcd stops answering. Uncaught it
-    # exited 1, which fails the whole job under ExitCode; 138 is retried by the operator.
+def test_training_rides_out_an_etcd_outage_without_a_restart(tmp_path: Path) -> None:
+    # torch's handler raised a RendezvousConnectionError out of the agent's monitor loop as
+    # soon as a heartbeat failed: every agent exited and came back cold (12-17 s paused).
+    # Between rounds our handler needs no etcd: the group trains on, nobody restarts.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
     root = tmp_path / "etcd"
     with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        cluster = Cluster(tmp_path, server.client_port, data, min_nodes=1, max_nodes=1)
+        cluster = Cluster(tmp_path, server.client_port, data, min_nodes=2, max_nodes=2)
         try:
-            cluster.start("a", [*TINY, "--max-steps", "100000", "--log-every", "1"])
-            cluster.wait_until(lambda: cluster.max_step() >= 2, 120, "training to run")
+            for name in ("a", "b"):
+                cluster.start(name, [*TINY, "--max-steps", "100000", "--log-every", "1"])
+            cluster.wait_until(lambda: cluster.max_step() >= 3, 120, "training to run")
             server.stop()
-            assert cluster.wait_exit("a", 90) == RETRY_ME, cluster.tail()
-            assert "rendezvous failed" in (tmp_path / "a.err").read_text()
+            down_at = cluster.max_step()
+            cluster.wait_until(lambda: cluster.max_step() >= down_at + 5, 60, "steps, etcd down")
+            server.start()
+            back_at = cluster.max_step()
+            cluster.wait_until(lambda: cluster.max_step() >= back_at + 5, 60, "steps, etcd back")
+            resumed = [r for r in cluster.records() if r.get("event") == "resumed"]
+            assert len(resumed) == 1, cluster.tail()  # the first round's, and no other
+            assert all(cluster.nodes[n].poll() is None for n in ("a", "b"))
         finally:
             cluster.close()
 

@@ -25,11 +25,10 @@ from training.exit_codes import (
     after_spent_restarts,
     signal_exit,
 )
-from training.launch import DATA_DIR_ENV, DATA_URI_ENV, LAUNCHER_ENV, LAUNCHERS
+from training.launch import DATA_DIR_ENV, DATA_URI_ENV, ETCD_BACKENDS, LAUNCHER_ENV, LAUNCHERS
 
 logger = logging.getLogger("training.agent")
 
-ETCD_BACKENDS = ("etcd", "etcd-v2")
 EXIT_BAD_INPUT = BAD_INPUT
 
 
@@ -133,8 +132,9 @@ def run_warm(args: list[str]) -> int:
     """The warm launcher, its ways of ending mapped onto the codes the operator understands."""
     code, close = _launch_warm(args)
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
-    # here it closes only when the run is over for good (training/rendezvous_guard.py).
-    from training.rendezvous_guard import created
+    # here it closes only when the run is over for good, and the node leaves the round at
+    # once, so nobody waits out its heartbeat (training/rendezvous.py).
+    from training.rendezvous import created
 
     for handler in created():
         handler.settle(close=close)
@@ -153,7 +153,7 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
     )
 
     from training.launcher import launch
-    from training.rendezvous_guard import BadInputAfterJoin
+    from training.rendezvous import BadInputAfterJoin
 
     try:
         launch(args)

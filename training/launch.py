@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# torch's etcd-v2 backend speaks the etcd v2 API: etcd 3.5 with --enable-v2=true.
+# What the PyTorchJob names (its CRD allows c10d, etcd, etcd-v2): the etcd v2 API, etcd 3.5
+# with --enable-v2=true. The warm agent serves it with its own handler (training/rendezvous.py).
 RDZV_BACKEND = "etcd-v2"
+ETCD_BACKENDS = ("etcd", "etcd-v2")
+# Where the agent writes the round its workers belong to, for them to log.
+ROUND_FILE_ENV = "TRAIN_RDZV_ROUND_FILE"
 RDZV_PORT = 2379
 # The module torchrun runs in every worker (``torchrun --module training.train``).
 TRAIN_MODULE = "training.train"
@@ -29,17 +33,20 @@ DATA_DIR_ENV = "TRAIN_DATA_DIR"
 
 @dataclass(frozen=True)
 class RendezvousSettings:
-    """Rendezvous timeouts. torchrun's defaults take ~46 s to recover from a lost node."""
+    """Rendezvous clocks (training/rendezvous.py). torchrun's defaults take ~46 s to recover
+    from a lost node; these, with our handler, about a second (docs/benchmarks.md)."""
 
     last_call_timeout_s: int = 1
-    """Wait after min nodes joined for stragglers. Default 30 s is most of the 46 s."""
+    """The first round waits this long after min nodes joined, for nodes still starting.
+    Later rounds wait for exactly the nodes they expect, with no last call."""
     keep_alive_interval_s: int = 1
-    """Heartbeat period; a dead node is dropped after interval x max_attempt seconds."""
-    keep_alive_max_attempt: int = 3
-    """Missed heartbeats before a node is declared dead. Not 2: an agent renews its heartbeat
-    only when it is older than the interval, so with a 1 s interval it can be 2 s old on a live
-    node; with 2 attempts a joining node then saw every live node as dead and formed a round
-    of its own (measured: two groups trained side by side). 2 would recover ~2 s sooner."""
+    """Heartbeat period: each agent refreshes its own key (a TTL) this often."""
+    keep_alive_max_attempt: int = 2
+    """A node's key expires after interval x max_attempt seconds without a heartbeat, and
+    only then may a node that does not answer its probe be taken for dead (a frozen or
+    vanished VM); a killed or departed node is dropped at once. With torch's handler 2 took
+    a busy live node for dead (two groups trained side by side); here an expired key alone
+    kills nobody: the probe must go unanswered too."""
     join_timeout_s: int = 900
     """First round waits this long for min nodes: GPU Spot nodes autoscale from zero."""
 

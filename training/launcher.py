@@ -23,7 +23,7 @@ from pathlib import Path
 
 from training.config import parse_config
 from training.exit_codes import BAD_INPUT, VERDICT_ENV
-from training.launch import LAUNCHER_ENV, TRAIN_MODULE
+from training.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
 PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
@@ -74,6 +74,7 @@ def launch(args: Sequence[str]) -> None:
     verdict = Path(tempfile.gettempdir()) / f"spot-lab-verdict-{os.getpid()}"
     verdict.unlink(missing_ok=True)
     os.environ[VERDICT_ENV] = str(verdict)
+    os.environ[ROUND_FILE_ENV] = str(verdict.with_name(f"spot-lab-round-{os.getpid()}"))
     start_fork_server()  # first, so that its imports and the ones below overlap
     # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
     # logs one on every worker failure: imported now, that is not 2-3 s of the first recovery.
@@ -97,11 +98,17 @@ def launch(args: Sequence[str]) -> None:
         dataset_files(cfg.data.data_dir)
     except DatasetError as exc:
         raise ValueError(str(exc)) from None
-    from training.rendezvous_guard import register
-
     config, _, _ = config_from_args(parsed)
     config.start_method = "forkserver"
-    # torch's own handler for the same backend, but the agent decides when it closes.
-    config.rdzv_backend = register(config.rdzv_backend)
+    if config.rdzv_backend not in ETCD_BACKENDS:
+        raise ValueError(
+            f"the warm launcher runs the etcd rendezvous ({', '.join(ETCD_BACKENDS)}), got "
+            f"{config.rdzv_backend!r}; set {LAUNCHER_ENV}=torchrun for anything else"
+        )
+    # The operator can only name torch's backends (its CRD's enum): the same etcd, our
+    # handler (training/rendezvous.py), registered through torch's public registry.
+    from training.rendezvous import register
+
+    config.rdzv_backend = register()
     wait_until_warm()
     elastic_launch(config=config, entrypoint=worker)(*parsed.training_script_args)
