@@ -109,11 +109,6 @@ def _timed(action: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def _step(trainer: Trainer) -> None:
-    trainer.train_step()
-    trainer.state.step += 1
-
-
 def _sync_save(trainer: Trainer) -> None:
     trainer.durable.commit(trainer.state.step, serialize(trainer.state_dict()))
 
@@ -134,8 +129,8 @@ def measure_model(model: StallModel, plan: StallPlan, data_dir: Path) -> dict[st
         tempfile.TemporaryDirectory(prefix="bench-stall-") as work,
         _single_process_trainer(model, plan, data_dir, Path(work)) as trainer,
     ):
-        _step(trainer)  # warm-up: first-call allocations, optimiser state
-        step_s = statistics.median(_timed(lambda: _step(trainer)) for _ in range(plan.steps))
+        trainer.train_step()  # warm-up: first-call allocations, optimiser state
+        step_s = statistics.median(_timed(trainer.train_step) for _ in range(plan.steps))
         sync_s = statistics.median(_timed(lambda: _sync_save(trainer)) for _ in range(plan.saves))
         lab = [_lab_save(trainer) for _ in range(plan.saves)]
         size = len(serialize(trainer.state_dict()))

@@ -128,7 +128,10 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
     assert resumed["world_size"] == 2 and resumed["source"] == "local"
     assert resumed["lost_steps"] == 0 and resumed["step"] >= killed_at
     saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
-    assert {e["reason"] for e in saves} == {"peer_failure"} and len(saves) == 2
+    # Each survivor saved once: it saw the lost peer itself, or its agent stopped it first
+    # because the other survivor had already opened the next round.
+    assert {e["reason"] for e in saves} <= {"peer_failure", "sigterm"} and len(saves) == 2
+    assert "peer_failure" in {e["reason"] for e in saves}
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
     # The survivors' new workers were forked with torch already imported.
     restarted = [e for e in cluster.events("ready") if e["ts"] > fault_ts]
@@ -154,7 +157,9 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     failures = [e for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
     assert failures and all(e["ts"] - fault_ts < 5 + 5 for e in failures)  # the timeout bounds it
     saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
-    assert {e["reason"] for e in saves} == {"peer_failure"} and len(saves) == 2
+    # As above: a survivor may be stopped by its agent before its own guard fires; either
+    # way it saved the last completed step, and the trajectory below proves it.
+    assert {e["reason"] for e in saves} <= {"peer_failure", "sigterm"} and len(saves) == 2
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["source"] == "local" and resumed["lost_steps"] == 0
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
@@ -221,10 +226,13 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
+def test_a_frozen_peer_is_found_by_the_rendezvous_long_before_the_collective_timeout(
     cluster_factory, reference
 ) -> None:
-    cluster = cluster_factory("freeze", collective_timeout_s=5)
+    # The cluster's 30 s timeout: the survivors' collectives would wait that long for the
+    # frozen peer. Its key expires (2 s), its probe goes unanswered, the survivors' agents
+    # stop their workers, which save the last completed step although stuck in a collective.
+    cluster = cluster_factory("freeze", collective_timeout_s=30)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
     cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
@@ -236,11 +244,10 @@ def test_frozen_peer_ends_in_a_restart_within_the_collective_timeout(
         )
     finally:
         cluster.kill("c")
-    errors = [e["error"].lower() for e in cluster.events("peer_failure") if e["ts"] > fault_ts]
-    # A survivor's collective timed out. The other, whose timer fires a moment later, may
-    # instead see that one give up (a closed connection), and may even log it first.
-    assert any("timed out" in error for error in errors), errors
-    assert all("timed out" in error or "closed by peer" in error for error in errors), errors
+    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    # Stopped by its agent; or, if the other survivor's workers left first, a lost peer.
+    assert "sigterm" in {e["reason"] for e in saves} and len(saves) == 2, saves
+    assert all(e["ts"] - fault_ts < 15 for e in saves)  # not the collective timeout
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["world_size"] == 2 and resumed["lost_steps"] == 0
     for node in ("a", "b"):

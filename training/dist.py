@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from training.launch import ROUND_FILE_ENV
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,9 @@ class DistEnv:
     restart_count: int = 0
     max_restarts: int = 0
     run_id: str = "standalone"
+    rdzv_round: int = 0
+    """The rendezvous round this worker's group formed in (0: not known), from the file the
+    agent writes (training/rendezvous.py)."""
 
     @property
     def last_round(self) -> bool:
@@ -48,7 +55,15 @@ class DistEnv:
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
             max_restarts=int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")),
             run_id=env.get("TORCHELASTIC_RUN_ID", "torchrun"),
+            rdzv_round=_round(env.get(ROUND_FILE_ENV, "")),
         )
+
+
+def _round(path: str) -> int:
+    try:
+        return int(json.loads(Path(path).read_text())["round"]) if path else 0
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def device_for(env: DistEnv) -> torch.device:

@@ -30,6 +30,8 @@ class EventLog:
         self.env = env
         self.stream = stream or sys.stdout
         self._base = {"rank": env.rank, "restart_count": env.restart_count, "run_id": env.run_id}
+        if env.rdzv_round:  # which group a line comes from: two groups at once is split brain
+            self._base["rdzv_round"] = env.rdzv_round
 
     def _write(self, record: dict[str, Any]) -> None:
         self.stream.write(json.dumps({"ts": round(time.time(), 3), **self._base, **record}) + "\n")

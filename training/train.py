@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -118,6 +119,13 @@ class Trainer:
         """The newest step known to be committed durably (restored or saved by this process)."""
         self.ddp: DistributedDataParallel | None = None
         self.last_loss: float | None = None
+        self.restored = False
+        """Whether the state is this run's (restored or fresh): only then is it worth saving."""
+        self._state_lock = threading.Lock()
+        """Held while the state changes (restore, optimizer step, step count), never across a
+        collective: whoever holds it sees the state of a completed step."""
+        self._emergency_lock = threading.Lock()
+        self._emergency_saved = False
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -158,8 +166,10 @@ class Trainer:
         resume = agree_on_resume(
             self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
         )
-        if resume.state is not None:
-            self.load_state_dict(resume.state)
+        with self._state_lock:
+            if resume.state is not None:
+                self.load_state_dict(resume.state)
+            self.restored = True
         if resume.source == "durable":
             self.durable_step = resume.step
         if self.env.rank == 0:
@@ -184,7 +194,8 @@ class Trainer:
 
     # -- one optimiser step --------------------------------------------------------------------
     def train_step(self) -> tuple[float, int]:
-        """One global batch: this rank's share, in micro-batches; returns (loss sum, samples)."""
+        """One global batch: this rank's share, in micro-batches, and the optimiser step;
+        returns (loss sum, samples)."""
         assert self.ddp is not None
         step, world, rank = self.state.step, self.env.world_size, self.env.rank
         indices = self.sampler.rank_indices(step, world, rank)
@@ -207,7 +218,11 @@ class Trainer:
         # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
         # a half-reduced gradient changes the state every rank must agree on.
         self.guard.check()
-        self.optimizer.step()
+        with self._state_lock:
+            self.optimizer.step()
+            self.state.step += 1
+            if self.local is not None and self.env.local_rank == 0:
+                self.local.mark_progress(self.state.step)
         return loss_sum, len(indices)
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -246,6 +261,12 @@ class Trainer:
         """
         if self.env.local_rank != 0:
             return  # one writer per node; rank 0 is always its node's local rank 0
+        with self._emergency_lock:  # the loop and the SIGTERM thread may both get here
+            if not self._emergency_saved:
+                self._emergency_save(reason, stop)
+                self._emergency_saved = True
+
+    def _emergency_save(self, reason: str, stop: StopRequest | None) -> None:
         started = time.monotonic()
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
         data = serialize(cpu_state(self.state_dict()))
@@ -285,6 +306,19 @@ class Trainer:
             return False
         self.durable_step = self.state.step
         return True
+
+    def stop_now(self, stop: StopRequest) -> None:
+        """SIGTERM, on the stop thread: save the last completed step and end the process now.
+
+        The loop may be stuck in a collective on a frozen peer, which only the collective
+        timeout (30 s in the cluster) would end, and the agent restarting the group waits for
+        it: so nobody waits for the loop. The step in flight is abandoned: the state lock
+        gives the state of the last completed one, on every rank the same.
+        """
+        with self._state_lock:
+            if self.restored and self.cfg.checkpoint.emergency_saves:
+                self.emergency_save("sigterm", stop)
+        exit_now(EXIT_RESTART)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:
@@ -348,9 +382,6 @@ class Trainer:
                 return False
             step_started = time.monotonic()
             loss_sum, count = self.train_step()
-            self.state.step += 1
-            if self.local is not None and self.env.local_rank == 0:
-                self.local.mark_progress(self.state.step)
             window_steps += 1
             window_loss[0] += loss_sum
             window_loss[1] += count
@@ -411,12 +442,23 @@ def _checkpoint_group(cfg: TrainConfig, env: DistEnv) -> dist.ProcessGroup:
     return group
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Train with ``argv``; the exit code. Under torchrun the process group is left to exit."""
     phases = Phases()
     env = DistEnv.from_env()
     setup_logging(env)
-    stop = StopRequest()
+    # Under torchrun a SIGTERM acts at once, even mid-collective; nothing to save until the
+    # trainer restored its state, so until then it only ends the process.
+    stop = StopRequest(act_at_once=env.launched)
+    stop.until_then(lambda: exit_now(EXIT_RESTART))
     events = EventLog(env)
     try:
         cfg, dataset, durable, local = load_inputs(argv, env)
@@ -450,6 +492,7 @@ def run(argv: list[str] | None = None) -> int:
     code = EXIT_OK
     try:
         trainer = Trainer(cfg, env, device, dataset, durable, local, events, group, guard)
+        stop.on_stop(lambda: trainer.stop_now(stop))
         phases.mark("build")
         code = trainer.run(stop, phases)
     except ConfigError as exc:
@@ -471,10 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         # Skip gloo's teardown under torchrun: it aborts ("terminate called without an active
         # exception") when a peer is dead, or when rank 0, which hosts the workers' store,
         # has already exited. All state is saved by now; the exit code is what counts.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     return code
 
 
