@@ -30,6 +30,9 @@ machine):
   recovery: gaps between metrics lines longer than the run's ``pause_after_s``, the first one
   clamped to the injection. A join pauses only while the group re-forms, not while the new
   node boots and the old group trains on; ``paused_s`` is their sum.
+- ``two_groups``: two rendezvous rounds that trained at the same time (split brain), from
+  the ``rdzv_round`` every worker's lines carry: a round trains from its first metrics line to
+  its last, and no two such spans may overlap. A fault with one has not recovered.
 """
 
 from __future__ import annotations
@@ -76,6 +79,32 @@ def paused_intervals(
         if end - start > after_s:
             paused.append([round(start, 3), round(end, 3)])
     return paused
+
+
+def groups_at_once(records: list[Record]) -> list[dict[str, Any]]:
+    """Every pair of rendezvous rounds whose groups trained at the same time.
+
+    A round's members left the round before (their workers stopped), so its last step comes
+    before the next round's first on one clock; an overlap is a second group training.
+    """
+    spans: dict[int, list[float]] = {}
+    for r in records:
+        if r["kind"] == "metrics" and r.get("rdzv_round"):
+            span = spans.setdefault(int(r["rdzv_round"]), [r["ts"], r["ts"]])
+            span[0], span[1] = min(span[0], r["ts"]), max(span[1], r["ts"])
+    ordered = sorted(spans.items(), key=lambda item: item[1][0])
+    found = []
+    for i, (first, (_, first_end)) in enumerate(ordered):
+        for second, (second_start, second_end) in ordered[i + 1 :]:
+            if second_start < first_end:
+                found.append(
+                    {
+                        "rounds": [first, second],
+                        "from": second_start,
+                        "until": min(first_end, second_end),
+                    }
+                )
+    return found
 
 
 def _events(records: list[Record], name: str, start: float, end: float) -> list[Record]:
@@ -183,6 +212,7 @@ def fault_outcome(
     if math.isinf(paused_until):
         paused_until = max((r["ts"] for r in records), default=injected_at)
     paused = paused_intervals(records, injected_at, paused_until, pause_after)
+    two_groups = [g for g in groups_at_once(records) if injected_at <= g["until"] < window_end]
     return {
         "index": injection["index"],
         "kind": injection["kind"],
@@ -208,7 +238,8 @@ def fault_outcome(
         "steps_lost": steps_lost,
         "reported_lost_steps": _sum_known([r.get("lost_steps") for r in rounds]),
         "resume_source": final.get("source") if final else None,
-        "recovered": recovery is not None,
+        "recovered": recovery is not None and not two_groups,
+        "two_groups": two_groups,
         "paused": paused,
         "paused_s": round(sum(end - start for start, end in paused), 3),
     }
@@ -287,6 +318,7 @@ def _run_totals(
         "faults_injected": len(faults),
         "faults_recovered": sum(1 for f in faults if f["recovered"]),
         "all_recovered": len(faults) == planned_faults and all(f["recovered"] for f in faults),
+        "two_groups_at_once": len(groups_at_once(records)),
     }
 
 
@@ -312,7 +344,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['paused_s'], '{:.1f}'):>5} "
             f"{_cell(f['steps_lost']):>4} "
             f"{_cell(f['world_size_before'])}->{_cell(f['world_size_after']):<3} "
-            f"{_cell(f['resume_source']):<8} {'yes' if f['recovered'] else 'NO'}"
+            f"{_cell(f['resume_source']):<8} "
+            f"{'yes' if f['recovered'] else ('SPLIT' if f.get('two_groups') else 'NO')}"
         )
     run = report["run"]
     lines.append("-" * len(header))

@@ -73,8 +73,9 @@ class TrainSettings:
     checkpoint_keep: int = 3
     log_every: int = 1
     """1 in the lab: the report measures recovery to the first metrics line."""
-    collective_timeout_s: int = 10
-    """How long a frozen peer can stall a collective before the survivors give up."""
+    collective_timeout_s: int = 30
+    """How long a collective may wait for a stalled peer: the cluster's 30 s. A frozen node is
+    found sooner by the rendezvous (its key expires, its probe goes unanswered)."""
     emergency_saves: bool = True
     """Save the last completed step on SIGTERM or a peer's loss (off: periodic saves only)."""
     min_step_time_s: float = 0.0

@@ -9,7 +9,13 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from lab.report import build_report, fault_outcome, format_table, pause_after_s
+from lab.report import (
+    build_report,
+    fault_outcome,
+    format_table,
+    groups_at_once,
+    pause_after_s,
+)
 from lab.timeline_plot import plot_timeline, timeline_figure
 
 START = 1000.0
@@ -362,3 +368,41 @@ def test_every_mark_on_the_plot_is_a_figure_of_the_report(story: str) -> None:
     assert f"{run['total_downtime_s']:.1f} s to full size" in title
     loss = fig.axes[2].lines[0]
     assert list(loss.get_ydata()) == [r["loss"] for r in records if r["kind"] == "metrics"]
+
+
+def _with_rounds(records: list[dict], *spans: tuple[float, float, int]) -> list[dict]:
+    """Tag metrics lines in [start, end) with their rendezvous round, as workers log it."""
+    for record in records:
+        for start, end, rdzv_round in spans:
+            if record["kind"] == "metrics" and START + start <= record["ts"] < START + end:
+                record["rdzv_round"] = rdzv_round
+    return records
+
+
+def test_rounds_one_after_the_other_are_not_two_groups() -> None:
+    records = _with_rounds(_kill_story(), (0, 15, 1), (15, 40, 2))
+    assert groups_at_once(records) == []
+    outcome = fault_outcome(records, injection(0, 12.5, "kill", 2), float("-inf"), float("inf"))
+    assert outcome["two_groups"] == [] and outcome["recovered"] is True
+
+
+def test_two_groups_training_at_once_fail_the_fault() -> None:
+    # A second group (round 3) forms beside round 2 and both log steps: split brain.
+    records = _with_rounds(_kill_story(), (0, 15, 1), (15, 40, 2))
+    records += [{**metrics(20.0 + i, 13 + i, 1, node="node-2"), "rdzv_round": 3} for i in range(3)]
+    records.sort(key=lambda r: r["ts"])
+    (pair,) = groups_at_once(records)
+    assert pair["rounds"] == [2, 3] and pair["from"] == pytest.approx(START + 20.0)
+    assert pair["until"] == pytest.approx(START + 22.0)
+    outcome = fault_outcome(records, injection(0, 12.5, "kill", 2), float("-inf"), float("inf"))
+    assert outcome["recovered"] is False and outcome["two_groups"] == [pair]
+    report = build_report(
+        records,
+        [injection(0, 12.5, "kill", 2)],
+        start_ts=START,
+        global_batch_size=32,
+        max_steps=100,
+        planned_faults=1,
+    )
+    assert report["run"]["two_groups_at_once"] == 1 and not report["run"]["all_recovered"]
+    assert format_table(report).splitlines()[2].endswith("SPLIT")
