@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stack_config.model import JobConfig
 from training.launch import RendezvousSettings
 
 BASELINE = "baseline"
@@ -21,8 +22,9 @@ TORCHRUN_DEFAULT_RENDEZVOUS = RendezvousSettings(
 )
 # gloo's default process-group timeout (NCCL's is 10 min).
 GLOO_DEFAULT_TIMEOUT_S = 1800
-# The lab's collective timeout: how long a frozen peer may stall the survivors.
-LAB_COLLECTIVE_TIMEOUT_S = 10
+# The cluster's collective timeout (the stack's collectiveTimeoutSeconds default): the lab
+# runs what the PyTorchJob runs, so a freeze is not detected by a short lab-only timeout.
+LAB_COLLECTIVE_TIMEOUT_S = JobConfig.collective_timeout_s
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,6 @@ class Profile:
     launcher: str
     """``torchrun`` (a new interpreter per worker) or ``warm`` (workers forked, torch loaded)."""
     description: str
-
-    def rendezvous_bound_s(self) -> int:
-        """Worst case for a round without a dead node: its heartbeat expiry plus the last call."""
-        r = self.rendezvous
-        return r.keep_alive_interval_s * r.keep_alive_max_attempt + r.last_call_timeout_s
 
     def as_dict(self) -> dict[str, object]:
         """The profile as JSON-ready values."""
@@ -69,16 +66,16 @@ def baseline_profile() -> Profile:
 
 
 def lab_profile() -> Profile:
-    """The rendezvous settings of ``training/launch.py``, emergency saves, a 10 s timeout,
-    warm workers."""
+    """The rendezvous of ``training/launch.py``, emergency saves, the cluster's collective
+    timeout, warm workers."""
     return Profile(
         name=LAB,
         rendezvous=RendezvousSettings(),
         emergency_saves=True,
         collective_timeout_s=LAB_COLLECTIVE_TIMEOUT_S,
         launcher="warm",
-        description="the lab: short rendezvous timeouts + emergency saves + collective timeout "
-        "+ warm workers",
+        description="the lab: its rendezvous handler + emergency saves + the cluster's "
+        "collective timeout + warm workers",
     )
 
 

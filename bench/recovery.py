@@ -20,6 +20,7 @@ from bench.scenarios import RecoveryPlan, recovery_scenario
 from bench.stages import PHASES, STAGES, recovery_stages
 from bench.stats import median_of, ratio, summarize, summarize_known
 from lab.node_logs import Record, read_records
+from lab.report import pause_after_s, paused_intervals
 from lab.session import SessionOptions, run_session
 
 
@@ -60,6 +61,8 @@ def measure_run(
         world_size_after=fault["world_size_after"],
         resume_source=fault["resume_source"],
     )
+    if kind == "etcd":
+        return {**run, **_outage_figures(fault, records)}
     if fault["recovered"]:
         return {
             **run,
@@ -73,15 +76,35 @@ def measure_run(
     return {**run, "error": f"not recovered: {outcome['message']}"}
 
 
+def _outage_figures(fault: dict[str, Any], records: list[Record]) -> dict[str, Any]:
+    """etcd down, nobody lost: how long training stood still, and how many rounds it cost,
+    from the outage to the end of the session (which waits out the keep-alive bound)."""
+    injected = float(fault["injected_at"])
+    end = max((float(r["ts"]) for r in records), default=injected)
+    paused = paused_intervals(records, injected, end, pause_after_s(records))
+    rounds = [r for r in records if r.get("event") == "resumed" and r["ts"] > injected]
+    paused_s = round(sum(b - a for a, b in paused), 3)
+    return {
+        "recovered": True,
+        "downtime_s": paused_s,
+        "steps_lost": fault["steps_lost"] or 0,
+        "restarts": len(rounds),
+        "stages": {"paused_s": paused_s} if not rounds else recovery_stages(fault, records),
+    }
+
+
 def _profile_summary(runs: list[dict[str, Any]], cap_s: float) -> dict[str, Any]:
     measured = [r for r in runs if r["error"] is None]
     stages = [r["stages"] for r in measured if r["stages"]]
     return {
+        "restarts": summarize_known([r.get("restarts") for r in measured]),
         "downtime_s": summarize([r["downtime_s"] for r in measured], cap_s) if measured else None,
         "paused_s": summarize_known([s["paused_s"] for s in stages]),
         "steps_lost": summarize_known([r["steps_lost"] for r in measured]),
-        "stages": {name: median_of([s[name] for s in stages]) for name in (*STAGES, "total_s")},
-        "phases": {name: median_of([s["phases"].get(name) for s in stages]) for name in PHASES},
+        "stages": {name: median_of([s.get(name) for s in stages]) for name in (*STAGES, "total_s")},
+        "phases": {
+            name: median_of([s.get("phases", {}).get(name) for s in stages]) for name in PHASES
+        },
         "errors": len(runs) - len(measured),
     }
 

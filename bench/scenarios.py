@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from bench.profiles import Profile
 from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
 
-FAULT_KINDS = ("kill", "evict", "freeze", "join")
-"""Hard loss (SIGKILL), graceful eviction (SIGTERM), silent loss (SIGSTOP), a new node."""
+FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd")
+"""Hard loss (SIGKILL), graceful eviction (SIGTERM), silent loss (SIGSTOP), a new node, and
+etcd down for a while with the membership unchanged."""
 # The node that is lost: it runs global rank 0 and hosts the workers' store, the worst case.
 FAULTED_NODE = 0
 
@@ -33,6 +34,8 @@ class RecoveryPlan:
     """A fault that has not recovered this long after it is reported as no recovery."""
     eviction_grace_s: float = 15.0
     """evict: SIGKILL this long after SIGTERM (Azure's Spot notice is at least 30 s)."""
+    etcd_down_s: float = 5.0
+    """etcd: how long etcd stays down."""
     model_width: int = 8
     model_blocks: int = 1
     global_batch_size: int = 32
@@ -70,6 +73,8 @@ class RecoveryPlan:
 def _fault(kind: str, plan: RecoveryPlan) -> Fault:
     if kind == "join":
         return Fault("join", at_step=plan.fault_at_step)
+    if kind == "etcd":
+        return Fault("etcd-restart", at_step=plan.fault_at_step, down_s=plan.etcd_down_s)
     return Fault(kind, node=FAULTED_NODE, at_step=plan.fault_at_step, grace_s=plan.eviction_grace_s)
 
 

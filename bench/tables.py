@@ -11,6 +11,7 @@ RECOVERY_METRICS = {
     "evict": "downtime: SIGTERM -> first step at the new size",
     "freeze": "downtime: freeze -> first step at the new size",
     "join": "scale-up: new node -> first step at the larger size",
+    "etcd": "etcd down: training paused (membership unchanged)",
 }
 _PHASE_LABELS = {
     "spawn_and_import_s": "import",
@@ -76,7 +77,13 @@ def recovery_table(summary: dict[str, Any], lab_timeout_s: int) -> str:
         if kind == "freeze":
             lines.append(
                 f"{'  collective timeout':<52} {'1800 s (gloo default)':<32} "
-                f"{f'{lab_timeout_s} s':<24}"
+                f"{str(lab_timeout_s) + ' s (the cluster)':<24}"
+            )
+        if kind == "etcd":
+            restarts = (base or {}).get("restarts"), (lab or {}).get("restarts")
+            lines.append(
+                f"{'  rounds re-formed (agents restarted)':<52} {format_count(restarts[0]):<32} "
+                f"{format_count(restarts[1]):<24}"
             )
     return "\n".join(lines)
 
