@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +55,8 @@ from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from training.exit_codes import VERDICT_ENV
-from training.launch import ROUND_FILE_ENV
-from training.liveness import ProbeServer, Verdict, probe
+from training.launch import ROUND_FILE_ENV, RendezvousSettings
+from training.liveness import PROBE_TIMEOUT_S, ProbeServer, Verdict, probe
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +72,19 @@ class BadInputAfterJoin(RuntimeError):
     """A worker of this node found input no restart fixes; its log says which."""
 
 
+_DEFAULTS = RendezvousSettings()
+
+
 @dataclass(frozen=True)
 class Timing:
-    """The rendezvous' clocks, from torchrun's ``--rdzv-conf`` keys."""
+    """The rendezvous' clocks: torchrun's ``--rdzv-conf`` keys, each the name without ``_s``
+    (``RendezvousSettings`` in training/launch.py writes them and gives the defaults)."""
 
-    keep_alive_interval_s: int = 1
-    keep_alive_max_attempt: int = 2
-    last_call_timeout_s: int = 1
-    join_timeout_s: int = 900
-    probe_timeout_s: float = 0.5
+    keep_alive_interval_s: int = _DEFAULTS.keep_alive_interval_s
+    keep_alive_max_attempt: int = _DEFAULTS.keep_alive_max_attempt
+    last_call_timeout_s: int = _DEFAULTS.last_call_timeout_s
+    join_timeout_s: int = _DEFAULTS.join_timeout_s
+    probe_timeout_s: float = PROBE_TIMEOUT_S
     outage_timeout_s: int = 60
     """A round that cannot reach etcd for this long gives up (RendezvousConnectionError: the
     agent exits 138 and the operator makes a new pod). Between rounds an outage costs
@@ -93,18 +97,13 @@ class Timing:
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> Timing:
-        def get(key: str, default: float) -> float:
-            value = params.get(key, default)
-            return float(value) if key == "probe_timeout" else int(value)
-
-        return cls(
-            keep_alive_interval_s=int(get("keep_alive_interval", 1)),
-            keep_alive_max_attempt=int(get("keep_alive_max_attempt", 2)),
-            last_call_timeout_s=int(get("last_call_timeout", 1)),
-            join_timeout_s=int(get("join_timeout", 900)),
-            probe_timeout_s=get("probe_timeout", cls.probe_timeout_s),
-            outage_timeout_s=int(get("outage_timeout", cls.outage_timeout_s)),
-        )
+        """The conf's values where given, the defaults elsewhere; ValueError for a bad one."""
+        given: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = params.get(f.name.removesuffix("_s"))
+            if raw is not None:
+                given[f.name] = type(getattr(cls, f.name))(raw)
+        return cls(**given)
 
 
 @dataclass
@@ -248,7 +247,6 @@ class SpotRendezvousHandler(RendezvousHandler):
             raise BadInputAfterJoin(
                 f"a worker stopped on input no restart fixes: {self.verdict.read_text().strip()}"
             )
-        self._start()
         deadline = time.monotonic() + self.timing.join_timeout_s
         opened = 0.0
         while True:
@@ -258,6 +256,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                     f"{self.timing.join_timeout_s} s"
                 )
             try:
+                self._start()
                 done = self._step(self._current_view(), opened)
             except etcd.EtcdException as exc:
                 self._note_etcd_down(exc)
@@ -316,9 +315,10 @@ class SpotRendezvousHandler(RendezvousHandler):
         pending = [n for n in expected if n not in joined and not self._is_dead(n, view, True)]
         if pending:
             return False
-        # The first round also waits a last call for nodes that have not even registered yet.
-        first = not previous
-        return not first or time.monotonic() - opened >= self.timing.last_call_timeout_s
+        # A group that starts afresh (the first round, or none of the last round's members
+        # survived) waits a last call for nodes that have not even registered yet.
+        afresh = not any(n in joined for n in previous)
+        return not afresh or time.monotonic() - opened >= self.timing.last_call_timeout_s
 
     def _joined(self, state: dict[str, Any], index: int) -> RendezvousInfo:
         round_, members = int(state["round"]), state["members"]
@@ -444,10 +444,12 @@ class SpotRendezvousHandler(RendezvousHandler):
         return json.dumps({"addr": self.addr, "port": self._probe.port, "left": left})
 
     def _start(self) -> None:
-        if self._probe is not None:
+        """Listen for probes, register, start the heartbeat and the watch (once)."""
+        if self._threads:
             return
-        self._probe = ProbeServer(self.node)
-        self._beat()
+        if self._probe is None:
+            self._probe = ProbeServer(self.node)
+        self._beat()  # may raise: the caller retries while etcd is away
         for target, name in ((self._heartbeats, "rdzv-heartbeat"), (self._watch, "rdzv-watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
