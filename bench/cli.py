@@ -102,7 +102,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (1 when a session failed, not when a target missed)."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rendezvous-scale"]:
+        # A command of its own; every other argv is the bench as before. Imported here: it
+        # needs none of the bench's machinery.
+        from bench.rendezvous_scale import main as rendezvous_scale_main
+
+        return rendezvous_scale_main(argv[1:])
+    args = build_parser().parse_args(argv)
     # Orphans of a killed agent re-parent to us, so the final sweep below finds them.
     process_tree.become_subreaper()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

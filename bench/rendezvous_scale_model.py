@@ -1,0 +1,191 @@
+"""The rendezvous beyond the node counts this machine can run: a model calibrated on real runs.
+
+Pure: measured medians in, fitted lines and predictions out, no I/O. What it assumes is said
+by ``assumptions`` and written next to its numbers, so a modelled row never passes for a
+measured one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+WATCH_TIMEOUT_INTERVALS = 5
+"""The handler re-arms its watch after this many heartbeat intervals without an event
+(training/rendezvous.py, ``_watch``): one recursive read and one new watch each time."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """``y = a + b * n``."""
+
+    a: float
+    b: float
+
+    def at(self, n: float) -> float:
+        return self.a + self.b * n
+
+
+@dataclass(frozen=True)
+class Quadratic:
+    """``y = b * n + c * n**2``: no cost without nodes."""
+
+    b: float
+    c: float
+
+    def at(self, n: float) -> float:
+        return self.b * n + self.c * n * n
+
+
+@dataclass(frozen=True)
+class Point:
+    """One node count's measured medians."""
+
+    nodes: int
+    first_round_s: float
+    reform_death_s: float
+    reform_leave_s: float
+    quiet_req_s: float
+    reform_requests: float
+    """etcd requests during one re-form after a death, from the kill to the last return."""
+    reform_etcd_cpu_s: float
+    """etcd's CPU seconds over the same window."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    nodes: tuple[int, ...]
+    keep_alive_interval_s: float
+    first_round_s: Line
+    reform_death_s: Line
+    reform_leave_s: Line
+    quiet_req_s: Line
+    reform_requests: Quadratic
+    reform_etcd_cpu_s: Quadratic
+
+
+def fit_line(points: Sequence[tuple[float, float]]) -> Line:
+    """Least squares ``y = a + b x``; a negative slope (noise) is taken as 0, the mean.
+
+    Needs two distinct x at least: one node count says nothing about growth.
+    """
+    xs = [float(x) for x, _ in points]
+    ys = [float(y) for _, y in points]
+    if len(set(xs)) < 2:
+        raise ValueError("a line needs measurements at two node counts or more")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    b = sxy / sxx
+    if b < 0:
+        return Line(my, 0.0)
+    return Line(my - b * mx, b)
+
+
+def fit_quadratic(points: Sequence[tuple[float, float]]) -> Quadratic:
+    """Least squares ``y = b x + c x**2``; when ``c`` comes out negative, ``y = b x``."""
+    xs = [float(x) for x, _ in points]
+    ys = [float(y) for _, y in points]
+    if len(set(xs)) < 2:
+        raise ValueError("a quadratic needs measurements at two node counts or more")
+    # Normal equations of the two-column design [x, x^2].
+    s2 = sum(x**2 for x in xs)
+    s3 = sum(x**3 for x in xs)
+    s4 = sum(x**4 for x in xs)
+    t1 = sum(x * y for x, y in zip(xs, ys, strict=True))
+    t2 = sum(x * x * y for x, y in zip(xs, ys, strict=True))
+    det = s2 * s4 - s3 * s3
+    b = (t1 * s4 - t2 * s3) / det
+    c = (s2 * t2 - s3 * t1) / det
+    if c < 0:
+        return Quadratic(max(t1 / s2, 0.0), 0.0)
+    return Quadratic(b, c)
+
+
+def calibrate(points: Sequence[Point], keep_alive_interval_s: float) -> Calibration:
+    """Fit every figure on the measured node counts (one point per count: its medians)."""
+
+    def pairs(attr: str) -> list[tuple[float, float]]:
+        return [(p.nodes, getattr(p, attr)) for p in points]
+
+    return Calibration(
+        nodes=tuple(sorted(p.nodes for p in points)),
+        keep_alive_interval_s=keep_alive_interval_s,
+        first_round_s=fit_line(pairs("first_round_s")),
+        reform_death_s=fit_line(pairs("reform_death_s")),
+        reform_leave_s=fit_line(pairs("reform_leave_s")),
+        quiet_req_s=fit_line(pairs("quiet_req_s")),
+        reform_requests=fit_quadratic(pairs("reform_requests")),
+        reform_etcd_cpu_s=fit_quadratic(pairs("reform_etcd_cpu_s")),
+    )
+
+
+def expected_quiet_req_s(nodes: int, keep_alive_interval_s: float) -> float:
+    """etcd requests/s between rounds from the handler's design: per agent one heartbeat
+    refresh per interval, and per watch timeout one recursive read plus one new watch."""
+    per_agent = 1.0 + 2.0 / WATCH_TIMEOUT_INTERVALS
+    return nodes * per_agent / keep_alive_interval_s
+
+
+def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
+    """One modelled row; false deaths are not modelled (None)."""
+    reform_s = max(cal.reform_death_s.at(nodes), 1e-3)
+    requests = cal.reform_requests.at(nodes)
+    cpu_s = cal.reform_etcd_cpu_s.at(nodes)
+    return {
+        "nodes": nodes,
+        "source": "model",
+        "first_round_s": round(cal.first_round_s.at(nodes), 3),
+        "reform_death_s": round(reform_s, 3),
+        "reform_leave_s": round(cal.reform_leave_s.at(nodes), 3),
+        "false_deaths": None,
+        "quiet_req_s": round(cal.quiet_req_s.at(nodes), 1),
+        "expected_quiet_req_s": round(expected_quiet_req_s(nodes, cal.keep_alive_interval_s), 1),
+        "reform_requests": round(requests),
+        "reform_req_s": round(requests / reform_s, 1),
+        "reform_etcd_cpu_s": round(cpu_s, 3),
+        # Cores etcd must have to serve the re-form in the modelled time; beyond the cores
+        # it has, the re-form waits for etcd and the linear time is too low.
+        "reform_etcd_cores": round(cpu_s / reform_s, 2),
+    }
+
+
+def _line(name: str, line: Line) -> str:
+    return f"{name} = {line.a:.3f} + {line.b:.5f} * N"
+
+
+def assumptions(cal: Calibration) -> list[str]:
+    """What the modelled rows rest on, with the fitted coefficients."""
+    slope = cal.quiet_req_s.b
+    design = expected_quiet_req_s(1, cal.keep_alive_interval_s)
+    nodes = ", ".join(str(n) for n in cal.nodes)
+    return [
+        f"Calibrated by least squares on the medians measured at N = {nodes}; "
+        "a fitted slope below 0 (noise) is taken as 0.",
+        f"Times are linear in N: {_line('first round s', cal.first_round_s)}, "
+        f"{_line('re-form after a death s', cal.reform_death_s)}, "
+        f"{_line('re-form after a leave s', cal.reform_leave_s)}. This holds only while etcd "
+        "and the agents keep up; a saturated etcd grows faster than linearly.",
+        f"etcd requests/s between rounds are linear in N: {_line('req/s', cal.quiet_req_s)} "
+        f"(fitted {slope:.2f} per agent; the design gives {design:.2f}: one heartbeat refresh "
+        f"per {cal.keep_alive_interval_s:g} s interval, and one recursive read plus one new "
+        f"watch per watch timeout of {WATCH_TIMEOUT_INTERVALS} intervals).",
+        f"etcd requests per re-form = {cal.reform_requests.b:.2f} * N + "
+        f"{cal.reform_requests.c:.5f} * N^2 (least squares): every join and state write wakes "
+        "every agent's watch (up to N^2 wake-ups), fewer in practice because one re-read "
+        "covers every change before it. Re-form req/s = requests / modelled re-form time.",
+        f"etcd CPU per re-form = {cal.reform_etcd_cpu_s.b:.5f} * N + "
+        f"{cal.reform_etcd_cpu_s.c:.7f} * N^2 s: each wake-up re-reads the whole run "
+        "directory (N keys). etcd cores re-form = that CPU / modelled re-form time; where "
+        "it exceeds the cores etcd has, etcd is the bottleneck and the re-form takes longer "
+        "than the linear time says.",
+        "False deaths are not modelled (n/a): they are measured only up to the largest real N. "
+        "The model assumes a heartbeat refresh still completes within the key's TTL and a "
+        "probe is answered within the probe timeout at that N.",
+        "One etcd member on loopback, no network latency: a real cluster adds a round trip "
+        "per request. On the calibrating machine all N agents share its few cores with etcd, "
+        "so part of the measured growth with N is the agents' own CPU, which a cluster with "
+        "one agent per node does not share; etcd saturation is not in the fitted times.",
+    ]
