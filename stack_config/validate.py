@@ -11,6 +11,7 @@ import re
 from infra import gpu_sizes, naming
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
+from training.launch import MEASURED_HEARTBEATS_PER_S
 from training.stage_data import CHECKSUM
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
@@ -243,6 +244,7 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}) x {gpus} GPUs per "
             f"{cfg.gpu_pool.vm_size} node = {job.max_replicas * gpus}: every rank needs a sample"
         )
+    problems += _rendezvous_scale_problems(cfg)
     if job.active_deadline_s is not None:
         problems += _at_least(cfg, {"activeDeadlineSeconds": job.active_deadline_s}, 1)
     if not RUN_ID.match(job.run_id):
@@ -256,6 +258,25 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"got {job.hpa_cpu_utilization!r}"
         )
     return problems + _worker_resource_problems(cfg)
+
+
+def _rendezvous_scale_problems(cfg: LabConfig) -> list[str]:
+    """More heartbeats a second than the rendezvous was measured with is refused, not hoped for."""
+    job, rdzv = cfg.job, cfg.job.rendezvous
+    if not _counts(job.max_replicas, rdzv.keep_alive_interval_s) or rdzv.keep_alive_interval_s < 1:
+        return []
+    rate = rdzv.heartbeats_per_s(job.max_replicas)
+    if rate <= MEASURED_HEARTBEATS_PER_S:
+        return []
+    need = -(-job.max_replicas // MEASURED_HEARTBEATS_PER_S)  # ceiling
+    return [
+        f"{cfg.key('workerMaxReplicas')} ({job.max_replicas}) with "
+        f"{cfg.key('rdzvKeepAliveInterval')} ({rdzv.keep_alive_interval_s}) is {rate:g} "
+        f"heartbeats a second on etcd; the rendezvous is measured safe up to "
+        f"{MEASURED_HEARTBEATS_PER_S} (docs/rendezvous.md): set {cfg.key('rdzvKeepAliveInterval')}"
+        f" to {need} or more, or {cfg.key('workerMaxReplicas')} to "
+        f"{MEASURED_HEARTBEATS_PER_S * rdzv.keep_alive_interval_s} or less"
+    ]
 
 
 def _data_problems(cfg: LabConfig) -> list[str]:

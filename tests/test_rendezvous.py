@@ -325,3 +325,19 @@ def test_the_round_is_written_for_the_workers(nodes: Nodes, tmp_path: Path) -> N
     a, b = (nodes.new(round_file=f) for f in files)
     nodes.join(a, b)
     assert [f.read_text() for f in files] == ['{"round": 1, "members": 2}'] * 2
+
+
+def test_the_store_directory_exists_before_the_first_round(nodes: Nodes) -> None:
+    # torch's EtcdStore.get watches from index 0 when its directory is missing, and a rank
+    # that read between rank 0's two writes then waited out the store's 300 s timeout.
+    a = nodes.new()
+    a._start()
+    assert a.client.read(a._store_dir).dir
+
+
+def test_a_completed_round_drops_the_older_rounds_join_keys(nodes: Nodes) -> None:
+    a, b = nodes.new(), nodes.new()
+    nodes.join(a, b)
+    nodes.join(a, b)  # round 2: round 1's joins are gone, the directory stays one round big
+    joined = {leaf.key.split("/")[-2] for leaf in a.client.read(a.root, recursive=True).leaves}
+    assert "1" not in joined and a.round == 2

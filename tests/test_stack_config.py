@@ -479,3 +479,17 @@ def test_a_size_the_family_pattern_allows_but_azure_does_not_offer_is_refused() 
     message = _problems({"gpuVmSize": "Standard_NC12as_T4_v3"})
     assert "'Standard_NC12as_T4_v3' is not a size Azure offers in its family" in message
     assert "Standard_NC64as_T4_v3" in message
+
+
+def test_more_heartbeats_than_the_rendezvous_was_measured_with_are_refused() -> None:
+    big = {"gpuMaxNodes": "100", "workerMaxReplicas": "100", "globalBatchSize": "512"}
+    message = _problems(big)
+    assert (
+        "spot-lab:workerMaxReplicas (100) with spot-lab:rdzvKeepAliveInterval (1) is 100 "
+        "heartbeats a second on etcd; the rendezvous is measured safe up to 64"
+    ) in message
+    assert "set spot-lab:rdzvKeepAliveInterval to 2 or more" in message
+    assert "spot-lab:workerMaxReplicas to 64 or less" in message
+    # Beating half as often keeps etcd's load within what was measured.
+    assert _cfg({**big, "rdzvKeepAliveInterval": "2"}).job.max_replicas == 100
+    assert _cfg({"gpuMaxNodes": "64", "workerMaxReplicas": "64"}).job.max_replicas == 64

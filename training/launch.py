@@ -31,6 +31,12 @@ DATA_URI_ENV = "TRAIN_DATA_URI"
 DATA_DIR_ENV = "TRAIN_DATA_DIR"
 
 
+MEASURED_HEARTBEATS_PER_S = 64
+"""The most agents' heartbeats per second the rendezvous was measured with, with no live agent
+taken for dead (``python -m bench rendezvous-scale``: 64 agents, a heartbeat a second, one
+etcd). A job beyond it must beat less often: the stack config refuses it otherwise."""
+
+
 @dataclass(frozen=True)
 class RendezvousSettings:
     """Rendezvous clocks (training/rendezvous.py). torchrun's defaults take ~46 s to recover
@@ -49,6 +55,10 @@ class RendezvousSettings:
     kills nobody: the probe must go unanswered too."""
     join_timeout_s: int = 900
     """First round waits this long for min nodes: GPU Spot nodes autoscale from zero."""
+
+    def heartbeats_per_s(self, max_nodes: int) -> float:
+        """What ``max_nodes`` agents write to etcd between rounds."""
+        return max_nodes / self.keep_alive_interval_s
 
     def validate(self) -> None:
         """Raise ValueError naming the setting when a timeout is not a positive integer."""

@@ -163,7 +163,8 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.node = new_node_id()
         self.verdict, self.round_file = verdict, round_file
         self.root = f"{ROOT}/rendezvous/{run_id}"
-        self._store = EtcdStore(store_client or client, f"{ROOT}/store/{run_id}")
+        self._store_dir = f"{ROOT}/store/{run_id}"
+        self._store = EtcdStore(store_client or client, self._store_dir)
         self.round = 0
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
@@ -301,8 +302,15 @@ class SpotRendezvousHandler(RendezvousHandler):
         if self._may_complete(joined, previous, view, opened):
             order = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
             done = {"round": round_, "members": order[: self.max_nodes], "previous": previous}
-            self._write_state(done, index)
+            if self._write_state(done, index):
+                self._forget_rounds_before(round_, view)
         return opened
+
+    def _forget_rounds_before(self, round_: int, view: View) -> None:
+        """Old rounds' join keys: every watch re-reads the directory, keep it to one round."""
+        for old in (r for r in view.joined if r < round_):
+            with contextlib.suppress(etcd.EtcdException):
+                self.client.delete(f"{self.root}/join/{old}", recursive=True, dir=True)
 
     def _may_complete(
         self, joined: list[str], previous: list[str], view: View, opened: float
@@ -449,6 +457,10 @@ class SpotRendezvousHandler(RendezvousHandler):
             return
         if self._probe is None:
             self._probe = ProbeServer(self.node)
+        # torch's EtcdStore.get watches from index 0 when the store's directory is missing:
+        # a rank that reads between rank 0's two writes would wait out the store's timeout.
+        with contextlib.suppress(etcd.EtcdAlreadyExist, etcd.EtcdNotFile):
+            self.client.write(self._store_dir, None, dir=True, prevExist=False)
         self._beat()  # may raise: the caller retries while etcd is away
         for target, name in ((self._heartbeats, "rdzv-heartbeat"), (self._watch, "rdzv-watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
