@@ -131,18 +131,6 @@ def etcd_rates(before: dict[str, float], after: dict[str, float]) -> dict[str, f
 
 
 # -- the worker processes ----------------------------------------------------------------------
-def seed_store_dir(port: int, path: str) -> None:
-    """Create the run's workers'-store directory before the first round, as torch's own etcd
-    rendezvous does. Without it torch's EtcdStore.get, finding no directory, watches from
-    "now" (index 0): when rank 0 writes both master keys between that read and the watch,
-    a rank waits out the store's 300 s timeout (seen here with 4 agents)."""
-    import etcd
-
-    client = etcd.Client("127.0.0.1", port, read_timeout=10)
-    with contextlib.suppress(etcd.EtcdAlreadyExist, etcd.EtcdNotFile):
-        client.write(path, None, dir=True, prevExist=False)
-
-
 class _Host:
     """The agents of one worker process, and the commands the coordinator sends it."""
 
@@ -156,9 +144,8 @@ class _Host:
     def make(self, run_id: str, indices: list[int], max_nodes: int, conf: dict[str, str]) -> int:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-        from training.rendezvous import BACKEND, ROOT, create_handler
+        from training.rendezvous import BACKEND, create_handler
 
-        seed_store_dir(self.port, f"{ROOT}/store/{run_id}")
         self.handlers, self.gone = {}, set()
         for index in indices:
             params = RendezvousParameters(
@@ -595,9 +582,7 @@ def harness_assumptions(config: ScaleConfig, conf: dict[str, str]) -> list[str]:
         "rep is a fresh run id. Times are CLOCK_MONOTONIC, common to all processes.",
         f"The shipped settings (training/launch.py RendezvousSettings: {conf}, probe timeout "
         f"{PROBE_TIMEOUT_S:g} s), except join_timeout lowered to the {config.cap_s} s cap. "
-        "min_nodes 1, max_nodes N. The run's workers'-store directory is created before the "
-        "first round, as torch's etcd rendezvous does (without it a rank can wait out "
-        "EtcdStore's 300 s timeout: seed_store_dir).",
+        "min_nodes 1, max_nodes N.",
         "First round: from the common start of N joins to the last next_rendezvous return, "
         "every agent in one round of N.",
         "Death: the agent's heartbeats stop and its probe port refuses, without leaving (what "
