@@ -12,7 +12,13 @@ from kubeflow.training import models as kubeflow_models
 from kubeflow.training.api_client import ApiClient
 
 from stack_config import JobConfig, LabConfig
-from training.launch import RDZV_PORT, RendezvousSettings, train_command, worker_env
+from training.launch import (
+    ETCD_BACKENDS,
+    RDZV_PORT,
+    RendezvousSettings,
+    train_command,
+    worker_env,
+)
 from workloads.manifests.job import (
     LOCAL_DATA_DIR,
     LOCAL_MOUNT,
@@ -94,6 +100,18 @@ def test_rdzv_conf_is_the_shared_rendezvous_settings() -> None:
     policy = _elastic(pytorchjob_manifest(_job_spec(rendezvous=settings)))
     assert policy["rdzvConf"] == [{"key": k, "value": v} for k, v in settings.conf().items()]
     assert {"key": "last_call_timeout", "value": "2"} in policy["rdzvConf"]
+
+
+def test_the_workers_serve_the_operators_etcd_v2_with_our_rendezvous_handler() -> None:
+    # The CRD allows only c10d, etcd and etcd-v2; the warm agent (training/launcher.py) takes
+    # etcd-v2 and registers training/rendezvous.py for it. The lab's nodes run the same.
+    manifest = pytorchjob_manifest(_job_spec())
+    assert _elastic(manifest)["rdzvBackend"] in ETCD_BACKENDS
+    assert _env(manifest)["TRAIN_LAUNCHER"] == "warm"
+    assert _container(manifest)["command"][:3] == ["python", "-m", "training.agent"]
+    # Defaults the stack's rendezvous keys give the handler: a 2 s TTL, a 1 s last call.
+    conf = {c["key"]: c["value"] for c in _elastic(manifest)["rdzvConf"]}
+    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == ("1", "2")
 
 
 def test_operator_env_matches_what_the_lab_gives_its_agents() -> None:
