@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Measure the lab against plain torchrun defaults plus a periodic "
         "checkpoint: recovery per fault kind, steady-state step time, checkpoint stall.",
+        epilog="The rendezvous at scale is a command of its own: "
+        "python -m bench rendezvous-scale --help",
     )
     parser.add_argument("--reps", type=int, help="repetitions per fault kind (default 3)")
     parser.add_argument(
