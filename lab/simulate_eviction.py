@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import subprocess
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
-from azure.identity import DefaultAzureCredential
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScaleSetVM
 
+from lab.azure import credential_from_env
 from stack_config import LabConfig
 
 POOL_TAG = "aks-managed-poolName"
@@ -268,9 +269,11 @@ def explain_azure_error(err: HttpResponseError, request: EvictionRequest) -> str
 
 @contextmanager
 def azure_compute_client(subscription: str) -> Iterator[ComputeManagementClient]:
-    """A compute client signed in the usual way: az login, environment, workload identity."""
+    """A compute client signed in as ``pulumi up`` deploys (lab/azure.py): a service
+    principal's ARM_* variables, or az login. Not DefaultAzureCredential: it would probe the
+    instance metadata address and print every credential it tried."""
     with (
-        DefaultAzureCredential() as credential,
+        credential_from_env(os.environ) as credential,
         ComputeManagementClient(credential, subscription) as client,
     ):
         yield client
@@ -282,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m lab simulate-eviction",
         description=__doc__.split("\n\n")[1],
         epilog=(
-            "Signs in with DefaultAzureCredential: az login, AZURE_* variables or a managed\n"
-            "identity. Examples:\n"
+            "Signs in as pulumi up deploys: ARM_CLIENT_ID/ARM_CLIENT_SECRET/ARM_TENANT_ID, or\n"
+            "az login. Examples:\n"
             "  pulumi stack output --json --show-secrets > outputs.json\n"
             "  python -m lab simulate-eviction --stack-outputs outputs.json --dry-run\n"
             "  python -m lab simulate-eviction --stack-outputs outputs.json --pod JOB-worker-1"
@@ -351,6 +354,8 @@ def main(
 ) -> int:
     """Run ``simulate-eviction``; returns 0 on success and 2 with a message on stderr if not."""
     args = build_parser().parse_args(argv)
+    # azure-identity logs a failed sign-in as a warning; the one-line error below says it.
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)
     try:
         request = request_from_args(args, os.environ if environ is None else environ)
     except EvictionError as err:
@@ -360,12 +365,12 @@ def main(
     except EvictionError as err:
         return _fail(str(err))
     except ClientAuthenticationError as err:
-        # DefaultAzureCredential raises this when no sign-in works; ARM raises it on a 401.
+        # The credential raises this when no sign-in works; ARM raises it on a 401.
         first_line = (err.message or str(err)).splitlines()[0]
         return _fail(
             "no usable Azure credentials: run `az login` with an account that can reach "
-            f"subscription {request.subscription}, or set AZURE_CLIENT_ID/AZURE_TENANT_ID/"
-            f"AZURE_CLIENT_SECRET. Azure identity said: {first_line}"
+            f"subscription {request.subscription}, or set ARM_CLIENT_ID/ARM_TENANT_ID/"
+            f"ARM_CLIENT_SECRET. Azure identity said: {first_line}"
         )
     except HttpResponseError as err:
         return _fail(explain_azure_error(err, request))

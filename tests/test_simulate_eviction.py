@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from azure.mgmt.compute import ComputeManagementClient
 from lab.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_node_name
 from tests.azure_replay import FakeAzure as FakeArm
 from tests.azure_replay import LoopbackTransport, NoSignIn, StaticToken, serve
+from tests.test_lab_preflight import _can_unshare, _offline
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 RG = "MC_spotlab_aks_westus3"
@@ -301,3 +303,25 @@ def test_kubectl_resolver_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     _fake_kubectl(tmp_path, "exit 0")
     with pytest.raises(EvictionError, match="not scheduled on a node yet"):
         kubectl_pod_node("w-1", "spot-lab")
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")
+def test_with_no_sign_in_and_no_network_it_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It signs in as pulumi up deploys (ARM_* or az login), never DefaultAzureCredential,
+    # which probed the instance metadata address and printed every credential it tried.
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"nodeResourceGroup": "MC_rg", "gpuPoolName": "gpu1"}))
+    tools = tmp_path / "bin"  # unshare, and no az even where one is installed
+    tools.mkdir()
+    (tools / "unshare").symlink_to(shutil.which("unshare") or "unshare")
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setenv("AZURE_SUBSCRIPTION_ID", "00000000-0000-0000-0000-000000000000")
+    for name in ("ARM_CLIENT_ID", "ARM_CLIENT_SECRET", "ARM_TENANT_ID", "ARM_USE_MSI"):
+        monkeypatch.delenv(name, raising=False)
+    done = _offline(["simulate-eviction", "--stack-outputs", str(outputs), "--dry-run"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("simulate-eviction: error: no usable Azure credentials")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "ManagedIdentityCredential" not in done.stderr
