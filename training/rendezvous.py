@@ -468,6 +468,8 @@ class SpotRendezvousHandler(RendezvousHandler):
             self._threads.append(thread)
 
     def _beat(self) -> None:
+        # etcd v2 API, "Refreshing key TTL": refresh=true renews the TTL without notifying
+        # watchers (python-etcd's Client.refresh), so heartbeats wake nobody's watch.
         key = f"{self.root}/nodes/{self.node}"
         try:
             self.client.refresh(key, ttl=self.timing.ttl_s)
