@@ -51,10 +51,11 @@ def kube() -> Iterator[FakeKube]:
         yield fake
 
 
-def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
+def _write_outputs(tmp_path: Path, config: dict[str, Any]) -> Path:
+    """A stack's outputs file with ``config`` as its kubeconfig."""
     path = tmp_path / "outputs.json"
     outputs = {
-        "kubeconfig": json.dumps(kubeconfig(kube.url)),
+        "kubeconfig": json.dumps(config),
         "namespace": NS,
         "jobName": JOB,
         "nodeResourceGroup": "MC_spotlab-rg_spotlab-aks_westus3",
@@ -62,6 +63,10 @@ def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
     }
     path.write_text(json.dumps(outputs))
     return path
+
+
+def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
+    return _write_outputs(tmp_path, kubeconfig(kube.url))
 
 
 def _cluster(kube: FakeKube) -> Cluster:
@@ -325,16 +330,7 @@ def _stack_outputs(tmp_path: Path, user: dict[str, Any]) -> Path:
     """Outputs of a stack that is up, its API server at AKS's kind of address."""
     config = kubeconfig("https://spotlab-dev-1a2b3c4d.hcp.westus3.azmk8s.io:443")
     config["users"][0]["user"] = user
-    path = tmp_path / "outputs.json"
-    outputs = {
-        "kubeconfig": json.dumps(config),
-        "namespace": NS,
-        "jobName": JOB,
-        "nodeResourceGroup": "MC_spotlab-rg_spotlab-aks_westus3",
-        "gpuPoolName": "gpu",
-    }
-    path.write_text(json.dumps(outputs))
-    return path
+    return _write_outputs(tmp_path, config)
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")
