@@ -175,7 +175,6 @@ class SpotRendezvousHandler(RendezvousHandler):
         self._watch_client = watch_client or client
         self._threads: list[threading.Thread] = []
         self._verdicts: dict[str, tuple[float, Verdict]] = {}
-        self.shutdown_requested = False
         self.closed_by_us = False
         self._etcd_down_since: float | None = None
         self._last_seen: dict[str, dict[str, Any]] = {}
@@ -203,8 +202,8 @@ class SpotRendezvousHandler(RendezvousHandler):
         self._update_state(lambda s: {**s, "closed": True})
 
     def shutdown(self) -> bool:
-        """Called by torch's launcher whatever the outcome: noted, the agent settles it."""
-        self.shutdown_requested = True
+        """Called by torch's launcher whatever the outcome: nothing here, the agent settles it
+        (``settle``), since torch's launcher would close the id on every ending but a signal."""
         return True
 
     def settle(self, close: bool) -> None:
