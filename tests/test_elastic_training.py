@@ -208,13 +208,19 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
         os.kill(cluster.nodes[node].pid, signal.SIGTERM)  # both evicted: scale to zero
     for node in ("a", "b"):
         cluster.wait_exit(node, 60)
-    completed = cluster.max_step()
+    logged = cluster.max_step()
     saves = cluster.events("emergency_save")
     # A rank that sees the flag first leaves at the step boundary; rank 0, already inside the
     # next step, then sees its all-reduce fail: a peer_failure, but during a stop.
     assert {e["reason"] for e in saves} <= {"sigterm", "peer_failure"}
-    assert {e["step"] for e in saves} == {completed}
     assert [(e["rank"], e["durable"]) for e in saves if e["durable"]] == [(0, True)]
+    durable = next(e["step"] for e in saves if e["durable"])
+    # Each rank saves its own last completed step. The signals land a moment apart, so one
+    # rank may have applied step n's reduced gradient and the other not yet; and a step is
+    # complete before its log line. Rank 0 loses none of its steps: its save is the last step
+    # it logged, or the one it completed after.
+    assert durable in (logged, logged + 1)
+    assert {e["step"] for e in saves} <= {logged - 1, logged, logged + 1}
     assert all(e["seconds"] < 10 for e in saves)  # well inside the >= 30 s eviction notice
 
     restart = cluster_factory("after-sigterm")
@@ -222,7 +228,7 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
     restart.start("c", ARGS)
     assert restart.wait_exit("c", 180) == 0, restart.tail()
     resumed = restart.events("resumed")[0]
-    assert (resumed["source"], resumed["step"]) == ("durable", completed)
+    assert (resumed["source"], resumed["step"]) == ("durable", durable)
 
 
 @pytest.mark.timeout(300)

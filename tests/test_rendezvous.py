@@ -51,6 +51,7 @@ class Nodes:
     def __init__(self, server: EmbeddedEtcd, run_id: str, min_nodes: int, max_nodes: int) -> None:
         self.server, self.run_id = server, run_id
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self.timing = TIMING
         self.handlers: list[SpotRendezvousHandler] = []
         self.pool = ThreadPoolExecutor(max_workers=16)
 
@@ -63,7 +64,7 @@ class Nodes:
             self.run_id,
             self.min_nodes,
             self.max_nodes,
-            TIMING,
+            self.timing,
             local_addr="127.0.0.1",
             watch_client=client(),
             **kwargs,  # type: ignore[arg-type]
@@ -181,6 +182,27 @@ def test_a_killed_node_is_dropped_at_once_not_after_its_ttl(nodes: Nodes) -> Non
     assert ranks(infos) == [(0, 2), (1, 2)]
     assert a.round == b.round == 2
     assert took < TIMING.ttl_s, f"{took:.2f} s: the dead node's key was waited out"
+
+
+def test_a_member_killed_after_it_answered_a_probe_is_not_taken_for_a_waiting_node(
+    nodes: Nodes,
+) -> None:
+    # A longer heartbeat: a's answer is held, and c's key lives, for the whole test.
+    nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=5)
+    a, b, c = nodes.new(), nodes.new(), nodes.new()
+    nodes.join(a, b, c)
+    # a asked c a moment ago (as while forming a round) and was told alive; then c is killed.
+    assert not a._is_dead(c.node, a._current_view(), probe_live=True)
+    kill(c)
+    started = time.monotonic()
+    nodes.join(a, b)  # b finds c dead and completes the round; a joins it
+    # Nor may a stale answer hold the round up until it runs out.
+    assert time.monotonic() - started < nodes.timing.keep_alive_interval_s
+    # Until its TTL runs out c's key is still there, outside the new round's members. a must
+    # not count it as a node waiting to join: that would re-form the new group at once.
+    wait_until(lambda: (a._view.state or {}).get("members") is not None, 5)
+    assert c.node in a._view.nodes, "c's key expired before the check: the test proves nothing"
+    assert a.num_nodes_waiting() == 0 and b.num_nodes_waiting() == 0
 
 
 def test_a_node_that_leaves_is_not_waited_for(nodes: Nodes) -> None:

@@ -236,6 +236,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 n for n in view.nodes if n not in members and not self._is_dead(n, view, True)
             ]
             if waiting:
+                logger.info("%s waiting to join: re-forming the group", ", ".join(waiting))
                 return len(waiting)
         gone = [m for m in members if m != self.node and self._is_dead(m, view)]
         if gone:
@@ -249,6 +250,9 @@ class SpotRendezvousHandler(RendezvousHandler):
             )
         deadline = time.monotonic() + self.timing.join_timeout_s
         opened = 0.0
+        # A new round follows a fault: an answer from before it would make this round wait
+        # for a node killed since, until the answer ran out.
+        self._forget_answers()
         while True:
             if time.monotonic() > deadline:
                 raise RendezvousTimeoutError(
@@ -331,6 +335,10 @@ class SpotRendezvousHandler(RendezvousHandler):
         round_, members = int(state["round"]), state["members"]
         self.round, self._known_index = round_, index
         rank, world = members.index(self.node), len(members)
+        # Whoever completed this round found every left-out node of the last one dead. An
+        # answer this node cached before then would count a just-killed node as waiting and
+        # re-form the new group at once: ask again.
+        self._forget_answers(set(state.get("previous") or []) - set(members))
         store = PrefixStore(f"torch.rendezvous.{self.run_id}.{round_}", self._store)
         if self.round_file is not None:
             self.round_file.write_text(json.dumps({"round": round_, "members": world}))
@@ -364,6 +372,12 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def _all_dead(self, members: list[str], view: View) -> bool:
         return bool(members) and all(self._is_dead(m, view, True) for m in members)
+
+    def _forget_answers(self, nodes: set[str] | None = None) -> None:
+        """Drop cached 'alive' and 'unknown' answers (of ``nodes``, or all); death is final."""
+        for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
+            if self._verdicts[node][1] is not Verdict.DEAD:
+                del self._verdicts[node]
 
     def _probe_cached(self, node: str, seen: dict[str, Any]) -> Verdict:
         now = time.monotonic()
