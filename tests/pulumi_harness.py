@@ -24,6 +24,7 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.deployer import AZURE_CLI_APP_ID
 from stack_config.files import stack_file_config
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -123,21 +124,56 @@ class ProgramRun:
         """Every invoke of one function token."""
         return [c for c in self.calls if c.token == token]
 
+    def waits_for(self, resource: Registered, other: Registered) -> bool:
+        """Whether ``resource`` is created after (and deleted before) ``other``: a dependency,
+        direct or through other resources, or through its provider."""
+        by_urn = {r.urn: r for r in self.resources}
+        seen: set[str] = set()
+        todo = [resource]
+        while todo:
+            current = todo.pop()
+            edges = list(current.dependencies)
+            if current.provider:  # "<provider urn>::<provider id>"
+                edges.append(current.provider.rsplit("::", 1)[0])
+            for urn in edges:
+                if urn == other.urn:
+                    return True
+                if urn not in seen and urn in by_urn:
+                    seen.add(urn)
+                    todo.append(by_urn[urn])
+        return False
+
+
+@dataclass(frozen=True)
+class AzureAnswers:
+    """What the mocked Azure says about the world outside the program."""
+
+    subscription_id: str = SUBSCRIPTION_ID
+    """The subscription the mocked provider deploys into (ids and getClientConfig)."""
+    deployer_client_id: str = AZURE_CLI_APP_ID
+    """getClientConfig's client id: the Azure CLI's own for a user (the default), else the
+    signed-in principal's."""
+    live_pool_counts: Mapping[str, int] = field(default_factory=dict)
+    """Agent pools the cluster already has, with their current node counts (getManagedCluster)."""
+
 
 class LabMocks(pulumi.runtime.Mocks):
     """Answers resources and invokes with plausible Azure/Kubernetes outputs."""
 
-    def __init__(self, subscription_id: str = SUBSCRIPTION_ID) -> None:
+    def __init__(self, answers: AzureAnswers | None = None) -> None:
         self.calls: list[Invoked] = []
-        self.subscription_id = subscription_id
-        """The subscription the mocked provider deploys into (ids and getClientConfig)."""
+        self.answers = answers or AzureAnswers()
+
+    @property
+    def subscription_id(self) -> str:
+        return self.answers.subscription_id
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         state = mock_state(args.typ, args.name, dict(args.inputs))
         return mock_id(args.typ, args.name, state, self.subscription_id), state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        result = mock_invoke(args.token, dict(args.args), self.subscription_id)
+        result = mock_invoke(args.token, dict(args.args), self.answers)
         self.calls.append(Invoked(args.token, dict(args.args), result))
         return result
 
@@ -365,9 +401,10 @@ def fake_kubeconfig(cluster: str, fmt: str | None = None) -> str:
 
 
 def mock_invoke(
-    token: str, args: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
+    token: str, args: dict[str, Any], answers: AzureAnswers | None = None
 ) -> dict[str, Any]:
     """Answers for the functions (invokes) the program may call; unknown ones return ``{}``."""
+    answers = answers or AzureAnswers()
     if token in (
         "azure-native:containerservice:listManagedClusterUserCredentials",
         "azure-native:containerservice:listManagedClusterAdminCredentials",
@@ -377,11 +414,15 @@ def mock_invoke(
         return {"kubeconfigs": [{"name": "clusterUser", "value": value}]}
     if token == "azure-native:authorization:getClientConfig":
         return {
-            "clientId": fake_uuid("deployer", "client"),
+            "clientId": answers.deployer_client_id,
             "objectId": fake_uuid("deployer", "object"),
-            "subscriptionId": subscription_id,
+            "subscriptionId": answers.subscription_id,
             "tenantId": TENANT_ID,
         }
+    if token == "azure-native:containerservice:getManagedCluster":
+        pools = [{"name": "bootstrap", "count": 1, "mode": "System"}]
+        pools += [{"name": n, "count": c} for n, c in answers.live_pool_counts.items()]
+        return {"name": args.get("resourceName"), "agentPoolProfiles": pools}
     return {}
 
 
@@ -397,15 +438,15 @@ def run_pulumi(
     project: str = "spot-lab",
     stack: str = "dev",
     check: bool = True,
-    subscription_id: str = SUBSCRIPTION_ID,
+    answers: AzureAnswers | None = None,
 ) -> ProgramRun:
     """Run any program callable under fresh mocks and collect registrations and outputs.
 
     With ``check`` (the default) an exception from the program is re-raised; otherwise it
     is returned in ``ProgramRun.error`` next to whatever was registered before it.
-    ``subscription_id`` is the subscription the mocked provider deploys into.
+    ``answers`` is what the mocked Azure says (subscription, deployer, existing pools).
     """
-    mocks = LabMocks(subscription_id)
+    mocks = LabMocks(answers)
     monitor = RecordingMonitor(mocks)
     # A fresh root Stack per run: set_mocks only creates one when none is installed.
     settings.set_root_resource(None)
@@ -450,7 +491,7 @@ def run_program(
     check: bool = True,
     project_dir: Path = PROJECT_DIR,
     stack_dir: Path | None = None,
-    subscription_id: str = SUBSCRIPTION_ID,
+    answers: AzureAnswers | None = None,
 ) -> ProgramRun:
     """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
 
@@ -463,6 +504,4 @@ def run_program(
     def program() -> None:
         runpy.run_path(str(main_file), run_name="__main__")
 
-    return run_pulumi(
-        program, config, project=project, stack=stack, check=check, subscription_id=subscription_id
-    )
+    return run_pulumi(program, config, project=project, stack=stack, check=check, answers=answers)

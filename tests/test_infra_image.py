@@ -109,7 +109,7 @@ def test_dockerignore_rules_follow_docker(path: str, ignored: bool) -> None:
 def test_the_build_runs_in_the_project_dir_and_the_job_uses_its_tag() -> None:
     run = run_program("dev")
     tag = image_tag(TRAINING)
-    build = run.one("command:local:Command")
+    build = run.one("command:local:Command", "image-build")
     assert "dir" not in build.inputs  # the engine runs it in the project directory
     assert build.inputs["create"].endswith(f"spot-lab-trainer:{tag} training")
     assert run.outputs["imageTag"] == tag

@@ -83,9 +83,13 @@ def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
     job = _pod_spec(run.one(PYTORCHJOB))
     assert job["containers"][0]["image"] == run.outputs["image"]
     env = {e["name"]: e["value"] for e in job["containers"][0]["env"]}
-    endpoint = run.outputs["blobEndpoint"]
-    assert env["TRAIN_DATA_URI"] == f"{endpoint}{run.outputs['dataContainer']}"
-    assert run.of_type("kubernetes:core/v1:PersistentVolume") == []
+    assert env["TRAIN_DATA_URI"] == "/mnt/dataset"
+    # The dataset volume is the stack's data container, mounted as the training identity.
+    pv = run.one("kubernetes:core/v1:PersistentVolume").inputs["spec"]["csi"]
+    assert pv["volumeAttributes"]["storageAccount"] == run.outputs["storageAccount"]
+    assert pv["volumeAttributes"]["containerName"] == run.outputs["dataContainer"]
+    assert pv["volumeAttributes"]["resourceGroup"] == run.outputs["resourceGroup"]
+    assert pv["volumeAttributes"]["clientID"] == run.outputs["trainingClientId"]
     account = run.one("kubernetes:core/v1:ServiceAccount", "namespace").inputs["metadata"]
     assert (
         account["annotations"]["azure.workload.identity/client-id"]
