@@ -292,6 +292,8 @@ def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
         == "true"
     )
     assert staging.custom_timeouts["create"] == "3600s"
+    # A Job that failed is replaced by the next up (test_workloads_data_staging.py).
+    assert staging.inputs["metadata"]["annotations"] == {"pulumi.com/replaceUnready": "true"}
     account = default_run.one("kubernetes:core/v1:ServiceAccount", "data-staging")
     assert account.inputs["metadata"]["annotations"] == {
         "azure.workload.identity/client-id": "stager-client-id"
