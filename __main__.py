@@ -63,6 +63,8 @@ class AzureLab:
     training_identity: WorkloadIdentity
     stager_identity: WorkloadIdentity
     image: TrainingImage
+    stager_image: TrainingImage
+    """The data-staging Job's image: no CUDA, built from the same tree."""
     deployer: DeployerSignIn
     deployer_type: pulumi.Output[str]
     """``User`` or ``ServicePrincipal``: what the deployer's object id is."""
@@ -134,18 +136,25 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
         storage.data_container_id,
         "data-writer",
     )
-    image = TrainingImage(
-        "training-image",
-        TrainingImageArgs(
-            registry_name=registry.name,
-            login_server=registry.login_server,
-            resource_group=resource_group.name,
-            subscription_id=resource_group.subscription_id,
-            project_dir=PROJECT_DIR,
-            context="training",
-            repository=names.image_repository,
-            builder=cfg.image_builder,
-        ),
+    image, stager_image = (
+        TrainingImage(
+            f"{who}-image",
+            TrainingImageArgs(
+                registry_name=registry.name,
+                login_server=registry.login_server,
+                resource_group=resource_group.name,
+                subscription_id=resource_group.subscription_id,
+                project_dir=PROJECT_DIR,
+                context="training",
+                repository=repository,
+                builder=cfg.image_builder,
+                dockerfile=dockerfile,
+            ),
+        )
+        for who, repository, dockerfile in (
+            ("training", names.image_repository, "Dockerfile"),
+            ("stager", names.stager_image_repository, "Dockerfile.stager"),
+        )
     )
     return AzureLab(
         resource_group,
@@ -155,6 +164,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
         training_identity,
         stager_identity,
         image,
+        stager_image,
         deployer,
         deployer_type,
     )
@@ -205,6 +215,7 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("blobEndpoint", azure.storage.blob_endpoint)
     pulumi.export("image", azure.image.image_ref)
     pulumi.export("imageTag", azure.image.tag)
+    pulumi.export("stagerImage", azure.stager_image.image_ref)
     pulumi.export("trainingClientId", azure.training_identity.client_id)
     pulumi.export("stagerClientId", azure.stager_identity.client_id)
     pulumi.export("kubeletClientId", cluster.kubelet_client_id)
@@ -245,6 +256,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
             config=cfg,
             kubeconfig=cluster.kubeconfig,
             image=azure.image.image_ref,
+            stager_image=azure.stager_image.image_ref,
             storage_account=storage.account_name,
             storage_resource_group=storage.resource_group_name,
             data_container=storage.data_container,

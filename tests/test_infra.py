@@ -324,7 +324,7 @@ def test_pod_identities_are_federated_and_write_one_container(
 
 def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) -> None:
     tag = image_tag(PROJECT_DIR / "training")
-    build = run.one(COMMAND, "image-build")
+    build = run.one(COMMAND, "training-image-build")
     registry = run.one(REGISTRY).outputs
     # The registry's group and the stack's subscription, not az's lookup and default
     # (Azure/azure-cli #27913); amd64 whatever the laptop is.
@@ -342,7 +342,7 @@ def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) ->
 
 def test_docker_builder_builds_and_pushes_locally() -> None:
     run = run_program("dev", {"imageBuilder": "docker"})
-    create = run.one(COMMAND, "image-build").inputs["create"]
+    create = run.one(COMMAND, "training-image-build").inputs["create"]
     ref = run.outputs["image"]
     assert create.endswith(
         f"docker build --platform linux/amd64 --tag {ref} training && docker push {ref}"

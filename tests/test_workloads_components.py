@@ -14,6 +14,7 @@ from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 from workloads.manifests.operator import training_operator_source
 
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
+STAGER_IMAGE = "spotlabacr.azurecr.io/spot-lab-stager:0123456789ab"
 BLOB_ENDPOINT = "https://spotlab1a2b3c.blob.core.windows.net/"
 KUBELET_CLIENT_ID = "00000000-0000-0000-0000-0000000000aa"
 TRAINING_CLIENT_ID = "00000000-0000-0000-0000-0000000000bb"
@@ -38,6 +39,7 @@ def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
                 config=cfg,
                 kubeconfig=pulumi.Output.secret("apiVersion: v1\nkind: Config\n"),
                 image=pulumi.Output.from_input(image),
+                stager_image=STAGER_IMAGE,
                 storage_account="spotlab1a2b3c",
                 storage_resource_group="spotlab-dev-rg",
                 data_container="data",
@@ -282,7 +284,8 @@ def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
     assert pod["serviceAccountName"] == "data-stager"
     assert pod["nodeSelector"] == {"spot-lab/pool": "system"}  # no GPU node for a download
     (container,) = pod["containers"]
-    assert container["image"] == IMAGE
+    # The staging image, not the multi-GB CUDA training image, on the small CPU node.
+    assert container["image"] == STAGER_IMAGE
     assert container["command"][:3] == ["python", "-m", "training.stage_data"]
     args = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
     assert args["--container-uri"] == f"{BLOB_ENDPOINT.rstrip('/')}/data"

@@ -51,6 +51,8 @@ class LabWorkloadsArgs:
     """Kubeconfig of the AKS cluster (secret)."""
     image: pulumi.Input[str]
     """Full training image reference, content-hash tag."""
+    stager_image: pulumi.Input[str]
+    """The data-staging Job's image (no CUDA), content-hash tag."""
     storage_account: pulumi.Input[str]
     """The lab's storage account (the dataset volume mounts its ``data`` container)."""
     storage_resource_group: pulumi.Input[str]
@@ -177,7 +179,7 @@ class LabWorkloads(pulumi.ComponentResource):
     ) -> DataStaging:
         """The Job that downloads the dataset into the data container."""
         cfg = args.config
-        spec = pulumi.Output.all(args.image, args.blob_endpoint, args.data_container).apply(
+        spec = pulumi.Output.all(args.stager_image, args.blob_endpoint, args.data_container).apply(
             lambda values: DataStagingSpec(
                 job_prefix=job_name(cfg),
                 namespace=cfg.namespace,
