@@ -19,6 +19,10 @@ import pulumi_azure_native as azure_native
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.deployer import DeployerSignIn
 from infra.kubeconfig import deployer_kubeconfig
+
+# Re-exported for the lab's tools, which read the bootstrap pool's size from here; new code
+# imports it from infra.node_pools, which does not import pulumi.
+from infra.node_pools import BOOTSTRAP_VM_SIZE as BOOTSTRAP_VM_SIZE
 from infra.node_pools import (
     GPU_POOL_CREATE_ONLY,
     SYSTEM_POOL_CREATE_ONLY,
