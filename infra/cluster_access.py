@@ -69,7 +69,7 @@ class ClusterAccessWaitArgs:
 
     kubeconfig: pulumi.Input[str]
     """The kubeconfig the Kubernetes provider uses (secret)."""
-    admin_grant: pulumi.Resource
+    admin_grant: pulumi.CustomResource
     """The deployer's cluster-admin role assignment."""
     who: str
     """The deployer, in words, for the error message."""

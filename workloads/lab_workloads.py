@@ -91,26 +91,7 @@ class LabWorkloads(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-lab:workloads:LabWorkloads", name, None, opts)
         cfg = args.config
-        provider = k8s.Provider(
-            f"{name}-kubernetes",
-            kubeconfig=args.kubeconfig,
-            # While the cluster is being updated its kubeconfig is unknown at preview, and without
-            # an identifier the provider, and so every object under it, is planned for
-            # replacement. With one, the provider is replaced only when this string changes
-            # (pulumi-kubernetes Provider docs, `clusterIdentifier`).
-            cluster_identifier=args.cluster_identifier,
-            # The PyTorchJob CRD is too large for client-side apply's annotation.
-            enable_server_side_apply=True,
-            # `pulumi destroy` finishes when the cluster is gone, stopped or unreachable (an
-            # expired sign-in): its objects are dropped from the state instead of failing to
-            # delete ("configured Kubernetes cluster is unreachable"; pulumi-kubernetes
-            # provider.go, Delete and Read). A refresh while unreachable drops them too; the next
-            # `up` then takes the objects that are still there over instead of failing with
-            # AlreadyExists (provider.go, upsertExistingObjects with server-side apply).
-            delete_unreachable=True,
-            upsert_existing_objects=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
-        )
+        provider = self._kubernetes(name, args)
         cluster = pulumi.ResourceOptions(parent=self, providers=[provider])
         namespace = LabNamespace(
             f"{name}-namespace",
@@ -172,6 +153,29 @@ class LabWorkloads(pulumi.ComponentResource):
                 "rdzv_id": self.rdzv_id,
                 "watch_commands": self.watch_commands,
             }
+        )
+
+    def _kubernetes(self, name: str, args: LabWorkloadsArgs) -> k8s.Provider:
+        """The one Kubernetes provider: every object waits for what ``args.access`` names."""
+        return k8s.Provider(
+            f"{name}-kubernetes",
+            kubeconfig=args.kubeconfig,
+            # While the cluster is being updated its kubeconfig is unknown at preview, and without
+            # an identifier the provider, and so every object under it, is planned for
+            # replacement. With one, the provider is replaced only when this string changes
+            # (pulumi-kubernetes Provider docs, `clusterIdentifier`).
+            cluster_identifier=args.cluster_identifier,
+            # The PyTorchJob CRD is too large for client-side apply's annotation.
+            enable_server_side_apply=True,
+            # `pulumi destroy` finishes when the cluster is gone, stopped or unreachable (an
+            # expired sign-in): its objects are dropped from the state instead of failing to
+            # delete ("configured Kubernetes cluster is unreachable"; pulumi-kubernetes
+            # provider.go, Delete and Read). A refresh while unreachable drops them too; the next
+            # `up` then takes the objects that are still there over instead of failing with
+            # AlreadyExists (provider.go, upsertExistingObjects with server-side apply).
+            delete_unreachable=True,
+            upsert_existing_objects=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
         )
 
     def _staging(
