@@ -14,8 +14,8 @@ from pathlib import Path
 import pulumi
 
 import stack_config
+from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
 from infra.cluster import AksCluster, AksClusterArgs
-from infra.deployer import DeployerSignIn, deployer_sign_in
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
 from infra.image import TrainingImage, TrainingImageArgs
 from infra.naming import GlobalNames, global_names, lab_names
@@ -27,8 +27,8 @@ from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 PROJECT_DIR = Path(__file__).resolve().parent
 
 
-# The provider settings that decide how azure-native signs in (infra/deployer.py); secrets are
-# read only to know whether they are set.
+# The provider settings that decide how azure-native signs in (infra/catalog/deployer.py);
+# secrets are read only to know whether they are set.
 _SIGN_IN_SETTINGS = ("clientId", "tenantId", "useMsi", "useOidc")
 _SIGN_IN_SECRETS = ("clientSecret", "clientCertificatePath")
 

@@ -16,8 +16,8 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
+from infra.catalog.deployer import DeployerSignIn
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
-from infra.deployer import DeployerSignIn
 from infra.kubeconfig import deployer_kubeconfig
 
 # Re-exported for the lab's tools, which read the bootstrap pool's size from here; new code

@@ -10,7 +10,7 @@ it. etcd, the operator and the data staging run on the CPU pool (``systemVmSize`
 resources whose names derive from their create-only settings, so a change of size is a new
 pool, created before the old one is deleted, never a refused update and never a new cluster.
 Each GPU pool generation labels its nodes with its own name, and the job selects it
-(``infra/pool_labels.py``). Pure: the builders return the SDK's keyword arguments.
+(``infra/catalog/pool_labels.py``). Pure: the builders return the SDK's keyword arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from infra.pool_labels import BOOTSTRAP, GPU_SPOT, SYSTEM, pool_labels
+from infra.catalog.pool_labels import BOOTSTRAP, GPU_SPOT, SYSTEM, pool_labels
 from stack_config import ClusterConfig, GpuPoolConfig
 
 # AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from infra.deployer import AZURE_CLI_APP_ID
+from infra.catalog.deployer import AZURE_CLI_APP_ID
 
 SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
 TENANT_ID = "11111111-1111-1111-1111-111111111111"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from infra.base_images import (
+from infra.catalog.base_images import (
     AKS_GPU_DRIVER_BRANCH,
     DOCKER_HUB,
     TORCH_CUDA_BUILDS,
@@ -126,7 +126,7 @@ def test_base_image_is_a_pytorch_cuda12_runtime_of_our_torch_pinned_by_digest(
     (RELEASE.md; the default PyPI wheel, resolved with pip, requires cuda-toolkit 13.0.3), and
     AKS's GPU driver branch (570, Azure/AKS #5207) runs CUDA 12.x only (13.x needs 580). The
     digest is the one independent public projects pin for this tag; lab preflight resolves it
-    against Docker Hub before anything is created (infra/base_images.py)."""
+    against Docker Hub before anything is created (infra/catalog/base_images.py)."""
     (base,) = _args(instructions, "FROM")
     ref = parse_image_ref(base)
     assert (ref.registry, ref.repository) == (DOCKER_HUB, BASE_IMAGE)

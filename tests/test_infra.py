@@ -14,11 +14,11 @@ import yaml
 from pulumi.runtime.sync_await import _sync_await
 
 from infra import node_pools as aks
-from infra.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from infra.catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
 from infra.kubeconfig import deployer_kubeconfig
 from infra.naming import global_names, lab_names, unique_suffix
-from infra.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra.roles import (
     ACR_PULL,
     STORAGE_BLOB_DATA_CONTRIBUTOR,

@@ -1,21 +1,21 @@
 """Where pods may run: the node-pool labels and taints the cluster and the workloads share.
 
-The AKS node pools carry these labels (``infra/pool_labels.py``, set by ``infra/cluster.py``)
-and taints; every workload here selects and tolerates them, so a pod lands on the pool it was
-meant for.
+The AKS node pools carry these labels (``infra/catalog/pool_labels.py``, set by
+``infra/node_pools.py``) and taints; every workload here selects and tolerates them, so a pod lands
+on the pool it was meant for.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from infra.pool_labels import GPU_SPOT, POOL_LABEL, SYSTEM
+from infra.catalog.pool_labels import GPU_SPOT, POOL_LABEL, SYSTEM
 
 SYSTEM_POOL = {POOL_LABEL: SYSTEM}
 """Selects the on-demand CPU pool: etcd and the operator must outlive any spot eviction."""
 GPU_SPOT_POOL = {POOL_LABEL: GPU_SPOT}
 """Selects every generation of the GPU Spot pool (the device plugin); the job selects one
-(``infra.pool_labels.gpu_pool_selector``)."""
+(``infra.catalog.pool_labels.gpu_pool_selector``)."""
 
 ROLE_LABEL = "spot-lab/role"
 TRAINER_LABELS = {ROLE_LABEL: "trainer"}
