@@ -23,7 +23,7 @@ from bench.cpu_profile import CpuProfile
 from bench.profiles import Profile
 from bench.scenarios import SteadyPlan, steady_scenario, steady_train
 from lab import process_tree
-from lab.node_logs import Record, read_records
+from lab.report.node_logs import Record, read_records
 from lab.session import REPO_ROOT, SessionOptions, run_session
 from training.launch import TRAIN_MODULE
 

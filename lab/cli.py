@@ -13,7 +13,7 @@ from pathlib import Path
 from lab.etcd_server import EtcdError
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.interrupts import InterruptGuard, interrupt_guard
-from lab.report import format_report
+from lab.report.text import format_report
 from lab.scenario import FAULT_KINDS, ScenarioError
 from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
 from lab.session import LabError, SessionOptions, run_session
@@ -202,8 +202,8 @@ def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from lab.report import cost_of_run, report_from_run, write_outputs
-    from lab.run_logs import RunLogsError, load_run
+    from lab.report.run_logs import RunLogsError, load_run
+    from lab.report.run_report import cost_of_run, report_from_run, write_outputs
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)

@@ -4,7 +4,7 @@ Built on the official ``kubernetes`` client: the watch API for pods and events, 
 for each worker pod. It signs in with the stack's own kubeconfig (``kubeconfig`` in the stack
 outputs: kubelogin with the Azure CLI's login, as ``pulumi up`` uses it). It only reads.
 
-What it sees goes to a run directory in the layout ``lab.run_logs`` reads (``pods/<pod>.log``
+What it sees goes to a run directory in the layout ``lab.report.run_logs`` reads (``pods/<pod>.log``
 as ``kubectl logs --timestamps`` prints it, ``events.jsonl``), so ``lab watch``, ``lab drill``
 and ``lab report --logs`` build one report the same way. A watch or a log stream that drops
 is opened again; a log is read again from its start and only new lines are kept.
@@ -31,8 +31,8 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import MaxRetryError
 
 from lab.job_view import JobView
-from lab.node_logs import parse_record
-from lab.run_logs import ClusterEvent, cluster_event, well_formed
+from lab.report.node_logs import parse_record
+from lab.report.run_logs import ClusterEvent, cluster_event, well_formed
 from workloads.manifests.job import JOB_NAME_LABEL
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"

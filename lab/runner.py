@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from lab.job_view import JobView
 from lab.node import NodeProcess, wait_for_exit
-from lab.node_logs import LogTail, parse_record
+from lab.report.node_logs import LogTail, parse_record
 from lab.scenario import Fault, MembershipChange, Scenario
 from lab.status_line import StatusLine, status_text
 

@@ -32,8 +32,8 @@ from lab import process_tree
 from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.interrupts import InterruptGuard, interrupt_guard
 from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
-from lab.report import report_from_run, write_outputs
-from lab.run_logs import load_lab_run
+from lab.report.run_logs import load_lab_run
+from lab.report.run_report import report_from_run, write_outputs
 from lab.runner import FaultRunner, LabEventLog, RunOutcome
 from lab.scenario import (
     SYNTHETIC_TRAIN_FILES,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.node_logs import read_jsonl
+from lab.report.node_logs import read_jsonl
 from lab.scenario import Fault, ScenarioError, TrainSettings, validate_scenario
 from lab.scenario_file import scenario_from_dict
 from tests.test_lab_runner import _runner, _scenario

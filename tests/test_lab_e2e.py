@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from lab.node_logs import read_jsonl, read_records
+from lab.report.node_logs import read_jsonl, read_records
 from lab.scenario_file import load_scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any])
 
 
 def _recompute(raw: list[dict], event: dict[str, Any], start: float, end: float) -> dict[str, Any]:
-    """The report's definitions (``lab/report.py``), computed again straight from the raw
+    """The report's definitions (``lab/report/outcomes.py``), computed again straight from the raw
     node logs: recovery is the first line at the planned world size, after the first round
     that resumed after the fault when one did."""
     injected_at, planned = event["injected_at"], event["planned_world_size"]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from lab.job_view import JobView
-from lab.node_logs import LogTail, parse_record, read_records
+from lab.report.node_logs import LogTail, parse_record, read_records
 from lab.status_line import StatusLine, status_text
 
 

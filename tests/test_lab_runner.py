@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.node_logs import read_jsonl
+from lab.report.node_logs import read_jsonl
 from lab.runner import FaultRunner, LabEventLog
 from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from training.launch import RendezvousSettings
