@@ -13,11 +13,11 @@ from pathlib import Path
 from lab.etcd_server import EtcdError
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.interrupts import InterruptGuard, interrupt_guard
+from lab.live.status_line import StatusLine
 from lab.report.text import format_report
 from lab.scenario import FAULT_KINDS, ScenarioError
 from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
 from lab.session import LabError, SessionOptions, run_session
-from lab.status_line import StatusLine
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:

@@ -29,11 +29,11 @@ from lab.cluster_watch import (
     read_target,
 )
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from lab.live.event_log import LabEventLog
+from lab.live.status_line import StatusLine
 from lab.report.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
 from lab.report.run_report import cost_of_run, report_from_run, write_outputs
 from lab.report.text import format_report
-from lab.runner import LabEventLog
-from lab.status_line import StatusLine
 
 ENDED = ("Succeeded", "Failed")
 Prices = Callable[[], tuple[float | None, float | None, str]]

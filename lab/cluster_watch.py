@@ -30,7 +30,7 @@ from kubernetes import watch as k8s_watch
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import MaxRetryError
 
-from lab.job_view import JobView
+from lab.live.job_view import JobView
 from lab.report.node_logs import parse_record
 from lab.report.run_logs import ClusterEvent, cluster_event, well_formed
 from workloads.manifests.job import JOB_NAME_LABEL

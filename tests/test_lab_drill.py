@@ -19,9 +19,9 @@ import pytest
 import lab.simulate_eviction
 from lab.cli import _evictor, build_parser
 from lab.cloud_run import CloudOptions, DrillOptions, drill
+from lab.live.status_line import StatusLine
 from lab.preflight import build_parser as preflight_parser
 from lab.prices import build_parser as prices_parser
-from lab.status_line import StatusLine
 from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
 from tests.test_lab_watch import _outputs

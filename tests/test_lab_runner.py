@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.live.event_log import LabEventLog
 from lab.report.node_logs import read_jsonl
-from lab.runner import FaultRunner, LabEventLog
+from lab.runner import FaultRunner
 from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from training.launch import RendezvousSettings
 
