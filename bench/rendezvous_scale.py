@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import rendezvous_scale_model as model
 from bench.stats import summarize_known
-from lab.etcd_server import EmbeddedEtcd, EtcdError, find_etcd_binary
+from lab.local.etcd_server import EmbeddedEtcd, EtcdError, find_etcd_binary
 from training.exit_codes import VERDICT_ENV
 from training.launch import ROUND_FILE_ENV, RendezvousSettings
 from training.liveness import PROBE_TIMEOUT_S

@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lab.etcd_server import EtcdError
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.interrupts import InterruptGuard, interrupt_guard
 from lab.live.status_line import StatusLine
+from lab.local.etcd_server import EtcdError
+from lab.local.interrupts import InterruptGuard, interrupt_guard
+from lab.local.scenario import FAULT_KINDS, ScenarioError
+from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
+from lab.local.session import LabError, SessionOptions, run_session
 from lab.report.text import format_report
-from lab.scenario import FAULT_KINDS, ScenarioError
-from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
-from lab.session import LabError, SessionOptions, run_session
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:

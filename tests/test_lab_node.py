@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import process_tree
-from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
+from lab.local import process_tree
+from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
 from lab.report.node_logs import read_jsonl
 from training.launch import ElasticPolicy, train_command
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from lab.live.event_log import LabEventLog
+from lab.local.runner import FaultRunner
+from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from lab.report.node_logs import read_jsonl
-from lab.runner import FaultRunner
-from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from training.launch import RendezvousSettings
 
 

@@ -18,9 +18,9 @@ from typing import Protocol
 from lab.live.event_log import LabEventLog
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
-from lab.node import NodeProcess, wait_for_exit
+from lab.local.node import NodeProcess, wait_for_exit
+from lab.local.scenario import Fault, MembershipChange, Scenario
 from lab.report.node_logs import LogTail, parse_record
-from lab.scenario import Fault, MembershipChange, Scenario
 
 EXIT_BAD_INPUT = 2
 # A pod that keeps failing is in CrashLoopBackOff; the lab gives up instead of looping.
