@@ -175,7 +175,7 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _cloud(args: argparse.Namespace) -> int:
-    from lab.cloud_run import CloudOptions, DrillOptions, drill, watch
+    from lab.azure.cloud_run import CloudOptions, DrillOptions, drill, watch
 
     out = args.out or Path("lab-runs") / time.strftime("cloud-%Y%m%d-%H%M%S")
     options = CloudOptions(args.stack_outputs, out, lambda: _run_prices(args))
@@ -190,7 +190,7 @@ def _cloud(args: argparse.Namespace) -> int:
 
 def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
     """Evict through simulate-eviction, as a user would run it."""
-    from lab.simulate_eviction import main as simulate_eviction
+    from lab.azure.simulate_eviction import main as simulate_eviction
 
     def evict(node: str) -> int:
         argv = ["--stack-outputs", str(args.stack_outputs), "--node", node]
@@ -232,8 +232,8 @@ def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, s
     """The prices a cluster run is costed at: the flags, else `lab prices`' cache."""
     if getattr(args, "spot_price", None) or getattr(args, "on_demand_price", None):
         return args.spot_price, args.on_demand_price, "prices given on the command line"
-    from lab.prices import cached_vm_price
-    from lab.stack_choice import resolve_stack
+    from lab.azure.prices import cached_vm_price
+    from lab.azure.stack_choice import resolve_stack
     from stack_config.model import ConfigError
 
     try:
@@ -305,15 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["simulate-eviction"]:
-        from lab.simulate_eviction import main as simulate_eviction
+        from lab.azure.simulate_eviction import main as simulate_eviction
 
         return simulate_eviction(argv[1:])
     if argv[:1] == ["preflight"]:
-        from lab.preflight import main as preflight
+        from lab.azure.preflight import main as preflight
 
         return preflight(argv[1:])
     if argv[:1] == ["prices"]:
-        from lab.prices import main as prices
+        from lab.azure.prices import main as prices
 
         return prices(argv[1:])
     args = build_parser().parse_args(argv)

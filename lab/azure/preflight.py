@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.cluster import BOOTSTRAP_VM_SIZE
-from lab.azure import (
+from lab.azure.clients import (
     ARM,
     Azure,
     AzureError,
@@ -31,8 +31,8 @@ from lab.azure import (
     azure_errors,
     signed_in_as,
 )
+from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.stack_choice import resolve_stack
 from stack_config.files import PROJECT_DIR, StackSettings
 from stack_config.model import ConfigError, LabConfig
 

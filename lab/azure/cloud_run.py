@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.cluster_watch import (
+from lab.azure.cluster_watch import (
     EVICTION_OUTPUTS,
     BadOutputs,
     Cluster,
