@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return simulate_eviction(argv[1:])
     if argv[:1] == ["preflight"]:
-        from lab.azure.preflight import main as preflight
+        from lab.azure.preflight.command import main as preflight
 
         return preflight(argv[1:])
     if argv[:1] == ["prices"]:

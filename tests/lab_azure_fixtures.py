@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.azure.clients import Azure, reach
-from lab.azure.preflight import PROVIDERS
+from lab.azure.preflight.subscription import PROVIDERS
 from tests.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 
 import lab.azure.simulate_eviction
 from lab.azure.cloud_run import CloudOptions, DrillOptions, drill
-from lab.azure.preflight import build_parser as preflight_parser
+from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices import build_parser as prices_parser
 from lab.cli import _evictor, build_parser
 from lab.live.status_line import StatusLine
