@@ -175,7 +175,7 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _cloud(args: argparse.Namespace) -> int:
-    from lab.azure.cloud_run import CloudOptions, DrillOptions, drill, watch
+    from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill, watch
 
     out = args.out or Path("lab-runs") / time.strftime("cloud-%Y%m%d-%H%M%S")
     options = CloudOptions(args.stack_outputs, out, lambda: _run_prices(args))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import lab.azure.simulate_eviction
-from lab.azure.cloud_run import CloudOptions, DrillOptions, drill
+from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill
 from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices import build_parser as prices_parser
 from lab.cli import _evictor, build_parser

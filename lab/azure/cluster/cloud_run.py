@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.azure.cluster_watch import (
+from lab.azure.cluster.job_watcher import JobWatcher
+from lab.azure.cluster.kube import (
     EVICTION_OUTPUTS,
     BadOutputs,
     Cluster,
     ClusterError,
-    JobWatcher,
-    Recorder,
     full_world_size,
     job_phase,
     procs_per_worker,
     read_target,
 )
+from lab.azure.cluster.recorder import Recorder
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
