@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["rendezvous-scale"]:
         # A command of its own; every other argv is the bench as before. Imported here: it
         # needs none of the bench's machinery.
-        from bench.rendezvous_scale import main as rendezvous_scale_main
+        from bench.rendezvous_scale.command import main as rendezvous_scale_main
 
         return rendezvous_scale_main(argv[1:])
     args = build_parser().parse_args(argv)
