@@ -19,10 +19,6 @@ import pulumi_azure_native as azure_native
 from infra.catalog.deployer import DeployerSignIn
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.kubeconfig import deployer_kubeconfig
-
-# Re-exported for the lab's tools, which read the bootstrap pool's size from here; new code
-# imports it from infra.node_pools, which does not import pulumi.
-from infra.node_pools import BOOTSTRAP_VM_SIZE as BOOTSTRAP_VM_SIZE
 from infra.node_pools import (
     GPU_POOL_CREATE_ONLY,
     SYSTEM_POOL_CREATE_ONLY,

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from infra.catalog.deployer import AZURE_CLI_APP_ID
 from lab.azure.clients import Azure, reach
 from lab.azure.preflight.subscription import PROVIDERS
-from tests.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording
+from tests.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording, serve
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SUB = "00000000-0000-0000-0000-00000000abcd"
@@ -22,6 +26,10 @@ SKUS = f"{SUB_PATH}/providers/Microsoft.Compute/skus"
 USAGES = f"{SUB_PATH}/providers/Microsoft.Compute/locations/westus3/usages"
 ROLE_ASSIGNMENTS = f"{SUB_PATH}/providers/Microsoft.Authorization/roleAssignments"
 ROLE_DEFINITIONS = f"{SUB_PATH}/providers/Microsoft.Authorization/roleDefinitions"
+AKS_VERSIONS = (
+    f"{SUB_PATH}/providers/Microsoft.ContainerService/locations/westus3/kubernetesVersions"
+)
+TENANT = "00000000-0000-0000-0000-0000000000aa"
 ROLES = {
     "owner": "8e3af657-a8ff-443c-a75c-2fe8c4bcb635",
     "contributor": "b24988ac-6180-42a0-ab88-20f7382dd24c",
@@ -56,6 +64,7 @@ def subscription_routes(fake: FakeAzure) -> None:
     for name, guid in ROLES.items():
         body = recording(f"role_definition_{name}.json")
         fake.routes[("GET", f"{ROLE_DEFINITIONS}/{guid}")] = (200, body)
+    fake.routes[("GET", AKS_VERSIONS)] = (200, recording("kubernetes_versions_westus3.json"))
 
 
 def price_routes(fake: FakeAzure) -> None:
@@ -78,8 +87,9 @@ def eviction_routes(fake: FakeAzure) -> None:
 
 
 def replay_azure(fake: FakeAzure, credential: Any = None, **environ: str) -> Azure:
-    """An ``Azure`` whose clients talk to the fake, signed in as the recorded user."""
-    claims = {"oid": OID, "upn": "ada@example.com", "tid": "00000000-0000-0000-0000-0000000000aa"}
+    """An ``Azure`` whose clients talk to the fake, signed in as the recorded user (through the
+    Azure CLI, whose application id an ARM token carries in ``appid``)."""
+    claims = {"oid": OID, "upn": "ada@example.com", "tid": TENANT, "appid": AZURE_CLI_APP_ID}
     return Azure(
         credential=credential or StaticToken(claims),
         transport=lambda: LoopbackTransport(fake.url),
@@ -137,7 +147,7 @@ def az_account(subscription: str = SUB, reachable: tuple[str, ...] = ()) -> dict
         "id": subscription,
         "name": "Spot lab (pay-as-you-go)",
         "state": "Enabled",
-        "tenantId": "00000000-0000-0000-0000-0000000000aa",
+        "tenantId": TENANT,
         "isDefault": True,
         "user": {"name": "ada@example.com", "type": "user"},
         "_reachable": list(reachable),
@@ -152,3 +162,19 @@ def scratch_project(tmp_path: Path, stack: str = "test", **values: str) -> Path:
     config = {k if ":" in k else f"spot-lab:{k}": v for k, v in values.items()}
     (project / f"Pulumi.{stack}.yaml").write_text(json.dumps({"config": config}))
     return project
+
+
+def subscription_served() -> Iterator[FakeAzure]:
+    """The subscription of ``subscription_routes`` on loopback (a fixture body)."""
+    for fake in serve():
+        subscription_routes(fake)
+        yield fake
+
+
+def tools_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake tools alone on PATH, signed in to az, with no proxy in the way of loopback."""
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    bin_dir = fake_tools(tmp_path / "bin", az_account())
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return bin_dir

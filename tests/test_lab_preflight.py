@@ -18,7 +18,7 @@ from lab.azure.preflight.command import main
 from lab.azure.preflight.identity import action_matches
 from stack_config.files import load_stack
 from stack_config.model import ConfigError
-from tests.azure_replay import FakeAzure, NoSignIn, recording, serve
+from tests.azure_replay import FakeAzure, NoSignIn, recording
 from tests.lab_azure_fixtures import (
     OID,
     OTHER_SUB,
@@ -35,24 +35,26 @@ from tests.lab_azure_fixtures import (
     provider,
     replay_azure,
     scratch_project,
-    subscription_routes,
+    subscription_served,
+    tools_on_path,
 )
+from tests.registry_replay import FakeRegistry, hub_for_preflight
 
 
 @pytest.fixture
 def azure() -> Iterator[FakeAzure]:
-    for fake in serve():
-        subscription_routes(fake)
-        yield fake
+    yield from subscription_served()
+
+
+@pytest.fixture(autouse=True)
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
+    """Docker Hub with the Dockerfiles' bases, on loopback: no preflight here reaches it."""
+    yield from hub_for_preflight(monkeypatch)
 
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(proxy, raising=False)
-    bin_dir = fake_tools(tmp_path / "bin", az_account())
-    monkeypatch.setenv("PATH", str(bin_dir))
-    return bin_dir
+    return tools_on_path(tmp_path, monkeypatch)
 
 
 def _preflight(
@@ -61,10 +63,12 @@ def _preflight(
     *flags: str,
     project: Path = PROJECT_DIR,
     credential: Any = None,
+    registry: Any = None,
     **environ: str,
 ) -> tuple[int, dict[str, Any]]:
     """Run with --json; (exit code, {check name: check})."""
-    code = main(["--json", *flags], replay_azure(fake, credential, **environ), project)
+    azure = replay_azure(fake, credential, **environ)
+    code = main(["--json", *flags], azure, project, registry=registry)
     out = capsys.readouterr().out
     report = json.loads(out)
     return code, {c["name"]: c for c in report.get("checks", [])} | {"_report": report}
@@ -215,21 +219,29 @@ def _can_unshare() -> bool:
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "messages"),
     [
-        (["preflight", "--stack", "dev"], "cannot reach Azure (management.azure.com)"),
-        (["prices", "--stack", "dev"], "error: cannot reach Azure (prices.azure.com)"),
+        (
+            ["preflight", "--stack", "dev"],
+            [
+                "cannot reach Azure (management.azure.com)",
+                "cannot reach Docker Hub (registry-1.docker.io)",
+            ],
+        ),
+        (["prices", "--stack", "dev"], ["error: cannot reach Azure (prices.azure.com)"]),
     ],
 )
 def test_with_no_network_each_command_says_it_cannot_reach_azure(
-    argv: list[str], message: str, tmp_path: Path
+    argv: list[str], messages: list[str], tmp_path: Path
 ) -> None:
     done = _offline(argv, tmp_path)
     assert done.returncode == 1, done.stderr
     output = done.stdout + done.stderr
-    assert message in output
     assert "Traceback" not in output
-    assert len([line for line in output.splitlines() if "cannot reach" in line]) == 1
+    # One line for each endpoint, none twice.
+    reached = [line for line in output.splitlines() if "cannot reach" in line]
+    assert len(reached) == len(messages), reached
+    assert all(any(m in line for line in reached) for m in messages), reached
 
 
 # ---- each check failing ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ from tests.test_lab_preflight import _can_unshare, _offline
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 RG = "MC_spotlab_aks_westus3"
-GPU_POOL = "gpu1a2b3c4d"  # derived from the pool's create-only settings (infra/cluster.py)
+GPU_POOL = "gpu1a2b3c4d"  # derived from the pool's create-only settings (infra/node_pools.py)
 GPU_VMSS = f"aks-{GPU_POOL}-12345678-vmss"
 SYSTEM_VMSS = "aks-system-87654321-vmss"
 ARM = "https://management.azure.com"
@@ -233,6 +233,18 @@ def test_missing_credentials_say_az_login(arm: FakeArm, capsys: Any) -> None:
     err = capsys.readouterr().err
     assert "no usable Azure credentials: run `az login`" in err
     assert f"an account that can reach subscription {SUB}" in err
+
+
+def test_a_sign_in_it_cannot_mirror_is_one_line(
+    capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sign-in rule is pulumi up's (infra/catalog/deployer.py): OIDC has no kubelogin twin.
+    monkeypatch.setenv("ARM_USE_OIDC", "true")
+    argv = ["--subscription", SUB, "--node-resource-group", RG, "--pool", GPU_POOL]
+    assert main([*argv, "--node", f"{GPU_VMSS}00000b"], environ={}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simulate-eviction: error: azure-native:useOidc (ARM_USE_OIDC)")
+    assert len(err.splitlines()) == 1
 
 
 def test_missing_subscription_fails_before_signing_in(capsys: Any) -> None:

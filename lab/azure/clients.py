@@ -1,10 +1,11 @@
 """Reading Azure for the lab's tools: who signs in, which clients, and errors in one line.
 
-``lab preflight`` and ``lab prices`` only read. They sign in as ``pulumi up`` would:
-pulumi-azure-native uses a service principal when ``ARM_CLIENT_ID``, ``ARM_CLIENT_SECRET``
-and ``ARM_TENANT_ID`` are set, a managed identity with ``ARM_USE_MSI=true``, and the Azure
-CLI's login otherwise. That is also why this does not use ``DefaultAzureCredential``: its
-managed-identity step probes the instance metadata address on a laptop.
+``lab preflight`` and ``lab prices`` only read. They sign in as ``pulumi up`` would, by the
+one rule of ``infra/catalog/deployer.py`` (pulumi-azure-native's precedence): a service
+principal with a secret or a certificate, a managed identity with ``ARM_USE_MSI=true``, and
+the Azure CLI's login otherwise. That is also why this does not use
+``DefaultAzureCredential``: its managed-identity step probes the instance metadata address on
+a laptop.
 
 Every expected failure becomes an ``AzureError`` whose message is one line: no network, not
 signed in, a refusal (401/403), a service error. Tests hand in a fake credential and a
@@ -33,6 +34,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 from azure.core.pipeline.policies import (
+    BearerTokenCredentialPolicy,
     ContentDecodePolicy,
     HttpLoggingPolicy,
     ProxyPolicy,
@@ -44,9 +46,17 @@ from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
 from azure.identity import (
     AzureCliCredential,
+    CertificateCredential,
     ClientSecretCredential,
     CredentialUnavailableError,
     ManagedIdentityCredential,
+)
+
+from infra.catalog.deployer import (
+    AZURE_CLI_LOGIN,
+    MANAGED_IDENTITY_LOGIN,
+    DeployerSignIn,
+    deployer_sign_in,
 )
 
 ARM = "https://management.azure.com"
@@ -84,7 +94,7 @@ def first_line(text: object) -> str:
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
-def reach(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+def reach(url: str, timeout: float = PROBE_TIMEOUT_S, service: str = "Azure") -> None:
     """Raise ``Unreachable`` unless a TCP connection to ``url``'s host (or its proxy) opens.
 
     Checked once before signing in, so no network fails in seconds with one message instead
@@ -101,27 +111,48 @@ def reach(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise Unreachable(f"cannot reach Azure ({urlsplit(url).hostname}): {reason}") from None
+        raise Unreachable(f"cannot reach {service} ({urlsplit(url).hostname}): {reason}") from None
 
 
-def credential_from_env(environ: Mapping[str, str]) -> TokenCredential:
-    """The identity ``pulumi up`` would deploy as (see the module docstring)."""
-    client_id = environ.get("ARM_CLIENT_ID", "")
-    secret, tenant = environ.get("ARM_CLIENT_SECRET", ""), environ.get("ARM_TENANT_ID", "")
-    if client_id and secret and tenant:
-        return ClientSecretCredential(tenant, client_id, secret)
-    if environ.get("ARM_USE_MSI", "").lower() == "true":
-        return ManagedIdentityCredential(client_id=client_id or None)
-    return AzureCliCredential(process_timeout=30)
+def deployer(
+    environ: Mapping[str, str], provider: Mapping[str, str] | None = None
+) -> DeployerSignIn:
+    """How ``pulumi up`` signs in, from the ``ARM_*`` environment and the stack's
+    ``azure-native:*`` settings; ``NotSignedIn`` for a sign-in the lab cannot mirror (OIDC)."""
+    try:
+        return deployer_sign_in(environ, provider or {})
+    except ValueError as err:
+        raise NotSignedIn(str(err)) from None
 
 
-def signed_in_as(environ: Mapping[str, str]) -> str:
-    """How ``credential_from_env`` signs in, for messages."""
-    if environ.get("ARM_CLIENT_ID") and environ.get("ARM_CLIENT_SECRET"):
-        return f"service principal {environ['ARM_CLIENT_ID']} (ARM_CLIENT_ID)"
-    if environ.get("ARM_USE_MSI", "").lower() == "true":
-        return "managed identity (ARM_USE_MSI)"
-    return "the Azure CLI's login (az login)"
+def _setting(environ: Mapping[str, str], provider: Mapping[str, str], var: str, key: str) -> str:
+    # The same precedence as the catalog's: the provider's setting wins over its variable.
+    return (provider.get(key) or environ.get(var) or "").strip()
+
+
+def credential_from_env(
+    environ: Mapping[str, str], provider: Mapping[str, str] | None = None
+) -> TokenCredential:
+    """A credential for the identity ``pulumi up`` would deploy as (see the module docstring)."""
+    provider = provider or {}
+    who = deployer(environ, provider)
+    if who.login == MANAGED_IDENTITY_LOGIN:
+        return ManagedIdentityCredential(client_id=who.client_id or None)
+    if who.login == AZURE_CLI_LOGIN:
+        return AzureCliCredential(tenant_id=who.tenant_id, process_timeout=30)
+    if not who.tenant_id:
+        raise NotSignedIn(
+            f"service principal {who.client_id} has no tenant: set ARM_TENANT_ID "
+            "(or azure-native:tenantId), as pulumi up needs it too"
+        )
+    if who.certificate:
+        path = _setting(environ, provider, "ARM_CLIENT_CERTIFICATE_PATH", "clientCertificatePath")
+        password = environ.get("ARM_CLIENT_CERTIFICATE_PASSWORD") or None
+        return CertificateCredential(
+            who.tenant_id, who.client_id, certificate_path=path, password=password
+        )
+    secret = _setting(environ, provider, "ARM_CLIENT_SECRET", "clientSecret")
+    return ClientSecretCredential(who.tenant_id, who.client_id, secret)
 
 
 def explain(err: Exception) -> AzureError:
@@ -175,6 +206,8 @@ class Azure:
     """Makes each client's transport (a client closes its own when it closes)."""
     probe: Callable[[str], None] = reach
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    provider: Mapping[str, str] = field(default_factory=dict)
+    """The stack's ``azure-native:*`` settings (without the namespace); they choose the sign-in."""
 
     def _kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"retry_total": RETRIES}
@@ -184,7 +217,7 @@ class Azure:
 
     def signed_in(self) -> TokenCredential:
         if self.credential is None:
-            self.credential = credential_from_env(self.environ)
+            self.credential = credential_from_env(self.environ, self.provider)
         return self.credential
 
     def caller(self) -> dict[str, Any]:
@@ -220,12 +253,21 @@ class Azure:
 
     def public(self, base_url: str) -> PipelineClient:
         """A client for a public, unauthenticated JSON API (the Retail Prices API)."""
+        return self._pipeline(base_url, [])
+
+    def arm(self) -> PipelineClient:
+        """A signed-in client for ARM operations no installed SDK covers (use ``get_json`` with
+        the operation's path and its ``api-version``)."""
+        return self._pipeline(ARM, [BearerTokenCredentialPolicy(self.signed_in(), ARM_SCOPE)])
+
+    def _pipeline(self, base_url: str, auth: list[Any]) -> PipelineClient:
         policies = [
             UserAgentPolicy(sdk_moniker="spot-lab"),
             ProxyPolicy(),
             ContentDecodePolicy(),
             RedirectPolicy(),
             RetryPolicy(retry_total=RETRIES),
+            *auth,
             HttpLoggingPolicy(),
         ]
         if self.transport is not None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from infra import gpu_sizes
-from infra.cluster import BOOTSTRAP_VM_SIZE
+from infra.node_pools import BOOTSTRAP_VM_SIZE
 from lab.azure.api_cache import ApiCache, cache_dir
 from lab.azure.clients import RETAIL_PRICES, Azure, AzureError, NotSignedIn
 from lab.azure.eviction_rates import band_floor, eviction_bands

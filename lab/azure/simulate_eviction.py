@@ -28,7 +28,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScaleSetVM
 
-from lab.azure.clients import credential_from_env
+from lab.azure.clients import AzureError, credential_from_env
 from stack_config import LabConfig
 
 POOL_TAG = "aks-managed-poolName"
@@ -127,8 +127,8 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> E
             "group) or --stack-outputs FILE holding nodeResourceGroup, written by "
             "`pulumi stack output --json --show-secrets`"
         )
-    # The pool's name follows its create-only settings (infra/cluster.py), so it comes from the
-    # stack's outputs, not from a fixed default.
+    # The pool's name follows its create-only settings (infra/node_pools.py), so it comes from
+    # the stack's outputs, not from a fixed default.
     pool = args.pool or outputs.get("gpuPoolName")
     if not isinstance(pool, str) or not pool:
         where = f" (--stack-outputs {args.stack_outputs} has none)" if args.stack_outputs else ""
@@ -374,6 +374,8 @@ def main(
         )
     except HttpResponseError as err:
         return _fail(explain_azure_error(err, request))
+    except AzureError as err:  # a sign-in the lab cannot mirror (OIDC, no tenant)
+        return _fail(str(err))
     return 0
 
 

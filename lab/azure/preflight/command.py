@@ -1,8 +1,10 @@
 """``python -m lab preflight``: will ``pulumi up`` work, before it creates and bills anything?
 
-Reads the stack exactly as ``pulumi up`` does, then checks the machine (tools, logins) and
-the subscription (providers, VM sizes, quotas, permissions, ACR Tasks). It only reads: every
-Azure call is a GET, every local tool is asked for its version or its account.
+Reads the stack exactly as ``pulumi up`` does, then checks the machine (tools, logins), who
+signs in and who that makes the cluster's admin, the subscription (providers, VM sizes,
+quotas, the Kubernetes version, permissions, ACR Tasks) and the images' bases in their
+registry. It only reads: every Azure call is a GET, every registry call a HEAD or a GET,
+every local tool is asked for its version or its account.
 
 Exit 0: ``pulumi up`` can go ahead (warnings allowed). 1: a check fails. 2: bad input.
 """
@@ -17,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lab.azure.clients import Azure, AzureError, NotSignedIn, Refused, Unreachable, azure_errors
+from lab.azure.preflight.base_images import check_base_images
 from lab.azure.preflight.context import (
     FAILS,
     OK,
@@ -27,7 +30,9 @@ from lab.azure.preflight.context import (
     Runner,
     run_tool,
 )
-from lab.azure.preflight.identity import check_permissions, check_sign_in
+from lab.azure.preflight.identity import check_cluster_admin, check_permissions, check_sign_in
+from lab.azure.preflight.image_registry import Registry, registry_for
+from lab.azure.preflight.kubernetes_version import check_kubernetes_version
 from lab.azure.preflight.machine import check_tools
 from lab.azure.preflight.region import check_quota, check_vm_sizes
 from lab.azure.preflight.subscription import (
@@ -43,10 +48,12 @@ from stack_config.model import ConfigError, LabConfig
 
 AZURE_CHECKS: tuple[tuple[str, Callable[[Context], Iterator[Check]]], ...] = (
     ("sign-in", check_sign_in),
+    ("cluster admin", check_cluster_admin),
     ("subscription", check_subscription),
     ("resource providers", check_providers),
     ("VM sizes", check_vm_sizes),
     ("quota", check_quota),
+    ("Kubernetes version", check_kubernetes_version),
     ("permissions", check_permissions),
     ("ACR Tasks", check_acr_tasks),
 )
@@ -82,7 +89,7 @@ def run_checks(ctx: Context) -> list[Check]:
             rest = AZURE_CHECKS[index + 1 :]
             checks += [Check(n, SKIPPED, "needs the subscription") for n, _ in rest]
             break
-    return checks
+    return checks + list(check_base_images(ctx))
 
 
 def _describe(cfg: LabConfig, settings: StackSettings) -> str:
@@ -117,10 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Check, before it creates and bills anything, that `pulumi up` will work: the stack "
             "config, the tools it runs (pulumi, az signed in, git, kubelogin; docker for "
-            "imageBuilder docker), the subscription it deploys into, resource providers, the "
-            "VM sizes in the region, Spot and CPU quotas, permission to create role "
-            "assignments, and ACR Tasks for the subscription's offer. Only reads. Signs in as "
-            "`pulumi up` does: ARM_CLIENT_ID/ARM_CLIENT_SECRET/ARM_TENANT_ID, else az login.\n"
+            "imageBuilder docker), who becomes the cluster's admin and whether kubelogin can "
+            "sign in as it, the subscription it deploys into, resource providers, the VM sizes "
+            "in the region, Spot and CPU quotas, the Kubernetes version (and its Blob CSI "
+            "driver), permission to create role assignments, ACR Tasks for the subscription's "
+            "offer, and the images' base tags and digests in their registry (anonymously). "
+            "Only reads. Signs in as `pulumi up` does: ARM_CLIENT_ID with ARM_CLIENT_SECRET "
+            "(or a certificate) and ARM_TENANT_ID, ARM_USE_MSI, else az login.\n"
             "Exit status: 0 pulumi up can go ahead, 1 a check fails, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -138,8 +148,9 @@ def main(
     azure: Azure | None = None,
     project_dir: Path = PROJECT_DIR,
     run: Runner = run_tool,
+    registry: Callable[[str], Registry] | None = None,
 ) -> int:
-    """Entry point; ``azure`` and ``run`` are for tests."""
+    """Entry point; ``azure``, ``run`` and ``registry`` are for tests."""
     args = build_parser().parse_args(argv)
     try:
         settings = resolve_stack(args.stack, project_dir)
@@ -149,7 +160,8 @@ def main(
         else:
             print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    ctx = Context(settings, azure or Azure(), run)
+    azure = azure or Azure(provider=settings.provider)
+    ctx = Context(settings, azure, run, registry=registry or registry_for)
     checks = run_checks(ctx)
     code = exit_code(checks)
     if args.json:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lab.azure.clients import Azure
-from stack_config.files import StackSettings
+from lab.azure.preflight.image_registry import Registry, registry_for
+from stack_config.files import PROJECT_DIR, StackSettings
 from stack_config.model import LabConfig
 
 OK, WARNING, FAILS, SKIPPED = "ok", "warning", "fails", "skipped"
@@ -59,6 +61,10 @@ class Context:
     caller: dict[str, Any] = field(default_factory=dict)
     skus: dict[str, Any] = field(default_factory=dict)
     """The needed VM sizes' Resource SKU entries, by lower-case name."""
+    training_dir: Path = PROJECT_DIR / "training"
+    """The Dockerfiles ``pulumi up`` builds, whose bases are checked."""
+    registry: Callable[[str], Registry] = registry_for
+    """A container registry's client by host; tests point it at a loopback fake."""
 
     @property
     def cfg(self) -> LabConfig:

@@ -1,5 +1,6 @@
-"""Checks of the identity ``pulumi up`` deploys as: who signs in, and whether its roles at the
-subscription let it create the resource group and the role assignments."""
+"""Checks of the identity ``pulumi up`` deploys as: who signs in, who that makes the cluster's
+admin (and whether kubelogin can sign in as it), and whether its roles at the subscription let
+it create the resource group and the role assignments."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from lab.azure.clients import ARM, signed_in_as
+from infra.catalog.deployer import AZURE_CLI_LOGIN
+from lab.azure.clients import ARM, deployer
 from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
 
 # What ``pulumi up`` needs at subscription scope: a new resource group, and role assignments
@@ -17,11 +19,49 @@ RESOURCE_GROUP_WRITE = "Microsoft.Resources/subscriptions/resourceGroups/write"
 
 
 def check_sign_in(ctx: Context) -> Iterator[Check]:
+    how = deployer(ctx.environ, ctx.settings.provider).describe()
     ctx.azure.probe(ARM)
     ctx.caller = ctx.azure.caller()
     who = ctx.caller.get("upn") or ctx.caller.get("unique_name") or ctx.caller.get("appid", "?")
-    how = signed_in_as(ctx.environ)
     yield Check("sign-in", OK, f"{who} (object id {ctx.caller.get('oid', '?')}) via {how}")
+
+
+def check_cluster_admin(ctx: Context) -> Iterator[Check]:
+    """Who ``pulumi up`` makes the cluster's admin, as ``__main__.py`` decides it: the object id
+    ``getClientConfig`` names (the token's ``oid``), its principal type from the client id
+    (the token's ``appid``: the Azure CLI's own for a user), and the kubelogin sign-in that
+    reaches the cluster as the same identity (``infra/catalog/deployer.py``)."""
+    who = deployer(ctx.environ, ctx.settings.provider)
+    oid, tenant = ctx.caller.get("oid", ""), ctx.caller.get("tid", "")
+    client_id = ctx.caller.get("appid") or ctx.caller.get("azp") or ""
+    if not (oid and tenant and client_id):
+        why = "the sign-in token names no object id, tenant or client id: not checked"
+        yield Check("cluster admin", WARNING, why)
+        return
+    kind = who.principal_type(client_id)
+    flags = " ".join(who.login_flags(tenant, kind))
+    name = ctx.caller.get("upn") or ctx.caller.get("unique_name") or client_id
+    detail = f"{name}, {kind} {oid}; kubelogin {flags}"
+    needs = who.kubelogin_needs()
+    variable = needs.split(" ", 1)[0]  # the catalog names the variable first
+    if needs and not ctx.environ.get(variable):
+        fix = f"export {needs}: kubelogin reads it there, never from the kubeconfig"
+        yield Check("cluster admin", FAILS, f"{detail}; {variable} is not set", fix)
+        return
+    hidden_secret = who.login == AZURE_CLI_LOGIN and (
+        ctx.settings.provider.get("clientId") or ctx.environ.get("ARM_CLIENT_ID")
+    )
+    if hidden_secret:
+        yield Check(
+            "cluster admin",
+            WARNING,
+            f"{detail}; a client id is set with no secret or certificate visible here",
+            "if the stack holds an encrypted azure-native:clientSecret, pulumi up signs in as "
+            "that service principal instead: export ARM_CLIENT_SECRET and AZURE_CLIENT_SECRET "
+            "and run preflight again",
+        )
+        return
+    yield Check("cluster admin", OK, detail)
 
 
 def action_matches(pattern: str, action: str) -> bool:

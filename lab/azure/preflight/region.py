@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from infra.cluster import BOOTSTRAP_VM_SIZE
+from infra.node_pools import BOOTSTRAP_VM_SIZE
 from lab.azure.preflight.context import FAILS, OK, SKIPPED, WARNING, Check, Context, enum_text
 
 QUOTA_PAGE = "https://portal.azure.com/#view/Microsoft_Azure_Capacity/QuotaMenuBlade/~/myQuotas"
