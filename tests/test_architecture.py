@@ -137,3 +137,30 @@ def test_no_folder_holds_more_than_15_modules() -> None:
         folders[path.parent] = folders.get(path.parent, 0) + 1
     crowded = {str(d.relative_to(REPO)): n for d, n in folders.items() if n > MAX_MODULES}
     assert not crowded
+
+
+def _imports_pulumi(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name.startswith("pulumi") for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pulumi"):
+            return True
+    return False
+
+
+def test_the_labs_tools_load_no_pulumi_sdk() -> None:
+    """``lab/`` reads infra's pure catalogues (``infra/catalog/``, ``infra/node_pools.py``), never
+    a module that imports pulumi: the tools start fast and need no Pulumi engine."""
+    with_pulumi = {name for name, path in MODULES.items() if _imports_pulumi(path)}
+    assert "infra.cluster" in with_pulumi  # the finder finds one
+    wrong = []
+    for start in (name for name in MODULES if name.startswith("lab")):
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name in with_pulumi:
+                wrong.append(f"{start} reaches {name}")
+                break
+            seen.add(name)
+            todo += [t for t in GRAPH.get(name, ()) if t not in seen]
+    assert not wrong, "\n".join(wrong)
