@@ -23,6 +23,7 @@ from lab.azure.prices import build_parser as prices_parser
 from lab.cli import _evictor, build_parser
 from lab.live.status_line import StatusLine
 from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
+from tests.test_lab_mount_failures import REFUSED_OLD
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
 from tests.test_lab_watch import _outputs
 
@@ -37,8 +38,10 @@ def _line(ts: float, **record: Any) -> str:
 class Job:
     """The training job's logs, written as time goes on."""
 
-    def __init__(self, kube: FakeKube) -> None:
+    def __init__(self, kube: FakeKube, refused_mount_in: Path | None = None) -> None:
         self.kube = kube
+        self.refused_mount_in = refused_mount_in
+        """The replacement's volume is refused until this run directory has the event."""
         self.step = 0
         self.world = 3
         self.stop = threading.Event()
@@ -103,10 +106,22 @@ class Job:
         threading.Timer(1.5, self._replace).start()
         return 0
 
+    def _refuse_mount(self, events: Path, times: int = 3) -> None:
+        """The kubelet retries the mount until the role applies: here, until the drill has
+        recorded ``times`` refusals (a hang guard, not a speed target, bounds the wait)."""
+        for _ in range(times):
+            self._event("FailedMount", "Pod", W2 + "x", REFUSED_OLD)
+        deadline = time.monotonic() + 60
+        while not (events.exists() and events.read_text().count('"FailedMount"') >= times):
+            assert time.monotonic() < deadline, "the drill never recorded the refusals"
+            time.sleep(0.1)
+
     def _replace(self) -> None:
         self._event("TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up")
         self._event("RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered")
         self._event("Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}")
+        if self.refused_mount_in is not None:
+            self._refuse_mount(self.refused_mount_in / "events.jsonl")
         self._event("Pulled", "Pod", W2 + "x", "Successfully pulled image")
         self.version += 1
         self.kube.pods.append(pod_manifest(W2 + "x", NEW_NODE, version=str(self.version)))
@@ -165,6 +180,28 @@ def test_a_drill_evicts_one_node_and_reports_the_recovery_and_the_arrival(
     # The evicted pod's log was read to its last line, its emergency save included.
     assert '"emergency_save"' in (out / "pods" / f"{W2}.log").read_text()
     assert fault["detected_at"] is not None
+
+
+def test_a_replacement_whose_volume_is_refused_is_said_once_with_the_fix(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    job = Job(kube, refused_mount_in=out)
+    stream = io.StringIO()
+    try:
+        options = CloudOptions(_outputs(tmp_path, kube), out)
+        code = drill(options, PLAN, job.evict, status=StatusLine(stream, interval_s=0))
+    finally:
+        job.stop.set()
+    assert code == 0
+    said = [line for line in stream.getvalue().splitlines() if "FailedMount" in line]
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"warning: FailedMount {W2}x: the dataset volume spot-lab-dataset was refused by Blob "
+        "Storage: the training identity needs Storage Blob Data Reader on the data container"
+    )
+    # The kubelet said it three times; the drill once.
+    assert (out / "events.jsonl").read_text().count('"FailedMount"') == 3
 
 
 def test_a_job_that_is_not_running_is_refused(

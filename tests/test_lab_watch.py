@@ -29,8 +29,9 @@ from tests.kube_replay import (
     pod_manifest,
     serve_kube,
 )
+from tests.test_lab_mount_failures import NO_BLOB_DRIVER, REFUSED_OLD, TIMED_OUT
 from tests.test_lab_preflight import _can_unshare, _offline
-from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs
+from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs, k8s_event
 
 
 @pytest.fixture
@@ -363,3 +364,35 @@ def test_with_no_network_watch_and_drill_say_so_in_one_line(
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
     assert done.stderr.startswith(message) and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def _failed_mount(pod: str, message: str, count: int) -> dict[str, Any]:
+    """The kubelet's FailedMount, the count-th time it retried (a new resourceVersion each)."""
+    event = k8s_event(400.0 + count, "FailedMount", "Pod", pod, message)
+    event["metadata"]["resourceVersion"] = str(1000 + count + len(message))
+    return event | {"type": "Warning", "count": count}
+
+
+def test_a_volume_that_fails_to_mount_is_one_line_with_its_fix_per_pod_and_cause(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    replacement = W2 + "x"
+    failed = [_failed_mount(replacement, REFUSED_OLD, n) for n in (1, 2, 3)]
+    failed += [_failed_mount(replacement, TIMED_OUT, 4), _failed_mount(W1, NO_BLOB_DRIVER, 1)]
+    failed += [_failed_mount("spot-lab-etcd-0", REFUSED_OLD, 1)]  # not the job's
+    kube.events += failed
+    out = tmp_path / "run"
+    stream = io.StringIO()
+    until = _until_logged(out, 4, _expected_lines(kube), events=6 + len(failed))
+    watch(CloudOptions(_outputs(tmp_path, kube), out), until=until, status=StatusLine(stream, 0))
+    said = [line for line in stream.getvalue().splitlines() if "FailedMount" in line]
+    assert sorted(said) == [
+        f"warning: FailedMount {W1}: the dataset volume spot-lab-dataset has no driver: "
+        "blob.csi.azure.com is not running on the node, so the cluster's Blob CSI driver is off; "
+        "turn on storageProfile.blobCSIDriver.enabled (pulumi up sets it; by hand: az aks update "
+        "--enable-blob-driver)",
+        f"warning: FailedMount {replacement}: the dataset volume spot-lab-dataset was refused by "
+        "Blob Storage: the training identity needs Storage Blob Data Reader on the data container "
+        "(pulumi up grants it; a new role assignment can take minutes to apply, and the kubelet "
+        "keeps retrying)",
+    ]

@@ -27,6 +27,7 @@ from lab.azure.cluster.kube import (
     procs_per_worker,
     read_target,
 )
+from lab.azure.cluster.mount_failures import MountFailures
 from lab.azure.cluster.recorder import Recorder
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
@@ -61,6 +62,17 @@ def _report(out: Path, prices: Prices) -> dict[str, Any] | None:
     return report
 
 
+def _recorder(out: Path, cluster: Cluster) -> Recorder:
+    target = cluster.target
+    return Recorder(out, mounts=MountFailures(target.namespace, target.job))
+
+
+def _say_news(watcher: JobWatcher, recorder: Recorder, status: StatusLine) -> None:
+    """What went wrong since the last tick, each once: a dropped stream, a volume that fails."""
+    for notice in [*watcher.notices(), *recorder.notices()]:
+        status.message(f"warning: {notice}")
+
+
 def _max_steps(recorder: Recorder) -> int | None:
     started = [r for r in recorder.records if r.get("event") == "started" and "max_steps" in r]
     return started[-1]["max_steps"] if started else None
@@ -79,7 +91,7 @@ def watch(
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
-    recorder = Recorder(options.out)
+    recorder = _recorder(options.out, cluster)
     # The span watched: the report covers it, the logs before it only give the context.
     span = LabEventLog(options.out / WATCH_EVENTS)
     span.write("run_started")
@@ -88,8 +100,7 @@ def watch(
     watcher.start()
     try:
         while phase not in ENDED and not until():
-            for notice in watcher.notices():
-                status.message(f"warning: {notice}")
+            _say_news(watcher, recorder, status)
             status.update(recorder.status(phase, _max_steps(recorder)))
             time.sleep(TICK_S)
             try:
@@ -101,6 +112,7 @@ def watch(
     finally:
         watcher.close()
         span.write("run_ended")
+        _say_news(watcher, recorder, status)
         status.message(recorder.status(phase, _max_steps(recorder)))  # where it ended
         status.close()
     return EXIT_OK if _report(options.out, options.prices) is not None else EXIT_FAILED
@@ -213,15 +225,14 @@ def drill(
         print(f"error: the job is {phase}, not Running: drill only a healthy job", file=sys.stderr)
         return EXIT_FAILED
     per_node = procs_per_worker(job)
-    recorder = Recorder(options.out)
+    recorder = _recorder(options.out, cluster)
     log = LabEventLog(options.out / DRILL_EVENTS)
     watcher = JobWatcher(cluster, recorder)
     status = status or StatusLine()
     watcher.start()
 
     def tick() -> None:
-        for notice in watcher.notices():
-            status.message(f"warning: {notice}")
+        _say_news(watcher, recorder, status)
         status.update(recorder.status(phase, _max_steps(recorder)))
 
     def trains_at(world: int, since: int, timeout_s: float) -> bool:
@@ -251,6 +262,7 @@ def drill(
         outcome = EXIT_FAILED
     finally:
         watcher.close()
+        _say_news(watcher, recorder, status)
         status.close()
     report = _report(options.out, options.prices)
     return outcome if report is not None else EXIT_FAILED

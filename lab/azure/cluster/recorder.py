@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.azure.cluster.event_lines import event_line
+from lab.azure.cluster.mount_failures import MountFailures
 from lab.live.job_view import JobView
 from lab.report.node_logs import parse_record
 from lab.report.run_logs import ClusterEvent, cluster_event, well_formed
@@ -31,6 +32,9 @@ class Recorder:
     """pod -> node."""
     last_cluster_event: str = "-"
     records: list[dict[str, Any]] = field(default_factory=list)
+    mounts: MountFailures | None = None
+    """Turns the job's FailedMount events into lines with the fix."""
+    _notices: list[str] = field(default_factory=list)
     _seen: dict[str, set[str]] = field(default_factory=dict)
     _newest: float = 0.0
     _events_seen: set[str] = field(default_factory=set)
@@ -76,7 +80,16 @@ class Recorder:
             line = event_line(event) if event is not None else None
             if line is not None:
                 self.last_cluster_event = line
+            failed = self.mounts.line(event) if self.mounts and event else None
+            if failed is not None:
+                self._notices.append(failed)
         return event
+
+    def notices(self) -> list[str]:
+        """Lines that must stay on screen, since the last call: a pod's volume that fails."""
+        with self._lock:
+            taken, self._notices = self._notices, []
+        return taken
 
     def status(self, phase: str, max_steps: int | None) -> str:
         view = self.view
