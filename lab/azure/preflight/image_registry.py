@@ -67,7 +67,6 @@ class Registry:
     """e.g. ``https://registry-1.docker.io``."""
     name: str = ""
     """How messages call it (Docker Hub); the host when empty."""
-    session: requests.Session = field(default_factory=requests.Session)
     _tokens: dict[str, str] = field(default_factory=dict)
     """Pull tokens by repository (a token's scope is one repository)."""
 
@@ -145,7 +144,7 @@ class Registry:
 
     def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
         try:
-            return self.session.request(method, url, timeout=TIMEOUT_S, **kwargs)
+            return requests.request(method, url, timeout=TIMEOUT_S, **kwargs)
         except requests.RequestException as err:
             reason = _reason(err)
             raise RegistryError(
