@@ -22,7 +22,7 @@ from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport import RequestsTransport
 from azure.identity import CredentialUnavailableError
 
-from tests.loopback import loopback_server
+from tests.loopback import loopback_server, reply
 
 RECORDINGS = Path(__file__).parent / "recordings" / "azure"
 HOSTS = ("https://management.azure.com", "https://prices.azure.com:443", "https://prices.azure.com")
@@ -84,13 +84,8 @@ def _handler(fake: FakeAzure) -> type[BaseHTTPRequestHandler]:
             fake.seen.append(Seen(self.command, url.path, parse_qs(url.query), auth, body))
             status, payload_body, *rest = fake.answer(self.command, url.path, unquote(url.query))
             payload = b"" if payload_body is None else json.dumps(payload_body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            for name, value in (rest[0] if rest else {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            headers = {"Content-Type": "application/json", **(rest[0] if rest else {})}
+            reply(self, status, payload, headers)
 
         do_GET = do_POST = _answer
 

@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+# The fixtures of the lab's Azure tools' tests, each on loopback: a recorded subscription
+# (``azure``), the local tools faked on PATH (``tools``), Docker Hub's answers for the
+# Dockerfiles' bases (``hub``).
+from tests.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
+from tests.registry_replay import hub_for_preflight  # noqa: F401
 from training.storage import FileStore, ObjectStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -164,15 +164,18 @@ def scratch_project(tmp_path: Path, stack: str = "test", **values: str) -> Path:
     return project
 
 
+@pytest.fixture(name="azure")
 def subscription_served() -> Iterator[FakeAzure]:
-    """The subscription of ``subscription_routes`` on loopback (a fixture body)."""
+    """The ``azure`` fixture: the subscription of ``subscription_routes`` on loopback."""
     for fake in serve():
         subscription_routes(fake)
         yield fake
 
 
+@pytest.fixture(name="tools")
 def tools_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake tools alone on PATH, signed in to az, with no proxy in the way of loopback."""
+    """The ``tools`` fixture: the fake tools alone on PATH, signed in to az, with no proxy in
+    the way of loopback."""
     for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
         monkeypatch.delenv(proxy, raising=False)
     bin_dir = fake_tools(tmp_path / "bin", az_account())

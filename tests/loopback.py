@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,3 +34,16 @@ def _reachable(port: int) -> None:
             f"cannot connect to the fake API on 127.0.0.1:{port} ({err.strerror}): these tests "
             "need the loopback interface up (in a new network namespace: ip link set lo up)"
         ) from None
+
+
+def reply(
+    handler: BaseHTTPRequestHandler, status: int, payload: bytes, headers: Mapping[str, str]
+) -> None:
+    """Send one whole answer; a HEAD gets the GET's headers and no body (RFC 9110, 9.3.2)."""
+    handler.send_response(status)
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(payload)

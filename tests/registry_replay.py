@@ -24,7 +24,7 @@ import pytest
 
 from lab.azure.preflight import command
 from lab.azure.preflight.image_registry import Registry
-from tests.loopback import loopback_server
+from tests.loopback import loopback_server, reply
 
 RECORDINGS = Path(__file__).parent / "recordings" / "registry"
 TORCH = ("pytorch/pytorch", "2.13.0-cuda12.6-cudnn9-runtime")
@@ -81,15 +81,8 @@ class FakeRegistry:
 def _handler(fake: FakeRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            if self.command != "HEAD":  # a HEAD answer has the headers of a GET and no body
-                self.wfile.write(payload)
+            headers = {"Content-Type": "application/json", **(headers or {})}
+            reply(self, status, json.dumps(body).encode(), headers)
 
         def _answer(self) -> None:
             url = urlsplit(self.path)
@@ -116,15 +109,8 @@ def _handler(fake: FakeRegistry) -> type[BaseHTTPRequestHandler]:
             if answer is None:
                 error = {"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}
                 return self._reply(404, {"errors": [error]})
-            headers = dict(answer["headers"])
-            payload = json.dumps(answer["body"]).encode()
-            self.send_response(200)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            if self.command == "GET":
-                self.wfile.write(payload)
+            # The manifest's own media type, not JSON's.
+            return reply(self, 200, json.dumps(answer["body"]).encode(), answer["headers"])
 
         do_GET = do_HEAD = _answer
 
@@ -144,8 +130,10 @@ def serve_registry() -> Iterator[FakeRegistry]:
         yield fake
 
 
+@pytest.fixture(name="hub")
 def hub_for_preflight(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
-    """``serve_registry``, and ``lab preflight`` pointed at it: no preflight reaches Docker Hub."""
+    """The ``hub`` fixture: ``serve_registry``, and ``lab preflight`` pointed at it, so no
+    preflight reaches Docker Hub (a preflight test module uses it for every test)."""
     for fake in serve_registry():
         monkeypatch.setattr(command, "registry_for", fake.client)
         yield fake

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,26 +34,10 @@ from tests.lab_azure_fixtures import (
     provider,
     replay_azure,
     scratch_project,
-    subscription_served,
-    tools_on_path,
 )
-from tests.registry_replay import FakeRegistry, hub_for_preflight
 
-
-@pytest.fixture
-def azure() -> Iterator[FakeAzure]:
-    yield from subscription_served()
-
-
-@pytest.fixture(autouse=True)
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
-    """Docker Hub with the Dockerfiles' bases, on loopback: no preflight here reaches it."""
-    yield from hub_for_preflight(monkeypatch)
-
-
-@pytest.fixture
-def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return tools_on_path(tmp_path, monkeypatch)
+# No preflight here reaches Docker Hub: it answers from loopback.
+pytestmark = pytest.mark.usefixtures("hub")
 
 
 def _preflight(

@@ -9,7 +9,6 @@ must sign in as that identity: for a service principal it reads the secret from
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +17,15 @@ from azure.identity import AzureCliCredential, ClientSecretCredential, ManagedId
 
 from lab.azure.clients import NotSignedIn, credential_from_env
 from tests.azure_replay import FakeAzure, StaticToken
-from tests.lab_azure_fixtures import (
-    OID,
-    TENANT,
-    scratch_project,
-    subscription_served,
-    tools_on_path,
-)
-from tests.registry_replay import FakeRegistry, hub_for_preflight
+from tests.lab_azure_fixtures import OID, TENANT, scratch_project
 from tests.test_lab_preflight import _preflight
+
+# No preflight here reaches Docker Hub: it answers from loopback.
+pytestmark = pytest.mark.usefixtures("hub")
 
 SP = "22222222-3333-4444-5555-666666666666"
 SP_OID = "33333333-4444-5555-6666-777777777777"
 SP_ENV = {"ARM_CLIENT_ID": SP, "ARM_CLIENT_SECRET": "s3cret", "ARM_TENANT_ID": TENANT}
-
-
-@pytest.fixture
-def azure() -> Iterator[FakeAzure]:
-    yield from subscription_served()
-
-
-@pytest.fixture(autouse=True)
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
-    yield from hub_for_preflight(monkeypatch)
-
-
-@pytest.fixture
-def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return tools_on_path(tmp_path, monkeypatch)
 
 
 def _principal(app_id: str = SP) -> StaticToken:

@@ -18,35 +18,15 @@ from infra.catalog.base_images import parse_image_ref
 from lab.azure.preflight.base_images import resolve, tags_page
 from lab.azure.preflight.image_registry import MANIFEST_TYPES, Registry, RegistryError
 from tests.azure_replay import FakeAzure
-from tests.lab_azure_fixtures import subscription_served, tools_on_path
-from tests.registry_replay import (
-    PYTHON,
-    TORCH,
-    FakeRegistry,
-    hub_for_preflight,
-    recorded_tag,
-    serve_registry,
-)
+from tests.registry_replay import PYTHON, TORCH, FakeRegistry, recorded_tag, serve_registry
 from tests.test_lab_preflight import _preflight
+
+# No preflight here reaches Docker Hub: it answers from loopback.
+pytestmark = pytest.mark.usefixtures("hub")
 
 TORCH_PIN = "sha256:6acf597eeb8e376a96580dde4952f37cc017fef732bb40bfc73f28f25e3f64b4"
 TORCH_REF = f"pytorch/pytorch:{TORCH[1]}@{TORCH_PIN}"
 OTHER = "sha256:" + "f" * 64
-
-
-@pytest.fixture
-def azure() -> Iterator[FakeAzure]:
-    yield from subscription_served()
-
-
-@pytest.fixture(autouse=True)
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
-    yield from hub_for_preflight(monkeypatch)
-
-
-@pytest.fixture
-def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return tools_on_path(tmp_path, monkeypatch)
 
 
 @pytest.fixture

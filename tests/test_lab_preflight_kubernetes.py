@@ -7,7 +7,6 @@ and the Blob CSI driver line of that version, from recorded answers of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +14,11 @@ import pytest
 
 from lab.azure.preflight.kubernetes_version import AKS_API_VERSION, describe_offered
 from tests.azure_replay import FakeAzure
-from tests.lab_azure_fixtures import (
-    AKS_VERSIONS,
-    scratch_project,
-    subscription_served,
-    tools_on_path,
-)
-from tests.registry_replay import FakeRegistry, hub_for_preflight
+from tests.lab_azure_fixtures import AKS_VERSIONS, scratch_project
 from tests.test_lab_preflight import _preflight
 
-
-@pytest.fixture
-def azure() -> Iterator[FakeAzure]:
-    yield from subscription_served()
-
-
-@pytest.fixture(autouse=True)
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
-    yield from hub_for_preflight(monkeypatch)
-
-
-@pytest.fixture
-def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return tools_on_path(tmp_path, monkeypatch)
+# No preflight here reaches Docker Hub: it answers from loopback.
+pytestmark = pytest.mark.usefixtures("hub")
 
 
 def _with_version(
