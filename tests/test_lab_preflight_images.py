@@ -8,6 +8,8 @@ with Docker's token authentication (distribution/distribution ``docs/spec/auth/t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,16 @@ def test_a_tag_that_moved_warns_while_the_pin_exists_and_fails_once_it_is_gone(
     assert check.status == "fails"
     assert "which is gone from pytorch/pytorch" in check.detail
     assert OTHER in check.fix
+
+
+def test_a_registry_that_sends_no_digest_header_is_hashed(registry: FakeRegistry) -> None:
+    # Docker-Content-Digest is optional (spec.md, "Legacy Docker support HTTP headers"): the
+    # digest is then the sha256 of the manifest's bytes, as served.
+    answer = _torch(registry)
+    del answer["headers"]["Docker-Content-Digest"]
+    served = json.dumps(answer["body"]).encode()
+    head = registry.client("registry-1.docker.io").head(*TORCH)
+    assert head is not None and head.digest == f"sha256:{hashlib.sha256(served).hexdigest()}"
 
 
 def test_an_unpinned_base_warns_with_the_digest_to_pin(registry: FakeRegistry) -> None:

@@ -19,6 +19,7 @@ sent only when the HEAD alone cannot answer.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,10 +88,13 @@ class Registry:
         if response.status_code == 404:
             return None
         self._raise_for(response, repository)
-        return ManifestHead(
-            response.headers.get("Docker-Content-Digest", ""),
-            response.headers.get("Content-Type", ""),
-        )
+        digest = response.headers.get("Docker-Content-Digest", "")
+        if not digest:
+            # The header is optional in the spec; the digest is that of the manifest's bytes.
+            body = self._manifest("GET", repository, reference)
+            self._raise_for(body, repository)
+            digest = f"sha256:{hashlib.sha256(body.content).hexdigest()}"
+        return ManifestHead(digest, response.headers.get("Content-Type", ""))
 
     def get(self, repository: str, reference: str) -> dict[str, Any]:
         """The manifest itself (for an index: its ``manifests``)."""
@@ -144,7 +148,7 @@ class Registry:
 
     def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
         try:
-            return requests.request(method, url, timeout=TIMEOUT_S, **kwargs)
+            return requests.request(method, url, timeout=TIMEOUT_S, allow_redirects=True, **kwargs)
         except requests.RequestException as err:
             reason = _reason(err)
             raise RegistryError(
