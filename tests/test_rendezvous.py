@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -472,27 +473,38 @@ def test_a_heartbeat_that_found_its_key_expired_never_undoes_a_leave(
     assert json.loads(_node_key(a).value)["left"] is True
 
 
-def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(nodes: Nodes) -> None:
-    # The round completed with the victim alive (its key lived, its probe had not answered
-    # yet), then it froze before it wrote anything for the round. torch's
-    # RendezvousStoreInfo.build would make the survivor wait 300 s for rank 0's MASTER_ADDR.
+def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The victim, rank 0, completed the round and froze at once, before it did anything else
+    # for it. torch's RendezvousStoreInfo.build would make the survivor wait 300 s for the
+    # MASTER_ADDR rank 0 writes; the round's state carries it instead.
     nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=3)  # a 6 s TTL
     nodes.min_nodes = 1
     handlers = {h.node: h for h in (nodes.new(), nodes.new(), nodes.new())}
     nodes.join(*handlers.values())
     order = _state(next(iter(handlers.values())))["members"]
     victim, survivor, evicted = (handlers[n] for n in order)  # the victim is rank 0
+    frozen: list[socket.socket] = []
+    never = threading.Event()
+
+    def freeze_right_after_completing(state: dict, index: int) -> None:
+        frozen.append(freeze(victim))  # its key outlives it by a TTL, its probe goes silent
+        never.wait()
+
+    monkeypatch.setattr(victim, "_member", freeze_right_after_completing)
     evicted.leave()
+    survivor_joins = nodes.pool.submit(survivor.next_rendezvous)
     nodes.pool.submit(victim.next_rendezvous)
-    wait_until(lambda: victim.node in _joiners(victim, 2), 10)
-    listener = freeze(victim)  # it stops acting; its key outlives it by a TTL
     try:
-        info = nodes.pool.submit(survivor.next_rendezvous).result(timeout=30)
+        info = survivor_joins.result(timeout=30)
         assert (info.rank, info.world_size) == (1, 2)
-        assert _state(survivor)["members"] == [victim.node, survivor.node]
+        assert _state(survivor)["members"] == [victim.node, survivor.node] and frozen
         # Once the victim's key expired, the survivor's monitor loop re-forms the group.
         wait_until(lambda: survivor.num_nodes_waiting() > 0, 30)
         (alone,) = nodes.join(survivor)
         assert (alone.rank, alone.world_size, survivor.round) == (0, 1, 3)
     finally:
-        listener.close()
+        never.set()
+        for listener in frozen:
+            listener.close()

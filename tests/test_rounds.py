@@ -61,8 +61,25 @@ def test_a_round_waits_for_every_node_it_expects_until_it_joins_or_is_dead() -> 
 
 def test_the_previous_members_keep_their_order_and_newcomers_follow() -> None:
     view = _view(_open(2, ["c", "a"]), {2: ["d", "a", "c"]}, {"a": False, "c": False})
-    action = rounds.decide(view, Me("a", 1, 2), lambda n: False, QUORUM, 0.0, 0.0)
+    action = rounds.decide(view, Me("c", 1, 2), lambda n: False, QUORUM, 0.0, 0.0)
     assert isinstance(action, rounds.Swap) and action.state["members"] == ["c", "a", "d"]
+
+
+def test_the_first_live_node_of_the_order_completes_the_round_and_alone_probes_the_joiners() -> (
+    None
+):
+    view = _view(_open(2, ["c", "a"]), {2: ["d", "a", "c"]}, {"a": False, "c": False, "d": False})
+    asked: list[str] = []
+
+    def dead(node: str) -> bool:
+        asked.append(node)
+        return node == "c"
+
+    assert rounds.decide(view, Me("d", 1, 2), dead, QUORUM, 0.0, 0.0) == rounds.Wait()
+    assert asked == ["c", "a"]  # c is dead, a is alive: a completes, d does not probe further
+    asked.clear()
+    done = rounds.decide(view, Me("a", 1, 2), dead, QUORUM, 0.0, 0.0)
+    assert isinstance(done, rounds.Swap) and done.state["members"] == ["a", "d"]
 
 
 def test_only_a_group_that_starts_afresh_waits_a_last_call() -> None:

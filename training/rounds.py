@@ -8,7 +8,7 @@ compare-and-swap on the state's index, so acting on a stale view only loses a ra
 The invariants, whatever the interleaving of joins, leaves and deaths:
 - a round completes only with members that joined it and are alive and have not left when it
   completes (a joiner lost before completion is left out, and so is not a rank the others wait
-  for);
+  for); the first live node of the round's order completes it;
 - a round waits for every node it expects (the last round's members and every live registered
   node) until each has joined or is dead, so two groups never train at once;
 - the previous members keep their order, so rank 0 (the durable committer) stays where it was;
@@ -171,36 +171,42 @@ def decide(view: View, me: Me, dead: Dead, quorum: Quorum, opened: float, now: f
     if me.joined_round != round_:
         return Join(round_)
     joined = view.joined.get(round_, {})
-    # A joiner lost since it joined (a second eviction while the group re-forms) would be a
-    # rank the others wait for: only the live ones count.
-    alive = [n for n in joined if n == me.node or not dead(n)]
     previous = state.get("previous") or []
-    if not _may_complete(alive, previous, view, dead, quorum, now - opened):
+    order = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
+    if not _may_complete(order, previous, view, dead, quorum, now - opened):
         return Wait()
-    order = [n for n in previous if n in alive] + [n for n in alive if n not in previous]
-    chosen = order[: quorum.max_nodes]
+    # One node completes the round: the first of its order still alive. It alone asks about
+    # every joiner, so a re-form costs each node one probe, not one per joiner.
+    if next((n for n in order if n == me.node or not dead(n)), None) != me.node:
+        return Wait()
+    # A joiner lost since it joined (a second eviction while the group re-forms) would be a
+    # rank the others wait for: only the live ones become members.
+    alive = [n for n in order if n == me.node or not dead(n)]
+    if alive != order and not _may_complete(alive, previous, view, dead, quorum, now - opened):
+        return Wait()
+    chosen = alive[: quorum.max_nodes]
     done = {"round": round_, "members": chosen, "previous": previous, "master": joined[chosen[0]]}
     return Swap(done, index, completes=True)
 
 
 def _may_complete(
-    alive: list[str],
+    joiners: list[str],
     previous: list[str],
     view: View,
     dead: Dead,
     quorum: Quorum,
     open_for_s: float,
 ) -> bool:
-    if len(alive) < quorum.min_nodes:
+    if len(joiners) < quorum.min_nodes:
         return False
-    if len(alive) >= quorum.max_nodes:
+    if len(joiners) >= quorum.max_nodes:
         return True
     expected = set(previous) | {n for n, info in view.nodes.items() if not info["left"]}
-    if any(n not in alive and not dead(n) for n in expected):
+    if any(n not in joiners and not dead(n) for n in expected):
         return False
     # A group that starts afresh (the first round, or none of the last round's members
     # survived) waits a last call for nodes that have not even registered yet.
-    afresh = not any(n in alive for n in previous)
+    afresh = not any(n in joiners for n in previous)
     return not afresh or open_for_s >= quorum.last_call_s
 
 
