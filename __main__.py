@@ -14,6 +14,7 @@ from pathlib import Path
 import pulumi
 
 import stack_config
+from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
 from infra.image import TrainingImage, TrainingImageArgs
@@ -26,12 +27,18 @@ from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 PROJECT_DIR = Path(__file__).resolve().parent
 
 
-def deployer_principal_type() -> str:
-    """Whether ``pulumi up`` runs as a user (``az login``) or a service principal: the
-    azure-native provider signs in as one when its client id is configured (``ARM_CLIENT_ID``
-    or ``azure-native:clientId``, with a secret, a certificate, OIDC or a managed identity)."""
-    configured = pulumi.Config("azure-native").get("clientId")
-    return "ServicePrincipal" if configured or os.environ.get("ARM_CLIENT_ID") else "User"
+# The provider settings that decide how azure-native signs in (infra/catalog/deployer.py);
+# secrets are read only to know whether they are set.
+_SIGN_IN_SETTINGS = ("clientId", "tenantId", "useMsi", "useOidc")
+_SIGN_IN_SECRETS = ("clientSecret", "clientCertificatePath")
+
+
+def read_deployer() -> DeployerSignIn:
+    """How ``pulumi up`` signs in to Azure: the cluster admin is that identity."""
+    provider = pulumi.Config("azure-native")
+    settings = {key: value for key in _SIGN_IN_SETTINGS if (value := provider.get(key))}
+    settings |= {key: "set" for key in _SIGN_IN_SECRETS if provider.get_secret(key) is not None}
+    return deployer_sign_in(os.environ, settings)
 
 
 def read_config() -> stack_config.LabConfig:
@@ -56,15 +63,21 @@ class AzureLab:
     training_identity: WorkloadIdentity
     stager_identity: WorkloadIdentity
     image: TrainingImage
+    stager_image: TrainingImage
+    """The data-staging Job's image: no CUDA, built from the same tree."""
+    deployer: DeployerSignIn
+    deployer_type: pulumi.Output[str]
+    """``User`` or ``ServicePrincipal``: what the deployer's object id is."""
 
 
-def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
+def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> AzureLab:
     """Resource group, AKS, storage, registry, the training identity and the training image."""
     names = lab_names(cfg)
     tags = {"project": cfg.project, "stack": cfg.stack}
     resource_group = LabResourceGroup(
         "lab", LabResourceGroupArgs(names.resource_group, cfg.location, tags)
     )
+    deployer_type = resource_group.deployer_client_id.apply(deployer.principal_type)
     cluster = AksCluster(
         "cluster",
         AksClusterArgs(
@@ -75,11 +88,12 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
             gpu_pool=cfg.gpu_pool,
             gpu_max_nodes=cfg.gpu_max_nodes,
             admin_object_id=resource_group.deployer_object_id,
-            admin_principal_type=deployer_principal_type(),
+            admin_principal_type=deployer_type,
+            deployer=deployer,
             tags=tags,
         ),
     )
-    storage, registry = deploy_stores(cfg, resource_group, cluster, tags)
+    storage, registry = deploy_stores(cfg, resource_group, cluster, deployer_type, tags)
 
     def pod_identity(
         who: str,
@@ -111,7 +125,7 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         cfg.service_account,
         storage.checkpoints_container_id,
         "checkpoints-writer",
-        # The workers copy the dataset to their node's disk with this identity.
+        # The dataset volume mounts with the workers' token for this identity (read-only).
         readable_container_id=storage.data_container_id,
     )
     # Only the staging Job writes the dataset; the training pods never can.
@@ -122,21 +136,37 @@ def deploy_azure(cfg: stack_config.LabConfig) -> AzureLab:
         storage.data_container_id,
         "data-writer",
     )
-    image = TrainingImage(
-        "training-image",
-        TrainingImageArgs(
-            registry_name=registry.name,
-            login_server=registry.login_server,
-            resource_group=resource_group.name,
-            subscription_id=resource_group.subscription_id,
-            project_dir=PROJECT_DIR,
-            context="training",
-            repository=names.image_repository,
-            builder=cfg.image_builder,
-        ),
+    image, stager_image = (
+        TrainingImage(
+            f"{who}-image",
+            TrainingImageArgs(
+                registry_name=registry.name,
+                login_server=registry.login_server,
+                resource_group=resource_group.name,
+                subscription_id=resource_group.subscription_id,
+                project_dir=PROJECT_DIR,
+                context="training",
+                repository=repository,
+                builder=cfg.image_builder,
+                dockerfile=dockerfile,
+            ),
+        )
+        for who, repository, dockerfile in (
+            ("training", names.image_repository, "Dockerfile"),
+            ("stager", names.stager_image_repository, "Dockerfile.stager"),
+        )
     )
     return AzureLab(
-        resource_group, cluster, storage, registry, training_identity, stager_identity, image
+        resource_group,
+        cluster,
+        storage,
+        registry,
+        training_identity,
+        stager_identity,
+        image,
+        stager_image,
+        deployer,
+        deployer_type,
     )
 
 
@@ -144,6 +174,7 @@ def deploy_stores(
     cfg: stack_config.LabConfig,
     resource_group: LabResourceGroup,
     cluster: AksCluster,
+    deployer_type: pulumi.Output[str],
     tags: dict[str, str],
 ) -> tuple[LabStorage, LabRegistry]:
     """Storage and registry, named uniquely for the subscription; the kubelet pulls images."""
@@ -158,7 +189,7 @@ def deploy_stores(
             unique.apply(lambda n: n.storage_account),
             cfg.location,
             resource_group.deployer_object_id,
-            deployer_principal_type(),
+            deployer_type,
             tags,
         ),
     )
@@ -184,19 +215,28 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("blobEndpoint", azure.storage.blob_endpoint)
     pulumi.export("image", azure.image.image_ref)
     pulumi.export("imageTag", azure.image.tag)
+    pulumi.export("stagerImage", azure.stager_image.image_ref)
     pulumi.export("trainingClientId", azure.training_identity.client_id)
     pulumi.export("stagerClientId", azure.stager_identity.client_id)
     pulumi.export("kubeletClientId", cluster.kubelet_client_id)
-    # Entra ID sign-in: the kubeconfig runs kubelogin, which takes the token from `az login`.
+    # Entra ID sign-in: the kubeconfig runs kubelogin as the identity that is cluster admin.
     pulumi.export(
         "getCredentials",
-        pulumi.Output.concat(
-            "az aks get-credentials --resource-group ",
-            rg,
-            " --name ",
-            cluster.name,
-            " && kubelogin convert-kubeconfig -l azurecli",
-        ),
+        pulumi.Output.all(
+            rg, cluster.name, azure.resource_group.tenant_id, azure.deployer_type
+        ).apply(lambda v: get_credentials_command(v[0], v[1], v[2], azure.deployer, v[3])),
+    )
+
+
+def get_credentials_command(
+    resource_group: str, cluster: str, tenant_id: str, deployer: DeployerSignIn, kind: str
+) -> str:
+    """``az aks get-credentials`` and the kubelogin conversion that signs in as the deployer,
+    keeping the cluster's tenant where kubelogin can use it."""
+    flags = " ".join(deployer.login_flags(tenant_id, kind))
+    return (
+        f"az aks get-credentials --resource-group {resource_group} --name {cluster} "
+        f"&& kubelogin convert-kubeconfig {flags}"
     )
 
 
@@ -209,19 +249,25 @@ def cluster_identifier(cfg: stack_config.LabConfig) -> str:
 # ---- Kubernetes workloads: etcd, device plugin, training operator, the elastic job ----------
 def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
     """Everything inside the cluster, and the commands to watch the job."""
+    cluster, storage = azure.cluster, azure.storage
     workloads = LabWorkloads(
         "workloads",
         LabWorkloadsArgs(
             config=cfg,
-            kubeconfig=azure.cluster.kubeconfig,
+            kubeconfig=cluster.kubeconfig,
             image=azure.image.image_ref,
-            data_container=azure.storage.data_container,
-            checkpoints_container=azure.storage.checkpoints_container,
-            blob_endpoint=azure.storage.blob_endpoint,
+            stager_image=azure.stager_image.image_ref,
+            storage_account=storage.account_name,
+            storage_resource_group=storage.resource_group_name,
+            data_container=storage.data_container,
+            checkpoints_container=storage.checkpoints_container,
+            blob_endpoint=storage.blob_endpoint,
             training_client_id=azure.training_identity.client_id,
             stager_client_id=azure.stager_identity.client_id,
+            gpu_pool_name=cluster.gpu_pool_name,
             cluster_identifier=cluster_identifier(cfg),
-            access=[azure.cluster.admin_grant],
+            # Created after, and on destroy deleted before, the pools, the role and the cluster.
+            access=[cluster.admin_ready, *cluster.node_pools],
         ),
     )
     pulumi.export("namespace", workloads.namespace)
@@ -233,7 +279,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
 def main() -> None:
     """Read config, stand up Azure, then the workloads on the cluster."""
     cfg = read_config()
-    azure = deploy_azure(cfg)
+    azure = deploy_azure(cfg, read_deployer())
     export_azure(azure)
     deploy_workloads(cfg, azure)
 

@@ -9,8 +9,8 @@ The training image's tag hashes exactly these files, so a file the build never r
 - a pattern that matches a directory excludes everything below it;
 - ``!pattern`` re-includes, and the last pattern that matches a path decides.
 
-The Dockerfile always counts: the builder reads it even when ``.dockerignore`` lists it,
-and it defines the image. Pure: no pulumi import.
+The Dockerfile being built always counts: the builder reads it even when ``.dockerignore``
+lists it, and it defines the image. Pure: no pulumi import.
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def is_ignored(path: str, patterns: list[IgnorePattern]) -> bool:
     return ignored
 
 
-def context_files(root: Path) -> list[Path]:
-    """Files under ``root`` the build receives, sorted by relative path, plus the Dockerfile."""
+def context_files(root: Path, dockerfile: str = DOCKERFILE) -> list[Path]:
+    """Files under ``root`` the build receives, sorted by relative path, plus the Dockerfile it
+    builds (``dockerfile``, relative to ``root``)."""
     ignore_file = root / DOCKERIGNORE
     patterns = parse_dockerignore(ignore_file.read_text()) if ignore_file.is_file() else []
     files = [
@@ -101,7 +102,7 @@ def context_files(root: Path) -> list[Path]:
         for path in root.rglob("*")
         if path.is_file()
         and (
-            path.relative_to(root).as_posix() == DOCKERFILE
+            path.relative_to(root).as_posix() == dockerfile
             or not is_ignored(path.relative_to(root).as_posix(), patterns)
         )
     ]

@@ -1,10 +1,13 @@
-"""The training image: built from ``training/`` and pushed on ``pulumi up``, tagged by content.
+"""Images built from ``training/`` and pushed on ``pulumi up``, tagged by content.
 
-The tag is a hash of what the build receives from ``training/`` (its files minus what
-``training/.dockerignore`` excludes, plus the Dockerfile), so changing anything the image
-sees builds a new image and rolls the job onto it, while caches and other ignored files
-change nothing. By default the build runs in the registry (ACR Tasks via ``az acr build``),
-so no local Docker daemon is needed.
+Two images come from the same context: the training image (``training/Dockerfile``, torch with
+CUDA, for the workers) and the staging image (``training/Dockerfile.stager``, Python with a
+CPU-only torch, for the data-staging Job on a small CPU node). The tag is a hash of what the
+build receives from ``training/`` (its files minus what ``training/.dockerignore`` excludes,
+plus the Dockerfile being built), so changing anything an image sees builds a new image and
+rolls its users onto it, while caches and other ignored files change nothing. By default the
+build runs in the registry (ACR Tasks via ``az acr build``), so no local Docker daemon is
+needed.
 """
 
 from __future__ import annotations
@@ -17,17 +20,17 @@ from pathlib import Path
 import pulumi
 import pulumi_command as command
 
-from infra.build_context import context_files
+from infra.build_context import DOCKERFILE, context_files
 
 TAG_LENGTH = 16
 
 
-def tree_digest(root: Path) -> str:
+def tree_digest(root: Path, dockerfile: str = DOCKERFILE) -> str:
     """sha256 over each context file's relative path and bytes, in sorted order."""
     if not root.is_dir():
         raise FileNotFoundError(f"image build context {root} is not a directory")
     digest = hashlib.sha256()
-    for path in context_files(root):
+    for path in context_files(root, dockerfile):
         data = path.read_bytes()
         # Path and length framing: moving bytes between files changes the digest too.
         digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
@@ -35,9 +38,9 @@ def tree_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def image_tag(root: Path) -> str:
-    """The image tag for a build context: a prefix of its tree digest."""
-    return tree_digest(root)[:TAG_LENGTH]
+def image_tag(root: Path, dockerfile: str = DOCKERFILE) -> str:
+    """The image tag for a build context and Dockerfile: a prefix of its tree digest."""
+    return tree_digest(root, dockerfile)[:TAG_LENGTH]
 
 
 # AKS's GPU nodes are x86-64: a build on an ARM laptop must not default to arm64, which fails
@@ -55,28 +58,34 @@ def build_command(
     repository: str,
     tag: str,
     context: str,
+    dockerfile: str = DOCKERFILE,
 ) -> str:
-    """The shell command that builds ``context`` (a directory) and pushes ``repository:tag``.
+    """The shell command that builds ``context`` (a directory) with ``dockerfile`` (relative to
+    it) and pushes ``repository:tag``.
 
     ``az`` is told the registry's resource group and subscription: without them it finds the
     registry by a subscription-wide lookup that lags right after the registry is created
     (Azure/azure-cli #27913), and in ``az``'s default subscription, not the stack's.
     """
+    file_in_context = f"{context.rstrip('/')}/{dockerfile}"
     context = shlex.quote(context)
+    # az acr build takes the Dockerfile relative to the context, docker build relative to here.
+    acr_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(dockerfile)}"
+    docker_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(file_in_context)}"
     where = f"--resource-group {shlex.quote(resource_group)}"
     where += f" --subscription {shlex.quote(subscription_id)}"
     if builder == "acr":
         image = shlex.quote(f"{repository}:{tag}")
         return (
             f"az acr build --registry {shlex.quote(registry_name)} {where}"
-            f" --platform {PLATFORM} --image {image} {context}"
+            f" --platform {PLATFORM} --image {image}{acr_file} {context}"
         )
     if builder == "docker":
         ref = shlex.quote(f"{login_server}/{repository}:{tag}")
         return (
             f"az acr login --name {shlex.quote(registry_name)} --subscription "
             f"{shlex.quote(subscription_id)}"
-            f" && docker build --platform {PLATFORM} --tag {ref} {context}"
+            f" && docker build --platform {PLATFORM} --tag {ref}{docker_file} {context}"
             f" && docker push {ref}"
         )
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
@@ -103,10 +112,12 @@ class TrainingImageArgs:
     """Repository inside the registry."""
     builder: str = "acr"
     """``acr`` (ACR Tasks, no local daemon) or ``docker`` (local build and push)."""
+    dockerfile: str = DOCKERFILE
+    """The Dockerfile inside the context: ``Dockerfile`` or ``Dockerfile.stager``."""
 
 
 class TrainingImage(pulumi.ComponentResource):
-    """Builds and pushes the training image whenever the ``training/`` tree changes."""
+    """Builds and pushes an image from ``training/`` whenever what it sees of the tree changes."""
 
     tag: str
     image_ref: pulumi.Output[str]
@@ -116,9 +127,11 @@ class TrainingImage(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-lab:image:TrainingImage", name, None, opts)
         context_dir = args.project_dir / args.context
-        if not (context_dir / "Dockerfile").is_file():
-            raise FileNotFoundError(f"no Dockerfile in the image build context {context_dir}")
-        tag = image_tag(context_dir)
+        if not (context_dir / args.dockerfile).is_file():
+            raise FileNotFoundError(
+                f"no {args.dockerfile} in the image build context {context_dir}"
+            )
+        tag = image_tag(context_dir, args.dockerfile)
         create = pulumi.Output.all(
             args.registry_name, args.login_server, args.resource_group, args.subscription_id
         ).apply(
@@ -131,6 +144,7 @@ class TrainingImage(pulumi.ComponentResource):
                 repository=args.repository,
                 tag=tag,
                 context=args.context,
+                dockerfile=args.dockerfile,
             )
         )
         build = command.local.Command(

@@ -1,15 +1,18 @@
-"""The cluster's kubeconfig: Entra ID sign-in through kubelogin and the Azure CLI, no secret.
+"""The cluster's kubeconfig: Entra ID sign-in through kubelogin, as the deployer, no secret.
 
 The cluster has local accounts disabled, so there is no admin certificate to fetch. The user
 credential in exec format (``listClusterUserCredential`` with ``format=exec``) names the
-``kubelogin`` plugin with a device-code login. Here it becomes what
-``kubelogin convert-kubeconfig -l azurecli`` makes of it (Azure/kubelogin,
-``pkg/internal/converter/convert.go``): ``get-token --login azurecli --server-id <id>``.
+``kubelogin`` plugin with a device-code login, the cluster's ``--server-id`` and its
+``--tenant-id``. Here every user becomes a non-interactive ``kubelogin get-token`` that signs
+in as the identity ``pulumi up`` deployed as (``infra/catalog/deployer.py``): that identity
+holds the cluster-admin role. The cluster's tenant is kept where kubelogin can use it: a user whose
+default ``az`` tenant is another one would otherwise get 401 (Azure/kubelogin
+``pkg/internal/converter/convert.go`` drops it when converting to ``azurecli``).
 
-Why kubelogin with the Azure CLI rather than a token from azure-identity: the kubeconfig then
-holds no token, so nothing that expires or leaks sits in the Pulumi state; and a later
-``pulumi destroy`` or ``refresh`` signs in again with the user's own ``az login``, where a token
-stored at ``pulumi up`` would have expired within the hour.
+Why kubelogin rather than a token from azure-identity: the kubeconfig then holds no token, so
+nothing that expires or leaks sits in the Pulumi state; and a later ``pulumi destroy`` or
+``refresh`` signs in again, where a token stored at ``pulumi up`` would have expired within
+the hour.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
+from infra.catalog.deployer import DeployerSignIn
 
 EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
 INSTALL_HINT = (
@@ -26,8 +31,8 @@ INSTALL_HINT = (
 _CREDENTIAL_FIELDS = ("client-certificate-data", "client-key-data", "token", "password")
 
 
-def azure_cli_kubeconfig(text: str) -> str:
-    """The kubeconfig with every kubelogin user switched to the Azure CLI login.
+def deployer_kubeconfig(text: str, sign_in: DeployerSignIn, principal_type: str) -> str:
+    """The kubeconfig with every kubelogin user signing in as the deployer.
 
     ValueError when a user has no kubelogin exec plugin or no ``--server-id``: the cluster
     is then not an Entra ID cluster, and a kubeconfig with a credential in it is refused.
@@ -44,14 +49,18 @@ def azure_cli_kubeconfig(text: str) -> str:
                 f"kubeconfig user {entry.get('name')!r} does not sign in through kubelogin: "
                 "the cluster must use Entra ID (aadProfile.managed) with local accounts disabled"
             )
-        server_id = _arg_after(plugin.get("args") or [], "--server-id")
+        args = plugin.get("args") or []
+        server_id = _arg_after(args, "--server-id")
         if not server_id:
             raise ValueError(f"kubeconfig user {entry.get('name')!r} has no --server-id")
+        tenant_id = _arg_after(args, "--tenant-id") or sign_in.tenant_id
+        if not tenant_id:
+            raise ValueError(f"kubeconfig user {entry.get('name')!r} has no --tenant-id")
         entry["user"] = {
             "exec": {
                 "apiVersion": EXEC_API_VERSION,
                 "command": "kubelogin",
-                "args": ["get-token", "--login", "azurecli", "--server-id", server_id],
+                "args": sign_in.kubelogin_args(server_id, tenant_id, principal_type),
                 "installHint": plugin.get("installHint") or INSTALL_HINT,
                 "provideClusterInfo": False,
             }

@@ -45,6 +45,8 @@ class LabNames:
     stager_identity: str
     image_repository: str = "spot-lab-trainer"
     """Repository of the training image inside the registry."""
+    stager_image_repository: str = "spot-lab-stager"
+    """Repository of the data-staging Job's image inside the registry."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ class LabResourceGroup(pulumi.ComponentResource):
     resource_group_id: pulumi.Output[str]
     subscription_id: pulumi.Output[str]
     deployer_object_id: pulumi.Output[str]
+    deployer_client_id: pulumi.Output[str]
+    tenant_id: pulumi.Output[str]
+    """The Entra ID tenant the deployer signed in to: the cluster's (AKS-managed Entra ID)."""
+    """The deployer's token's client id: the Azure CLI's own app id for a user
+    (``infra/catalog/deployer.py``)."""
 
     def __init__(
         self, name: str, args: LabResourceGroupArgs, opts: pulumi.ResourceOptions | None = None
@@ -56,11 +61,15 @@ class LabResourceGroup(pulumi.ComponentResource):
         self.subscription_id = client.subscription_id
         # Who runs `pulumi up`: the user (or CI principal) gets the roles a user needs.
         self.deployer_object_id = client.object_id
+        self.deployer_client_id = client.client_id
+        self.tenant_id = client.tenant_id
         self.register_outputs(
             {
                 "name": self.name,
                 "resource_group_id": self.resource_group_id,
                 "subscription_id": self.subscription_id,
                 "deployer_object_id": self.deployer_object_id,
+                "deployer_client_id": self.deployer_client_id,
+                "tenant_id": self.tenant_id,
             }
         )

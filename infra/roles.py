@@ -29,7 +29,7 @@ def assign_role(
     role: str,
     scope: pulumi.Input[str],
     parent: pulumi.Resource,
-    principal_type: str = "ServicePrincipal",
+    principal_type: pulumi.Input[str] = "ServicePrincipal",
 ) -> azure_native.authorization.RoleAssignment:
     """Grant ``role`` on ``scope`` to a managed identity, or to whoever runs ``pulumi up``
     (``principal_type`` "User" or "ServicePrincipal": ARM refuses a type that does not match,

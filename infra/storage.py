@@ -2,10 +2,11 @@
 
 Entra ID only: shared-key access is off, so no account key exists that could leak or be
 misused, and every reader and writer authenticates as an identity with a role on one container.
-The workers (their own workload identity, ``__main__.py``) read ``data`` and write
-``checkpoints`` through the Blob API; the staging Job writes ``data``; the deploying user may
-write ``data`` too (``az storage blob upload-batch --auth-mode login``). No Blob CSI volume is
-mounted: it would authenticate as the kubelet identity, whose token any pod on a node can get.
+The workers (their own workload identity, ``__main__.py``) read ``data`` through the read-only
+Blob CSI volume, which mounts with their own token (``workloads/manifests/volume.py``), and
+write ``checkpoints`` through the Blob API; the staging Job writes ``data``; the deploying user
+may write ``data`` too (``az storage blob upload-batch --auth-mode login``). No node-wide
+identity (the kubelet's, whose token any pod on a node can get) has a role here.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class LabStorageArgs:
     uploader_id: pulumi.Input[str]
     """Object id of whoever runs ``pulumi up``: may write the data container, so that a user
     who stages the data by hand needs no account key."""
-    uploader_type: str
+    uploader_type: pulumi.Input[str]
     """``User`` or ``ServicePrincipal``: what ``uploader_id`` is."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
@@ -74,8 +75,11 @@ class LabStorage(pulumi.ComponentResource):
     data_container: pulumi.Output[str]
     checkpoints_container: pulumi.Output[str]
     checkpoints_container_id: pulumi.Output[str]
-    data_container_id: pulumi.Output[str]
     """ARM id of the checkpoints container: the scope of checkpoint writers' roles."""
+    data_container_id: pulumi.Output[str]
+    """ARM id of the data container: the scope of the dataset's reader and writer roles."""
+    resource_group_name: pulumi.Output[str]
+    """The account's resource group (the dataset volume names it)."""
 
     def __init__(
         self, name: str, args: LabStorageArgs, opts: pulumi.ResourceOptions | None = None
@@ -114,6 +118,7 @@ class LabStorage(pulumi.ComponentResource):
         self.checkpoints_container = containers[CHECKPOINTS_CONTAINER].name
         self.checkpoints_container_id = containers[CHECKPOINTS_CONTAINER].id
         self.data_container_id = containers[DATA_CONTAINER].id
+        self.resource_group_name = pulumi.Output.from_input(args.resource_group_name)
         self.register_outputs(
             {
                 "account_name": self.account_name,
@@ -123,5 +128,6 @@ class LabStorage(pulumi.ComponentResource):
                 "checkpoints_container": self.checkpoints_container,
                 "checkpoints_container_id": self.checkpoints_container_id,
                 "data_container_id": self.data_container_id,
+                "resource_group_name": self.resource_group_name,
             }
         )

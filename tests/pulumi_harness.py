@@ -8,32 +8,47 @@ session can run the program many times with different config.
 
 from __future__ import annotations
 
-import base64
 import runpy
 import sys
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from stack_config.files import stack_file_config
+from tests.azure_answers import (
+    AKS_SERVER_ID,
+    SUBSCRIPTION_ID,
+    TENANT_ID,
+    AzureAnswers,
+    fake_kubeconfig,
+    fake_uuid,
+    mock_id,
+    mock_invoke,
+    mock_state,
+)
+
+__all__ = [
+    "AKS_SERVER_ID",
+    "PROJECT_DIR",
+    "SUBSCRIPTION_ID",
+    "TENANT_ID",
+    "AzureAnswers",
+    "ProgramRun",
+    "Registered",
+    "fake_kubeconfig",
+    "fake_uuid",
+    "run_program",
+    "run_pulumi",
+]
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
-TENANT_ID = "11111111-1111-1111-1111-111111111111"
-
-
-def fake_uuid(*parts: str) -> str:
-    """A stable UUID for a mocked principal or client id, so runs are reproducible."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
 
 
 @dataclass
@@ -123,21 +138,43 @@ class ProgramRun:
         """Every invoke of one function token."""
         return [c for c in self.calls if c.token == token]
 
+    def waits_for(self, resource: Registered, other: Registered) -> bool:
+        """Whether ``resource`` is created after (and deleted before) ``other``: a dependency,
+        direct or through other resources, or through its provider."""
+        by_urn = {r.urn: r for r in self.resources}
+        seen: set[str] = set()
+        todo = [resource]
+        while todo:
+            current = todo.pop()
+            edges = list(current.dependencies)
+            if current.provider:  # "<provider urn>::<provider id>"
+                edges.append(current.provider.rsplit("::", 1)[0])
+            for urn in edges:
+                if urn == other.urn:
+                    return True
+                if urn not in seen and urn in by_urn:
+                    seen.add(urn)
+                    todo.append(by_urn[urn])
+        return False
+
 
 class LabMocks(pulumi.runtime.Mocks):
     """Answers resources and invokes with plausible Azure/Kubernetes outputs."""
 
-    def __init__(self, subscription_id: str = SUBSCRIPTION_ID) -> None:
+    def __init__(self, answers: AzureAnswers | None = None) -> None:
         self.calls: list[Invoked] = []
-        self.subscription_id = subscription_id
-        """The subscription the mocked provider deploys into (ids and getClientConfig)."""
+        self.answers = answers or AzureAnswers()
+
+    @property
+    def subscription_id(self) -> str:
+        return self.answers.subscription_id
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         state = mock_state(args.typ, args.name, dict(args.inputs))
         return mock_id(args.typ, args.name, state, self.subscription_id), state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        result = mock_invoke(args.token, dict(args.args), self.subscription_id)
+        result = mock_invoke(args.token, dict(args.args), self.answers)
         self.calls.append(Invoked(args.token, dict(args.args), result))
         return result
 
@@ -204,187 +241,6 @@ def _urn_type(urn: str) -> str:
     return urn.split("::")[2].rsplit("$", 1)[-1]
 
 
-# ---- plausible provider answers -------------------------------------------------------------
-
-# Input property that carries each Azure resource's physical name (else Pulumi auto-names it).
-_AZURE_NAME_INPUTS = {
-    "azure-native:resources:ResourceGroup": "resourceGroupName",
-    "azure-native:containerservice:ManagedCluster": "resourceName",
-    "azure-native:containerservice:AgentPool": "agentPoolName",
-    "azure-native:storage:StorageAccount": "accountName",
-    "azure-native:storage:BlobContainer": "containerName",
-    "azure-native:containerregistry:Registry": "registryName",
-    "azure-native:managedidentity:UserAssignedIdentity": "resourceName",
-    "azure-native:managedidentity:FederatedIdentityCredential": (
-        "federatedIdentityCredentialResourceName"
-    ),
-    "azure-native:authorization:RoleAssignment": "roleAssignmentName",
-}
-
-
-def _physical_name(type_: str, name: str, inputs: dict[str, Any]) -> str:
-    key = _AZURE_NAME_INPUTS.get(type_)
-    if key and inputs.get(key):
-        return str(inputs[key])
-    if type_ == "azure-native:authorization:RoleAssignment":
-        return fake_uuid(type_, name)
-    # Auto-naming appends a random suffix; a fixed one keeps runs reproducible.
-    return f"{name}1a2b3c4"
-
-
-def mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    """The state a provider would return for a new resource: inputs plus computed outputs."""
-    state = dict(inputs)
-    if type_.startswith("azure-native:"):
-        state["name"] = _physical_name(type_, name, inputs)
-        state.update(_azure_outputs(type_, name, state))
-    elif type_.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
-        metadata = dict(state["metadata"])
-        metadata.setdefault("name", f"{name}-1a2b3c4")
-        metadata.setdefault("uid", fake_uuid(type_, name))
-        state["metadata"] = metadata
-    elif type_ == "command:local:Command":
-        state.update({"stdout": "", "stderr": ""})
-    return state
-
-
-def _azure_outputs(type_: str, name: str, state: dict[str, Any]) -> dict[str, Any]:
-    physical = state["name"]
-    location = state.get("location", "westus3")
-    if type_ == "azure-native:containerservice:ManagedCluster":
-        rg = state.get("resourceGroupName", "rg")
-        return {
-            "nodeResourceGroup": state.get("nodeResourceGroup") or f"MC_{rg}_{physical}_{location}",
-            "identityProfile": {
-                "kubeletidentity": {
-                    "clientId": fake_uuid(name, "kubelet", "client"),
-                    "objectId": fake_uuid(name, "kubelet", "object"),
-                }
-            },
-            "oidcIssuerProfile": {
-                "enabled": True,
-                "issuerURL": f"https://{location}.oic.prod-aks.azure.com/{TENANT_ID}/"
-                f"{fake_uuid(name, 'oidc')}/",
-            },
-            "provisioningState": "Succeeded",
-        }
-    if type_ == "azure-native:storage:StorageAccount":
-        return {"primaryEndpoints": {"blob": f"https://{physical}.blob.core.windows.net/"}}
-    if type_ == "azure-native:containerregistry:Registry":
-        return {"loginServer": f"{physical.lower()}.azurecr.io"}
-    if type_ == "azure-native:managedidentity:UserAssignedIdentity":
-        return {
-            "clientId": fake_uuid(name, "client"),
-            "principalId": fake_uuid(name, "principal"),
-            "tenantId": TENANT_ID,
-        }
-    return {}
-
-
-# Resource provider namespaces, for ARM-shaped ids.
-_ARM_NAMESPACES = {
-    "authorization": "Microsoft.Authorization",
-    "containerregistry": "Microsoft.ContainerRegistry",
-    "containerservice": "Microsoft.ContainerService",
-    "managedidentity": "Microsoft.ManagedIdentity",
-    "storage": "Microsoft.Storage",
-}
-
-
-def mock_id(
-    type_: str, name: str, state: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
-) -> str:
-    """An ARM-shaped id for Azure resources, ``<name>-id`` for others."""
-    if not type_.startswith("azure-native:"):
-        return f"{name}-id"
-    _, module, kind = type_.split(":")
-    if kind == "ResourceGroup":
-        return f"/subscriptions/{subscription_id}/resourceGroups/{state['name']}"
-    rg = state.get("resourceGroupName", "rg")
-    if kind == "BlobContainer":  # a child of the account's blob service, as ARM nests it
-        return (
-            f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/Microsoft.Storage"
-            f"/storageAccounts/{state['accountName']}/blobServices/default/containers/"
-            f"{state['name']}"
-        )
-    if kind == "RoleAssignment":  # an extension resource: its id hangs off its scope
-        return f"{state['scope']}/providers/Microsoft.Authorization/roleAssignments/{state['name']}"
-    plural = kind[0].lower() + (f"{kind[1:-1]}ies" if kind.endswith("y") else f"{kind[1:]}s")
-    namespace = _ARM_NAMESPACES.get(module, f"Microsoft.{module}")
-    return (
-        f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/"
-        f"{namespace}/{plural}/{state['name']}"
-    )
-
-
-# AKS's well-known Entra ID server (application) id, the same for every cluster.
-AKS_SERVER_ID = "6dae42f8-4368-4678-94ff-3960e28e3630"
-
-
-def fake_kubeconfig(cluster: str, fmt: str | None = None) -> str:
-    """What listClusterUserCredential returns for a mocked cluster.
-
-    ``format=exec`` on an Entra ID cluster gives the kubelogin plugin with a device-code login
-    (the AKS API's ``format`` parameter); without it, a token stands in for the legacy forms.
-    """
-    if fmt == "exec":
-        user: dict[str, Any] = {
-            "exec": {
-                "apiVersion": "client.authentication.k8s.io/v1beta1",
-                "command": "kubelogin",
-                "args": [
-                    "get-token",
-                    "--environment",
-                    "AzurePublicCloud",
-                    "--server-id",
-                    AKS_SERVER_ID,
-                    "--client-id",
-                    "80faf920-1908-4b52-b5ef-a8e7bedfc67a",
-                    "--tenant-id",
-                    TENANT_ID,
-                    "--login",
-                    "devicecode",
-                ],
-                "installHint": "kubelogin is not installed",
-            }
-        }
-    else:
-        user = {"token": "mock-token"}
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": cluster, "cluster": {"server": f"https://{cluster}.mock:443"}}],
-            "users": [{"name": f"clusterUser_{cluster}", "user": user}],
-            "contexts": [
-                {"name": cluster, "context": {"cluster": cluster, "user": f"clusterUser_{cluster}"}}
-            ],
-            "current-context": cluster,
-        }
-    )
-
-
-def mock_invoke(
-    token: str, args: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
-) -> dict[str, Any]:
-    """Answers for the functions (invokes) the program may call; unknown ones return ``{}``."""
-    if token in (
-        "azure-native:containerservice:listManagedClusterUserCredentials",
-        "azure-native:containerservice:listManagedClusterAdminCredentials",
-    ):
-        kubeconfig = fake_kubeconfig(str(args.get("resourceName", "cluster")), args.get("format"))
-        value = base64.b64encode(kubeconfig.encode()).decode()
-        return {"kubeconfigs": [{"name": "clusterUser", "value": value}]}
-    if token == "azure-native:authorization:getClientConfig":
-        return {
-            "clientId": fake_uuid("deployer", "client"),
-            "objectId": fake_uuid("deployer", "object"),
-            "subscriptionId": subscription_id,
-            "tenantId": TENANT_ID,
-        }
-    return {}
-
-
 # ---- config the way the CLI assembles it: stack_config.files.stack_file_config ----------
 
 
@@ -397,15 +253,15 @@ def run_pulumi(
     project: str = "spot-lab",
     stack: str = "dev",
     check: bool = True,
-    subscription_id: str = SUBSCRIPTION_ID,
+    answers: AzureAnswers | None = None,
 ) -> ProgramRun:
     """Run any program callable under fresh mocks and collect registrations and outputs.
 
     With ``check`` (the default) an exception from the program is re-raised; otherwise it
     is returned in ``ProgramRun.error`` next to whatever was registered before it.
-    ``subscription_id`` is the subscription the mocked provider deploys into.
+    ``answers`` is what the mocked Azure says (subscription, deployer, existing pools).
     """
-    mocks = LabMocks(subscription_id)
+    mocks = LabMocks(answers)
     monitor = RecordingMonitor(mocks)
     # A fresh root Stack per run: set_mocks only creates one when none is installed.
     settings.set_root_resource(None)
@@ -450,7 +306,7 @@ def run_program(
     check: bool = True,
     project_dir: Path = PROJECT_DIR,
     stack_dir: Path | None = None,
-    subscription_id: str = SUBSCRIPTION_ID,
+    answers: AzureAnswers | None = None,
 ) -> ProgramRun:
     """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
 
@@ -463,6 +319,4 @@ def run_program(
     def program() -> None:
         runpy.run_path(str(main_file), run_name="__main__")
 
-    return run_pulumi(
-        program, config, project=project, stack=stack, check=check, subscription_id=subscription_id
-    )
+    return run_pulumi(program, config, project=project, stack=stack, check=check, answers=answers)

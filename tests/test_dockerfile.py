@@ -1,4 +1,5 @@
-"""The training image, checked without a Docker daemon: pins, user, layout and imports."""
+"""The training and staging images, checked without a Docker daemon: pins, user, layout and
+imports."""
 
 from __future__ import annotations
 
@@ -12,8 +13,19 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from infra.catalog.base_images import (
+    AKS_GPU_DRIVER_BRANCH,
+    DOCKER_HUB,
+    TORCH_CUDA_BUILDS,
+    dockerfile_bases,
+    parse_image_ref,
+    runs_on_aks_driver,
+    training_base_images,
+)
+
 TRAINING = Path(__file__).resolve().parents[1] / "training"
 DOCKERFILE = TRAINING / "Dockerfile"
+STAGER_DOCKERFILE = TRAINING / "Dockerfile.stager"
 REQUIREMENTS = TRAINING / "requirements.txt"
 DOCKERIGNORE = TRAINING / ".dockerignore"
 BASE_IMAGE = "pytorch/pytorch"
@@ -107,16 +119,35 @@ def _args(instructions: list[tuple[str, str]], keyword: str) -> list[str]:
     return [args for kw, args in instructions if kw == keyword]
 
 
-def test_base_image_is_an_exact_pytorch_runtime_tag_matching_our_torch(
+def test_base_image_is_a_pytorch_cuda12_runtime_of_our_torch_pinned_by_digest(
     instructions: list[tuple[str, str]],
 ) -> None:
+    """pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime: torch 2.13's CUDA builds are 12.6 and 13.0
+    (RELEASE.md; the default PyPI wheel, resolved with pip, requires cuda-toolkit 13.0.3), and
+    AKS's GPU driver branch (570, Azure/AKS #5207) runs CUDA 12.x only (13.x needs 580). The
+    digest is the one independent public projects pin for this tag; lab preflight resolves it
+    against Docker Hub before anything is created (infra/catalog/base_images.py)."""
     (base,) = _args(instructions, "FROM")
-    image, _, tag = base.partition(":")
-    assert image == BASE_IMAGE
-    assert "@" not in tag and tag != "latest"
-    match = re.fullmatch(r"(\d+\.\d+\.\d+)-cuda\d+\.\d+-cudnn\d+-runtime", tag)
-    assert match, f"base tag {tag!r} is not an exact <torch>-cuda<x.y>-cudnn<n>-runtime tag"
-    assert match[1] == metadata.version("torch").split("+")[0]
+    ref = parse_image_ref(base)
+    assert (ref.registry, ref.repository) == (DOCKER_HUB, BASE_IMAGE)
+    assert ref.digest.startswith("sha256:") and ref.tag != "latest"
+    match = re.fullmatch(r"(\d+\.\d+\.\d+)-cuda(\d+\.\d+)-cudnn\d+-runtime", ref.tag)
+    assert match, f"base tag {ref.tag!r} is not an exact <torch>-cuda<x.y>-cudnn<n>-runtime tag"
+    torch_version = metadata.version("torch").split("+")[0]
+    assert match[1] == torch_version
+    assert match[2] in TORCH_CUDA_BUILDS[torch_version]
+    assert runs_on_aks_driver(match[2], AKS_GPU_DRIVER_BRANCH)
+    assert not runs_on_aks_driver("13.0", AKS_GPU_DRIVER_BRANCH)
+
+
+def test_the_build_checks_the_base_holds_the_pinned_torch_and_cuda(
+    instructions: list[tuple[str, str]],
+) -> None:
+    (check,) = [run for run in _args(instructions, "RUN") if "torch.version.cuda" in run]
+    assert "'2.13.0'" in check and "['12', '6']" in check
+    # The base's Python is externally managed (PEP 668): pip must be allowed to install.
+    (env,) = _args(instructions, "ENV")
+    assert "PIP_BREAK_SYSTEM_PACKAGES=1" in env
 
 
 def test_runs_as_a_numeric_non_root_user(instructions: list[tuple[str, str]]) -> None:
@@ -186,3 +217,105 @@ def test_parsers_reject_what_the_image_must_not_have() -> None:
         ("USER", "1"),
     ]
     assert imported_modules("import a.b\nfrom c import d\nfrom . import e\n") == {"a.b", "c"}
+
+
+# ---- the staging image ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stager() -> list[tuple[str, str]]:
+    return dockerfile_instructions(STAGER_DOCKERFILE.read_text())
+
+
+def test_the_stager_is_slim_python_with_the_cpu_build_of_our_torch(
+    stager: list[tuple[str, str]], pins: dict[str, str]
+) -> None:
+    (base,) = _args(stager, "FROM")
+    ref = parse_image_ref(base)
+    assert (ref.registry, ref.repository) == (DOCKER_HUB, "library/python")
+    assert ref.tag.startswith(f"{sys.version_info.major}.{sys.version_info.minor}-slim")
+    assert ref.digest.startswith("sha256:")
+    runs = _args(stager, "RUN")
+    torch_version = metadata.version("torch").split("+")[0]
+    assert any(
+        "--index-url https://download.pytorch.org/whl/cpu" in run
+        and f"torch=={torch_version}" in run
+        for run in runs
+    ), "the stager must install torch's CPU build of the release the tests run"
+    # The same pinned requirements as the training image.
+    assert "requirements.txt /tmp/requirements.txt" in _args(stager, "COPY")
+    assert any("pip install -r /tmp/requirements.txt" in run for run in runs)
+    assert not [run for run in runs if "cuda" in run.lower()]
+
+
+def test_the_stager_runs_stage_data_as_a_non_root_user(stager: list[tuple[str, str]]) -> None:
+    uid = _args(stager, "USER")[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    assert _args(stager, "WORKDIR")[-1] == "/app"
+    assert ". /app/training/" in _args(stager, "COPY")
+    (cmd,) = _args(stager, "CMD")
+    assert json.loads(cmd)[:3] == ["python", "-m", "training.stage_data"]
+
+
+def _training_imports(module: str) -> set[str]:
+    """Modules ``training.<module>`` imports, following our own modules transitively."""
+    seen: set[str] = set()
+    todo, external = [module], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imported in imported_modules((TRAINING / f"{name}.py").read_text()):
+            if imported.startswith("training."):
+                todo.append(imported.split(".", 1)[1])
+            elif imported != "training" and imported.split(".")[0] not in sys.stdlib_module_names:
+                external.add(imported)
+    return external
+
+
+def test_everything_stage_data_imports_is_in_the_stager(pins: dict[str, str]) -> None:
+    available: set[str] = set()
+    for distribution in _closure([*pins, *BASE_DISTRIBUTIONS]):
+        available |= _modules_of(distribution)
+    needed = _training_imports("stage_data")
+    assert {"torch", "azure.storage.blob"} <= {m.split(".")[0] for m in needed} | needed
+    assert needed <= available, needed - available
+
+
+def test_every_base_is_listed_for_preflight() -> None:
+    bases = training_base_images(TRAINING)
+    assert sorted(bases) == ["Dockerfile", "Dockerfile.stager"]
+    assert [b.repository for b in bases["Dockerfile"]] == [BASE_IMAGE]
+    assert [b.repository for b in bases["Dockerfile.stager"]] == ["library/python"]
+    for images in bases.values():
+        assert all(image.digest and image.tag for image in images)
+
+
+@pytest.mark.parametrize(
+    ("text", "registry", "repository", "tag", "digest"),
+    [
+        ("python:3.11-slim", DOCKER_HUB, "library/python", "3.11-slim", ""),
+        ("pytorch/pytorch", DOCKER_HUB, "pytorch/pytorch", "latest", ""),
+        ("docker.io/pytorch/pytorch:2.13.0", DOCKER_HUB, "pytorch/pytorch", "2.13.0", ""),
+        ("nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io", "nvidia/pytorch", "25.01-py3", ""),
+        ("localhost:5000/x:1@sha256:" + "a" * 64, "localhost:5000", "x", "1", "sha256:" + "a" * 64),
+    ],
+)
+def test_image_references_split_as_docker_does(
+    text: str, registry: str, repository: str, tag: str, digest: str
+) -> None:
+    ref = parse_image_ref(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (
+        registry,
+        repository,
+        tag,
+        digest,
+    )
+
+
+def test_stages_built_on_stages_are_not_bases() -> None:
+    text = "FROM --platform=linux/amd64 python:3.11 AS build\nFROM build\nFROM busybox:1 AS x\n"
+    assert [b.repository for b in dockerfile_bases(text)] == ["library/python", "library/busybox"]
+    with pytest.raises(ValueError, match="sha256:<64 hex digits>"):
+        parse_image_ref("python:3.11@sha256:abc")

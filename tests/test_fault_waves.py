@@ -18,8 +18,8 @@ from pathlib import Path
 import etcd
 import pytest
 
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.process_tree import freeze_tree, is_alive, kill_tree
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.process_tree import freeze_tree, is_alive, kill_tree
 from tests.elastic_cluster import TINY, Cluster
 from training.data import write_synthetic_cifar10
 from training.launch import RendezvousSettings

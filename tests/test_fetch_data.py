@@ -1,4 +1,5 @@
-"""The workers copy the dataset from Blob Storage to node-local disk with their own identity."""
+"""The workers copy the dataset to node-local disk before they join: on the cluster from the
+read-only Blob CSI mount (a directory), elsewhere from Blob Storage with their own identity."""
 
 from __future__ import annotations
 
@@ -100,6 +101,77 @@ def test_a_lasting_refusal_names_the_role_it_needs(
     ):
         fetch_dataset(data_uri, tmp_path / "local", role_wait_s=0, sleep=lambda s: None)
     assert not (tmp_path / "local" / MARKER).exists()
+
+
+# ---- from the read-only mount (the cluster's path) ----------------------------------------------
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Path:
+    """A directory as blobfuse2 shows the data container: the batches at its root, read-only."""
+    root = tmp_path / "mnt" / "dataset"
+    root.mkdir(parents=True)
+    write_synthetic_cifar10(root, train_records=30, test_records=10, train_files=2)
+    (root / "readme.html").write_text("not a batch file")
+    (root / "cifar-10-batches-bin").mkdir()  # a folder in the container is not a batch
+    for path in root.iterdir():
+        if path.is_file():
+            path.chmod(0o444)
+    root.chmod(0o555)
+    yield root
+    root.chmod(0o755)
+
+
+def test_the_batches_are_copied_from_the_mount_and_load(mount: Path, tmp_path: Path) -> None:
+    files = fetch_dataset(str(mount), tmp_path / "local")
+    assert sorted(p.name for p in files) == [
+        "data_batch_1.bin",
+        "data_batch_2.bin",
+        "test_batch.bin",
+    ]
+    assert load_cifar10_binary(tmp_path / "local").digest == load_cifar10_binary(mount).digest
+    # A container restart in the same pod finds the copy and reads the mount no more.
+    assert len(fetch_dataset(str(mount), tmp_path / "local")) == 3
+
+
+def test_a_mount_the_identity_may_not_read_is_retried_then_names_the_role(
+    mount: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # blobfuse2 answers EACCES when the token's identity lost its role on the container.
+    def refused(self: Path) -> object:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refused)
+    waits: list[float] = []
+    with pytest.raises(DataFetchError, match="Storage Blob Data Reader on the data container"):
+        fetch_dataset(str(mount), tmp_path / "local", role_wait_s=0, sleep=waits.append)
+
+
+def test_a_missing_mount_is_bad_input_that_names_the_path(tmp_path: Path) -> None:
+    code, launched = _agent(
+        {DATA_URI_ENV: str(tmp_path / "not-mounted"), DATA_DIR_ENV: str(tmp_path / "local")}
+    )
+    assert (code, launched) == (BAD_INPUT, [])
+    with pytest.raises(DataFetchError, match="not a directory: the dataset volume is not mounted"):
+        fetch_dataset(str(tmp_path / "not-mounted"), tmp_path / "local")
+
+
+def test_a_broken_mount_asks_for_a_new_pod(
+    mount: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A FUSE mount whose daemon died: ENOTCONN, "Transport endpoint is not connected".
+    def disconnected(self: Path) -> bytes:
+        raise OSError(107, "Transport endpoint is not connected", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", disconnected)
+    env = {DATA_URI_ENV: str(mount), DATA_DIR_ENV: str(tmp_path / "local")}
+    assert _agent(env) == (RETRY_ME, [])
+
+
+def test_the_agent_copies_from_the_mount_before_it_launches(mount: Path, tmp_path: Path) -> None:
+    code, launched = _agent({DATA_URI_ENV: str(mount), DATA_DIR_ENV: str(tmp_path / "local")})
+    assert code == 0 and len(launched) == 1
+    assert (tmp_path / "local" / MARKER).exists()
 
 
 # ---- the agent: before it joins ------------------------------------------------------------

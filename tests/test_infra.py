@@ -13,9 +13,11 @@ import pytest
 import yaml
 from pulumi.runtime.sync_await import _sync_await
 
-from infra import cluster as aks
+from infra import node_pools as aks
+from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from infra.catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
-from infra.kubeconfig import azure_cli_kubeconfig
+from infra.kubeconfig import deployer_kubeconfig
 from infra.naming import global_names, lab_names, unique_suffix
 from infra.roles import (
     ACR_PULL,
@@ -28,6 +30,7 @@ from stack_config.files import stack_file_config
 from tests.pulumi_harness import (
     PROJECT_DIR,
     SUBSCRIPTION_ID,
+    AzureAnswers,
     ProgramRun,
     Registered,
     fake_uuid,
@@ -139,7 +142,9 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     # gpuMaxNodes is unset in the stack files: the pool follows the job's max workers.
     assert config["spot-lab:gpuMaxNodes"] == ""
     assert pool.inputs["maxCount"] == int(config["spot-lab:workerMaxReplicas"])
-    assert pool.ignore_changes == ["count"]
+    # No pool of this name yet: it is created with gpuMinNodes nodes.
+    assert pool.inputs["count"] == pool.inputs["minCount"]
+    assert pool.ignore_changes == []
     assert pool.inputs["agentPoolName"] == run.outputs["gpuPoolName"]
 
 
@@ -149,15 +154,16 @@ def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
         "kubernetes.azure.com/scalesetpriority=spot:NoSchedule",
         "nvidia.com/gpu=present:NoSchedule",
     ]
-    assert pool["nodeLabels"] == {"spot-lab/pool": "gpu-spot"}
+    # Each generation of the pool labels its nodes with its own name: the job selects it.
+    assert pool["nodeLabels"] == {POOL_LABEL: GPU_SPOT, GENERATION_LABEL: pool["agentPoolName"]}
     for label in pool["nodeLabels"]:
         assert not label.startswith(("kubernetes.azure.com/", "kubernetes.io/"))
 
 
 def test_cluster_features(run: ProgramRun) -> None:
     cluster = run.one(CLUSTER).inputs
-    # No Blob CSI volume: a mount would authenticate as the kubelet identity.
-    assert cluster["storageProfile"]["blobCSIDriver"] == {"enabled": False}
+    # The managed Blob CSI driver: the dataset's read-only volume mounts through it.
+    assert cluster["storageProfile"]["blobCSIDriver"] == {"enabled": True}
     assert cluster["oidcIssuerProfile"] == {"enabled": True}
     assert cluster["securityProfile"]["workloadIdentity"] == {"enabled": True}
     assert cluster["identity"] == {"type": "SystemAssigned"}
@@ -251,7 +257,9 @@ def test_the_deployer_may_upload_the_data_without_a_key(run: ProgramRun) -> None
 def test_a_service_principal_deployer_is_granted_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
     # ARM refuses a role assignment whose principalType does not match the principal.
     monkeypatch.setenv("ARM_CLIENT_ID", "00000000-0000-0000-0000-00000000c1d0")
-    grant = _role(run_program("dev"), "deployer-data-writer").inputs
+    monkeypatch.setenv("ARM_CLIENT_SECRET", "not-a-real-secret")
+    answers = AzureAnswers(deployer_client_id="00000000-0000-0000-0000-00000000c1d0")
+    grant = _role(run_program("dev", answers=answers), "deployer-data-writer").inputs
     assert grant["principalType"] == "ServicePrincipal"
 
 
@@ -316,7 +324,7 @@ def test_pod_identities_are_federated_and_write_one_container(
 
 def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) -> None:
     tag = image_tag(PROJECT_DIR / "training")
-    build = run.one(COMMAND)
+    build = run.one(COMMAND, "training-image-build")
     registry = run.one(REGISTRY).outputs
     # The registry's group and the stack's subscription, not az's lookup and default
     # (Azure/azure-cli #27913); amd64 whatever the laptop is.
@@ -334,7 +342,7 @@ def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) ->
 
 def test_docker_builder_builds_and_pushes_locally() -> None:
     run = run_program("dev", {"imageBuilder": "docker"})
-    create = run.one(COMMAND).inputs["create"]
+    create = run.one(COMMAND, "training-image-build").inputs["create"]
     ref = run.outputs["image"]
     assert create.endswith(
         f"docker build --platform linux/amd64 --tag {ref} training && docker push {ref}"
@@ -428,9 +436,11 @@ def test_stack_outputs(run: ProgramRun) -> None:
     assert run.outputs["dataContainer"] == "data"
     assert run.outputs["checkpointsContainer"] == "checkpoints"
     assert run.outputs["kubeletClientId"] == _kubelet(run)["clientId"]
+    # A user's az login: kubelogin keeps the cluster's tenant (not az's default one).
     assert run.outputs["getCredentials"] == (
         f"az aks get-credentials --resource-group {run.outputs['resourceGroup']} "
-        f"--name {cluster['name']} && kubelogin convert-kubeconfig -l azurecli"
+        f"--name {cluster['name']} && kubelogin convert-kubeconfig --login azurecli "
+        "--tenant-id 11111111-1111-1111-1111-111111111111"
     )
     assert {"namespace", "jobName", "rdzvId", "watchCommands"} <= set(run.outputs)
 
@@ -456,7 +466,9 @@ def test_kubeconfig_is_a_secret_from_user_credentials(run: ProgramRun) -> None:
     assert call.args["resourceGroupName"] == run.outputs["resourceGroup"]
     assert call.args["format"] == "exec"  # the kubelogin plugin, not a certificate
     encoded = call.result["kubeconfigs"][0]["value"]
-    assert run.outputs["kubeconfig"] == azure_cli_kubeconfig(base64.b64decode(encoded).decode())
+    as_user = DeployerSignIn(AZURE_CLI_LOGIN)
+    text = base64.b64decode(encoded).decode()
+    assert run.outputs["kubeconfig"] == deployer_kubeconfig(text, as_user, "User")
     assert yaml.safe_load(run.outputs["kubeconfig"])["kind"] == "Config"
     # The workloads' Kubernetes provider gets the same kubeconfig, still marked secret.
     provider = run.one("pulumi:providers:kubernetes")
@@ -520,9 +532,8 @@ def test_gpu_min_nodes_override_is_the_pools_floor_and_first_count() -> None:
     run = run_program("dev", {"gpuMinNodes": "1"})
     pool = run.one(AGENT_POOL, "gpu-spot")
     assert pool.inputs["minCount"] == 1
-    # The initial count; afterwards the autoscaler owns it.
+    # The count a new pool is created with; afterwards an update writes back the pool's own.
     assert pool.inputs["count"] == 1
-    assert pool.ignore_changes == ["count"]
 
 
 def test_kubernetes_version_set_and_unset() -> None:
@@ -588,8 +599,8 @@ OTHER_SUBSCRIPTION = "22222222-2222-2222-2222-222222222222"
 def test_global_names_are_unique_per_subscription() -> None:
     """Two people deploying the same defaults into their own subscriptions do not collide."""
     mine = run_program("dev")
-    theirs = run_program("dev", subscription_id=OTHER_SUBSCRIPTION)
-    again = run_program("dev", subscription_id=OTHER_SUBSCRIPTION)
+    theirs = run_program("dev", answers=AzureAnswers(subscription_id=OTHER_SUBSCRIPTION))
+    again = run_program("dev", answers=AzureAnswers(subscription_id=OTHER_SUBSCRIPTION))
     for output in ("storageAccount", "registryLoginServer"):
         assert mine.outputs[output] != theirs.outputs[output]
         assert theirs.outputs[output] == again.outputs[output]
@@ -664,7 +675,7 @@ def test_pure_pool_specs_match_the_constants() -> None:
     spec = aks.gpu_spot_pool_spec(cfg.gpu_pool, cfg.gpu_max_nodes, None)
     assert aks.SPOT_TAINT in spec["node_taints"] and aks.GPU_TAINT in spec["node_taints"]
     assert spec["max_count"] == cfg.job.max_replicas
-    assert spec["node_labels"] == {aks.POOL_LABEL: aks.GPU_SPOT_POOL}
+    assert spec["node_labels"] == {POOL_LABEL: GPU_SPOT, GENERATION_LABEL: spec["agent_pool_name"]}
 
 
 # ---- create-only pool properties ---------------------------------------------------------------
@@ -750,11 +761,13 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
         dev.one(CLUSTER).inputs["agentPoolProfiles"]
         == moved.one(CLUSTER).inputs["agentPoolProfiles"]
     )
-    # The job finds its nodes by our label, not by the pool's name.
+    # The job selects the new generation only, and follows the new pool (depends on it).
     for run in (dev, moved):
-        assert run.one(AGENT_POOL, "gpu-spot").inputs["nodeLabels"] == {
-            aks.POOL_LABEL: aks.GPU_SPOT_POOL
-        }
+        pool = run.one(AGENT_POOL, "gpu-spot")
+        job = run.one("kubernetes:kubeflow.org/v1:PyTorchJob")
+        selector = job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert selector["nodeSelector"] == pool.inputs["nodeLabels"]
+        assert run.waits_for(job, pool)
 
 
 # ---- the harness itself -------------------------------------------------------------------------

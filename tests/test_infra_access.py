@@ -1,21 +1,26 @@
 """Who may reach the cluster: Entra ID with Azure RBAC, no local accounts, no credential in the
-state, and an optional allow-list for the API server. Per stack file, under the mocks."""
+state, the deployer as admin signing in as itself, and an optional allow-list for the API
+server. Per stack file, under the mocks."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from infra.kubeconfig import azure_cli_kubeconfig, has_credential
+from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from infra.kubeconfig import deployer_kubeconfig, has_credential
 from infra.roles import AKS_RBAC_CLUSTER_ADMIN
 from stack_config import ConfigError, load, validate
 from tests.pulumi_harness import (
     AKS_SERVER_ID,
+    TENANT_ID,
     ProgramRun,
     fake_kubeconfig,
     fake_uuid,
     run_program,
 )
+
+AS_USER = DeployerSignIn(AZURE_CLI_LOGIN)
 
 CLUSTER = "azure-native:containerservice:ManagedCluster"
 ROLE = "azure-native:authorization:RoleAssignment"
@@ -51,22 +56,26 @@ def test_the_kubernetes_provider_signs_in_with_the_azure_cli_and_holds_no_creden
     assert not has_credential(kubeconfig)
     (user,) = yaml.safe_load(kubeconfig)["users"]
     assert user["user"]["exec"]["command"] == "kubelogin"
+    # The mocked deployer is a user signed in with az login: the cluster's tenant is kept.
     assert user["user"]["exec"]["args"] == [
         "get-token",
-        "--login",
-        "azurecli",
         "--server-id",
         AKS_SERVER_ID,
+        "--login",
+        "azurecli",
+        "--tenant-id",
+        TENANT_ID,
     ]
 
 
-def test_the_conversion_is_kubelogins_azurecli_conversion() -> None:
-    # Azure/kubelogin pkg/internal/converter/convert.go, login method azurecli: the args are
-    # get-token, --login azurecli and --server-id; tenant and client ids are dropped.
-    converted = yaml.safe_load(azure_cli_kubeconfig(fake_kubeconfig("c", "exec")))
+def test_the_conversion_keeps_the_clusters_tenant_and_drops_the_device_code_client() -> None:
+    # Azure/kubelogin pkg/internal/converter/convert.go, login method azurecli, drops the tenant
+    # unless --tenant-id is given; a user whose default az tenant is another would get 401.
+    converted = yaml.safe_load(deployer_kubeconfig(fake_kubeconfig("c", "exec"), AS_USER, "User"))
     plugin = converted["users"][0]["user"]["exec"]
     assert plugin["apiVersion"] == "client.authentication.k8s.io/v1beta1"
-    assert "--tenant-id" not in plugin["args"] and "--client-id" not in plugin["args"]
+    assert plugin["args"][plugin["args"].index("--tenant-id") + 1] == TENANT_ID
+    assert "--client-id" not in plugin["args"]  # the device-code client is not the deployer
     assert plugin["installHint"] == "kubelogin is not installed"  # kept, as kubelogin does
     assert converted["clusters"] == yaml.safe_load(fake_kubeconfig("c", "exec"))["clusters"]
 
@@ -74,7 +83,7 @@ def test_the_conversion_is_kubelogins_azurecli_conversion() -> None:
 def test_a_kubeconfig_with_a_credential_is_refused() -> None:
     # A token (or certificate) instead of the plugin: not an Entra ID cluster.
     with pytest.raises(ValueError, match="does not sign in through kubelogin"):
-        azure_cli_kubeconfig(fake_kubeconfig("c"))
+        deployer_kubeconfig(fake_kubeconfig("c"), AS_USER, "User")
     assert has_credential(fake_kubeconfig("c"))
 
 
@@ -98,8 +107,12 @@ def test_a_bad_range_names_the_key_and_the_form(value: str) -> None:
     assert len(info.value.problems) == 1 and repr(value) in info.value.problems[0]
 
 
-def test_the_kubernetes_provider_waits_for_the_deployers_role(run: ProgramRun) -> None:
-    # Without it the provider's first request can be refused while the role is created.
+def test_the_kubernetes_provider_waits_until_the_role_applies(run: ProgramRun) -> None:
+    # The role existing is not enough: AKS documents up to five minutes before the API server
+    # honours it. The provider (and so every object) waits for the command that asks it.
     provider = run.one("pulumi:providers:kubernetes")
     grant = run.one(ROLE, "deployer-cluster-admin")
-    assert grant.urn in provider.dependencies
+    wait = run.one("command:local:Command", "admin-access")
+    assert wait.urn in provider.dependencies
+    assert grant.urn in wait.dependencies
+    assert run.waits_for(provider, grant)

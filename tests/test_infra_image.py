@@ -109,7 +109,7 @@ def test_dockerignore_rules_follow_docker(path: str, ignored: bool) -> None:
 def test_the_build_runs_in_the_project_dir_and_the_job_uses_its_tag() -> None:
     run = run_program("dev")
     tag = image_tag(TRAINING)
-    build = run.one("command:local:Command")
+    build = run.one("command:local:Command", "training-image-build")
     assert "dir" not in build.inputs  # the engine runs it in the project directory
     assert build.inputs["create"].endswith(f"spot-lab-trainer:{tag} training")
     assert run.outputs["imageTag"] == tag
@@ -117,3 +117,37 @@ def test_the_build_runs_in_the_project_dir_and_the_job_uses_its_tag() -> None:
     (container,) = worker["template"]["spec"]["containers"]
     assert container["image"] == run.outputs["image"]
     assert container["image"].endswith(f"/spot-lab-trainer:{tag}")
+
+
+def test_the_staging_job_runs_the_slim_image_built_from_the_same_tree() -> None:
+    run = run_program("dev")
+    tag = image_tag(TRAINING, "Dockerfile.stager")
+    build = run.one("command:local:Command", "stager-image-build")
+    # ACR Tasks takes the Dockerfile relative to the context.
+    assert build.inputs["create"].endswith(
+        f"--image spot-lab-stager:{tag} --file Dockerfile.stager training"
+    )
+    staging = run.one("kubernetes:batch/v1:Job").inputs["spec"]["template"]["spec"]
+    (container,) = staging["containers"]
+    assert container["image"] == run.outputs["stagerImage"]
+    assert container["image"].endswith(f"/spot-lab-stager:{tag}")
+    # The workers keep the CUDA image.
+    assert run.outputs["image"].endswith(f"/spot-lab-trainer:{image_tag(TRAINING)}")
+
+
+def test_each_tag_follows_its_own_dockerfile(tmp_path: Path) -> None:
+    copy = _copy_training(tmp_path)
+    training, stager = image_tag(copy), image_tag(copy, "Dockerfile.stager")
+    assert training != stager
+    with open(copy / "Dockerfile.stager", "a") as f:
+        f.write("\n# changed\n")
+    assert image_tag(copy, "Dockerfile.stager") != stager
+    with open(copy / "train.py", "a") as f:
+        f.write("\n# changed\n")
+    assert image_tag(copy) != training  # the code is in both images
+
+
+def test_a_local_docker_build_names_the_stager_dockerfile_from_the_project_dir() -> None:
+    run = run_program("dev", {"imageBuilder": "docker"})
+    create = run.one("command:local:Command", "stager-image-build").inputs["create"]
+    assert "--file training/Dockerfile.stager training && docker push " in create

@@ -14,12 +14,15 @@ from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 from workloads.manifests.operator import training_operator_source
 
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
+STAGER_IMAGE = "spotlabacr.azurecr.io/spot-lab-stager:0123456789ab"
 BLOB_ENDPOINT = "https://spotlab1a2b3c.blob.core.windows.net/"
 KUBELET_CLIENT_ID = "00000000-0000-0000-0000-0000000000aa"
 TRAINING_CLIENT_ID = "00000000-0000-0000-0000-0000000000bb"
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 STATEFULSET = "kubernetes:apps/v1:StatefulSet"
 PV = "kubernetes:core/v1:PersistentVolume"
+PVC = "kubernetes:core/v1:PersistentVolumeClaim"
+GPU_POOL = "gpu1a2b3c4d"
 
 
 def _config(**job: Any) -> LabConfig:
@@ -36,11 +39,15 @@ def _run(config: LabConfig | None = None, image: str = IMAGE) -> ProgramRun:
                 config=cfg,
                 kubeconfig=pulumi.Output.secret("apiVersion: v1\nkind: Config\n"),
                 image=pulumi.Output.from_input(image),
+                stager_image=STAGER_IMAGE,
+                storage_account="spotlab1a2b3c",
+                storage_resource_group="spotlab-dev-rg",
                 data_container="data",
                 checkpoints_container="checkpoints",
                 blob_endpoint=BLOB_ENDPOINT,
                 training_client_id=TRAINING_CLIENT_ID,
                 stager_client_id="stager-client-id",
+                gpu_pool_name=GPU_POOL,
                 cluster_identifier="spotlab-dev-rg/spotlab-dev-aks",
             ),
         )
@@ -86,6 +93,7 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
         ("spot-lab:workloads:Rendezvous", "lab-etcd"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
         ("spot-lab:workloads:DataStaging", "lab-data-staging"),
+        ("spot-lab:workloads:DatasetVolume", "lab-dataset"),
     }
 
 
@@ -96,7 +104,7 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 15
+    assert len(objects) == 17
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name
@@ -123,6 +131,7 @@ def test_job_waits_for_operator_etcd_volumes_and_namespace(default_run: ProgramR
         "lab-etcd-client",
         "lab-namespace-namespace",
         "lab-priority-training",
+        "lab-dataset-pvc",
     } <= waits_for
 
 
@@ -175,11 +184,47 @@ def test_a_new_image_is_a_new_rendezvous(default_run: ProgramRun) -> None:
     assert _elastic(other)["rdzvId"] != _elastic(default_run)["rdzvId"]
 
 
-def test_no_blob_volume_is_mounted(default_run: ProgramRun) -> None:
-    # A Blob CSI volume would authenticate as the kubelet, whose token any pod on the node
-    # can fetch: the workers copy the data with their own identity instead.
-    assert default_run.of_type(PV) == []
-    assert default_run.of_type("kubernetes:core/v1:PersistentVolumeClaim") == []
+def test_the_dataset_volume_is_keyless_read_only_and_bound_by_name(
+    default_run: ProgramRun,
+) -> None:
+    pv, pvc = default_run.one(PV).inputs, default_run.one(PVC).inputs
+    attributes = pv["spec"]["csi"]["volumeAttributes"]
+    assert attributes["clientID"] == TRAINING_CLIENT_ID
+    assert attributes["mountWithWorkloadIdentityToken"] == "true"
+    assert (attributes["storageAccount"], attributes["containerName"]) == ("spotlab1a2b3c", "data")
+    assert attributes["resourceGroup"] == "spotlab-dev-rg"
+    assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    assert pvc["metadata"]["namespace"] == "spot-lab"
+    # The job mounts exactly this claim.
+    worker = _job(default_run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    claims = [
+        v["persistentVolumeClaim"]
+        for v in worker["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == [{"claimName": pvc["metadata"]["name"], "readOnly": True}]
+
+
+def test_the_workers_select_the_current_gpu_pool_generation(default_run: ProgramRun) -> None:
+    worker = _job(default_run).inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert worker["spec"]["nodeSelector"] == {
+        "spot-lab/pool": "gpu-spot",
+        "spot-lab/pool-generation": GPU_POOL,
+    }
+
+
+def test_destroy_finishes_when_the_cluster_is_gone(default_run: ProgramRun) -> None:
+    """pulumi-kubernetes drops an unreachable cluster's objects from the state on delete only
+    when the provider says so (provider.go, Delete: `if k.deleteUnreachable`); its default is
+    false, and the provider's setting wins over PULUMI_K8S_DELETE_UNREACHABLE. Without it every
+    object of a stopped or deleted cluster fails with "configured Kubernetes cluster is
+    unreachable" and the destroy never completes. Objects a refresh drops that way are taken
+    over again by the next up (upsertExistingObjects) instead of failing with AlreadyExists."""
+    provider = default_run.one("pulumi:providers:kubernetes").inputs
+    assert provider["deleteUnreachable"] in (True, "true")
+    assert provider["upsertExistingObjects"] in (True, "true")
+    assert provider["enableServerSideApply"] in (True, "true")
 
 
 def test_service_account_is_bound_to_the_training_identity(default_run: ProgramRun) -> None:
@@ -190,10 +235,12 @@ def test_service_account_is_bound_to_the_training_identity(default_run: ProgramR
     }
 
 
-def test_data_and_checkpoints_go_through_the_blob_api(default_run: ProgramRun) -> None:
+def test_data_through_the_volume_and_checkpoints_through_the_blob_api(
+    default_run: ProgramRun,
+) -> None:
     env = _worker_env(default_run)
     assert env["TRAIN_CHECKPOINT_URI"] == f"{BLOB_ENDPOINT}checkpoints/spotlab-train"
-    assert env["TRAIN_DATA_URI"] == f"{BLOB_ENDPOINT}data"
+    assert env["TRAIN_DATA_URI"] == "/mnt/dataset"
     assert env["TRAIN_DATA_DIR"] == "/mnt/local/data"
 
 
@@ -237,7 +284,8 @@ def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
     assert pod["serviceAccountName"] == "data-stager"
     assert pod["nodeSelector"] == {"spot-lab/pool": "system"}  # no GPU node for a download
     (container,) = pod["containers"]
-    assert container["image"] == IMAGE
+    # The staging image, not the multi-GB CUDA training image, on the small CPU node.
+    assert container["image"] == STAGER_IMAGE
     assert container["command"][:3] == ["python", "-m", "training.stage_data"]
     args = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
     assert args["--container-uri"] == f"{BLOB_ENDPOINT.rstrip('/')}/data"
@@ -247,6 +295,8 @@ def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
         == "true"
     )
     assert staging.custom_timeouts["create"] == "3600s"
+    # A Job that failed is replaced by the next up (test_workloads_data_staging.py).
+    assert staging.inputs["metadata"]["annotations"] == {"pulumi.com/replaceUnready": "true"}
     account = default_run.one("kubernetes:core/v1:ServiceAccount", "data-staging")
     assert account.inputs["metadata"]["annotations"] == {
         "azure.workload.identity/client-id": "stager-client-id"

@@ -11,6 +11,7 @@ import pytest
 from kubeflow.training import models as kubeflow_models
 from kubeflow.training.api_client import ApiClient
 
+from infra.catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
 from stack_config import JobConfig, LabConfig
 from training.launch import (
     ETCD_BACKENDS,
@@ -20,6 +21,7 @@ from training.launch import (
     worker_env,
 )
 from workloads.manifests.job import (
+    DATASET_MOUNT,
     LOCAL_DATA_DIR,
     LOCAL_MOUNT,
     RUN_ID_LABEL,
@@ -51,7 +53,7 @@ def _job_spec(**overrides: Any) -> ElasticJobSpec:
         "max_restarts": 100,
         "service_account": "trainer",
         "priority_class": "spotlab-training",
-        "data_uri": "https://spotlabsa.blob.core.windows.net/data",
+        "data_claim": "spot-lab-dataset",
         "checkpoint_uri": "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
         "max_steps": 20000,
         "global_batch_size": 256,
@@ -233,23 +235,26 @@ def test_env_is_the_shared_worker_env() -> None:
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=45,
     ) | {
-        "TRAIN_DATA_URI": "https://spotlabsa.blob.core.windows.net/data",
+        "TRAIN_DATA_URI": DATASET_MOUNT,
         "TRAIN_DATA_DIR": LOCAL_DATA_DIR,
     }
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
-def test_data_and_checkpoints_go_through_the_blob_api_and_nothing_is_mounted() -> None:
+def test_the_dataset_is_mounted_read_only_and_checkpoints_go_through_the_blob_api() -> None:
     endpoint = "https://spotlabsa.blob.core.windows.net/"
     uri = blob_url(endpoint, "checkpoints", "spotlab-train")
     assert uri == "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train"
-    assert blob_url(endpoint, "data") == "https://spotlabsa.blob.core.windows.net/data"
     manifest = pytorchjob_manifest(_job_spec(checkpoint_uri=uri))
     env = _env(manifest)
     assert env["TRAIN_CHECKPOINT_URI"] == uri
-    # The agent copies the data to the pod's local disk before it joins.
+    (claim,) = [v for v in _pod(manifest)["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"] == {"claimName": "spot-lab-dataset", "readOnly": True}
+    (mount,) = [m for m in _container(manifest)["volumeMounts"] if m["name"] == claim["name"]]
+    assert mount == {"name": claim["name"], "mountPath": DATASET_MOUNT, "readOnly": True}
+    # The agent copies the data from the mount to the pod's local disk before it joins.
+    assert env["TRAIN_DATA_URI"] == DATASET_MOUNT
     assert env["TRAIN_DATA_DIR"] == LOCAL_DATA_DIR and LOCAL_DATA_DIR.startswith(LOCAL_MOUNT)
-    assert not [v for v in _pod(manifest)["volumes"] if "persistentVolumeClaim" in v]
 
 
 def test_one_gpu_and_cpu_memory_requests() -> None:
@@ -328,10 +333,13 @@ def test_spec_from_stack_config() -> None:
         image=IMAGE,
         rdzv_host=RDZV_HOST,
         priority_class="lab-training",
-        data_uri="https://a.blob.core.windows.net/data",
+        data_claim="spot-lab-dataset",
         checkpoint_uri="https://a.blob.core.windows.net/checkpoints/lab-train",
+        gpu_pool="gpu1a2b3c4d",
     )
     assert spec.name == "lab-train"
+    # The workers select exactly this generation of the GPU pool.
+    assert spec.node_selector == {POOL_LABEL: "gpu-spot", GENERATION_LABEL: "gpu1a2b3c4d"}
     # workerReplicas above the max starts the job at the max.
     assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 5)
     assert spec.run_id == "3"

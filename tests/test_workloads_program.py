@@ -83,9 +83,13 @@ def test_workloads_use_the_azure_outputs(run: ProgramRun) -> None:
     job = _pod_spec(run.one(PYTORCHJOB))
     assert job["containers"][0]["image"] == run.outputs["image"]
     env = {e["name"]: e["value"] for e in job["containers"][0]["env"]}
-    endpoint = run.outputs["blobEndpoint"]
-    assert env["TRAIN_DATA_URI"] == f"{endpoint}{run.outputs['dataContainer']}"
-    assert run.of_type("kubernetes:core/v1:PersistentVolume") == []
+    assert env["TRAIN_DATA_URI"] == "/mnt/dataset"
+    # The dataset volume is the stack's data container, mounted as the training identity.
+    pv = run.one("kubernetes:core/v1:PersistentVolume").inputs["spec"]["csi"]
+    assert pv["volumeAttributes"]["storageAccount"] == run.outputs["storageAccount"]
+    assert pv["volumeAttributes"]["containerName"] == run.outputs["dataContainer"]
+    assert pv["volumeAttributes"]["resourceGroup"] == run.outputs["resourceGroup"]
+    assert pv["volumeAttributes"]["clientID"] == run.outputs["trainingClientId"]
     account = run.one("kubernetes:core/v1:ServiceAccount", "namespace").inputs["metadata"]
     assert (
         account["annotations"]["azure.workload.identity/client-id"]
@@ -196,3 +200,37 @@ def test_tolerated_follows_kubernetes_matching() -> None:
     assert not tolerated("nvidia.com/gpu=present:NoSchedule", [spot])
     exists = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}
     assert not tolerated("nvidia.com/gpu=present:NoSchedule", [exists])
+
+
+def test_destroy_deletes_every_object_before_its_pools_role_and_cluster(run: ProgramRun) -> None:
+    """Pulumi deletes a resource before everything it depends on. Every Kubernetes object goes
+    through the provider, which depends on the wait for the admin role and on both pools, so a
+    destroy deletes the objects (and so drains etcd's pods, whose PodDisruptionBudget would
+    stall a pool's drain) before the pools, the role and the cluster."""
+    ends = [
+        run.one(GPU_POOL, "gpu-spot"),
+        run.one(GPU_POOL, "cluster-system"),
+        run.one("azure-native:authorization:RoleAssignment", "deployer-cluster-admin"),
+        run.one(CLUSTER),
+    ]
+    objects = [r for r in run.resources if r.type.startswith("kubernetes:")]
+    assert len(objects) > 10
+    for obj in objects:
+        for end in ends:
+            assert run.waits_for(obj, end), (obj.name, end.name)
+
+
+def test_no_object_holds_a_finalizer_only_a_deleted_controller_could_clear(
+    run: ProgramRun,
+) -> None:
+    """We set no finalizer. The ones Kubernetes adds (a PVC's and PV's protection, a Job's pod
+    tracking, foreground deletion) are cleared by the control plane's own controllers, which
+    live as long as the cluster. The one controller of ours, the training operator, serves the
+    PyTorchJob: the job depends on it, so it is deleted while the operator still runs."""
+    for obj in run.resources:
+        metadata = obj.inputs.get("metadata")
+        if obj.type.startswith("kubernetes:") and isinstance(metadata, dict):
+            assert not metadata.get("finalizers"), obj.name
+    job = run.one(PYTORCHJOB)
+    operator = run.one("kubernetes:kustomize/v2:Directory")
+    assert run.waits_for(job, operator)

@@ -1,12 +1,13 @@
-"""Copy the dataset from its Blob container to node-local disk, with the pod's own identity.
+"""Copy the dataset to node-local disk when the pod starts: from its read-only Blob CSI mount on
+the cluster, or from a Blob URL through the API, always with the pod's own identity.
 
-In the cluster the workers read CIFAR-10 from the node's disk, not from a Blob CSI mount. A
-mount would authenticate as the kubelet identity, whose token any pod on the node can fetch
-from the instance metadata service; or, with workload identity, it would need the account's
-shared key (the driver fetches it) or a token mount that expires after 24 h. A copy through
-the Blob API needs neither: the training identity reads the ``data`` container, and 170 MB
-takes seconds inside a region. The copy sits in the pod's ``emptyDir``, so a container that
-restarts in the same pod finds it there and copies nothing.
+On the cluster the ``data`` container is mounted read-only into each worker pod; blobfuse2
+signs in with the pod's workload identity token (``workloads/manifests/volume.py``). The agent
+copies the batches from the mount before it joins the rendezvous: the mount's token is fresh
+then on every driver version (before Blob CSI v1.27 it is never refreshed and stops working
+after about a day), and training reads local disk, not FUSE. The copy sits in the pod's
+``emptyDir``, so a container that restarts in the same pod finds it there and copies nothing.
+A ``https://`` source is read through the Blob API instead (outside the cluster).
 
 The agent (``training/agent.py``) calls this before it joins the rendezvous, when
 ``TRAIN_DATA_URI`` is set, into ``TRAIN_DATA_DIR``.
@@ -48,15 +49,14 @@ def fetch_dataset(
     role_wait_s: float = ROLE_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[Path]:
-    """Copy every CIFAR-10 batch file under ``uri`` into ``dest``; the local paths.
+    """Copy every CIFAR-10 batch file under ``uri`` (a mounted directory or a Blob URL) into
+    ``dest``; the local paths.
 
-    Raises DataFetchError (no retry helps) when the container holds no training batches or the
-    identity stays refused for ``role_wait_s``; OSError (ConnectionError, ...) when the store
-    cannot be reached, which a new pod may not meet.
+    Raises DataFetchError (no retry helps) when the source holds no training batches, is not
+    mounted, or the identity stays refused for ``role_wait_s``; OSError (ConnectionError, a
+    broken mount, ...) when the store cannot be read, which a new pod may not meet.
     """
-    from training.blob_store import BlobStore  # optional deps: only the cloud path needs them
-
-    store = BlobStore.from_uri(uri)
+    store = _source(uri)
     names = _listed(store, uri, role_wait_s, sleep)
     if not any(name.startswith("data_batch_") for name in names):
         raise DataFetchError(
@@ -91,8 +91,40 @@ def fetch_dataset(
     return [root / name for name in names]
 
 
+class MountedDirectory:
+    """The files of a read-only directory (the dataset's mount), as much of a store as a copy
+    needs. Not ``FileStore``: that one is for checkpoints and refuses FUSE mounts."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def list(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_file())
+
+    def get(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+
+def _source(uri: str) -> ObjectStore | MountedDirectory:
+    """Where the batches come from: the Blob API for a URL, else a mounted directory."""
+    if uri.startswith(("https://", "http://")):
+        from training.blob_store import BlobStore  # optional deps: only the cloud path needs them
+
+        return BlobStore.from_uri(uri)
+    root = Path(uri)
+    if not root.is_dir():
+        raise DataFetchError(
+            f"{DATA_URI_ENV} {uri} is not a directory: the dataset volume is not mounted there "
+            "(the pod's volumeMounts and the PyTorchJob's TRAIN_DATA_URI must name the same path)"
+        )
+    return MountedDirectory(root)
+
+
 def _listed(
-    store: ObjectStore, uri: str, role_wait_s: float, sleep: Callable[[float], None]
+    store: ObjectStore | MountedDirectory,
+    uri: str,
+    role_wait_s: float,
+    sleep: Callable[[float], None],
 ) -> list[str]:
     """The batch files in the container, retrying a refusal while a new role applies."""
     deadline = time.monotonic() + role_wait_s

@@ -1,4 +1,5 @@
-"""The elastic PyTorchJob, created once the operator, etcd and the volumes exist."""
+"""The elastic PyTorchJob, created once the operator, etcd, the dataset volume and its GPU pool
+exist."""
 
 from __future__ import annotations
 
@@ -35,10 +36,14 @@ class ElasticTrainingJobArgs:
     priority_class: pulumi.Input[str]
     """The preemptible training PriorityClass."""
     blob_endpoint: pulumi.Input[str]
-    """``https://<account>.blob.core.windows.net/``: data and checkpoints go through the Blob
-    API, with the workers' own identity."""
-    data_container: pulumi.Input[str]
+    """``https://<account>.blob.core.windows.net/``: checkpoints go through the Blob API, with
+    the workers' own identity."""
+    data_claim: pulumi.Input[str]
+    """The dataset volume's claim, mounted read-only."""
     checkpoints_container: pulumi.Input[str]
+    gpu_pool_name: pulumi.Input[str]
+    """The GPU pool generation the workers select; an Output of the pool, so a new pool comes
+    first and the job follows it."""
 
 
 class ElasticTrainingJob(pulumi.ComponentResource):
@@ -58,8 +63,9 @@ class ElasticTrainingJob(pulumi.ComponentResource):
             args.rdzv_host,
             args.priority_class,
             args.blob_endpoint,
-            args.data_container,
+            args.data_claim,
             args.checkpoints_container,
+            args.gpu_pool_name,
         ).apply(lambda values: _spec(cfg, *values))
         manifest = spec.apply(pytorchjob_manifest)
         job = k8s.apiextensions.CustomResource(
@@ -88,12 +94,13 @@ class ElasticTrainingJob(pulumi.ComponentResource):
 
 
 def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
-    image, rdzv_host, priority_class, endpoint, data_container, checkpoints_container = values
+    image, rdzv_host, priority_class, endpoint, data_claim, checkpoints, gpu_pool = values
     return elastic_job_spec(
         cfg,
         image=image,
         rdzv_host=rdzv_host,
         priority_class=priority_class,
-        data_uri=blob_url(endpoint, data_container),
-        checkpoint_uri=blob_url(endpoint, checkpoints_container, job_name(cfg)),
+        data_claim=data_claim,
+        checkpoint_uri=blob_url(endpoint, checkpoints, job_name(cfg)),
+        gpu_pool=gpu_pool,
     )

@@ -8,9 +8,12 @@ through one Kubernetes provider (server-side apply):
 - etcd (the rendezvous) on the system pool,
 - the NVIDIA device plugin on the GPU Spot pool,
 - the Kubeflow training operator v1.9.4,
+- the dataset's read-only Blob CSI volume and the Job that stages the dataset,
 - the elastic PyTorchJob.
 
-The objects themselves come from the pure builders in ``workloads.manifests``.
+The provider, and so every object, waits for the deployer's access to the cluster and for the
+node pools; ``pulumi destroy`` therefore deletes every object before the pools, the role and
+the cluster. The objects themselves come from the pure builders in ``workloads.manifests``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from workloads.manifests.priority import lab_priority_classes
 from workloads.namespace import LabNamespace, LabNamespaceArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
+from workloads.volume import DatasetVolume, DatasetVolumeArgs
 
 __all__ = ["LabWorkloads", "LabWorkloadsArgs"]
 
@@ -47,6 +51,12 @@ class LabWorkloadsArgs:
     """Kubeconfig of the AKS cluster (secret)."""
     image: pulumi.Input[str]
     """Full training image reference, content-hash tag."""
+    stager_image: pulumi.Input[str]
+    """The data-staging Job's image (no CUDA), content-hash tag."""
+    storage_account: pulumi.Input[str]
+    """The lab's storage account (the dataset volume mounts its ``data`` container)."""
+    storage_resource_group: pulumi.Input[str]
+    """The storage account's resource group."""
     data_container: pulumi.Input[str]
     """Blob container holding the dataset."""
     checkpoints_container: pulumi.Input[str]
@@ -57,10 +67,14 @@ class LabWorkloadsArgs:
     """Client id of the training identity: the training ServiceAccount is bound to it."""
     stager_client_id: pulumi.Input[str]
     """Client id of the stager identity: the data-staging Job's ServiceAccount is bound to it."""
+    gpu_pool_name: pulumi.Input[str]
+    """The GPU Spot pool's AgentPool name: the workers select that generation, and the job
+    follows a new pool (it depends on it)."""
     cluster_identifier: str
     """A plain string naming the cluster (its resource group and name), known at preview."""
     access: list[pulumi.Resource] = field(default_factory=list)
-    """What must exist before the provider signs in: the deployer's cluster-admin role."""
+    """What must exist before any object: the wait for the deployer's cluster-admin role and
+    the node pools. On destroy every object goes before them."""
 
 
 class LabWorkloads(pulumi.ComponentResource):
@@ -77,18 +91,7 @@ class LabWorkloads(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-lab:workloads:LabWorkloads", name, None, opts)
         cfg = args.config
-        provider = k8s.Provider(
-            f"{name}-kubernetes",
-            kubeconfig=args.kubeconfig,
-            # While the cluster is being updated its kubeconfig is unknown at preview, and without
-            # an identifier the provider, and so every object under it, is planned for
-            # replacement. With one, the provider is replaced only when this string changes
-            # (pulumi-kubernetes Provider docs, `clusterIdentifier`).
-            cluster_identifier=args.cluster_identifier,
-            # The PyTorchJob CRD is too large for client-side apply's annotation.
-            enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
-        )
+        provider = self._kubernetes(name, args)
         cluster = pulumi.ResourceOptions(parent=self, providers=[provider])
         namespace = LabNamespace(
             f"{name}-namespace",
@@ -117,15 +120,26 @@ class LabWorkloads(pulumi.ComponentResource):
             operator_pod_labels=dict(OPERATOR_POD_LABELS),
         )
         rendezvous = Rendezvous(f"{name}-etcd", RendezvousArgs(spec=etcd_spec), opts=in_namespace)
+        dataset = DatasetVolume(
+            f"{name}-dataset",
+            DatasetVolumeArgs(
+                namespace=cfg.namespace,
+                storage_account=args.storage_account,
+                resource_group=args.storage_resource_group,
+                container=args.data_container,
+                training_client_id=args.training_client_id,
+            ),
+            opts=in_namespace,
+        )
         # The CRD and its webhook must exist, etcd must answer and the data must be staged,
         # before the job: GPU nodes start only for a job that can train.
-        before_job: list[pulumi.Resource] = [operator, rendezvous]
+        before_job: list[pulumi.Resource] = [operator, rendezvous, dataset]
         if cfg.data.staged:
             before_job.append(self._staging(name, args, in_namespace).job)
         job_opts = pulumi.ResourceOptions.merge(
             in_namespace, pulumi.ResourceOptions(depends_on=before_job)
         )
-        job = self._job(name, args, rendezvous, priorities, job_opts)
+        job = self._job(name, args, rendezvous, priorities, dataset, job_opts)
         self.namespace = namespace.name
         self.job_name = job.job_name
         self.rdzv_id = job.rdzv_id
@@ -141,12 +155,35 @@ class LabWorkloads(pulumi.ComponentResource):
             }
         )
 
+    def _kubernetes(self, name: str, args: LabWorkloadsArgs) -> k8s.Provider:
+        """The one Kubernetes provider: every object waits for what ``args.access`` names."""
+        return k8s.Provider(
+            f"{name}-kubernetes",
+            kubeconfig=args.kubeconfig,
+            # While the cluster is being updated its kubeconfig is unknown at preview, and without
+            # an identifier the provider, and so every object under it, is planned for
+            # replacement. With one, the provider is replaced only when this string changes
+            # (pulumi-kubernetes Provider docs, `clusterIdentifier`).
+            cluster_identifier=args.cluster_identifier,
+            # The PyTorchJob CRD is too large for client-side apply's annotation.
+            enable_server_side_apply=True,
+            # `pulumi destroy` finishes when the cluster is gone, stopped or unreachable (an
+            # expired sign-in): its objects are dropped from the state instead of failing to
+            # delete ("configured Kubernetes cluster is unreachable"; pulumi-kubernetes
+            # provider.go, Delete and Read). A refresh while unreachable drops them too; the next
+            # `up` then takes the objects that are still there over instead of failing with
+            # AlreadyExists (provider.go, upsertExistingObjects with server-side apply).
+            delete_unreachable=True,
+            upsert_existing_objects=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
+        )
+
     def _staging(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
     ) -> DataStaging:
         """The Job that downloads the dataset into the data container."""
         cfg = args.config
-        spec = pulumi.Output.all(args.image, args.blob_endpoint, args.data_container).apply(
+        spec = pulumi.Output.all(args.stager_image, args.blob_endpoint, args.data_container).apply(
             lambda values: DataStagingSpec(
                 job_prefix=job_name(cfg),
                 namespace=cfg.namespace,
@@ -174,9 +211,11 @@ class LabWorkloads(pulumi.ComponentResource):
         args: LabWorkloadsArgs,
         rendezvous: Rendezvous,
         priorities: PriorityClasses,
+        dataset: DatasetVolume,
         opts: pulumi.ResourceOptions,
     ) -> ElasticTrainingJob:
-        """The elastic PyTorchJob; its workers reach data and checkpoints through the Blob API."""
+        """The elastic PyTorchJob: data through the read-only volume, checkpoints through the
+        Blob API, workers on the current GPU pool generation."""
         return ElasticTrainingJob(
             f"{name}-job",
             ElasticTrainingJobArgs(
@@ -185,8 +224,9 @@ class LabWorkloads(pulumi.ComponentResource):
                 rdzv_host=rendezvous.host,
                 priority_class=priorities.training,
                 blob_endpoint=args.blob_endpoint,
-                data_container=args.data_container,
+                data_claim=dataset.claim_name,
                 checkpoints_container=args.checkpoints_container,
+                gpu_pool_name=args.gpu_pool_name,
             ),
             opts=opts,
         )

@@ -1,9 +1,14 @@
 """The data-staging Job: CIFAR-10 into the ``data`` container before the training job exists.
 
-It runs ``python -m training.stage_data`` from the training image on the system pool (no GPU is
-started for it), as its own ServiceAccount, whose identity is the only one that may write
+It runs ``python -m training.stage_data`` from the staging image (``training/Dockerfile.stager``:
+the training package with a CPU-only torch, no CUDA) on the system pool (no GPU is started for
+it), as its own ServiceAccount, whose identity is the only one that may write
 ``data``. Its name carries a hash of the source and checksum: a new source is a new Job (a
-Job's pod template cannot be changed in place), an unchanged one is left alone.
+Job's pod template cannot be changed in place), an unchanged one is left alone. A Job that
+failed (a mirror down for a while) is replaced by the next ``pulumi up`` rather than met again
+as Failed: pulumi-kubernetes replaces an unready Job that carries ``pulumi.com/replaceUnready:
+"true"`` (provider.go, Diff: it reads the live Job and, when the Job checker says it is not
+ready, plans a replacement).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ STAGER_LABELS = {ROLE_LABEL: "stager"}
 # Retries for what a retry may fix (the program exits 1 for network and storage errors; a
 # wrong checksum or archive exits 2 and fails the same way each time, so few retries).
 BACKOFF_LIMIT = 3
+REPLACE_UNREADY = {"pulumi.com/replaceUnready": "true"}
+"""Makes the next ``pulumi up`` replace this Job when it failed."""
 # The official archive is 163 MB: minutes on any network; an hour means something is wrong.
 DEADLINE_S = 3600
 
@@ -73,7 +80,12 @@ def staging_job_manifest(spec: DataStagingSpec) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": staging_job_name(spec), "namespace": spec.namespace, "labels": labels},
+        "metadata": {
+            "name": staging_job_name(spec),
+            "namespace": spec.namespace,
+            "labels": labels,
+            "annotations": dict(REPLACE_UNREADY),
+        },
         "spec": {
             "backoffLimit": BACKOFF_LIMIT,
             "activeDeadlineSeconds": DEADLINE_S,

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infra.catalog.pool_labels import gpu_pool_selector
 from stack_config import LabConfig
 from training.launch import (
     DATA_DIR_ENV,
@@ -36,6 +37,8 @@ PYTORCHJOB_KIND = "PyTorchJob"
 LOCAL_MOUNT = "/mnt/local"
 LOCAL_DATA_DIR = f"{LOCAL_MOUNT}/data"
 """Where the agent copies the dataset before it joins (``training/fetch_data.py``)."""
+DATASET_MOUNT = "/mnt/dataset"
+"""Where the dataset's read-only Blob CSI volume is mounted; the agent copies from it."""
 CONTAINER_NAME = "pytorch"
 """The operator's webhook requires a container with this name."""
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -65,8 +68,9 @@ class ElasticJobSpec:
     max_restarts: int
     service_account: str
     priority_class: str
-    data_uri: str
-    """TRAIN_DATA_URI: the Blob URL of the dataset, which the agent copies to local disk."""
+    data_claim: str
+    """PVC of the dataset's Blob CSI volume: mounted read-only at ``DATASET_MOUNT``, which the
+    agent copies to the pod's disk before it joins (TRAIN_DATA_URI)."""
     checkpoint_uri: str
     """TRAIN_CHECKPOINT_URI: the https:// Blob URL the workers write through the Blob API."""
     max_steps: int
@@ -187,10 +191,12 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=spec.collective_timeout_s,
     )
-    # The agent copies the dataset to the node's disk with the pod's own identity: no Blob CSI
-    # mount, so no node-wide identity needs a role on the storage account.
-    env |= {DATA_URI_ENV: spec.data_uri, DATA_DIR_ENV: LOCAL_DATA_DIR}
+    # The agent copies the dataset from the read-only Blob CSI mount to the pod's disk when the
+    # pod starts: the mount's token is fresh then on every driver version (before v1.27 it is
+    # never refreshed, infra/catalog/blob_csi.py), and training reads local disk, not FUSE.
+    env |= {DATA_URI_ENV: DATASET_MOUNT, DATA_DIR_ENV: LOCAL_DATA_DIR}
     mounts = [
+        {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "local", "mountPath": LOCAL_MOUNT},
     ]
@@ -210,6 +216,11 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
 
 def _worker_volumes(spec: ElasticJobSpec) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
+        # Read-only twice over: the PV is ReadOnlyMany (blobfuse2 gets -o ro) and so is the claim.
+        {
+            "name": "dataset",
+            "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True},
+        },
         # DataLoader workers and NCCL pass tensors through /dev/shm; the runtime's 64 MiB
         # default breaks both.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
@@ -258,12 +269,14 @@ def pytorchjob_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
                 # the rendezvous picks, so losing any one pod is survivable.
                 "Worker": {
                     "replicas": spec.replicas,
-                    # ExitCode: the operator recreates a pod whose container ended by a signal
-                    # it retries (130, 137, 143, 138: an eviction, a kill) and fails the job on
-                    # any other code (training-operator v1, IsRetryableExitCode), so a bad flag
-                    # or missing data stops the job and frees its GPU nodes instead of
-                    # restarting forever as OnFailure did. training/exit_codes.py maps every
-                    # way a node ends onto these codes.
+                    # ExitCode: operator v1.9.4 recreates the pod for every exit code >= 128
+                    # and fails the job on 1-127 (pkg/util/train/train_util.go,
+                    # IsRetryableExitCode: `return exitCode >= 128`). So an eviction (143), a
+                    # kill (137) and our "retry me" (138) get a new pod, and a bad flag or
+                    # missing data (2) stops the job and frees its GPU nodes; but a crash by
+                    # signal (134 SIGABRT, 139 SIGSEGV) is retried too, with no limit:
+                    # runPolicy.activeDeadlineSeconds is what bounds that (run_policy).
+                    # training/exit_codes.py maps every way a node ends onto these codes.
                     "restartPolicy": "ExitCode",
                     "template": worker_pod_template(spec),
                 }
@@ -279,6 +292,10 @@ def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
     backoffLimit: the operator counts only container restarts of running pods against it
     (common job controller, ``PastBackoffLimit``), and under ExitCode a retried failure is a
     new pod, so it would bound nothing; the exit codes and torchrun's ``maxRestarts`` do.
+    The one loop nothing else ends is a pod that keeps dying by a signal (134, 139: retried
+    as >= 128); ``activeDeadlineSeconds`` ends the job that long after it started whatever its
+    pods do (``PastActiveDeadline``: now - status.startTime >= the deadline). No default: the
+    right bound is a multiple of the run's length, which the lab cannot know (docs/azure.md).
     """
     policy: dict[str, Any] = {"cleanPodPolicy": "None"}
     if spec.active_deadline_s is not None:
@@ -287,12 +304,11 @@ def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
 
 
 def blob_url(blob_endpoint: str | None, container: str | None, path: str = "") -> str:
-    """``<endpoint>/<container>[/<path>]``: what the workers read and write through the Blob API.
+    """``<endpoint>/<container>[/<path>]``: where the workers write checkpoints (Blob API).
 
-    Always the Blob API, never a Blob CSI mount: the checkpoint protocol needs create-if-absent
-    and consistent listings, which blobfuse2's per-node caches cannot give
-    (``training/storage.py``), and only the pods' own workload identity, not the node's
-    kubelet identity, may then touch the data or the checkpoints.
+    Checkpoints always go through the Blob API, never the Blob CSI mount: the checkpoint
+    protocol needs create-if-absent and consistent listings, which blobfuse2's per-node caches
+    cannot give (``training/storage.py``). The dataset comes through the read-only volume.
     """
     if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
         raise ValueError(
@@ -308,10 +324,15 @@ def elastic_job_spec(
     image: str,
     rdzv_host: str,
     priority_class: str,
-    data_uri: str,
+    data_claim: str,
     checkpoint_uri: str,
+    gpu_pool: str,
 ) -> ElasticJobSpec:
-    """The job spec the stack config asks for; the job is ``<prefix>-train``."""
+    """The job spec the stack config asks for; the job is ``<prefix>-train``.
+
+    ``gpu_pool`` is the GPU pool's AgentPool name: the workers select that generation only, so
+    after a size change they never land on the old pool, which is deleted last.
+    """
     job = config.job
     return ElasticJobSpec(
         name=job_name(config),
@@ -325,7 +346,7 @@ def elastic_job_spec(
         max_restarts=job.max_restarts,
         service_account=config.service_account,
         priority_class=priority_class,
-        data_uri=data_uri,
+        data_claim=data_claim,
         checkpoint_uri=checkpoint_uri,
         max_steps=job.max_steps,
         global_batch_size=job.global_batch_size,
@@ -340,6 +361,7 @@ def elastic_job_spec(
         run_id=job.run_id,
         active_deadline_s=job.active_deadline_s,
         rendezvous=job.rendezvous,
+        node_selector=gpu_pool_selector(gpu_pool),
     )
 
 

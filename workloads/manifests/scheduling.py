@@ -1,18 +1,21 @@
 """Where pods may run: the node-pool labels and taints the cluster and the workloads share.
 
-The AKS node pools carry these labels and taints (``infra/cluster.py``); every workload here
-selects and tolerates them, so a pod lands on the pool it was meant for.
+The AKS node pools carry these labels (``infra/catalog/pool_labels.py``, set by
+``infra/node_pools.py``) and taints; every workload here selects and tolerates them, so a pod lands
+on the pool it was meant for.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-POOL_LABEL = "spot-lab/pool"
-SYSTEM_POOL = {POOL_LABEL: "system"}
+from infra.catalog.pool_labels import GPU_SPOT, POOL_LABEL, SYSTEM
+
+SYSTEM_POOL = {POOL_LABEL: SYSTEM}
 """Selects the on-demand CPU pool: etcd and the operator must outlive any spot eviction."""
-GPU_SPOT_POOL = {POOL_LABEL: "gpu-spot"}
-"""Selects the GPU Spot pool the training workers run on."""
+GPU_SPOT_POOL = {POOL_LABEL: GPU_SPOT}
+"""Selects every generation of the GPU Spot pool (the device plugin); the job selects one
+(``infra.catalog.pool_labels.gpu_pool_selector``)."""
 
 ROLE_LABEL = "spot-lab/role"
 TRAINER_LABELS = {ROLE_LABEL: "trainer"}

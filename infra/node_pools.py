@@ -1,0 +1,172 @@
+"""The AKS node pools: a fixed bootstrap pool inline, and the CPU and GPU Spot pools as AgentPools.
+
+AKS accepts a cluster's first (System) pool only inline, and then refuses both a new pool in
+that list ("A new agent pool was introduced", pulumi-azure-native #579, #2719) and a change of
+its VM size ("You can't change the VM size of a node pool after you create it", AKS *Manage
+node pools*). So the inline pool is a small bootstrap pool that never changes: one
+``Standard_D2s_v5``, tainted ``CriticalAddonsOnly`` so that only AKS's own system pods run on
+it. etcd, the operator and the data staging run on the CPU pool (``systemVmSize``,
+``systemNodeCount``), and the training on the GPU Spot pool; both are separate ``AgentPool``
+resources whose names derive from their create-only settings, so a change of size is a new
+pool, created before the old one is deleted, never a refused update and never a new cluster.
+Each GPU pool generation labels its nodes with its own name, and the job selects it
+(``infra/catalog/pool_labels.py``). Pure: the builders return the SDK's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from infra.catalog.pool_labels import BOOTSTRAP, GPU_SPOT, SYSTEM, pool_labels
+from stack_config import ClusterConfig, GpuPoolConfig
+
+# AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.
+SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+# Only pods that ask for a GPU (and tolerate this) land on the expensive nodes.
+GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
+BOOTSTRAP_POOL_NAME = "bootstrap"
+# AKS's smallest recommended system node size (2 vCPUs, 8 GiB); it runs only AKS's addons.
+BOOTSTRAP_VM_SIZE = "Standard_D2s_v5"
+# AKS's documented taint for a dedicated system pool: only critical addons tolerate it.
+CRITICAL_ADDONS_TAINT = "CriticalAddonsOnly=true:NoSchedule"
+SYSTEM_POOL_NAME_PREFIX = "sys"
+GPU_POOL_NAME_PREFIX = "gpu"
+# Linux agent pool names: lowercase letters and digits, at most 12 characters.
+POOL_NAME_HASH = 8
+
+# Properties of an agent pool that AKS refuses to change after creation, of those this pool
+# sets: "You can't change the VM size of a node pool after you create it" (AKS, Manage node
+# pools, Limitations); "ScaleSetPriority or SpotMaxPrice can't be changed after creation"
+# (AKS, Spot node pools, Limitations), and so the eviction policy with them; gpuProfile.driver
+# is set only at creation (NOTES, AKS GPU docs); OS type and pool type define the scale set.
+GPU_POOL_CREATE_ONLY = (
+    "vm_size",
+    "scale_set_priority",
+    "scale_set_eviction_policy",
+    "spot_max_price",
+    "gpu_profile",
+    "os_type",
+    "type",
+)
+SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
+
+
+def bootstrap_pool_profile(kubernetes_version: str | None) -> dict[str, Any]:
+    """The inline System pool: fixed, one small node, only AKS's critical addons on it."""
+    profile: dict[str, Any] = {
+        "name": BOOTSTRAP_POOL_NAME,
+        "mode": "System",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": BOOTSTRAP_VM_SIZE,
+        "count": 1,
+        "scale_set_priority": "Regular",
+        "node_taints": [CRITICAL_ADDONS_TAINT],
+        "node_labels": pool_labels(BOOTSTRAP),
+    }
+    if kubernetes_version:
+        profile["orchestrator_version"] = kubernetes_version
+    return profile
+
+
+def system_pool_spec(cluster: ClusterConfig) -> dict[str, Any]:
+    """The CPU pool's ``AgentPool`` arguments: regular nodes for etcd, the operator, staging."""
+    spec: dict[str, Any] = {
+        "mode": "User",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": cluster.system_vm_size,
+        "count": cluster.system_node_count,
+        "scale_set_priority": "Regular",
+        "node_labels": pool_labels(SYSTEM),
+    }
+    if cluster.kubernetes_version:
+        spec["orchestrator_version"] = cluster.kubernetes_version
+    spec["agent_pool_name"] = pool_name(SYSTEM_POOL_NAME_PREFIX, spec, SYSTEM_POOL_CREATE_ONLY)
+    return spec
+
+
+def gpu_spot_pool_spec(
+    pool: GpuPoolConfig, max_nodes: int, kubernetes_version: str | None
+) -> dict[str, Any]:
+    """The GPU Spot pool's ``AgentPool`` arguments (without resource group and cluster).
+
+    ``max_nodes`` is the resolved ceiling (``LabConfig.gpu_max_nodes``), not ``pool.max_nodes``,
+    which may be unset.
+    """
+    spec: dict[str, Any] = {
+        "mode": "User",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": pool.vm_size,
+        # Priority and eviction policy can be set only when the pool is created.
+        "scale_set_priority": "Spot",
+        # Delete (not Deallocate): an evicted node frees its quota and the autoscaler
+        # brings up a fresh one when capacity returns.
+        "scale_set_eviction_policy": "Delete",
+        "spot_max_price": pool.spot_max_price,
+        "enable_auto_scaling": True,
+        "min_count": pool.min_nodes,
+        "max_count": max_nodes,
+        # The count a create carries; an update carries the pool's own (gpu_pool_count).
+        "count": pool.min_nodes,
+        "node_taints": [SPOT_TAINT, GPU_TAINT],
+        # AKS installs the NVIDIA driver only (the device plugin is ours); creation-time only.
+        "gpu_profile": {"driver": "Install"},
+    }
+    if kubernetes_version:
+        spec["orchestrator_version"] = kubernetes_version
+    # The name carries the create-only settings: changing one names a new pool, which Pulumi
+    # creates before it deletes the old one (the pool is never missing, and the new one starts
+    # at gpuMinNodes, so the Spot quota is not held twice while the job moves over). Min/max
+    # counts stay in-place updates. The name is also the generation label the job selects.
+    spec["agent_pool_name"] = gpu_pool_name(spec)
+    spec["node_labels"] = pool_labels(GPU_SPOT, spec["agent_pool_name"])
+    return spec
+
+
+def gpu_pool_count(live_count: int | None, min_nodes: int) -> int:
+    """The node count the GPU pool's create or update carries.
+
+    A create carries ``gpuMinNodes``: AKS requires a count (pulumi-azure-native #2943:
+    "Required parameter properties.count is missing") and on creation refuses one outside
+    [minCount, maxCount] (its message, quoted in cluster-api-provider-azure #5947). An update
+    carries the count the pool has now, as ``az aks nodepool update --update-cluster-autoscaler``
+    does (it reads the pool and writes back the count it read, with the new bounds): a count
+    that differs from the current one on an autoscaled pool is a manual scale, which AKS
+    refuses ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
+    terraform-provider-azurerm #4543) or which would reset nodes in use; and a new minCount
+    above the current count is accepted, after which the autoscaler scales up to it
+    (Azure/AKS #1481 and #1758: the range check was the CLI's, removed in
+    azure-cli-extensions #1606, and unblocked in ARM; AKS release 2021-07-22: the autoscaler
+    enforces a raised minimum). A fixed count, as before, failed both ways: it was sent on every
+    update whatever the pool had scaled to.
+    """
+    return min_nodes if live_count is None else live_count
+
+
+def live_pool_count(profiles: Sequence[Any] | None, pool: str) -> int | None:
+    """The current node count of agent pool ``pool`` among a cluster's ``agentPoolProfiles``
+    (the managed cluster's GET lists every pool, also those made as separate AgentPools);
+    None when the pool does not exist yet."""
+    for profile in profiles or []:
+        name = profile.get("name") if isinstance(profile, dict) else getattr(profile, "name", None)
+        if name == pool:
+            count = profile.get("count") if isinstance(profile, dict) else profile.count
+            return int(count or 0)
+    return None
+
+
+def pool_name(prefix: str, spec: dict[str, Any], create_only: tuple[str, ...]) -> str:
+    """``prefix`` + a hash of the pool's create-only settings: a new name for a new pool."""
+    settings = {key: spec[key] for key in create_only}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    return prefix + digest[:POOL_NAME_HASH]
+
+
+def gpu_pool_name(spec: dict[str, Any]) -> str:
+    """The GPU Spot pool's name."""
+    return pool_name(GPU_POOL_NAME_PREFIX, spec, GPU_POOL_CREATE_ONLY)
