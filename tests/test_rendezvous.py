@@ -421,7 +421,7 @@ def test_a_wedged_agent_is_taken_for_dead_and_the_group_reforms_without_it(
     # probe thread answers and its heartbeat thread refreshes its key. Liveness must mean
     # progress: the next round may not wait for c until its join timeout.
     params = RendezvousParameters(
-        BACKEND, "unused:2379", nodes.run_id, 2, 3, stall_timeout="2", join_timeout="20"
+        BACKEND, "unused:2379", nodes.run_id, 2, 3, stall_timeout="4", join_timeout="30"
     )
     nodes.timing = Timing.from_params(params)
     a, b, c = nodes.new(), nodes.new(), nodes.new()
@@ -486,20 +486,26 @@ def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
     order = _state(next(iter(handlers.values())))["members"]
     victim, survivor, evicted = (handlers[n] for n in order)  # the victim is rank 0
     frozen: list[socket.socket] = []
-    never = threading.Event()
+    never, victim_frozen = threading.Event(), threading.Event()
 
     def freeze_right_after_completing(state: dict, index: int) -> None:
         frozen.append(freeze(victim))  # its key outlives it by a TTL, its probe goes silent
+        victim_frozen.set()
         never.wait()
 
+    def after_the_victim_froze(state: dict, index: int, member=survivor._member) -> object:
+        assert victim_frozen.wait(10), "the victim never completed the round"
+        return member(state, index)
+
     monkeypatch.setattr(victim, "_member", freeze_right_after_completing)
+    monkeypatch.setattr(survivor, "_member", after_the_victim_froze)
     evicted.leave()
     survivor_joins = nodes.pool.submit(survivor.next_rendezvous)
     nodes.pool.submit(victim.next_rendezvous)
     try:
         info = survivor_joins.result(timeout=30)
         assert (info.rank, info.world_size) == (1, 2)
-        assert _state(survivor)["members"] == [victim.node, survivor.node] and frozen
+        assert _state(survivor)["members"] == [victim.node, survivor.node]
         # Once the victim's key expired, the survivor's monitor loop re-forms the group.
         wait_until(lambda: survivor.num_nodes_waiting() > 0, 30)
         (alone,) = nodes.join(survivor)
