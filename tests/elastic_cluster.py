@@ -47,6 +47,7 @@ class Cluster:
         launcher: str = "warm",
         nproc_per_node: int = 1,
         max_restarts: int = 20,
+        rendezvous: RendezvousSettings | None = None,
     ) -> None:
         self.root = root
         self.policy = ElasticPolicy(
@@ -57,7 +58,7 @@ class Cluster:
             max_nodes=max_nodes,
             max_restarts=max_restarts,
             nproc_per_node=nproc_per_node,
-            rendezvous=RendezvousSettings(join_timeout_s=60),
+            rendezvous=rendezvous or RendezvousSettings(join_timeout_s=60),
         )
         self.data_dir = data_dir
         self.checkpoints = root / "checkpoints"

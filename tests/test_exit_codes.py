@@ -19,21 +19,27 @@ from training.exit_codes import (
     ENDINGS,
     PERMANENT,
     RETRY_ME,
-    RETRYABLE,
     WORKER_RESTART,
     after_spent_restarts,
+    retried,
     signal_exit,
 )
 from training.rendezvous import BadInputAfterJoin
 
 REPO = Path(__file__).resolve().parents[1]
 
-# training-operator v1, pkg/util/train/train_util.go, IsRetryableExitCode (release-1.9).
-OPERATOR_RETRIES = {130, 137, 138, 143}
+
+def operator_retries(code: int) -> bool:
+    """training-operator v1.9.4 (kubeflow/trainer, tag v1.9.4), pkg/util/train/train_util.go:
+    ``func IsRetryableExitCode(exitCode int32) bool { return exitCode >= 128 }``, which
+    pkg/controller.v1/common/pod.go applies under ``restartPolicy: ExitCode``."""
+    return code >= 128
 
 
 def test_the_table_agrees_with_the_operator() -> None:
-    assert RETRYABLE == OPERATOR_RETRIES
+    assert all(retried(code) == operator_retries(code) for code in range(256))
+    # Every signal's code is retried, a crash's too: SIGABRT and SIGSEGV are no exception.
+    assert retried(signal_exit(signal.SIGABRT)) and retried(signal_exit(signal.SIGSEGV))
     by_how = {e.how.split(" (")[0].split(",")[0]: e for e in ENDINGS}
     assert by_how["eviction or pod deletion"].code == 143
     assert by_how["eviction or pod deletion"].retried
@@ -42,7 +48,7 @@ def test_the_table_agrees_with_the_operator() -> None:
         if ending.code in (BAD_INPUT, PERMANENT):
             assert not ending.retried, ending  # fails the job and frees its GPU nodes
     assert signal_exit(signal.SIGTERM) == 143 and signal_exit(signal.SIGINT) == 130
-    assert RETRY_ME in OPERATOR_RETRIES
+    assert retried(RETRY_ME) and retried(WORKER_RESTART + 128) and not retried(WORKER_RESTART)
 
 
 @pytest.mark.parametrize(
@@ -238,8 +244,10 @@ def _raises(exc: BaseException):
         (lambda: _child_failed([WORKER_RESTART, WORKER_RESTART]), RETRY_ME, False),
         (lambda: _child_failed([1, WORKER_RESTART]), PERMANENT, True),
         (lambda: _rendezvous("RendezvousTimeoutError"), PERMANENT, True),
+        (lambda: _reform_timeout(), RETRY_ME, False),
         (lambda: _rendezvous("RendezvousClosedError"), PERMANENT, False),
         (lambda: _rendezvous("RendezvousConnectionError"), RETRY_ME, False),
+        (lambda: _launcher_unusable(), BAD_INPUT, False),
     ],
     ids=[
         "finished",
@@ -249,9 +257,11 @@ def _raises(exc: BaseException):
         "bad-input-after-join",
         "spent-on-evictions",
         "spent-on-a-crash",
-        "join-timeout",
+        "first-round-timeout",
+        "later-round-timeout",
         "closed",
         "etcd-outage",
+        "launcher-unusable",
     ],
 )
 def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
@@ -265,7 +275,7 @@ def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
 
 
 def _signal(sig: signal.Signals) -> BaseException:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
 
     return SignalException(f"Process got signal: {sig}", sigval=sig)
 
@@ -284,3 +294,15 @@ def _rendezvous(name: str) -> BaseException:
     from torch.distributed.elastic.rendezvous import api
 
     return getattr(api, name)("test")
+
+
+def _reform_timeout() -> BaseException:
+    from training.rendezvous import ReformTimeoutError
+
+    return ReformTimeoutError("round 4 did not complete")
+
+
+def _launcher_unusable() -> BaseException:
+    from training.launcher import LauncherError
+
+    return LauncherError("the fork server could not import training.train")

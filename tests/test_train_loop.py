@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
 from training import train
 from training.checkpoint import CheckpointRepository
 from training.config import ConfigError, parse_config
@@ -37,8 +38,6 @@ from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART, Trainer
 
 TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
 TRAIN_RECORDS = 48
-# What gloo raises when a peer's process is gone.
-PEER_GONE = "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:40213"
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +123,7 @@ def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
     def train_step() -> tuple[float, int]:
         if h.trainer.state.step == 2:
             stop.requested = stop_requested  # every node told to stop, or only the peer lost
-            raise RuntimeError(PEER_GONE)
+            raise gloo_peer_closed()
         return real_step()
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
@@ -261,7 +260,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
     h = _harness(tmp_path, data_dir, "--max-steps=6")
 
     def ddp(*args: object, **kwargs: object) -> None:
-        raise RuntimeError(PEER_GONE)  # DDP's constructor broadcasts the parameters
+        raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
 
     monkeypatch.setattr(train, "DistributedDataParallel", ddp)
     assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
@@ -276,7 +275,7 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
     h = _harness(tmp_path, data_dir, "--max-steps=2")
 
     def barrier(*args: object, **kwargs: object) -> None:
-        raise RuntimeError(PEER_GONE)
+        raise gloo_peer_closed()
 
     monkeypatch.setattr(dist, "barrier", barrier)
     assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART

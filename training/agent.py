@@ -143,21 +143,21 @@ def run_warm(args: list[str]) -> int:
 
 def _launch_warm(args: list[str]) -> tuple[int, bool]:
     """(exit code, whether the rendezvous should close)."""
-    # Imports torch: after the cheap checks.
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    # Imports torch: after the cheap checks. Public names only (each module's __all__).
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import (
+    from torch.distributed.elastic.rendezvous import (
         RendezvousClosedError,
         RendezvousError,
         RendezvousTimeoutError,
     )
 
     from training.launcher import launch
-    from training.rendezvous import BadInputAfterJoin
+    from training.rendezvous import BadInputAfterJoin, ReformTimeoutError
 
     try:
         launch(args)
-    except ValueError as exc:  # bad flags or data, found before joining
+    except ValueError as exc:  # bad flags or data, or a launcher that cannot run, before joining
         logger.error("%s", exc)
         return EXIT_BAD_INPUT, False
     except SignalException as exc:
@@ -194,13 +194,18 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
             "start a new run with a new runId"
         )
         return PERMANENT, False
-    except RendezvousTimeoutError as exc:
+    except RendezvousTimeoutError as exc:  # the first round only (training/rounds.py)
         logger.error(
             "too few nodes joined in time (%s): the GPU pool could not grow (Spot capacity or "
             "quota?). Failing the job frees the nodes that did come.",
             exc,
         )
         return PERMANENT, True
+    except ReformTimeoutError as exc:
+        # A group trained already: a re-form that cannot complete (too few live nodes for
+        # now) is no reason to end the run. A new pod joins the same, open rendezvous.
+        logger.error("%s: exiting %d for a new pod", exc, RETRY_ME)
+        return RETRY_ME, False
     except RendezvousError as exc:
         # An etcd outage: torch's agent raises out of its monitoring loop. Exiting 1 would
         # fail the job for good under ExitCode; 138 asks the operator for a new pod.

@@ -1,10 +1,16 @@
 """How a training node (the ``pytorch`` container: ``python -m training.agent``) ends, as a code.
 
-The PyTorchJob runs under the operator's ``ExitCode`` restart policy. training-operator v1
-(``pkg/util/train/train_util.go``, ``IsRetryableExitCode``) recreates the pod only for 130, 137,
-143 and 138, and fails the whole job on any other code, which frees its GPU nodes. So an
-eviction, and anything else a new pod may not meet, must end as one of those; what no retry can
-fix must not.
+The PyTorchJob runs under the operator's ``ExitCode`` restart policy. training-operator v1.9.4
+(kubeflow/trainer at tag v1.9.4, ``pkg/util/train/train_util.go``: ``IsRetryableExitCode``
+returns ``exitCode >= 128``; applied in ``pkg/controller.v1/common/pod.go``) deletes a failed
+pod and makes a new one for every code from 128 up (130, 137, 138, 143, and also 134 SIGABRT
+and 139 SIGSEGV), and fails the whole job on 1 to 127, which frees its GPU nodes. A pod whose
+container status it cannot read counts as 0xbeef, retried too. ``backoffLimit`` does not bound
+those retries: it sums in-place container restarts (``pkg/core/job.go``, ``PastBackoffLimit``),
+and under ``ExitCode`` the pods run with ``restartPolicy: Never`` (``pkg/core/pod.go``).
+
+So an eviction, and anything else a new pod may not meet, ends as 128 or more; what no retry
+can fix ends as 1 or 2 and must not look like a signal.
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ WORKER_RESTART = 75
 saved: what every survivor of an eviction exits with."""
 VERDICT_ENV = "TRAIN_VERDICT_FILE"
 """A file a worker writes when it stopped on bad input: the agent then stops at once."""
-# Signals the operator retries, as the shell reports a process they ended: 128 + signal.
-RETRYABLE = frozenset({130, 137, 138, 143})
+OPERATOR_RETRIES_FROM = 128
+"""The lowest code the operator retries (``IsRetryableExitCode``); every code below fails the
+job."""
+
+
+def retried(code: int) -> bool:
+    """Whether training-operator v1.9.4 makes a new pod for a container that exited ``code``."""
+    return code >= OPERATOR_RETRIES_FROM
 
 
 def signal_exit(signum: int) -> int:
@@ -57,7 +69,7 @@ class Ending:
     @property
     def retried(self) -> bool:
         """Whether the operator recreates the pod (else the job fails)."""
-        return self.code in RETRYABLE
+        return retried(self.code)
 
 
 ENDINGS: tuple[Ending, ...] = (
@@ -74,6 +86,11 @@ ENDINGS: tuple[Ending, ...] = (
     ),
     Ending("restart budget spent on lost peers (evictions); the rendezvous stays open", RETRY_ME),
     Ending("restart budget spent on a worker's crash (a bug); the rendezvous closes", PERMANENT),
-    Ending("too few nodes joined within rdzvJoinTimeout (capacity or quota)", PERMANENT),
+    Ending("first round: too few nodes joined in rdzvJoinTimeout (capacity or quota)", PERMANENT),
+    Ending(
+        "a later round did not complete within rdzvJoinTimeout; the rendezvous stays open", RETRY_ME
+    ),
+    Ending("the warm launcher cannot run (a preload fails to import, torch changed)", BAD_INPUT),
     Ending("rendezvous closed for this id (the run finished, or failed for good)", PERMANENT),
+    Ending("the agent crashed on a signal (SIGSEGV; SIGABRT is 134)", signal_exit(signal.SIGSEGV)),
 )

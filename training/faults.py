@@ -5,6 +5,7 @@ Both end the training loop at the last completed step, so both lead to the same 
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -12,23 +13,60 @@ from typing import Any
 
 import torch.distributed as dist
 
-_PEER_FAILURE_MARKERS = (
-    "gloo",
-    "nccl",
-    "connection closed",
-    "connection reset",
-    "timed out",
-    "broken pipe",
+
+class PeerLostError(dist.DistError):
+    """Raised by our own code when a collective shows that a peer did not finish a step
+    (training/step_guard.py)."""
+
+
+# gloo's transport raises ``gloo::IoException`` for a connection to a peer that closed, failed
+# or timed out, and torch hands it on as a plain RuntimeError whose text starts with the
+# location gloo's GLOO_ERROR_MSG prepends: ``[.../gloo/transport/tcp/pair.cc:553] Connection
+# closed by peer ...``, ``[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting
+# ...``. After such a timeout the context closes its pairs with an unprefixed message
+# (gloo/transport/tcp/unbound_buffer.cc: ``context_->signalException``).
+_GLOO_TRANSPORT = re.compile(r"^\[[^\]]*gloo/transport/[^\]]*\] ")
+_GLOO_PAIRS_CLOSED = "Application timeout caused pair closure"
+# NCCL's errors are all DistBackendError (torch/csrc/distributed/c10d/NCCLUtils.hpp,
+# C10D_NCCL_CHECK; NCCLUtils.cpp, getNcclErrorDetailStr): a peer that exited or a network
+# error is ncclRemoteError; the watchdog's timeout says so, and aborts the communicator, which
+# every later call reports (NCCLComm::getNcclComm). The rest (invalid usage or argument, an
+# internal, CUDA or system error: a bad NCCL setting, a too small /dev/shm) recurs on every
+# restart, and the original reason travels in the message.
+_NCCL_PEER_LOST = (
+    "ncclRemoteError",
+    "remote process exited or there was a network error",
+    "Watchdog caught collective operation timeout",
+    "NCCL communicator was aborted",
+    "NCCL timeout in",
+)
+_NCCL_DETERMINISTIC = (
+    "ncclInvalidUsage",
+    "ncclInvalidArgument",
+    "ncclInternalError",
+    "ncclUnhandledCudaError",
+    "ncclSystemError",
 )
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """A collective failed because a peer died or froze (not a bug in this process)."""
-    if isinstance(exc, dist.DistError):
+    """A collective failed because a peer died or froze (not a bug in this process).
+
+    By what torch raises for it: the store or the network failing (``DistStoreError``,
+    ``DistNetworkError``: a peer or the store's host gone while the group forms), gloo's
+    transport errors, NCCL's lost-peer errors, and our step guard's ``PeerLostError``. A
+    deterministic NCCL or configuration error is not one: restarting would meet it again.
+    """
+    if isinstance(exc, PeerLostError | dist.DistNetworkError | dist.DistStoreError):
         return True
-    return isinstance(exc, RuntimeError) and any(
-        m in str(exc).lower() for m in _PEER_FAILURE_MARKERS
-    )
+    text = str(exc)
+    if isinstance(exc, dist.DistBackendError):
+        return any(m in text for m in _NCCL_PEER_LOST) and not any(
+            m in text for m in _NCCL_DETERMINISTIC
+        )
+    if type(exc) is RuntimeError:  # how torch hands on a gloo::IoException
+        return bool(_GLOO_TRANSPORT.match(text)) or text.startswith(_GLOO_PAIRS_CLOSED)
+    return False
 
 
 class StopRequest:

@@ -1,15 +1,20 @@
-"""Is a node's agent alive? A probe that answers for the process, not for its scheduler.
+"""Is a node's agent alive? A probe that answers for the agent's progress, not for a thread.
 
-Each agent listens on a TCP port of its own and answers every connection with its node id. A
-peer's verdict then comes from the kernel as much as from the agent:
+Each agent listens on a TCP port of its own and answers every connection with its node id,
+while the agent's own loop (the monitor loop, a round) makes progress. A peer's verdict then
+comes from the kernel as much as from the agent:
 - refused (RST): nothing listens there any more, the agent process is gone (a kill, a crash,
   an agent that left): **dead**, at once, with no heartbeat to wait out;
 - an answer with the node's id: **alive**, however busy: a starved or slow agent answers
   within the scheduler's latency, not within a heartbeat period;
 - no answer in time (a VM that vanished sends no RST; a frozen process accepts but never
-  answers): **unknown**. The rendezvous takes that for dead only once the node's heartbeat
-  key has expired as well (training/rendezvous.py), so a slow node needs both a missed TTL
-  and a missed probe to be taken for dead.
+  answers), or an agent whose loop is wedged (it answers ``<id> stalled``): **unknown**. The
+  rendezvous takes that for dead only once the node's heartbeat key has expired as well, so a
+  slow node needs both a missed TTL and a missed probe to be taken for dead. A wedged agent
+  stops refreshing its key too (training/membership.py), so it is treated as a frozen node.
+
+``Detector`` turns probes into verdicts for the rendezvous, holding answers so that a monitor
+loop does not probe on every tick.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import enum
 import logging
 import socket
 import threading
+import time
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +33,7 @@ PROBE_TIMEOUT_S = 0.5
 """How long a probe waits for a connection and an answer. A live agent answers in
 milliseconds, even with every core busy (measured: bench/rendezvous_scale.py, the starvation
 test); the probe decides only for a node whose heartbeat already expired."""
+STALLED = b"stalled"
 
 
 class Verdict(enum.Enum):
@@ -34,11 +42,27 @@ class Verdict(enum.Enum):
     UNKNOWN = "unknown"
 
 
-class ProbeServer:
-    """Answers every connection with this node's id, from a thread of its own."""
+class Progress:
+    """The heartbeat of the agent's own loop: the rendezvous beats it on every step of a
+    round and on every ``num_nodes_waiting`` of the monitor loop. A thread that merely lives
+    (the probe server, the key's heartbeat) is no proof the agent will ever join a round."""
 
-    def __init__(self, node_id: str, host: str = "") -> None:
-        self.node_id = node_id
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self._last = time.monotonic()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self._last > self.stall_s
+
+
+class ProbeServer:
+    """Answers every connection with this node's id (or that it is stalled), from a thread."""
+
+    def __init__(self, node_id: str, progress: Progress | None = None, host: str = "") -> None:
+        self.node_id, self.progress = node_id, progress
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
@@ -49,14 +73,20 @@ class ProbeServer:
         self._thread.start()
 
     def _serve(self) -> None:
-        answer = self.node_id.encode() + b"\n"
+        alive = self.node_id.encode() + b"\n"
+        stalled = self.node_id.encode() + b" " + STALLED + b"\n"
         while not self._closed.is_set():
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
+            wedged = self.progress is not None and self.progress.stalled()
             with conn, contextlib.suppress(OSError):
-                conn.sendall(answer)
+                conn.sendall(stalled if wedged else alive)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def close(self) -> None:
         """Stop answering: from now on a probe is refused, which peers read as 'left'."""
@@ -88,5 +118,64 @@ def probe(addr: str, port: int, node_id: str, timeout_s: float = PROBE_TIMEOUT_S
         return Verdict.UNKNOWN
     if not answer:  # accepted and closed without a word: the listener is going away
         return Verdict.DEAD
-    # Another process on the same address and port (a reused IP or port) is not this node.
-    return Verdict.ALIVE if answer.strip().decode(errors="replace") == node_id else Verdict.DEAD
+    said = answer.strip().decode(errors="replace")
+    if said == node_id:
+        return Verdict.ALIVE
+    if said == f"{node_id} {STALLED.decode()}":
+        return Verdict.UNKNOWN  # its loop is wedged: as good as frozen
+    return Verdict.DEAD  # another process on a reused address and port is not this node
+
+
+class Detector:
+    """Verdicts on peers from their keys and their probes, each answer held for a while.
+
+    A node is dead when it marked itself ``left``, when its probe is refused, or when its key
+    has expired and its probe goes unanswered. An 'alive' answer is held for a heartbeat
+    period; death is held for good; no answer is asked again at the next look.
+    """
+
+    def __init__(self, probe_timeout_s: float, hold_alive_s: float, retry_s: float) -> None:
+        self.probe_timeout_s, self.hold_alive_s, self.retry_s = (
+            probe_timeout_s,
+            hold_alive_s,
+            retry_s,
+        )
+        self._verdicts: dict[str, tuple[float, Verdict]] = {}
+        self._last_seen: dict[str, dict[str, Any]] = {}
+        """Every node's address and probe port as last seen: a key that expired is still
+        probed where it was."""
+
+    def saw(self, nodes: dict[str, dict[str, Any]]) -> None:
+        self._last_seen.update(nodes)
+
+    def dead(self, node: str, info: dict[str, Any] | None, probe_live: bool) -> bool:
+        """Left, or its process gone: a refused probe, or an expired key and no answer.
+
+        ``info`` is the node's key as read (None once expired). ``probe_live`` probes a node
+        whose key is still there too, for a refused probe (a killed agent): done only for the
+        few nodes a new round waits for, never per member in the monitor loop.
+        """
+        if info is not None and (info["left"] or not probe_live):
+            return bool(info["left"])
+        seen = info or self._last_seen.get(node)
+        if seen is None:
+            return True  # expired before this node ever saw it
+        verdict = self._probe_cached(node, seen)
+        return verdict is Verdict.DEAD or (verdict is Verdict.UNKNOWN and info is None)
+
+    def forget(self, nodes: set[str] | None = None) -> None:
+        """Drop held 'alive' and 'unknown' answers (of ``nodes``, or all); death is final."""
+        for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
+            if self._verdicts[node][1] is not Verdict.DEAD:
+                del self._verdicts[node]
+
+    def _probe_cached(self, node: str, seen: dict[str, Any]) -> Verdict:
+        cached = self._verdicts.get(node)
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
+        hold = {Verdict.ALIVE: self.hold_alive_s, Verdict.DEAD: 1e9}.get(verdict, self.retry_s)
+        self._verdicts[node] = (time.monotonic() + hold, verdict)
+        if verdict is not Verdict.ALIVE:
+            logger.info("node %s is %s (its probe)", node, verdict.value)
+        return verdict

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training.faults import PeerLostError
+
 logger = logging.getLogger(__name__)
 
 EMULATE_ENV = "TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE"
@@ -66,13 +68,13 @@ class StepGuard:
         return self.group is not None
 
     def check(self) -> None:
-        """Raise (a DistError) when a peer did not finish this step; else return."""
+        """Raise (a PeerLostError) when a peer did not finish this step; else return."""
         if self.group is None:
             return
         done = torch.ones(1)
         dist.all_reduce(done, group=self.group)
         if int(done.item()) != dist.get_world_size(self.group):
-            raise dist.DistError(f"step guard: {int(done.item())} ranks finished the step")
+            raise PeerLostError(f"step guard: {int(done.item())} ranks finished the step")
 
 
 def stream_ordered_allreduce_hook(

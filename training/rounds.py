@@ -1,0 +1,241 @@
+"""The rendezvous' rounds: pure decisions on one view of the run's keys.
+
+No I/O and no clock of its own. The handler (training/rendezvous.py) reads a ``View`` from etcd
+(training/membership.py), asks the failure detector (training/liveness.py) through ``dead``, and
+carries out the one ``Action`` that ``decide`` returns; every write it makes is a
+compare-and-swap on the state's index, so acting on a stale view only loses a race.
+
+The invariants, whatever the interleaving of joins, leaves and deaths:
+- a round completes only with members that joined it and are alive and have not left when it
+  completes (a joiner lost before completion is left out, and so is not a rank the others wait
+  for); the first live node of the round's order completes it;
+- a round waits for every node it expects (the last round's members and every live registered
+  node) until each has joined or is dead, so two groups never train at once;
+- the previous members keep their order, so rank 0 (the durable committer) stays where it was;
+- only the run's first round may end in "too few nodes" (``first_round``): a later round that
+  cannot complete leaves the run open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from training.launch import RendezvousSettings
+from training.liveness import PROBE_TIMEOUT_S
+
+_DEFAULTS = RendezvousSettings()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The rendezvous' clocks: torchrun's ``--rdzv-conf`` keys, each the name without ``_s``
+    (``RendezvousSettings`` in training/launch.py writes them and gives the defaults)."""
+
+    keep_alive_interval_s: int = _DEFAULTS.keep_alive_interval_s
+    keep_alive_max_attempt: int = _DEFAULTS.keep_alive_max_attempt
+    last_call_timeout_s: int = _DEFAULTS.last_call_timeout_s
+    join_timeout_s: int = _DEFAULTS.join_timeout_s
+    probe_timeout_s: float = PROBE_TIMEOUT_S
+    outage_timeout_s: int = 60
+    """A round that cannot reach etcd for this long gives up (RendezvousConnectionError: the
+    agent exits 138 and the operator makes a new pod). Between rounds an outage costs
+    nothing."""
+    stall_timeout_s: float = 60.0
+    """An agent whose own loop (the monitor loop, a round) made no progress for this long is
+    wedged: its probe stops answering 'alive' and its key is left to expire, as a frozen
+    node's. Twice the 30 s torch's agent may spend stopping its workers
+    (``LocalElasticAgent._stop_workers``), the longest its loop is legitimately away."""
+
+    @property
+    def ttl_s(self) -> int:
+        """A node's key lives this long past its last heartbeat."""
+        return self.keep_alive_interval_s * self.keep_alive_max_attempt
+
+    @classmethod
+    def from_params(cls, params: RendezvousParameters) -> Timing:
+        """The conf's values where given, the defaults elsewhere; ValueError for a bad one."""
+        given: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = params.get(f.name.removesuffix("_s"))
+            if raw is not None:
+                given[f.name] = type(getattr(cls, f.name))(raw)
+        return cls(**given)
+
+
+@dataclass
+class View:
+    """What one read of the run's directory showed."""
+
+    state: dict[str, Any] | None = None
+    state_index: int = 0
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Registered nodes (their keys live while they beat): address, probe port, ``left``."""
+    joined: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """Per round, the nodes that joined it in the order they did, each with the address and
+    port its workers' store would listen on were it rank 0."""
+    etcd_index: int = 0
+    read_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """The round's size rules: torchrun's ``--nnodes=min:max`` and the first round's last call."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_s: float
+
+
+@dataclass(frozen=True)
+class Me:
+    """This node's place: its id, the round it last joined and the one it wrote a join key for."""
+
+    node: str
+    round: int = 0
+    joined_round: int = 0
+
+
+# -- what to do next ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Create:
+    """No state yet: create round 1 (only if still absent)."""
+
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Replace the state read at ``index`` (open the next round, or complete this one)."""
+
+    state: dict[str, Any]
+    index: int
+    completes: bool = False
+
+
+@dataclass(frozen=True)
+class Join:
+    """Write this node's join key for ``round``."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """This node is a member of the completed ``state``: hand the round to the agent."""
+
+    state: dict[str, Any]
+    index: int
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The run is over for good."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until the view changes."""
+
+
+Action = Create | Swap | Join | Member | Closed | Wait
+Dead = Callable[[str], bool]
+"""Whether a node is lost (left, or its process gone), probing it if need be."""
+
+
+def first_round(state: dict[str, Any] | None) -> bool:
+    """The run's first round is forming: no group has trained yet."""
+    return state is None or (int(state["round"]) <= 1 and state.get("members") is None)
+
+
+def decide(view: View, me: Me, dead: Dead, quorum: Quorum, opened: float, now: float) -> Action:
+    """The next step of joining, from one view; ``opened``: when this node saw the round open."""
+    state, index = view.state, view.state_index
+    if state is None:
+        return Create({"round": me.round + 1, "members": None, "previous": []})
+    if state.get("closed"):
+        return Closed()
+    round_, members = int(state["round"]), state.get("members")
+    if members is not None:
+        if me.node in members and round_ > me.round:
+            return Member(state, index)
+        if me.node in members or (members and all(dead(m) for m in members)):
+            # This node left round_ (its workers stopped), or every member is gone: round_
+            # is over for everyone, the next one opens.
+            nxt = {"round": max(round_, me.round) + 1, "members": None, "previous": members}
+            return Swap(nxt, index)
+        return Wait()  # a new node: the members see it waiting and re-form
+    if me.joined_round != round_:
+        return Join(round_)
+    joined = view.joined.get(round_, {})
+    previous = state.get("previous") or []
+    order = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
+    if not _may_complete(order, previous, view, dead, quorum, now - opened):
+        return Wait()
+    # One node completes the round: the first of its order still alive. It alone asks about
+    # every joiner, so a re-form costs each node one probe, not one per joiner.
+    if next((n for n in order if n == me.node or not dead(n)), None) != me.node:
+        return Wait()
+    # A joiner lost since it joined (a second eviction while the group re-forms) would be a
+    # rank the others wait for: only the live ones become members.
+    alive = [n for n in order if n == me.node or not dead(n)]
+    if alive != order and not _may_complete(alive, previous, view, dead, quorum, now - opened):
+        return Wait()
+    chosen = alive[: quorum.max_nodes]
+    done = {"round": round_, "members": chosen, "previous": previous, "master": joined[chosen[0]]}
+    return Swap(done, index, completes=True)
+
+
+def _may_complete(
+    joiners: list[str],
+    previous: list[str],
+    view: View,
+    dead: Dead,
+    quorum: Quorum,
+    open_for_s: float,
+) -> bool:
+    if len(joiners) < quorum.min_nodes:
+        return False
+    if len(joiners) >= quorum.max_nodes:
+        return True
+    expected = set(previous) | {n for n, info in view.nodes.items() if not info["left"]}
+    if any(n not in joiners and not dead(n) for n in expected):
+        return False
+    # A group that starts afresh (the first round, or none of the last round's members
+    # survived) waits a last call for nodes that have not even registered yet.
+    afresh = not any(n in joiners for n in previous)
+    return not afresh or open_for_s >= quorum.last_call_s
+
+
+@dataclass(frozen=True)
+class Reform:
+    """Why the running group must re-form, and the nodes that make it so."""
+
+    reason: str
+    """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone."""
+    nodes: tuple[str, ...] = ()
+
+
+def must_reform(
+    view: View, me: Me, max_nodes: int, lost: Dead, waiting_dead: Dead
+) -> Reform | None:
+    """Whether this node's running group must re-form (the agent's ``num_nodes_waiting``).
+
+    ``lost`` judges a member cheaply (its key, its held answer); ``waiting_dead`` probes a
+    registered non-member, whose key outlives a killed node by up to a TTL.
+    """
+    state = view.state
+    if state is None or not me.round:
+        return None
+    if state.get("round", 0) != me.round or state.get("members") is None:
+        return Reform("round")
+    members = state["members"]
+    if len(members) < max_nodes:
+        waiting = tuple(n for n in view.nodes if n not in members and not waiting_dead(n))
+        if waiting:
+            return Reform("joining", waiting)
+    gone = tuple(m for m in members if m != me.node and lost(m))
+    return Reform("lost", gone) if gone else None
