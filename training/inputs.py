@@ -25,9 +25,11 @@ def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
 
     The optimiser's settings and the dataset's content belong here: resuming another run's
     state under a changed learning rate, or over other data of the same size, would go on
-    silently from a trajectory this run never had.
+    silently from a trajectory this run never had. So does the dtype: a float64 state is not
+    resumed in float32, nor the other way round. float32, the default, is not named, so the
+    states written before the setting existed still match.
     """
-    return {
+    identity: dict[str, Any] = {
         "global_batch_size": cfg.optim.global_batch_size,
         "lr": cfg.optim.lr,
         "momentum": cfg.optim.momentum,
@@ -39,6 +41,9 @@ def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
         "dataset_sha256": dataset.digest,
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
     }
+    if cfg.run.dtype != "float32":
+        identity["dtype"] = cfg.run.dtype
+    return identity
 
 
 def open_durable(cfg: TrainConfig) -> tuple[CheckpointRepository, str]:

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.checkpoint import CheckpointError, CheckpointRepository, Entry, serialize, snapshot
 from training.config import ConfigError, TrainConfig
 from training.data import DatasetError, ImageDataset, batch_tensors
+from training.determinism import use_deterministic_algorithms
 from training.dist import (
     DistEnv,
     destroy_process_group,
@@ -46,10 +47,10 @@ from training.periodic_save import BackgroundSaver, SavePolicy, report_failure
 from training.resume import NodeLocalState, Resume, agree_on_resume
 from training.sampler import ElasticSampler, loss_scale, micro_batches
 from training.step_guard import (
+    EmulatedStream,
     StepGuard,
     abort_collectives,
     cpu_state,
-    emulating,
     stream_ordered_allreduce_hook,
 )
 
@@ -92,8 +93,9 @@ class Trainer:
         self.guard = guard or StepGuard(None)
         self.identity = run_identity(cfg, dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
+        self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
         self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
-            device
+            device=device, dtype=self.dtype
         )
         self.optimizer = torch.optim.SGD(
             self.model.parameters(),
@@ -216,7 +218,7 @@ class Trainer:
             # Gradients are all-reduced once per step, on the last micro-batch only.
             with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
                 loss = F.cross_entropy(
-                    self.ddp(x.to(self.device)), y.to(self.device), reduction="sum"
+                    self.ddp(x.to(self.device, self.dtype)), y.to(self.device), reduction="sum"
                 )
                 (loss * scale).backward()
             loss_sum += float(loss.detach())
@@ -335,9 +337,15 @@ class Trainer:
 
     def _wrap_in_ddp(self, phases: Phases) -> None:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
-        if emulating():
-            self.ddp.register_comm_hook(None, stream_ordered_allreduce_hook)
+        stream = self.guard.stream
+        if isinstance(stream, EmulatedStream):  # NCCL's ordering on gloo (tests, the lab)
+            # Gradients are views of the buckets, which the queued all-reduce fills later.
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=device_ids, gradient_as_bucket_view=True
+            )
+            self.ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
+        else:
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         phases.mark("ddp")
         if self.env.rank == 0:
             self.events.event(
@@ -372,8 +380,9 @@ class Trainer:
         return True
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
-        totals = torch.tensor(window_loss, dtype=torch.float64, device=self.device)
-        dist.all_reduce(totals)  # global mean loss over the window, only at log steps
+        # The global mean loss over the window, only at log steps; on the guard's gloo group
+        # where there is one, so a peer lost here fails it as in any other collective.
+        totals = self.guard.all_reduce(torch.tensor(window_loss, dtype=torch.float64))
         if self.env.rank != 0:
             return
         loss = float(totals[0] / totals[1])
@@ -454,6 +463,8 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     phases.mark("inputs")
     logger.info("config %s", cfg.as_dict())
+    if cfg.run.deterministic:  # before the device: cuBLAS reads its setting as CUDA starts
+        logger.info("deterministic mode: %s", use_deterministic_algorithms())
     # The run's target, so a report built from the logs alone knows what "finished" means.
     events.event(
         "started",
