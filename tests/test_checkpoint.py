@@ -21,6 +21,7 @@ from training.checkpoint import (
     sha256,
     snapshot,
 )
+from training.lineage import store_lineage
 from training.periodic_save import BackgroundSaver, SavePolicy
 from training.storage import FileStore, ObjectStore
 
@@ -417,16 +418,66 @@ def test_a_valid_entry_round_trips_and_entries_must_be_newest_first() -> None:
 def test_the_lineage_is_created_once_and_renewed_only_when_the_store_is_emptied(
     object_store: ObjectStore,
 ) -> None:
-    first = _repo(object_store).lineage()
-    assert _repo(object_store).lineage() == first  # another rank, another process
+    first = store_lineage(object_store)
+    assert store_lineage(object_store) == first  # another rank, another process
     _repo(object_store).commit(1, _state(1))
+    _repo(object_store).prune()
+    assert store_lineage(object_store) == first  # never pruned
     for name in object_store.list():
         object_store.delete(name)  # the container emptied by hand
-    assert _repo(object_store).lineage() != first
+    assert store_lineage(object_store) != first
 
 
 def test_a_lineage_record_that_is_not_one_is_a_clear_error(tmp_path) -> None:
     store = FileStore(tmp_path)
     store.put("ckpt-lineage.json", b"garbage")
     with pytest.raises(CheckpointError, match="ckpt-lineage.json .* is not a lineage record"):
-        _repo(store).lineage()
+        store_lineage(store)
+
+
+def test_a_manifest_that_cannot_be_published_in_time_is_not_published_at_all(tmp_path) -> None:
+    # Half the grace after the upload, another writer's prune may already have seen the object
+    # unnamed and old: publishing it then could make the head a checkpoint that is gone.
+    now = [0.0]
+
+    class SlowBeforePublishing(FileStore):
+        def list_modified(self, prefix: str = "") -> dict[str, float]:
+            if prefix == "ckpt-manifest-":
+                now[0] += 6.0  # the writer stalls between its upload and its manifest
+            return super().list_modified(prefix)
+
+    store = SlowBeforePublishing(tmp_path)
+    repo = CheckpointRepository(store, grace_s=10.0, clock=lambda: now[0])
+    with pytest.raises(CheckpointError, match="could not be published within half the 10 s"):
+        repo.commit(1, _state(1))
+    assert store.list("ckpt-manifest-") == []
+    assert [n for n in store.list("ckpt-") if n.endswith(".pt")] == []  # and it cleaned up
+
+
+def test_a_manifest_remembered_as_missing_never_sends_the_head_back(tmp_path) -> None:
+    class RemembersMissing(FileStore):
+        """A cache that answers "not found" for a name it once found missing, a few times."""
+
+        def __init__(self, root, answers: int) -> None:
+            super().__init__(root)
+            self.remembered: dict[str, int] = {}
+            self.answers = answers
+
+        def get(self, name: str) -> bytes:
+            if self.remembered.get(name, 0) > 0:
+                self.remembered[name] -= 1
+                raise FileNotFoundError(name)
+            try:
+                return super().get(name)
+            except FileNotFoundError:
+                self.remembered[name] = self.answers
+                raise
+
+    ahead = _repo(FileStore(tmp_path), keep=1)
+    behind = _repo(RemembersMissing(tmp_path, answers=5), keep=1)
+    ahead.commit(1, _state(1))
+    assert behind.head().step == 1  # and its cache now remembers manifest 2 as missing
+    ahead.commit(3, _state(3))  # manifest 2: listed, but "missing" to the cache a while
+    with pytest.raises(CheckpointError, match="step 2 is older than step 3"):
+        behind.commit(2, _state(2))
+    assert ahead.head().step == 3 and ahead.load_latest().entry.step == 3

@@ -21,6 +21,7 @@ from training.config import parse_config
 from training.data import load_cifar10_binary, write_synthetic_cifar10
 from training.dist import DistEnv, destroy_process_group, init_process_group
 from training.inputs import open_node_local
+from training.lineage import store_lineage
 from training.metrics import EventLog
 from training.resume import NodeLocalState
 from training.storage import FileStore, ObjectStore
@@ -82,7 +83,7 @@ def harness(
     env = env or DistEnv()
     dataset = load_cifar10_binary(data_dir)
     durable = CheckpointRepository(store or FileStore(root / "durable"))
-    local = open_node_local(cfg, env, dataset, durable.lineage())
+    local = open_node_local(cfg, env, dataset, store_lineage(durable.store))
     stream = io.StringIO()
     trainer = Trainer(
         cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group

@@ -44,7 +44,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,13 +53,9 @@ from training.manifest import (
     Entry,
     Manifest,
     StaleCheckpoint,
-    decode_lineage,
-    encode_lineage,
     is_object_of,
-    lineage_name,
     manifest_name,
     manifest_seq,
-    new_lineage,
     object_name,
     sha256,
 )
@@ -87,6 +82,8 @@ __all__ = [
 RETAINED_MANIFESTS = 2
 """Everything the newest two valid manifests name stays: a late, unacknowledged publication
 (see ``commit``) can hide the acknowledged head from the newest manifest, never from both."""
+STALE_RETRY_S = 0.05
+"""How long a writer waits before reading again a log its store answered stale."""
 GRACE_S = 120.0
 """How old an object no manifest names must be before it is deleted: ample for the clocks of
 the nodes and the store to disagree, and for a commit's manifest to follow its upload."""
@@ -153,7 +150,13 @@ class CheckpointRepository:
 
         Manifests below the newest ``depth`` are read only when those are torn.
         """
-        store = store or self.store
+        top, found, _ = self._read_log(depth, store or self.store)
+        return top, found
+
+    def _read_log(self, depth: int, store: ObjectStore) -> tuple[int, list[Manifest], bool]:
+        """``_log``, and whether the view is whole: False when a listed manifest newer than the
+        newest valid one read as missing. Pruning never retires those, so the store answered
+        from a stale cache (a "not found" remembered from before it was created)."""
         seqs = self._listed_seqs(store)
         top = seqs[-1] if seqs else 0
         # A listing may lag a create that a read already sees: look past its end.
@@ -165,16 +168,18 @@ class CheckpointRepository:
             top += 1
             seqs.append(top)
         found: list[Manifest] = []
+        whole = True
         for seq in reversed(seqs):
             if len(found) >= depth:
                 break
             try:
                 manifest = self._get_manifest(seq, store)
             except FileNotFoundError:
-                continue  # retired since the listing
+                whole = whole and bool(found)  # retired since the listing, if older than one read
+                continue
             if manifest is not None:
                 found.append(manifest)
-        return top, found
+        return top, found, whole
 
     def manifest(self) -> Manifest | None:
         """The newest valid manifest, or None before the first commit."""
@@ -221,30 +226,6 @@ class CheckpointRepository:
             except CheckpointError as exc:
                 logger.warning("checkpoint %s: %s; trying the previous one", entry.name, exc)
         return None
-
-    def lineage(self) -> str:
-        """The store's lineage id, created (once, create-if-absent) when the store has none.
-
-        An emptied store gets a new one, so copies kept elsewhere under the old id (node-local
-        saves) are never taken for this store's history.
-        """
-        name = lineage_name(self.prefix)
-        for _ in range(2):
-            try:
-                data = self.store.get(name)
-            except FileNotFoundError:
-                # Another rank may have created it first: then read theirs.
-                with suppress(FileExistsError):
-                    self.store.put_new(name, encode_lineage(new_lineage()))
-                continue
-            lineage = decode_lineage(data)
-            if lineage is None:
-                raise CheckpointError(
-                    f"{name} in {self.store.describe()} is not a lineage record; delete it to "
-                    "start a new lineage (node-local copies of the old one are then ignored)"
-                )
-            return lineage
-        raise CheckpointError(f"{name} in {self.store.describe()} vanished as it was created")
 
     # -- committing ----------------------------------------------------------------------------
     def commit(
@@ -326,7 +307,7 @@ class CheckpointRepository:
             if entry.step < self._newest_published:
                 self._discard(entry, store)
                 return False
-            top, manifests = self._log(store=store)
+            top, manifests, whole = self._read_log(1, store)
             base = manifests[0] if manifests else None
             head = base.entries[0] if base and base.entries else None
             if head is not None and head.step > entry.step and self._verifies(head, store):
@@ -342,6 +323,9 @@ class CheckpointRepository:
                 )
             if deadline is not None:
                 deadline.check(f"publishing the checkpoint of step {entry.step}")
+            if not whole:  # building on an older manifest could move the head back: wait
+                time.sleep(STALE_RETRY_S)
+                continue
             older = [e for e in base.entries if e.step < entry.step] if base else []
             manifest = Manifest(top + 1, (entry, *older[: self.keep - 1]), self.writer)
             try:

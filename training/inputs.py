@@ -12,6 +12,7 @@ from training.checkpoint import CheckpointError, CheckpointRepository
 from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.data import DatasetError, ImageDataset, load_cifar10_binary
 from training.dist import DistEnv
+from training.lineage import store_lineage
 from training.resume import NodeLocalState, node_local_key, uri_digest
 from training.storage import open_store
 
@@ -53,7 +54,7 @@ def open_durable(cfg: TrainConfig) -> tuple[CheckpointRepository, str]:
     try:
         durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
         durable.head()
-        lineage = durable.lineage()
+        lineage = store_lineage(durable.store, durable.prefix)
     except (OSError, ValueError, CheckpointError) as exc:
         raise ConfigError(
             f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint "

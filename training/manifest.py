@@ -1,4 +1,4 @@
-"""The checkpoint store's records: object and manifest names, manifests, the lineage id.
+"""The checkpoint store's records: object and manifest names, and manifests.
 
 Everything here is a pure function of bytes and names; ``training/checkpoint.py`` does the I/O.
 A manifest read from a store is data from outside this process (another version, a torn or
@@ -18,7 +18,6 @@ from typing import Any
 _OBJECT = re.compile(r"^(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8}\.pt$")
 _MANIFEST = re.compile(r"^(?P<prefix>[a-z]+)-manifest-(?P<seq>\d{10})\.json$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_LINEAGE = re.compile(r"^[0-9a-f]{32}$")
 _ENTRY_FIELDS = frozenset({"name", "step", "sha256", "size"})
 
 
@@ -41,11 +40,6 @@ def object_name(prefix: str, step: int) -> str:
 
 def manifest_name(prefix: str, seq: int) -> str:
     return f"{prefix}-manifest-{seq:010d}.json"
-
-
-def lineage_name(prefix: str) -> str:
-    """The object holding the store's lineage id (never pruned: it matches no other pattern)."""
-    return f"{prefix}-lineage.json"
 
 
 def manifest_seq(name: str, prefix: str) -> int | None:
@@ -140,20 +134,3 @@ class Manifest:
         if len({e.prefix for e in entries}) > 1:
             raise ValueError("manifest entries belong to more than one prefix")
         return Manifest(seq, entries, writer)
-
-
-def new_lineage() -> str:
-    return uuid.uuid4().hex
-
-
-def encode_lineage(lineage: str) -> bytes:
-    return json.dumps({"lineage": lineage}).encode()
-
-
-def decode_lineage(data: bytes) -> str | None:
-    """The lineage id a lineage object holds; None when it is not one."""
-    try:
-        lineage = json.loads(data)["lineage"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return lineage if isinstance(lineage, str) and _LINEAGE.match(lineage) else None
