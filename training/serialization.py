@@ -2,26 +2,55 @@
 
 An eviction's save of a large model must fit the notice, so ``spool`` writes the state
 straight into a file and hashes it in the same pass; the durable upload then streams that
-file. Loading is ``weights_only``: a checkpoint on shared storage is data, never code.
+file. Both skip the CRC-32 torch.save computes for each record of its zip (torch 2.13's
+``torch.utils.serialization.config.save.compute_crc32``): the checkpoint's SHA-256 covers every
+byte already, and the CRC doubled the time of a 1 GB save here. Loading is ``weights_only``: a
+checkpoint on shared storage is data, never code.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+import torch.utils.serialization.config as torch_serialization
 
 from training.manifest import CheckpointError, sha256
+
+_crc = {"users": 0, "saved": True}
+_crc_lock = threading.Lock()  # held only to flip the flag, never across a save
+
+
+@contextmanager
+def _without_crc() -> Iterator[None]:
+    """torch.save without its per-record CRC-32 while any of our saves runs (a save on the
+    background thread and the eviction's may overlap); the setting is restored after."""
+    with _crc_lock:
+        if _crc["users"] == 0:
+            _crc["saved"] = torch_serialization.save.compute_crc32
+            torch_serialization.save.compute_crc32 = False
+        _crc["users"] += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc["users"] -= 1
+            if _crc["users"] == 0:
+                torch_serialization.save.compute_crc32 = _crc["saved"]
 
 
 def serialize(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    with _without_crc():
+        torch.save(state, buffer)
     return buffer.getvalue()
 
 
@@ -98,7 +127,11 @@ class _HashingWriter:
 
 def spool(state: dict[str, Any], path: Path) -> Payload:
     """Serialize ``state`` straight into the new file ``path``: no copy of it in memory."""
-    with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "xb") as f:
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="hash") as pool,
+        open(path, "xb") as f,
+        _without_crc(),
+    ):
         writer = _HashingWriter(f, pool)
         torch.save(state, writer)  # type: ignore[arg-type]
         writer.flush()
