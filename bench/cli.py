@@ -15,9 +15,9 @@ from types import FrameType
 from bench.scenarios import FAULT_KINDS
 from bench.steady_state import BenchRunError
 from bench.suite import BenchConfig, default_config, report_text, run_bench, smoke_config
-from lab import process_tree
-from lab.etcd_server import EtcdError, find_etcd_binary
-from lab.session import LabError
+from lab.local import process_tree
+from lab.local.etcd_server import EtcdError, find_etcd_binary
+from lab.local.session import LabError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["rendezvous-scale"]:
         # A command of its own; every other argv is the bench as before. Imported here: it
         # needs none of the bench's machinery.
-        from bench.rendezvous_scale import main as rendezvous_scale_main
+        from bench.rendezvous_scale.command import main as rendezvous_scale_main
 
         return rendezvous_scale_main(argv[1:])
     if argv[:1] == ["commit-deadline"]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from lab import process_tree
+from lab.local import process_tree
 
 PROC = Path("/proc")
 ROLES = ("worker", "agent", "etcd", "lab", "other")

@@ -19,9 +19,9 @@ from bench.profiles import PROFILE_NAMES, Profile, profile
 from bench.scenarios import RecoveryPlan, recovery_scenario
 from bench.stages import PHASES, STAGES, recovery_stages
 from bench.stats import median_of, ratio, summarize, summarize_known
-from lab.node_logs import Record, read_records
-from lab.report import pause_after_s, paused_intervals
-from lab.session import SessionOptions, run_session
+from lab.local.session import SessionOptions, run_session
+from lab.report.node_logs import Record, read_records
+from lab.report.outcomes import pause_after_s, paused_intervals
 
 
 def measure_run(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.profiles import Profile
-from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
+from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
 
 FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd")
 """Hard loss (SIGKILL), graceful eviction (SIGTERM), silent loss (SIGSTOP), a new node, and

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.node_logs import Record
+from lab.report.node_logs import Record
 
 STAGES = ("detect_s", "rendezvous_s", "startup_s", "first_step_s")
 PHASES = (

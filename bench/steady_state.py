@@ -22,9 +22,9 @@ from typing import Any
 from bench.cpu_profile import CpuProfile
 from bench.profiles import Profile
 from bench.scenarios import SteadyPlan, steady_scenario, steady_train
-from lab import process_tree
-from lab.node_logs import Record, read_records
-from lab.session import REPO_ROOT, SessionOptions, run_session
+from lab.local import process_tree
+from lab.local.session import REPO_ROOT, SessionOptions, run_session
+from lab.report.node_logs import Record, read_records
 from training.launch import TRAIN_MODULE
 
 STATIC_TIMEOUT_S = 600.0

@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lab.etcd_server import EtcdError
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.interrupts import InterruptGuard, interrupt_guard
-from lab.report import format_report
-from lab.scenario import FAULT_KINDS, ScenarioError
-from lab.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
-from lab.session import LabError, SessionOptions, run_session
-from lab.status_line import StatusLine
+from lab.live.status_line import StatusLine
+from lab.local.etcd_server import EtcdError
+from lab.local.interrupts import InterruptGuard, interrupt_guard
+from lab.local.scenario import FAULT_KINDS, ScenarioError
+from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
+from lab.local.session import LabError, SessionOptions, run_session
+from lab.report.text import format_report
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -175,7 +175,7 @@ def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _cloud(args: argparse.Namespace) -> int:
-    from lab.cloud_run import CloudOptions, DrillOptions, drill, watch
+    from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill, watch
 
     out = args.out or Path("lab-runs") / time.strftime("cloud-%Y%m%d-%H%M%S")
     options = CloudOptions(args.stack_outputs, out, lambda: _run_prices(args))
@@ -190,7 +190,7 @@ def _cloud(args: argparse.Namespace) -> int:
 
 def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
     """Evict through simulate-eviction, as a user would run it."""
-    from lab.simulate_eviction import main as simulate_eviction
+    from lab.azure.simulate_eviction import main as simulate_eviction
 
     def evict(node: str) -> int:
         argv = ["--stack-outputs", str(args.stack_outputs), "--node", node]
@@ -202,8 +202,8 @@ def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from lab.report import cost_of_run, report_from_run, write_outputs
-    from lab.run_logs import RunLogsError, load_run
+    from lab.report.run_logs import RunLogsError, load_run
+    from lab.report.run_report import cost_of_run, report_from_run, write_outputs
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)
@@ -232,8 +232,8 @@ def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, s
     """The prices a cluster run is costed at: the flags, else `lab prices`' cache."""
     if getattr(args, "spot_price", None) or getattr(args, "on_demand_price", None):
         return args.spot_price, args.on_demand_price, "prices given on the command line"
-    from lab.prices import cached_vm_price
-    from lab.stack_choice import resolve_stack
+    from lab.azure.prices import cached_vm_price
+    from lab.azure.stack_choice import resolve_stack
     from stack_config.model import ConfigError
 
     try:
@@ -305,15 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["simulate-eviction"]:
-        from lab.simulate_eviction import main as simulate_eviction
+        from lab.azure.simulate_eviction import main as simulate_eviction
 
         return simulate_eviction(argv[1:])
     if argv[:1] == ["preflight"]:
-        from lab.preflight import main as preflight
+        from lab.azure.preflight.command import main as preflight
 
         return preflight(argv[1:])
     if argv[:1] == ["prices"]:
-        from lab.prices import main as prices
+        from lab.azure.prices import main as prices
 
         return prices(argv[1:])
     args = build_parser().parse_args(argv)

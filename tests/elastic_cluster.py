@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lab.process_tree import kill_tree, terminate_tree
+from lab.local.process_tree import kill_tree, terminate_tree
 from training.checkpoint import CheckpointRepository, deserialize
 from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 from training.storage import FileStore

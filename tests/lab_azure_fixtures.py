@@ -9,8 +9,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from lab.azure import Azure, reach
-from lab.preflight import PROVIDERS
+from lab.azure.clients import Azure, reach
+from lab.azure.preflight.subscription import PROVIDERS
 from tests.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

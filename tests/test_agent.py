@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
 from training.agent import check_rendezvous, etcd_v2_problem, main
 
 REPO = Path(__file__).resolve().parents[1]

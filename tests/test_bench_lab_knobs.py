@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.node_logs import read_jsonl
-from lab.scenario import Fault, ScenarioError, TrainSettings, validate_scenario
-from lab.scenario_file import scenario_from_dict
+from lab.local.scenario import Fault, ScenarioError, TrainSettings, validate_scenario
+from lab.local.scenario_file import scenario_from_dict
+from lab.report.node_logs import read_jsonl
 from tests.test_lab_runner import _runner, _scenario
 from training.config import parse_config
 

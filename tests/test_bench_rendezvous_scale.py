@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import rendezvous_scale as scale
-from bench import rendezvous_scale_model as model
 from bench.cli import main as bench_main
+from bench.rendezvous_scale import command, etcd_metrics, model, tables
 
 
 # -- the model -----------------------------------------------------------------------------------
@@ -89,9 +88,9 @@ def test_the_bench_models_only_beyond_its_largest_complete_count() -> None:
         }
         return {"nodes": n, "summary": summary}
 
-    fitted = scale.build_model([measured(8, 0.3), measured(32, 0.5)], 1.0, (16, 128, 256))
+    fitted = tables.build_model([measured(8, 0.3), measured(32, 0.5)], 1.0, (16, 128, 256))
     assert [row["nodes"] for row in fitted["rows"]] == [128, 256]
-    assert "error" in scale.build_model([measured(8, 0.3), measured(32, None)], 1.0, (128,))
+    assert "error" in tables.build_model([measured(8, 0.3), measured(32, None)], 1.0, (128,))
 
 
 # -- etcd's metrics and the table ----------------------------------------------------------------
@@ -111,7 +110,7 @@ process_cpu_seconds_total 2.5
 
 
 def test_etcds_counters_are_summed_over_their_labels() -> None:
-    assert scale.parse_metrics(METRICS) == {
+    assert etcd_metrics.parse_metrics(METRICS) == {
         "received": 150.0,
         "reads": 20.0,
         "writes": 25.0,
@@ -122,9 +121,9 @@ def test_etcds_counters_are_summed_over_their_labels() -> None:
 
 
 def test_etcd_requests_are_the_received_ones_plus_the_watches_it_leaves_out() -> None:
-    before = {**scale.parse_metrics(METRICS), "at": 100.0}
+    before = {**etcd_metrics.parse_metrics(METRICS), "at": 100.0}
     after = {**before, "received": 330.0, "watches": 27.0, "etcd_cpu_s": 3.0, "at": 110.0}
-    rates = scale.etcd_rates(before, after)
+    rates = etcd_metrics.etcd_rates(before, after)
     assert rates["requests"] == 200 and rates["req_s"] == 20.0
     assert rates["etcd_cpu_share"] == 0.05 and rates["seconds"] == 10.0
 
@@ -138,7 +137,7 @@ def test_the_table_marks_what_was_not_measured_or_modelled() -> None:
          "reform_leave_s": 8.0, "false_deaths": None, "quiet_req_s": 1433.6,
          "reform_req_s": 1e5, "reform_etcd_cores": None},
     ]  # fmt: skip
-    lines = scale.table_text(rows).splitlines()
+    lines = tables.table_text(rows).splitlines()
     assert lines[0].split()[:2] == ["N", "source"] and set(lines[1]) <= {"-", " "}
     assert lines[2].split() == ["8", "measured", "1.20", "-", "0.30", "0", "11.2", "900", "0.25"]
     assert lines[3].split()[5] == "n/a" and lines[3].split()[-1] == "n/a"
@@ -156,7 +155,7 @@ def signals_restored() -> Iterator[None]:
 def test_bad_flags_exit_2_before_anything_starts(
     signals_restored: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert bench_main(["rendezvous-scale", "--nodes", "2,8"]) == scale.EXIT_BAD_INPUT
+    assert bench_main(["rendezvous-scale", "--nodes", "2,8"]) == command.EXIT_BAD_INPUT
     assert ">= 3" in capsys.readouterr().err
 
 
@@ -167,7 +166,7 @@ def test_four_agents_in_two_processes_form_reform_and_die_no_false_death(
 ) -> None:
     out = tmp_path / "out"
     argv = ["--nodes", "4", "--reps", "1", "--quiet-s", "3", "--per-process", "2"]
-    assert bench_main(["rendezvous-scale", *argv, "--out", str(out)]) == scale.EXIT_OK
+    assert bench_main(["rendezvous-scale", *argv, "--out", str(out)]) == command.EXIT_OK
     results = json.loads((out / "rendezvous-scale.json").read_text())
     (measured,) = results["measured"]
     assert measured["processes"] == 2

@@ -22,7 +22,7 @@ from bench.stats import ratio, summarize
 from bench.steady_state import pair_ratios, static_command, step_times, summarize_steady
 from bench.tables import breakdown_table, format_seconds, recovery_table, targets_table
 from bench.targets import explain, recovery_targets, steady_target
-from lab.report import build_report
+from lab.report.outcomes import build_report
 from stack_config.model import JobConfig
 from training.config import parse_config
 from training.launch import RendezvousSettings

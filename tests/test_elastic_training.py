@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.process_tree import freeze_tree
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.process_tree import freeze_tree
 from tests.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
 from training.checkpoint import CheckpointRepository
 from training.data import write_synthetic_cifar10

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.elastic_cluster import TINY, Cluster
 from training.data import write_synthetic_cifar10
 from training.exit_codes import (

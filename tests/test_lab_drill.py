@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-import lab.simulate_eviction
+import lab.azure.simulate_eviction
+from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill
+from lab.azure.preflight.command import build_parser as preflight_parser
+from lab.azure.prices import build_parser as prices_parser
 from lab.cli import _evictor, build_parser
-from lab.cloud_run import CloudOptions, DrillOptions, drill
-from lab.preflight import build_parser as preflight_parser
-from lab.prices import build_parser as prices_parser
-from lab.status_line import StatusLine
+from lab.live.status_line import StatusLine
 from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
 from tests.test_lab_watch import _outputs
@@ -211,7 +211,7 @@ def test_the_cli_evicts_through_simulate_eviction(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls: list[list[str]] = []
-    monkeypatch.setattr(lab.simulate_eviction, "main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(lab.azure.simulate_eviction, "main", lambda argv: calls.append(argv) or 0)
     args = Namespace(stack_outputs=tmp_path / "o.json", subscription="sub-1")
     assert _evictor(args)("aks-gpu-vmss000002") == 0
     assert calls == [

@@ -1,7 +1,7 @@
 """The whole elastic story on one machine: ``python -m lab run --ci`` with a real etcd,
 real torchrun agents and the real training program, then checks on what the logs show.
 
-The CI scenario (``lab/scenarios/ci.toml``) starts three nodes and, in order: evicts one,
+The CI scenario (``lab/local/scenarios/ci.toml``) starts three nodes and, in order: evicts one,
 joins a new one, kills one hard, freezes one, joins another, restarts etcd, and finally
 kills every node and starts two new ones.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from lab.node_logs import read_jsonl, read_records
-from lab.scenario_file import load_scenario
+from lab.local.scenario_file import load_scenario
+from lab.report.node_logs import read_jsonl, read_records
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CI = load_scenario("ci")
@@ -185,7 +185,7 @@ def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any])
 
 
 def _recompute(raw: list[dict], event: dict[str, Any], start: float, end: float) -> dict[str, Any]:
-    """The report's definitions (``lab/report.py``), computed again straight from the raw
+    """The report's definitions (``lab/report/outcomes.py``), computed again straight from the raw
     node logs: recovery is the first line at the planned world size, after the first round
     that resumed after the fault when one did."""
     injected_at, planned = event["injected_at"], event["planned_world_size"]

@@ -7,8 +7,8 @@ from pathlib import Path
 import etcd
 import pytest
 
-from lab import etcd_server
-from lab.etcd_server import (
+from lab.local import etcd_server
+from lab.local.etcd_server import (
     EmbeddedEtcd,
     EtcdError,
     check_etcd_version,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lab.interrupts import interrupt_guard
+from lab.local.interrupts import interrupt_guard
 
 
 @pytest.fixture(autouse=True)

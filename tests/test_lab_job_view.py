@@ -6,9 +6,9 @@ import io
 import json
 from pathlib import Path
 
-from lab.job_view import JobView
-from lab.node_logs import LogTail, parse_record, read_records
-from lab.status_line import StatusLine, status_text
+from lab.live.job_view import JobView
+from lab.live.status_line import StatusLine, status_text
+from lab.report.node_logs import LogTail, parse_record, read_records
 
 
 def metrics(ts: float, step: int, world: int) -> dict:

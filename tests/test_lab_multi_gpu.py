@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.scenario import plan_membership
-from lab.scenario_file import load_scenario
+from lab.local.scenario import plan_membership
+from lab.local.scenario_file import load_scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = REPO_ROOT / "lab" / "scenarios" / "multi-gpu.toml"
+SCENARIO = REPO_ROOT / "lab" / "local" / "scenarios" / "multi-gpu.toml"
 
 
 def test_the_plan_counts_ranks_not_nodes() -> None:

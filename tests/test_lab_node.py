@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import process_tree
-from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
-from lab.node_logs import read_jsonl
+from lab.local import process_tree
+from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
+from lab.report.node_logs import read_jsonl
 from training.launch import ElasticPolicy, train_command
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from lab.azure import reach
-from lab.preflight import action_matches, main
+from lab.azure.clients import reach
+from lab.azure.preflight.command import main
+from lab.azure.preflight.identity import action_matches
 from stack_config.files import load_stack
 from stack_config.model import ConfigError
 from tests.azure_replay import FakeAzure, NoSignIn, recording, serve

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from lab.prices import main
-from lab.retail_prices import vm_prices
+from lab.azure.prices import main
+from lab.azure.retail_prices import vm_prices
 from tests.azure_replay import FakeAzure, NoSignIn, recording, serve
 from tests.lab_azure_fixtures import (
     GRAPH,

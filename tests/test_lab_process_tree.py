@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import process_tree
+from lab.local import process_tree
 
 # A stand-in agent: starts one "worker" in a new session, writes its pid, then waits.
 # On SIGTERM it forwards the signal to the worker and exits, as torchrun does.

@@ -9,14 +9,9 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from lab.report import (
-    build_report,
-    fault_outcome,
-    format_table,
-    groups_at_once,
-    pause_after_s,
-)
-from lab.timeline_plot import plot_timeline, timeline_figure
+from lab.report.outcomes import build_report, fault_outcome, groups_at_once, pause_after_s
+from lab.report.text import format_table
+from lab.report.timeline_plot import plot_timeline, timeline_figure
 
 START = 1000.0
 

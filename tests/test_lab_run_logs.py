@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from lab.cli import main
-from lab.report import cost_of_run, report_from_run
-from lab.run_logs import (
+from lab.report.run_logs import (
     RunLogsError,
     cluster_event,
     load_cluster_run,
@@ -20,6 +19,7 @@ from lab.run_logs import (
     parse_pod_log,
     parse_time,
 )
+from lab.report.run_report import cost_of_run, report_from_run
 
 T0 = 1_790_000_000.0  # 2026-09-21, a time on the cluster's clock
 NS = "spot-lab"

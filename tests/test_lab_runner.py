@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.node_logs import read_jsonl
-from lab.runner import FaultRunner, LabEventLog
-from lab.scenario import Fault, Scenario, TrainSettings, validate_scenario
+from lab.live.event_log import LabEventLog
+from lab.local.runner import FaultRunner
+from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
+from lab.report.node_logs import read_jsonl
 from training.launch import RendezvousSettings
 
 

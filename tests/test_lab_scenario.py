@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.scenario import (
+from lab.local.scenario import (
     FAULT_KINDS,
     Fault,
     Scenario,
@@ -17,7 +17,7 @@ from lab.scenario import (
     plan_membership,
     validate_scenario,
 )
-from lab.scenario_file import (
+from lab.local.scenario_file import (
     BUILTIN_SCENARIOS,
     load_scenario,
     parse_fault_flag,

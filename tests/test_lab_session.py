@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import process_tree
-from lab.etcd_server import EtcdError
-from lab.scenario_file import load_scenario
-from lab.session import LabError, SessionOptions, run_session
+from lab.local import process_tree
+from lab.local.etcd_server import EtcdError
+from lab.local.scenario_file import load_scenario
+from lab.local.session import LabError, SessionOptions, run_session
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_an_etcd_that_does_not_start_leaves_an_empty_out_dir_empty(tmp_path: Pat
 # Run in a child: a subreaper pytest would collect every orphan of every later test.
 SWEEP = """
 import json, os, subprocess, sys
-from lab.session import lab_workspace
+from lab.local.session import lab_workspace
 
 with lab_workspace() as work:
     # A worker left behind by a dead agent: an orphan that re-parents to us.

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from kubernetes import config as k8s_config
 
-from lab.cloud_run import CloudOptions, DrillOptions, drill, watch
-from lab.cluster_watch import Cluster, ClusterError, Recorder, Target, read_target
-from lab.run_logs import load_cluster_run
-from lab.status_line import StatusLine
+from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill, watch
+from lab.azure.cluster.kube import Cluster, ClusterError, Target, read_target
+from lab.azure.cluster.recorder import Recorder
+from lab.live.status_line import StatusLine
+from lab.report.run_logs import load_cluster_run
 from tests.kube_replay import (
     EVENTS_PATH,
     JOB,

@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
 from training.liveness import ProbeServer, Verdict, probe
 from training.rendezvous import (
     BACKEND,

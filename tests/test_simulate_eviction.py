@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from azure.mgmt.compute import ComputeManagementClient
 
-from lab.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_node_name
+from lab.azure.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_node_name
 from tests.azure_replay import FakeAzure as FakeArm
 from tests.azure_replay import LoopbackTransport, NoSignIn, StaticToken, serve
 from tests.test_lab_preflight import _can_unshare, _offline

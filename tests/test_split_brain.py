@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.node_logs import read_records
+from lab.report.node_logs import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 

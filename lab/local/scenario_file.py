@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from lab.scenario import (
+from lab.local.scenario import (
     FAULT_KINDS,
     Fault,
     Scenario,

@@ -16,23 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.cluster_watch import (
+from lab.azure.cluster.job_watcher import JobWatcher
+from lab.azure.cluster.kube import (
     EVICTION_OUTPUTS,
     BadOutputs,
     Cluster,
     ClusterError,
-    JobWatcher,
-    Recorder,
     full_world_size,
     job_phase,
     procs_per_worker,
     read_target,
 )
+from lab.azure.cluster.recorder import Recorder
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.report import cost_of_run, format_report, report_from_run, write_outputs
-from lab.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
-from lab.runner import LabEventLog
-from lab.status_line import StatusLine
+from lab.live.event_log import LabEventLog
+from lab.live.status_line import StatusLine
+from lab.report.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
+from lab.report.run_report import cost_of_run, report_from_run, write_outputs
+from lab.report.text import format_report
 
 ENDED = ("Succeeded", "Failed")
 Prices = Callable[[], tuple[float | None, float | None, str]]

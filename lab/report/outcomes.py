@@ -37,14 +37,11 @@ machine):
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
-from lab.node_logs import Record
-from lab.run_logs import RunLogs
+from lab.report.node_logs import Record
 
 _STEP_RECORDS = ("checkpoint_saved", "emergency_save")
 # A gap between metrics lines counts as a pause when it is this many typical gaps long (the
@@ -207,7 +204,8 @@ def fault_outcome(
     resumed_at = final["ts"] if final else None
     later = _metrics(records, injected_at, window_end)
     after = recovery["world_size"] if recovery else (later[-1]["world_size"] if later else None)
-    detection_s, resume_s = _since(detected_at, injected_at), _since(resumed_at, injected_at)
+    detection_s = seconds_since(detected_at, injected_at)
+    resume_s = seconds_since(resumed_at, injected_at)
     paused_until = recovered_at if recovered_at is not None else window_end
     if math.isinf(paused_until):
         paused_until = max((r["ts"] for r in records), default=injected_at)
@@ -228,7 +226,7 @@ def fault_outcome(
             if resume_s is not None and detection_s is not None
             else None
         ),
-        "downtime_s": _since(recovered_at, injected_at),
+        "downtime_s": seconds_since(recovered_at, injected_at),
         "world_size_before": before[-1]["world_size"] if before else None,
         "world_size_after": after,
         "planned_world_size": planned,
@@ -245,7 +243,7 @@ def fault_outcome(
     }
 
 
-def _since(ts: float | None, origin: float) -> float | None:
+def seconds_since(ts: float | None, origin: float) -> float | None:
     return round(ts - origin, 3) if ts is not None else None
 
 
@@ -320,195 +318,3 @@ def _run_totals(
         "all_recovered": len(faults) == planned_faults and all(f["recovered"] for f in faults),
         "two_groups_at_once": len(groups_at_once(records)),
     }
-
-
-def _cell(value: Any, fmt: str = "{}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """The report as a fixed-width table for the terminal."""
-    start = report["start_ts"]
-    header = (
-        f"{'#':>2}  {'fault':<36} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
-        f"{'down s':>6} {'pause':>5} {'lost':>4} {'world':>6} {'source':<8} ok"
-    )
-    lines = [header, "-" * len(header)]
-    for f in report["faults"]:
-        lines.append(
-            f"{f['index']:>2}  {f['description'][:36]:<36} "
-            f"{_cell(f['injected_at'] - start, '{:.1f}'):>6} "
-            f"{_cell(f['detection_s'], '+{:.1f}'):>6} "
-            f"{_cell(f['resume_s'], '+{:.1f}'):>6} "
-            f"{_cell(f['detect_to_resume_s'], '{:.1f}'):>5} "
-            f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['paused_s'], '{:.1f}'):>5} "
-            f"{_cell(f['steps_lost']):>4} "
-            f"{_cell(f['world_size_before'])}->{_cell(f['world_size_after']):<3} "
-            f"{_cell(f['resume_source']):<8} "
-            f"{'yes' if f['recovered'] else ('SPLIT' if f.get('two_groups') else 'NO')}"
-        )
-    run = report["run"]
-    lines.append("-" * len(header))
-    lines.append(
-        f"step {run['final_step']}/{run['max_steps']}, final loss {_cell(run['final_loss'])}, "
-        f"{run['samples_per_s']} samples/s overall "
-        f"({_cell(run['training_samples_per_s'])} while training), "
-        f"{run['total_downtime_s']:.1f} s to full size ({run['total_paused_s']:.1f} s without a "
-        f"step) in {run['wall_s']:.0f} s, "
-        f"{run['faults_recovered']}/{run['faults_planned']} faults recovered"
-    )
-    return "\n".join(lines)
-
-
-# ---- a run's saved logs: the lab's and the cluster's ------------------------------------------
-
-
-def report_from_run(run: RunLogs) -> dict[str, Any]:
-    """The report of a run read by ``lab.run_logs``: the same for the lab and the cluster."""
-    report = build_report(
-        run.records,
-        run.injections,
-        start_ts=run.start_ts,
-        global_batch_size=run.global_batch_size,
-        max_steps=run.max_steps,
-        planned_faults=run.planned_faults,
-        end_ts=run.end_ts,
-    )
-    report["source"] = run.source
-    if run.source == "cluster":
-        # A replacement belongs to the loss before it, up to the next loss: a join in
-        # between is the replacement arriving.
-        losses = sorted(f["injected_at"] for f in report["faults"] if f["kind"] != "join")
-        for fault in report["faults"]:
-            if fault["kind"] != "join":
-                nxt = next((t for t in losses if t > fault["injected_at"]), math.inf)
-                fault["arrival"] = node_arrival(run, fault, nxt)
-    return report
-
-
-def _pod_node(run: RunLogs, pod: str) -> str | None:
-    """The node a pod was scheduled to, from its Scheduled event ("... to <node>")."""
-    for event in run.cluster_events:
-        if event.kind == "Pod" and event.name == pod and event.reason == "Scheduled":
-            return event.message.rsplit(" to ", 1)[-1].strip() or None
-    return None
-
-
-def _first_event(run: RunLogs, after: float, reason: str, name: str | None = None) -> float | None:
-    return next(
-        (
-            e.ts
-            for e in run.cluster_events
-            if e.ts >= after and e.reason == reason and (name is None or e.name == name)
-        ),
-        None,
-    )
-
-
-def node_arrival(run: RunLogs, fault: dict[str, Any], until: float) -> dict[str, Any] | None:
-    """How the replacement for a fault arrived: the first pod that started after it, from
-    the scale-up to the round it trained in at the size before the fault. On the cloud this
-    figure (a VM starts, pulls the image, joins) dominates; the stages show where it goes."""
-    injected = fault["injected_at"]
-    first_seen: dict[str, float] = {}
-    for record in run.records:
-        first_seen.setdefault(record["node"], record["ts"])
-    new = sorted((t, pod) for pod, t in first_seen.items() if injected < t < until)
-    if not new:
-        return None
-    started_at, pod = new[0]
-    node = _pod_node(run, pod)
-    target = fault["world_size_before"]
-    joined = next(
-        (
-            r["ts"]
-            for r in run.records
-            if r["kind"] == "metrics" and started_at < r["ts"] < until and r["world_size"] == target
-        ),
-        None,
-    )
-    stages = {
-        "scale_up_at": _first_event(run, injected, "TriggeredScaleUp"),
-        "node_registered_at": _first_event(run, injected, "RegisteredNode", node) if node else None,
-        "scheduled_at": _first_event(run, injected, "Scheduled", pod),
-        "image_pulled_at": _first_event(run, injected, "Pulled", pod),
-        "started_at": started_at,
-        "joined_at": joined,
-    }
-    return {
-        "pod": pod,
-        "node": node,
-        **{k: round(v, 3) if v is not None else None for k, v in stages.items()},
-        "arrival_s": _since(joined, injected),
-    }
-
-
-def cost_of_run(
-    run: RunLogs, spot_per_h: float | None, on_demand_per_h: float | None, source: str
-) -> dict[str, Any]:
-    """GPU node-hours, approximated by the worker pods' lifetimes in the logs (a node's boot
-    before its pod started and its drain after are not in them), at Spot and on-demand."""
-    spans: dict[str, list[float]] = {}
-    for record in run.records:
-        spans.setdefault(record["node"], [record["ts"], record["ts"]])[1] = record["ts"]
-    hours = sum(end - begin for begin, end in spans.values()) / 3600
-    return {
-        "gpu_node_hours": round(hours, 4),
-        "spot_usd_per_h": spot_per_h,
-        "on_demand_usd_per_h": on_demand_per_h,
-        "spot_usd": None if spot_per_h is None else round(hours * spot_per_h, 4),
-        "on_demand_usd": None if on_demand_per_h is None else round(hours * on_demand_per_h, 4),
-        "price_source": source,
-    }
-
-
-def format_arrivals(report: dict[str, Any]) -> str:
-    """One line per fault with a replacement: how long it took and where the time went."""
-    lines = []
-    for fault in report["faults"]:
-        arrival = fault.get("arrival")
-        if not arrival:
-            continue
-        origin = fault["injected_at"]
-        stages = [
-            f"{name} +{arrival[key] - origin:.0f} s"
-            for key, name in (
-                ("scale_up_at", "scale-up"),
-                ("node_registered_at", "node"),
-                ("scheduled_at", "scheduled"),
-                ("image_pulled_at", "image"),
-                ("started_at", "started"),
-                ("joined_at", "joined"),
-            )
-            if arrival.get(key) is not None
-        ]
-        total = _cell(arrival["arrival_s"], "{:.0f} s")
-        head = f"fault {fault['index']}: replacement {arrival['pod']} in {total}: "
-        lines.append(head + ", ".join(stages))
-    return "\n".join(lines)
-
-
-def format_cost(cost: dict[str, Any]) -> str:
-    spot, demand = cost["spot_usd"], cost["on_demand_usd"]
-    return (
-        f"GPU node-hours {cost['gpu_node_hours']:.3f}: {_cell(spot, '${:.2f}')} at Spot, "
-        f"{_cell(demand, '${:.2f}')} on demand ({cost['price_source']})"
-    )
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The table, then the replacements' arrivals and the cost when the report has them."""
-    parts = [format_table(report), format_arrivals(report)]
-    if report.get("cost"):
-        parts.append(format_cost(report["cost"]))
-    return "\n".join(p for p in parts if p)
-
-
-def write_outputs(out: Path, run: RunLogs, report: dict[str, Any]) -> None:
-    """``report.json``, ``report.txt`` and ``timeline.png``: the same files for every run."""
-    from lab.timeline_plot import plot_timeline  # matplotlib: only when a plot is written
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.txt").write_text(format_report(report) + "\n")
-    plot_timeline(run.records, report, out / "timeline.png")

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from lab.node_logs import Record  # noqa: E402
+from lab.report.node_logs import Record  # noqa: E402
 
 MARKS = (
     ("injected_at", "tab:red", "--"),

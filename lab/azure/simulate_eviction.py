@@ -28,7 +28,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScaleSetVM
 
-from lab.azure import credential_from_env
+from lab.azure.clients import credential_from_env
 from stack_config import LabConfig
 
 POOL_TAG = "aks-managed-poolName"
@@ -269,7 +269,7 @@ def explain_azure_error(err: HttpResponseError, request: EvictionRequest) -> str
 
 @contextmanager
 def azure_compute_client(subscription: str) -> Iterator[ComputeManagementClient]:
-    """A compute client signed in as ``pulumi up`` deploys (lab/azure.py): a service
+    """A compute client signed in as ``pulumi up`` deploys (lab/azure/clients.py): a service
     principal's ARM_* variables, or az login. Not DefaultAzureCredential: it would probe the
     instance metadata address and print every credential it tried."""
     with (

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from lab import process_tree
+from lab.local import process_tree
 from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS
 
 HOST = "127.0.0.1"

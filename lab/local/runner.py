@@ -9,18 +9,18 @@ does is written to its own event log, which the report reads next to the node lo
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from lab.job_view import JobView
-from lab.node import NodeProcess, wait_for_exit
-from lab.node_logs import LogTail, parse_record
-from lab.scenario import Fault, MembershipChange, Scenario
-from lab.status_line import StatusLine, status_text
+from lab.live.event_log import LabEventLog
+from lab.live.job_view import JobView
+from lab.live.status_line import StatusLine, status_text
+from lab.local.node import NodeProcess, wait_for_exit
+from lab.local.scenario import Fault, MembershipChange, Scenario
+from lab.report.node_logs import LogTail, parse_record
 
 EXIT_BAD_INPUT = 2
 # A pod that keeps failing is in CrashLoopBackOff; the lab gives up instead of looping.
@@ -32,22 +32,6 @@ class Rendezvous(Protocol):
 
     def restart(self, down_s: float = 0.0, wipe_data: bool = False) -> None:
         """Stop, stay down ``down_s`` seconds, start again on the same port."""
-
-
-class LabEventLog:
-    """The lab's own JSON lines: what it injected and when, which nodes it started."""
-
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        self.path = path
-        self.clock = clock
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one record and return it."""
-        record = {"ts": round(self.clock(), 3), "event": event, **fields}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        return record
 
 
 @dataclass

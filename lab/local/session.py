@@ -28,21 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import training
-from lab import process_tree
-from lab.etcd_server import EmbeddedEtcd, find_etcd_binary
-from lab.interrupts import InterruptGuard, interrupt_guard
-from lab.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
-from lab.report import report_from_run, write_outputs
-from lab.run_logs import load_lab_run
-from lab.runner import FaultRunner, LabEventLog, RunOutcome
-from lab.scenario import (
+from lab.live.event_log import LabEventLog
+from lab.live.status_line import StatusLine
+from lab.local import process_tree
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.interrupts import InterruptGuard, interrupt_guard
+from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
+from lab.local.runner import FaultRunner, RunOutcome
+from lab.local.scenario import (
     SYNTHETIC_TRAIN_FILES,
     MembershipChange,
     Scenario,
     TrainSettings,
     validate_scenario,
 )
-from lab.status_line import StatusLine
+from lab.report.run_logs import load_lab_run
+from lab.report.run_report import report_from_run, write_outputs
 from training.launch import ElasticPolicy, train_command
 
 REPO_ROOT = Path(training.__file__).resolve().parent.parent

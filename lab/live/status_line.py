@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TextIO
 
-from lab.job_view import JobView
+from lab.live.job_view import JobView
 
 
 def status_text(elapsed_s: float, view: JobView, max_steps: int, note: str = "") -> str:

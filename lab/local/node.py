@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from lab import process_tree
+from lab.local import process_tree
 from training.launch import ElasticPolicy, worker_env
 
 

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lab.node_logs import Record, parse_record, read_records
+from lab.report.node_logs import Record, parse_record, read_records
 
 DRILL_EVENTS = "drill-events.jsonl"
 """What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""

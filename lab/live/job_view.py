@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.node_logs import Record
+from lab.report.node_logs import Record
 
 
 def describe_event(record: Record) -> str:

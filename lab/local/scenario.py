@@ -1,6 +1,6 @@
 """A lab scenario: a pure plan of nodes, training settings and faults.
 
-The runner (``lab/runner.py``) turns a ``Scenario`` into processes. Faults run in the
+The runner (``lab/local/runner.py``) turns a ``Scenario`` into processes. Faults run in the
 order given; each waits for its trigger (``at_step`` or ``at_time``) and for the job to
 have settled after the previous fault. Nodes are numbered 0..nodes-1 at start; every
 ``join`` and every node started after ``kill-all`` gets the next unused number, because a

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from infra import gpu_sizes
 from infra.cluster import BOOTSTRAP_VM_SIZE
-from lab.api_cache import ApiCache, cache_dir
-from lab.azure import RETAIL_PRICES, Azure, AzureError, NotSignedIn
-from lab.eviction_rates import band_floor, eviction_bands
+from lab.azure.api_cache import ApiCache, cache_dir
+from lab.azure.clients import RETAIL_PRICES, Azure, AzureError, NotSignedIn
+from lab.azure.eviction_rates import band_floor, eviction_bands
+from lab.azure.retail_prices import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
+from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.retail_prices import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
-from lab.stack_choice import resolve_stack
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION

@@ -1,0 +1,158 @@
+"""Following the job's pods, their logs and the cluster's events, each in a thread of its own.
+
+The watch API for pods and events, log streaming for each worker pod. What arrives goes to a
+``Recorder``. A watch or a log stream that drops is opened again; a log is read again from
+its start and the recorder keeps only new lines.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from lab.azure.cluster.kube import Cluster, explain
+from lab.azure.cluster.recorder import Recorder
+from workloads.manifests.job import JOB_NAME_LABEL
+
+RECONNECT_S = 1.0
+
+
+def _forever(
+    stop: threading.Event, body: Callable[[], bool], dropped: Callable[[Exception], None]
+) -> None:
+    """Run ``body`` until ``stop`` or until it says it is done; a dropped stream or a failed
+    request is reported to ``dropped`` and opened again."""
+    while not stop.is_set():
+        try:
+            if body():
+                return
+        # A stream cut mid-object fails in the client's decoding (ValueError, TypeError) as
+        # well as in the connection: either way, open it again.
+        except (k8s.ApiException, Urllib3Error, OSError, ValueError, TypeError) as err:
+            if not stop.is_set():
+                dropped(err)
+        stop.wait(RECONNECT_S)
+
+
+class JobWatcher:
+    """Threads that follow the job's pods, their logs and the cluster's events."""
+
+    def __init__(self, cluster: Cluster, recorder: Recorder) -> None:
+        self.cluster = cluster
+        self.recorder = recorder
+        self.stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._following: set[str] = set()
+        self._notices: list[str] = []
+        self._lock = threading.Lock()
+
+    def notices(self) -> list[str]:
+        """What went wrong since the last call: each dropped stream, once."""
+        with self._lock:
+            taken, self._notices = self._notices, []
+        return taken
+
+    def _start(self, name: str, body: Callable[[], bool]) -> None:
+        said: list[str] = []
+
+        def dropped(err: Exception) -> None:
+            reason = explain(err, name) if isinstance(err, k8s.ApiException) else err
+            notice = f"the {name} stream dropped ({reason}); opening it again"
+            if said[-1:] != [notice]:  # a refusal that lasts is said once, not every second
+                said.append(notice)
+                with self._lock:
+                    self._notices.append(notice)
+
+        args = (self.stop, body, dropped)
+        thread = threading.Thread(target=_forever, args=args, daemon=True, name=name)
+        thread.start()
+        self._threads.append(thread)
+
+    def start(self) -> None:
+        self._start("pod watch", self._watch_pods)
+        self._start("event watch", self._watch_events)
+        self._start("node event watch", self._watch_node_events)
+
+    def _watch_pods(self) -> bool:
+        target = self.cluster.target
+        watcher = k8s_watch.Watch()
+        stream = watcher.stream(
+            self.cluster.core.list_namespaced_pod,
+            target.namespace,
+            label_selector=f"{JOB_NAME_LABEL}={target.job}",
+            timeout_seconds=300,
+        )
+        for event in _until(stream, self.stop, watcher):
+            pod = event["object"]
+            name = pod.metadata.name
+            self.recorder.pods[name] = pod.spec.node_name if pod.spec else None
+            if event["type"] == "DELETED":
+                self.recorder.pods.pop(name, None)
+            elif name not in self._following and pod.status and pod.status.phase != "Pending":
+                self._following.add(name)
+                self._start(f"{name} log", lambda name=name: self._follow_log(name))
+        return False
+
+    def _follow_log(self, pod: str) -> bool:
+        """Stream a pod's log from its start; done once the pod is gone and read to the end."""
+        response = self.cluster.core.read_namespaced_pod_log(
+            pod,
+            self.cluster.target.namespace,
+            follow=True,
+            timestamps=True,
+            _preload_content=False,
+        )
+        try:
+            pending = b""
+            for chunk in response.stream(4096):
+                if self.stop.is_set():
+                    return True
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self.recorder.log_line(pod, line.decode("utf-8", errors="replace"))
+        finally:
+            response.release_conn()
+        return pod not in self.recorder.pods
+
+    def _watch_events(self) -> bool:
+        watcher = k8s_watch.Watch()
+        stream = watcher.stream(
+            self.cluster.core.list_namespaced_event,
+            self.cluster.target.namespace,
+            timeout_seconds=300,
+        )
+        for event in _until(stream, self.stop, watcher):
+            self.recorder.cluster_event(self._plain(event["object"]))
+        return False
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        return self.cluster.api.sanitize_for_serialization(obj)
+
+    def _watch_node_events(self) -> bool:
+        # Node events (registered, removed, not ready) live in the default namespace.
+        watcher = k8s_watch.Watch()
+        stream = watcher.stream(
+            self.cluster.core.list_namespaced_event,
+            "default",
+            field_selector="involvedObject.kind=Node",
+            timeout_seconds=300,
+        )
+        for event in _until(stream, self.stop, watcher):
+            self.recorder.cluster_event(self._plain(event["object"]))
+        return False
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def _until(stream: Iterator[Any], stop: threading.Event, watcher: k8s_watch.Watch) -> Iterator[Any]:
+    for event in stream:
+        if stop.is_set():
+            watcher.stop()
+            return
+        yield event

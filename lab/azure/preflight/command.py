@@ -1,0 +1,160 @@
+"""``python -m lab preflight``: will ``pulumi up`` work, before it creates and bills anything?
+
+Reads the stack exactly as ``pulumi up`` does, then checks the machine (tools, logins) and
+the subscription (providers, VM sizes, quotas, permissions, ACR Tasks). It only reads: every
+Azure call is a GET, every local tool is asked for its version or its account.
+
+Exit 0: ``pulumi up`` can go ahead (warnings allowed). 1: a check fails. 2: bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from lab.azure.clients import Azure, AzureError, NotSignedIn, Refused, Unreachable, azure_errors
+from lab.azure.preflight.context import (
+    FAILS,
+    OK,
+    SKIPPED,
+    WARNING,
+    Check,
+    Context,
+    Runner,
+    run_tool,
+)
+from lab.azure.preflight.identity import check_permissions, check_sign_in
+from lab.azure.preflight.machine import check_tools
+from lab.azure.preflight.region import check_quota, check_vm_sizes
+from lab.azure.preflight.subscription import (
+    check_acr_tasks,
+    check_providers,
+    check_subscription,
+    choose_subscription,
+)
+from lab.azure.stack_choice import resolve_stack
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from stack_config.files import PROJECT_DIR, StackSettings
+from stack_config.model import ConfigError, LabConfig
+
+AZURE_CHECKS: tuple[tuple[str, Callable[[Context], Iterator[Check]]], ...] = (
+    ("sign-in", check_sign_in),
+    ("subscription", check_subscription),
+    ("resource providers", check_providers),
+    ("VM sizes", check_vm_sizes),
+    ("quota", check_quota),
+    ("permissions", check_permissions),
+    ("ACR Tasks", check_acr_tasks),
+)
+
+
+def _refusal(name: str, err: AzureError) -> Check:
+    if isinstance(err, Refused) and err.status == 403:
+        fix = "ask for Reader on the subscription (preflight only reads)"
+        return Check(name, FAILS, f"Azure refused to show it: {err}", fix)
+    return Check(name, FAILS, str(err))
+
+
+def run_checks(ctx: Context) -> list[Check]:
+    """Every check in order; a failure that leaves nothing to check skips the rest."""
+    checks = [
+        Check("stack config", OK, _describe(ctx.cfg, ctx.settings)),
+        *check_tools(ctx),
+    ]
+    choose_subscription(ctx)
+    for index, (name, check) in enumerate(AZURE_CHECKS):
+        try:
+            with azure_errors():
+                found = list(check(ctx))
+        except (Unreachable, NotSignedIn) as err:
+            fix = "az login" if isinstance(err, NotSignedIn) else ""
+            checks.append(Check("azure", FAILS, str(err), fix))
+            checks += [Check(n, SKIPPED, "needs Azure") for n, _ in AZURE_CHECKS[index:]]
+            break
+        except AzureError as err:
+            found = [_refusal(name, err)]
+        checks += found
+        if name == "subscription" and any(c.status == FAILS for c in found):
+            rest = AZURE_CHECKS[index + 1 :]
+            checks += [Check(n, SKIPPED, "needs the subscription") for n, _ in rest]
+            break
+    return checks
+
+
+def _describe(cfg: LabConfig, settings: StackSettings) -> str:
+    return (
+        f"stack {cfg.stack}: {cfg.gpu_max_nodes} × {cfg.gpu_pool.vm_size} Spot in {cfg.location}, "
+        f"{cfg.cluster.system_node_count} × {cfg.cluster.system_vm_size}, "
+        f"imageBuilder {cfg.image_builder}"
+    )
+
+
+def exit_code(checks: list[Check]) -> int:
+    return EXIT_FAILED if any(c.status == FAILS for c in checks) else EXIT_OK
+
+
+def format_checks(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:<8} {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status in (FAILS, WARNING):
+            lines.append(f"{'':<8} {'':<{width}}  fix: {c.fix}")
+    failed = sum(c.status == FAILS for c in checks)
+    lines.append(
+        "pulumi up can go ahead." if not failed else f"{failed} check(s) fail: fix them first."
+    )
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab preflight",
+        description=(
+            "Check, before it creates and bills anything, that `pulumi up` will work: the stack "
+            "config, the tools it runs (pulumi, az signed in, git, kubelogin; docker for "
+            "imageBuilder docker), the subscription it deploys into, resource providers, the "
+            "VM sizes in the region, Spot and CPU quotas, permission to create role "
+            "assignments, and ACR Tasks for the subscription's offer. Only reads. Signs in as "
+            "`pulumi up` does: ARM_CLIENT_ID/ARM_CLIENT_SECRET/ARM_TENANT_ID, else az login.\n"
+            "Exit status: 0 pulumi up can go ahead, 1 a check fails, 2 bad input."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--stack",
+        help="stack to check, as in Pulumi.<stack>.yaml (default: the selected Pulumi stack)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    azure: Azure | None = None,
+    project_dir: Path = PROJECT_DIR,
+    run: Runner = run_tool,
+) -> int:
+    """Entry point; ``azure`` and ``run`` are for tests."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = resolve_stack(args.stack, project_dir)
+    except ConfigError as err:
+        if args.json:
+            print(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "error": err.problems}))
+        else:
+            print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    ctx = Context(settings, azure or Azure(), run)
+    checks = run_checks(ctx)
+    code = exit_code(checks)
+    if args.json:
+        report = {"stack": settings.config.stack, "ok": code == EXIT_OK, "exit_code": code}
+        print(json.dumps({**report, "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(format_checks(checks))
+    return code

@@ -1,0 +1,85 @@
+"""The report as text: the terminal table, each replacement's arrival, the cost of a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cell(value: Any, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as a fixed-width table for the terminal."""
+    start = report["start_ts"]
+    header = (
+        f"{'#':>2}  {'fault':<36} {'at':>6} {'detect':>6} {'resume':>6} {'d->r':>5} "
+        f"{'down s':>6} {'pause':>5} {'lost':>4} {'world':>6} {'source':<8} ok"
+    )
+    lines = [header, "-" * len(header)]
+    for f in report["faults"]:
+        lines.append(
+            f"{f['index']:>2}  {f['description'][:36]:<36} "
+            f"{_cell(f['injected_at'] - start, '{:.1f}'):>6} "
+            f"{_cell(f['detection_s'], '+{:.1f}'):>6} "
+            f"{_cell(f['resume_s'], '+{:.1f}'):>6} "
+            f"{_cell(f['detect_to_resume_s'], '{:.1f}'):>5} "
+            f"{_cell(f['downtime_s'], '{:.1f}'):>6} {_cell(f['paused_s'], '{:.1f}'):>5} "
+            f"{_cell(f['steps_lost']):>4} "
+            f"{_cell(f['world_size_before'])}->{_cell(f['world_size_after']):<3} "
+            f"{_cell(f['resume_source']):<8} "
+            f"{'yes' if f['recovered'] else ('SPLIT' if f.get('two_groups') else 'NO')}"
+        )
+    run = report["run"]
+    lines.append("-" * len(header))
+    lines.append(
+        f"step {run['final_step']}/{run['max_steps']}, final loss {_cell(run['final_loss'])}, "
+        f"{run['samples_per_s']} samples/s overall "
+        f"({_cell(run['training_samples_per_s'])} while training), "
+        f"{run['total_downtime_s']:.1f} s to full size ({run['total_paused_s']:.1f} s without a "
+        f"step) in {run['wall_s']:.0f} s, "
+        f"{run['faults_recovered']}/{run['faults_planned']} faults recovered"
+    )
+    return "\n".join(lines)
+
+
+def format_arrivals(report: dict[str, Any]) -> str:
+    """One line per fault with a replacement: how long it took and where the time went."""
+    lines = []
+    for fault in report["faults"]:
+        arrival = fault.get("arrival")
+        if not arrival:
+            continue
+        origin = fault["injected_at"]
+        stages = [
+            f"{name} +{arrival[key] - origin:.0f} s"
+            for key, name in (
+                ("scale_up_at", "scale-up"),
+                ("node_registered_at", "node"),
+                ("scheduled_at", "scheduled"),
+                ("image_pulled_at", "image"),
+                ("started_at", "started"),
+                ("joined_at", "joined"),
+            )
+            if arrival.get(key) is not None
+        ]
+        total = _cell(arrival["arrival_s"], "{:.0f} s")
+        head = f"fault {fault['index']}: replacement {arrival['pod']} in {total}: "
+        lines.append(head + ", ".join(stages))
+    return "\n".join(lines)
+
+
+def format_cost(cost: dict[str, Any]) -> str:
+    spot, demand = cost["spot_usd"], cost["on_demand_usd"]
+    return (
+        f"GPU node-hours {cost['gpu_node_hours']:.3f}: {_cell(spot, '${:.2f}')} at Spot, "
+        f"{_cell(demand, '${:.2f}')} on demand ({cost['price_source']})"
+    )
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table, then the replacements' arrivals and the cost when the report has them."""
+    parts = [format_table(report), format_arrivals(report)]
+    if report.get("cost"):
+        parts.append(format_cost(report["cost"]))
+    return "\n".join(p for p in parts if p)

@@ -1,0 +1,139 @@
+"""The house's rules, read off the source with ``ast``: each room of ``lab/`` imports only the
+rooms docs/architecture.md allows, no import cycle, no module over 400 lines and no folder
+over 15 modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKED = ("lab", "bench", "infra", "workloads", "stack_config")
+MAX_LINES = 400
+MAX_MODULES = 15
+MAY_IMPORT = {
+    "lab.report": (),
+    "lab.live": ("lab.report",),
+    "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
+    "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
+}
+"""What each room of ``lab/`` may import from ``lab/`` besides itself (``lab.cli`` may import
+every room)."""
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the checked packages, by dotted name (a package by its own name)."""
+    found = {}
+    for top in CHECKED:
+        for path in sorted((REPO / top).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The checked module that holds ``name``: ``lab.local.node`` for ``lab.local.node.Node``."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(name: str, path: Path) -> set[str]:
+    """The checked modules ``name`` imports, at its top or inside a function (on use)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return {owner for owner in map(_owner, names) if owner and owner != name}
+
+
+GRAPH = {name: _imported(name, path) for name, path in MODULES.items()}
+
+
+def _room(name: str) -> str:
+    """``lab.azure.preflight.command`` -> ``lab.azure``; ``lab.cli`` -> ``lab.cli``."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_each_room_of_lab_imports_only_what_it_may() -> None:
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if _room(name) in MAY_IMPORT
+        for target in sorted(targets)
+        if target.startswith("lab.")
+        and _room(target) != _room(name)
+        and _room(target) not in MAY_IMPORT[_room(name)]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_report_imports_neither_side() -> None:
+    report = {t for n, targets in GRAPH.items() if _room(n) == "lab.report" for t in targets}
+    assert report, "the report's imports were not found"
+    assert not {t for t in report if _room(t) in ("lab.local", "lab.azure")}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` as the path around it, or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_import_cycle_between_modules_or_between_lab_rooms() -> None:
+    assert _cycle(GRAPH) == []
+    rooms: dict[str, set[str]] = {}
+    for name, targets in GRAPH.items():
+        if name.startswith("lab."):
+            rooms.setdefault(_room(name), set()).update(
+                _room(t) for t in targets if t.startswith("lab.") and _room(t) != _room(name)
+            )
+    assert set(MAY_IMPORT) <= set(rooms)
+    assert _cycle(rooms) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        str(path.relative_to(REPO)): lines
+        for path in MODULES.values()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    folders: dict[Path, int] = {}
+    for path in MODULES.values():
+        folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = {str(d.relative_to(REPO)): n for d, n in folders.items() if n > MAX_MODULES}
+    assert not crowded
