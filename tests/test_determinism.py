@@ -16,16 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer_harness import TINY, make_data_dir
+from tests.trainer_harness import TINY
 from training.checkpoint import CheckpointRepository, deserialize
 from training.storage import FileStore
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory)
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,8 +21,6 @@ from tests.trainer_harness import (
     PEER_GONE,
     Harness,
     harness,
-    make_data_dir,
-    one_process_world,
     sigterm_during,
 )
 from training import train
@@ -31,17 +28,6 @@ from training.emergency import EXIT_NOT_DURABLE
 from training.metrics import Phases
 from training.storage import FileStore
 from training.train import EXIT_RESTART
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory)
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    with one_process_world():
-        yield
 
 
 @pytest.fixture

@@ -25,8 +25,6 @@ from tests.trainer_harness import (
     TINY,
     TRAIN_RECORDS,
     harness,
-    make_data_dir,
-    one_process_world,
     sigterm_during,
 )
 from training import train
@@ -37,18 +35,6 @@ from training.dist import DistEnv, new_checkpoint_group
 from training.metrics import Phases
 from training.storage import FileStore
 from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory)
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    with one_process_world():
-        yield
-
 
 # --- Emergency saves --------------------------------------------------------------------------
 
