@@ -264,10 +264,8 @@ class Trainer:
     def emergency_save(self, reason: str, stop: StopRequest | None = None) -> Outcome | None:
         """Save the last completed step before exiting: node-local, then durable when the node
         is going away (training/emergency.py says who commits when, and the deadline)."""
-        if reason == "sigterm" or (stop is not None and stop.requested):
-            self.emergency.note_stop()
 
-        def stopping() -> bool:
+        def stopping() -> bool:  # asked more than once: a SIGTERM may come in the middle
             requested = reason == "sigterm" or (stop is not None and stop.requested)
             if requested:
                 self.emergency.note_stop()
