@@ -28,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Measure the lab against plain torchrun defaults plus a periodic "
         "checkpoint: recovery per fault kind, steady-state step time, checkpoint stall.",
-        epilog="The rendezvous at scale is a command of its own: "
-        "python -m bench rendezvous-scale --help",
+        epilog="The rendezvous at scale and an eviction's commit with a large state are commands "
+        "of their own: python -m bench rendezvous-scale --help, python -m bench commit-deadline "
+        "--help",
     )
     parser.add_argument("--reps", type=int, help="repetitions per fault kind (default 3)")
     parser.add_argument(
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.rendezvous_scale.command import main as rendezvous_scale_main
 
         return rendezvous_scale_main(argv[1:])
+    if argv[:1] == ["commit-deadline"]:
+        from bench.commit_deadline import main as commit_deadline_main
+
+        return commit_deadline_main(argv[1:])
     args = build_parser().parse_args(argv)
     # Orphans of a killed agent re-parent to us, so the final sweep below finds them.
     process_tree.become_subreaper()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from bench.checkpoint_stall import StallModel, StallPlan, measure_checkpoint_stall
+from bench.commit_deadline import CommitPlan, commit_table, commit_targets, measure_commit_deadline
 from bench.profiles import PROFILE_NAMES, baseline_profile, lab_profile, profile
 from bench.recovery import measure_recovery
 from bench.scenarios import FAULT_KINDS, RecoveryPlan, SteadyPlan
@@ -42,6 +43,7 @@ class BenchConfig:
     steady: SteadyPlan = field(default_factory=SteadyPlan)
     steady_pairs: int = 4
     stall: StallPlan = field(default_factory=StallPlan)
+    commit: CommitPlan = field(default_factory=CommitPlan)
     smoke: bool = False
 
     def validate(self) -> None:
@@ -59,6 +61,7 @@ class BenchConfig:
         self.recovery.validate()
         self.steady.validate()
         self.stall.validate()
+        self.commit.validate()
 
 
 def default_config() -> BenchConfig:
@@ -87,6 +90,7 @@ def smoke_config() -> BenchConfig:
         ),
         steady_pairs=1,
         stall=StallPlan(models=(StallModel("lab default", 16, 2),), steps=2, saves=2),
+        commit=CommitPlan(state_mb=16, reps=1),
         smoke=True,
     )
 
@@ -123,6 +127,7 @@ def run_bench(
         write_synthetic_cifar10(data_dir, train_records=DATA_RECORDS, test_records=128)
         say("checkpoint stall (in-process) ...")
         results["checkpoint_stall"] = measure_checkpoint_stall(config.stall, data_dir)
+        results["commit_deadline"] = measure_commit_deadline(config.commit, say)
         say("steady state (elastic vs static, interleaved) ...")
         results["steady_state"] = measure_steady_state(
             config.steady,
@@ -147,6 +152,7 @@ def run_bench(
         recovery_targets(results["recovery"]["summary"], lab_profile())
         + [steady_target(results["steady_state"])]
         + stall_targets(results["checkpoint_stall"])
+        + commit_targets(results["commit_deadline"])
     )
     results["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     results["wall_s"] = round(time.monotonic() - started, 1)
@@ -194,6 +200,9 @@ def report_text(results: dict[str, Any]) -> str:
         "",
         "Checkpoint stall per save, in-process, local directory",
         stall_table(results["checkpoint_stall"]),
+        "",
+        "An eviction's save, SIGTERM -> node-local copy and -> durable commit, median [max]",
+        commit_table(results["commit_deadline"]),
         "",
         "Targets",
         targets_table(results["targets"]),

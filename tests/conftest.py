@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Azurite Blob endpoint and the two checkpoint object stores.
+"""Shared fixtures: a real Azurite Blob endpoint, the two checkpoint object stores, and what
+a trainer's tests run on (a tiny dataset, a gloo group of one: tests/trainer_harness.py).
 
 ``object_store`` runs a test once per backend (ids ``file`` and ``blob``), so the checkpoint
 protocol is proven on a directory and on the Blob API alike.
@@ -142,3 +143,20 @@ def blob_store(
 def object_store(request: pytest.FixtureRequest) -> ObjectStore:
     """Each ObjectStore backend in turn; only the ``blob`` run starts Azurite."""
     return request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny synthetic dataset for a trainer (torch is imported only by tests that use it)."""
+    from tests.trainer_harness import make_data_dir
+
+    return make_data_dir(tmp_path_factory)
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """A gloo default group of one, for a trainer in this process."""
+    from tests.trainer_harness import one_process_world
+
+    with one_process_world():
+        yield

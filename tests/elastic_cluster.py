@@ -91,7 +91,9 @@ class Cluster:
         names = [name] if name else list(self.nodes)
         found = []
         for n in names:
-            for line in (self.root / f"{n}.out").read_text().splitlines():
+            # Only whole lines: a node may be writing the last one while it is read.
+            complete = (self.root / f"{n}.out").read_text().rpartition("\n")[0]
+            for line in complete.splitlines():
                 if line.startswith("{"):
                     found.append({**json.loads(line), "node": n})
         return sorted(found, key=lambda r: r["ts"])

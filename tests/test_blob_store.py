@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
 
 import pytest
 from azure.core.exceptions import AzureError, ClientAuthenticationError
@@ -19,6 +25,7 @@ from training.blob_store import (
     credential_from_env,
     parse_blob_uri,
 )
+from training.deadline import Deadline
 from training.storage import ObjectStore, open_store
 
 AZURE_URI = "https://acct01.blob.core.windows.net/checkpoints/runs/r1"
@@ -303,3 +310,125 @@ def test_bad_store_options_are_rejected(options: dict[str, float]) -> None:
     key = {"account_name": "acct01", "account_key": "a2V5"}
     with pytest.raises(ValueError, match=next(iter(options))):
         BlobStore(parse_blob_uri(AZURE_URI), key, **options)
+
+
+# --- The receipt and the timeouts an eviction's commit relies on ------------------------------
+
+
+def test_put_returns_the_size_the_store_holds(object_store: ObjectStore, tmp_path: Path) -> None:
+    assert object_store.put("a.pt", b"12345") == 5
+    source = tmp_path / "state.bin"
+    source.write_bytes(os.urandom(70_000))
+    assert object_store.put("b.pt", source) == 70_000  # a local file, streamed
+    assert object_store.get("b.pt") == source.read_bytes()
+
+
+@pytest.mark.parametrize("size", [100, 5000])
+def test_bytes_damaged_on_the_way_are_refused_by_the_service(
+    azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    # Every upload request carries the Content-MD5 of the bytes it was given; the service
+    # checks it before it keeps them (single Put Blob, and each block of a block list).
+    monkeypatch.setenv(CONNECTION_STRING_ENV, azurite)
+    store = BlobStore.from_uri(f"{blob_container_uri}/ckpt", max_single_put_bytes=1024)
+    upload = store._container.upload_blob
+
+    def damage(request: Any) -> None:
+        body = request.http_request.data
+        if isinstance(body, bytes | bytearray) and len(body) > 10:
+            request.http_request.data = b"X" + bytes(body[1:])  # after the MD5 was taken
+
+    def damaged_upload(*args: Any, **kwargs: Any) -> Any:
+        return upload(*args, raw_request_hook=damage, **kwargs)
+
+    monkeypatch.setattr(store._container, "upload_blob", damaged_upload)
+    with pytest.raises(OSError, match="Azure Blob error 400"):
+        store.put("torn.pt", os.urandom(size))
+    with pytest.raises(FileNotFoundError):
+        store.get("torn.pt")
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers: a store that hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            with suppress(OSError):
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in accepted:
+            conn.close()
+        server.close()
+
+
+def _silent_store(port: int, monkeypatch: pytest.MonkeyPatch, **options: Any) -> BlobStore:
+    monkeypatch.setenv(CONNECTION_STRING_ENV, f"AccountName={DEV_ACCOUNT};AccountKey=a2V5")
+    return BlobStore.from_uri(f"http://127.0.0.1:{port}/{DEV_ACCOUNT}/ckpt/run", **options)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.get("a.pt"),
+        lambda s: s.put("a.pt", b"x"),
+        lambda s: s.put_new("m.json", b"x"),
+        lambda s: s.delete("a.pt"),
+        lambda s: s.list_modified(""),
+    ],
+    ids=["get", "put", "put_new", "delete", "list"],
+)
+def test_within_a_deadline_every_call_to_a_hanging_store_times_out(
+    silent_endpoint: int, monkeypatch: pytest.MonkeyPatch, call: Any
+) -> None:
+    # Unbounded, each call would wait the client's read timeout (15 s) on each of 4 attempts.
+    store = _silent_store(silent_endpoint, monkeypatch).bounded(Deadline.after(1.0))
+    with pytest.raises(TimeoutError, match="did not answer in time|no time left"):
+        call(store)
+
+
+@pytest.mark.timeout(60)
+def test_without_a_deadline_a_read_still_times_out(
+    silent_endpoint: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK's default is 60 s per read: longer than the eviction notice.
+    store = _silent_store(silent_endpoint, monkeypatch, read_timeout_s=0.5, retries=0)
+    with pytest.raises(TimeoutError, match="did not answer in time"):
+        store.get("a.pt")
+
+
+def test_per_call_timeouts_fit_the_time_left() -> None:
+    now = [100.0]
+    store = BlobStore(parse_blob_uri(AZURE_URI), {"account_name": "acct01", "account_key": "a2V5"})
+    bounded = store.bounded(Deadline(110.0, lambda: now[0]))
+    assert bounded._call_options() == {
+        "timeout": 10,
+        "connection_timeout": 5.0,
+        "read_timeout": 10.0,
+        "retry_total": 3,
+    }
+    now[0] = 108.5  # too little time left for a retry's backoff
+    assert bounded._call_options() == {
+        "timeout": 2,
+        "connection_timeout": 1.5,
+        "read_timeout": 1.5,
+        "retry_total": 0,
+    }
+    assert store._call_options() == {}  # unbounded: the client's own settings
+    now[0] = 111.0
+    with pytest.raises(TimeoutError, match="no time left"):
+        bounded._call_options()

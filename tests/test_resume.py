@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
 from datetime import timedelta
@@ -208,12 +210,15 @@ def test_a_slow_store_is_waited_for_on_the_checkpoint_group(tmp_path: Path) -> N
 
 def test_node_local_directories_are_keyed_by_the_checkpoint_uri(tmp_path: Path) -> None:
     # Plain torchrun gives every job the rendezvous id "none".
-    first = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-a"))
-    second = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-b"))
+    lineage = "0123456789abcdef0123456789abcdef"
+    first = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-a", lineage))
+    second = NodeLocalState(tmp_path, node_local_key("none", "/ckpt/job-b", lineage))
     first.save(7, _state(7))
     assert second.load() is None and first.load() is not None
-    assert node_local_key("none", "/ckpt/job-a/") == node_local_key("none", "/ckpt/job-a")
-    assert "/" not in node_local_key("a/b", "/c")
+    assert node_local_key("none", "/ckpt/job-a/", lineage) == node_local_key(
+        "none", "/ckpt/job-a", lineage
+    )
+    assert "/" not in node_local_key("a/b", "/c", lineage)
 
 
 def test_a_local_save_of_another_run_identity_is_no_claim(
@@ -225,3 +230,44 @@ def test_a_local_save_of_another_run_identity_is_no_claim(
     other = NodeLocalState(tmp_path, RUN, expected_run={**run, "num_samples": 40})
     assert other.load() is None
     assert "ignoring the emergency save of step 7" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_bad_manifest_entries_and_unreadable_bytes_fall_back_instead_of_crashing(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "durable")
+    repo = CheckpointRepository(store)
+    repo.commit(5, _state(5))
+    repo.commit(7, b"verifies, but is no checkpoint this program can read")
+    # Newest: a manifest from elsewhere whose entry names a path outside the store.
+    body = {
+        "seq": 3,
+        "entries": [{"name": "../x", "step": "9", "sha256": "0" * 64, "size": 1}],
+        "writer": "x",
+    }
+    text = json.dumps(body, sort_keys=True)
+    store.put(
+        repo.manifest_name(3),
+        json.dumps({"body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}).encode(),
+    )
+    results = _agree(tmp_path, 2)
+    assert {(r[0], r[1]) for r in results.values()} == {(5, "durable")}
+    assert all(r[4] == [5.0] * 8 for r in results.values())
+
+
+def test_a_bug_is_not_taken_for_an_unreadable_store(tmp_path: Path) -> None:
+    class Buggy(FileStore):
+        def get(self, name: str) -> bytes:
+            raise AttributeError("a bug, not the store")
+
+    CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+    )
+    try:
+        durable = CheckpointRepository(Buggy(tmp_path / "durable"))
+        with pytest.raises(AttributeError, match="a bug"):
+            agree_on_resume(0, torch.device("cpu"), None, durable)
+    finally:
+        dist.destroy_process_group()

@@ -11,13 +11,21 @@ import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.step_guard import EMULATE_ENV, StepGuard, _to_cpu, cpu_state, needs_guard
+from training.step_guard import (
+    EMULATE_ENV,
+    StepGuard,
+    _to_cpu,
+    cpu_state,
+    needs_guard,
+    stream_ordered_allreduce_hook,
+)
 
 
 @pytest.fixture
@@ -56,6 +64,65 @@ def test_the_cpu_copy_keeps_the_state_tree() -> None:
     assert torch.equal(copied["w"], state["w"]) and torch.equal(
         copied["nested"][1][0], state["nested"][1][0]
     )
+
+
+def _wait_for(path: Path, up_to_s: float) -> None:
+    give_up = time.monotonic() + up_to_s
+    while not path.exists() and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+
+def _window_rank(rank: int, root: str, results: dict) -> None:
+    os.environ[EMULATE_ENV] = "1"
+    store = dist.FileStore(f"{root}/init", 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        guard = StepGuard.create("gloo", timeout_s=30)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(guard.stream, stream_ordered_allreduce_hook)
+        passed = Path(root) / "rank-1-passed-the-guard"
+        if rank == 0:
+            # Rank 0's stream is busy with earlier work until rank 1 passed its guard (or a
+            # while: the guard must not let rank 1 pass before this rank's all-reduce ran).
+            guard.stream.enqueue(lambda: _wait_for(passed, 3.0))
+        ddp(torch.full((1, 64), float(rank + 1))).sum().backward()
+        results[f"backward-{rank}"] = float(model.weight.grad[0, 0])
+        guard.check()
+        results[f"guard-{rank}"] = float(model.weight.grad[0, 0])
+        if rank == 1:
+            passed.touch()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_no_rank_passes_the_guard_before_every_all_reduce_finished(tmp_path: Path) -> None:
+    # d(sum(Wx + b))/dW is x: 1 on rank 0, 2 on rank 1; the reduced gradient is their mean.
+    results = mp.Manager().dict()
+    mp.spawn(_window_rank, args=(str(tmp_path), results), nprocs=2, join=True)
+    # The emulation has NCCL's ordering: backward() returned with the all-reduce only queued.
+    assert results["backward-1"] == 1.0
+    # The guard proved it finished everywhere: both apply the fully reduced gradient.
+    assert (results["guard-0"], results["guard-1"]) == (1.5, 1.5)
+
+
+def test_the_window_loss_goes_over_the_guards_gloo_group(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(EMULATE_ENV, "1")
+    guard = StepGuard.create("gloo", timeout_s=10)
+    groups: list[object] = []
+    real = dist.all_reduce
+
+    def all_reduce(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        groups.append(kwargs.get("group"))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert guard.all_reduce(torch.tensor([2.0, 4.0])).tolist() == [2.0, 4.0]
+    assert groups == [guard.group] and guard.group is not None
 
 
 # ---- NCCL, for the day two GPUs are at hand -----------------------------------------------------

@@ -34,6 +34,23 @@ def test_defaults_then_env_then_flags() -> None:
         ([*REQUIRED, "--restore-timeout-s", "0"], {}, "--restore-timeout-s must be >= 1, got 0"),
         (REQUIRED, {"TRAIN_RESTORE_TIMEOUT_S": "soon"}, "TRAIN_RESTORE_TIMEOUT_S must be int"),
         ([*REQUIRED, "--lr", "-1"], {}, "--lr must be > 0"),
+        (
+            [*REQUIRED, "--stop-deadline-s", "0.5"],
+            {},
+            r"--stop-deadline-s \(or TRAIN_STOP_DEADLINE_S\) must be between 1 and 600 seconds, "
+            "got 0.5: keep it below the pod's termination grace",
+        ),
+        (
+            REQUIRED,
+            {"TRAIN_STOP_DEADLINE_S": "9000"},
+            "must be between 1 and 600 seconds, got 9000",
+        ),
+        (
+            [*REQUIRED, "--dtype", "half"],
+            {},
+            "--dtype .* must be one of float32, float64, got 'half'",
+        ),
+        ([*REQUIRED, "--deterministic", "maybe"], {}, "--deterministic must be true or false"),
     ],
 )
 def test_bad_values_name_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -52,6 +69,14 @@ def test_help_describes_every_flag_with_its_env_and_default(
         for f in fields(section):
             assert f"(env TRAIN_{f.name.upper()}, default {getattr(section, f.name)!r})" in text
     assert "Samples per optimiser step, whatever the world size." in text
+
+
+def test_the_eviction_deadline_fits_the_spot_notice_by_default() -> None:
+    cfg = parse_config(REQUIRED, env={})
+    assert cfg.checkpoint.stop_deadline_s == 25.0  # of the 30 s termination grace
+    assert (cfg.run.dtype, cfg.run.deterministic) == ("float32", False)
+    cfg = parse_config([*REQUIRED, "--deterministic", "true", "--dtype", "float64"], env={})
+    assert (cfg.run.dtype, cfg.run.deterministic) == ("float64", True)
 
 
 def test_unknown_flag_is_rejected() -> None:

@@ -6,108 +6,35 @@ the test needs a peer to wait on storage. A peer's loss is the exception gloo ra
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
+from tests.trainer_harness import (
+    TINY,
+    TRAIN_RECORDS,
+    harness,
+    sigterm_during,
+)
 from training import train
 from training.checkpoint import CheckpointRepository
-from training.config import ConfigError, parse_config
-from training.data import load_cifar10_binary, write_synthetic_cifar10
-from training.dist import DistEnv, destroy_process_group, init_process_group, new_checkpoint_group
-from training.inputs import open_node_local
-from training.metrics import EventLog, Phases
-from training.resume import NodeLocalState
-from training.storage import FileStore, ObjectStore
-from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART, Trainer
-
-TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
-TRAIN_RECORDS = 48
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    write_synthetic_cifar10(root, train_records=TRAIN_RECORDS, test_records=8, train_files=1)
-    return root
-
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    init_process_group(DistEnv(), torch.device("cpu"), timeout_s=30)
-    try:
-        yield
-    finally:
-        destroy_process_group()
-
-
-@dataclass
-class Harness:
-    trainer: Trainer
-    durable: CheckpointRepository
-    local: NodeLocalState
-    stream: io.StringIO
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        records = [json.loads(line) for line in self.stream.getvalue().splitlines()]
-        return [r for r in records if r.get("event") == name]
-
-
-def _harness(
-    root: Path,
-    data_dir: Path,
-    *flags: str,
-    store: ObjectStore | None = None,
-    env: DistEnv | None = None,
-    group: dist.ProcessGroup | None = None,
-) -> Harness:
-    cfg = parse_config(
-        [
-            f"--data-dir={data_dir}",
-            f"--checkpoint-uri={root / 'durable'}",
-            f"--local-dir={root / 'local'}",
-            *TINY,
-            *flags,
-        ],
-        env={},
-    )
-    env = env or DistEnv()
-    dataset = load_cifar10_binary(data_dir)
-    durable = CheckpointRepository(store or FileStore(root / "durable"))
-    local = open_node_local(cfg, env, dataset)
-    stream = io.StringIO()
-    trainer = Trainer(
-        cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group
-    )
-    return Harness(trainer, durable, local, stream)
-
-
-def _sigterm_during(harness: Harness, step: int, stop: SimpleNamespace) -> None:
-    """SIGTERM arrives while step ``step`` (1-based) is in flight; the loop finishes it."""
-    real_step = harness.trainer.train_step
-
-    def train_step() -> tuple[float, int]:
-        if harness.trainer.state.step == step - 1:
-            stop.requested = True
-        return real_step()
-
-    harness.trainer.train_step = train_step  # type: ignore[method-assign]
-
+from training.config import ConfigError
+from training.data import write_synthetic_cifar10
+from training.dist import DistEnv, new_checkpoint_group
+from training.metrics import Phases
+from training.storage import FileStore
+from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 
 # --- Emergency saves --------------------------------------------------------------------------
 
@@ -116,7 +43,7 @@ def _sigterm_during(harness: Harness, step: int, stop: SimpleNamespace) -> None:
 def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
     tmp_path: Path, data_dir: Path, world_of_one: None, stop_requested: bool
 ) -> None:
-    h = _harness(tmp_path, data_dir, "--max-steps=6", "--checkpoint-every-steps=0")
+    h = harness(tmp_path, data_dir, "--max-steps=6", "--checkpoint-every-steps=0")
     stop = SimpleNamespace(requested=False)
     real_step = h.trainer.train_step
 
@@ -136,56 +63,59 @@ def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
     assert h.local.load().entry.step == 2
 
 
-def test_sigterm_save_is_fast_while_a_periodic_save_is_stalled(
-    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+def test_the_sigterm_save_does_not_wait_for_a_stalled_periodic_save(
+    tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    monkeypatch.setattr(train, "SAVER_WAIT_S", 0.5)
     release = threading.Event()
 
     class StallsBackgroundWrites(FileStore):
-        def put(self, name: str, data: bytes) -> None:
+        def put(self, name: str, data: bytes | Path) -> int:
             if threading.current_thread().name == "checkpoint":
                 release.wait(30)  # a Blob write that hangs until SIGKILL would end it
-            super().put(name, data)
+            return super().put(name, data)
 
     store = StallsBackgroundWrites(tmp_path / "durable")
-    h = _harness(tmp_path, data_dir, "--max-steps=8", "--checkpoint-every-steps=2", store=store)
+    h = harness(tmp_path, data_dir, "--max-steps=8", "--checkpoint-every-steps=2", store=store)
     stop = SimpleNamespace(requested=False)
-    _sigterm_during(h, 3, stop)  # the periodic save of step 2 is stuck by then
+    sigterm_during(h, 3, stop)  # the periodic save of step 2 is stuck by then
     try:
         assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+        assert h.trainer.saver.busy  # still stuck: the SIGTERM save went ahead beside it
     finally:
         release.set()
     (save,) = h.events("emergency_save")
     assert (save["step"], save["reason"], save["durable"]) == (3, "sigterm", True)
-    # The whole SIGTERM save must fit well inside the eviction notice (>= 30 s).
-    assert save["seconds"] < train.SAVER_WAIT_S + 4.0
     assert h.local.load().entry.step == 3
     assert h.trainer.saver.wait(30)  # the stalled step-2 save ends, and must not win
     assert h.durable.head().step == 3
 
 
 def test_a_stalled_store_cannot_hold_up_the_node_local_save(
-    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    monkeypatch.setattr(train, "SAVER_WAIT_S", 0.2)
-    release = threading.Event()
+    release, saved_locally = threading.Event(), threading.Event()
 
     class Stalled(FileStore):
-        def put(self, name: str, data: bytes) -> None:
+        def put(self, name: str, data: bytes | Path) -> int:
             if name.endswith(".pt"):
                 release.wait(30)
-            super().put(name, data)
+            return super().put(name, data)
 
-    h = _harness(tmp_path, data_dir, store=Stalled(tmp_path / "durable"))
+    h = harness(tmp_path, data_dir, store=Stalled(tmp_path / "durable"))
+    local_commit = h.local.repository.commit
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        entry = local_commit(*args, **kwargs)
+        saved_locally.set()
+        return entry
+
+    h.local.repository.commit = commit  # type: ignore[method-assign]
     h.trainer.saver.submit(0, h.trainer.state_dict())  # a periodic save, stuck in the store
     saving = threading.Thread(target=h.trainer.emergency_save, args=("sigterm",))
     saving.start()
     try:
-        deadline = time.monotonic() + 10
-        while h.local.load() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert h.local.load() is not None, "the node-local save waited for the stalled store"
+        assert saved_locally.wait(20), "the node-local save waited for the stalled store"
+        assert h.local.load() is not None
         assert saving.is_alive()  # the durable commit is still stuck, after the local save
     finally:
         release.set()
@@ -201,22 +131,39 @@ def test_an_emergency_save_with_other_settings_is_ignored_not_fatal(
 ) -> None:
     # Plain torchrun: every job has this id. Not the last round: the save stays on the node.
     env = DistEnv(run_id="none", max_restarts=3)
-    _harness(tmp_path, data_dir, env=env).trainer.emergency_save("peer_failure")
-    changed = _harness(tmp_path, data_dir, "--global-batch-size=16", env=env)
+    harness(tmp_path, data_dir, env=env).trainer.emergency_save("peer_failure")
+    changed = harness(tmp_path, data_dir, "--global-batch-size=16", env=env)
     assert changed.trainer.restore().source == "fresh"
     assert "ignoring the emergency save of step 0" in caplog.text
+
+
+def test_a_run_started_again_over_an_emptied_store_never_resumes_an_old_node_local_step(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    env = DistEnv(run_id="job-1", max_restarts=3)  # the same runId both times
+    first = harness(tmp_path, data_dir, "--max-steps=5", env=env)
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    first.trainer.emergency_save("peer_failure")  # step 5, kept on this node only
+    assert first.local.load().entry.step == 5
+    for path in (tmp_path / "durable").iterdir():  # the checkpoint container emptied
+        path.unlink()
+    again = harness(tmp_path, data_dir, "--max-steps=3", env=env)
+    assert again.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    (resumed,) = again.events("resumed")
+    assert (resumed["source"], resumed["step"]) == ("fresh", 0)
+    assert again.durable.head().step == 3  # its own saves count: none was dropped
 
 
 def test_resuming_with_another_dataset_size_is_a_clear_error(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    first = _harness(tmp_path, data_dir, "--max-steps=1")
+    first = harness(tmp_path, data_dir, "--max-steps=1")
     assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
     smaller = tmp_path / "smaller"
     write_synthetic_cifar10(smaller, train_records=40, test_records=8, train_files=1)
     # The step -> sample mapping depends on the dataset size: step 1 would be other samples.
     with pytest.raises(ConfigError, match="num_samples=48.*this run has .*num_samples=40"):
-        _harness(tmp_path, smaller).trainer.restore()
+        harness(tmp_path, smaller).trainer.restore()
 
 
 def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
@@ -230,7 +177,7 @@ def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
     with pytest.raises(
         ConfigError, match="dataset_sha256='[0-9a-f]{64}'; this run has dataset_sha"
     ):
-        _harness(tmp_path, other).trainer.restore()
+        harness(tmp_path, other).trainer.restore()
 
 
 @pytest.mark.parametrize(
@@ -242,14 +189,14 @@ def test_resuming_under_another_optimiser_setting_is_a_clear_error(
 ) -> None:
     _trained_to(tmp_path, data_dir, 1)
     with pytest.raises(ConfigError, match=f"written with {key}=.*this run has {key}="):
-        _harness(tmp_path, data_dir, flag).trainer.restore()
+        harness(tmp_path, data_dir, flag).trainer.restore()
 
 
 # --- Peer failures outside the loop -------------------------------------------------------------
 
 
 def _trained_to(root: Path, data_dir: Path, steps: int) -> None:
-    done = _harness(root, data_dir, f"--max-steps={steps}")
+    done = harness(root, data_dir, f"--max-steps={steps}")
     assert done.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
 
 
@@ -257,7 +204,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
     tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _trained_to(tmp_path, data_dir, 3)  # the durable checkpoint the next round restores
-    h = _harness(tmp_path, data_dir, "--max-steps=6")
+    h = harness(tmp_path, data_dir, "--max-steps=6")
 
     def ddp(*args: object, **kwargs: object) -> None:
         raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
@@ -272,7 +219,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
 def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
     tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h = _harness(tmp_path, data_dir, "--max-steps=2")
+    h = harness(tmp_path, data_dir, "--max-steps=2")
 
     def barrier(*args: object, **kwargs: object) -> None:
         raise gloo_peer_closed()
@@ -293,7 +240,7 @@ def test_finish_commits_when_the_claimed_head_does_not_verify(
     head = CheckpointRepository(store).head()
     assert head is not None and head.step == 3
     store.put(head.name, store.get(head.name)[:100])  # the object behind the claim is damaged
-    h = _harness(tmp_path, data_dir, "--max-steps=3")
+    h = harness(tmp_path, data_dir, "--max-steps=3")
     assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
     loaded = h.durable.load_latest()
     assert loaded is not None and loaded.entry.step == 3
@@ -389,10 +336,10 @@ def test_a_world_larger_than_the_global_batch_is_exit_2_before_any_collective(
 class _SlowWrites(FileStore):
     """Rank 0's durable store: every checkpoint object takes longer than a collective may."""
 
-    def put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes | Path) -> int:
         if name.endswith(".pt"):
             time.sleep(5.0)
-        super().put(name, data)
+        return super().put(name, data)
 
 
 def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
@@ -406,7 +353,7 @@ def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
         node.mkdir()
         shared = Path(root) / "durable"
         durable = _SlowWrites(shared) if rank == 0 else FileStore(shared)
-        h = _harness(
+        h = harness(
             node,
             Path(data_dir),
             "--max-steps=2",
@@ -435,16 +382,18 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
 ) -> None:
     class ManifestWritesFail(FileStore):
         def put_new(self, name: str, data: bytes) -> None:
+            if "-manifest-" not in name:
+                return super().put_new(name, data)
             raise OSError(f"create {name!r}: Azure Blob error 503 (ServerBusy)")
 
     store = ManifestWritesFail(tmp_path / "durable")
-    failing = _harness(
+    failing = harness(
         tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0", store=store
     )
     assert failing.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
     assert [e["step"] for e in failing.events("storage_failure")] == [3]
     assert failing.local.load().entry.step == 3
-    retry = _harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
+    retry = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
     assert retry.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
     (resumed,) = retry.events("resumed")
     assert (resumed["source"], resumed["step"]) == ("local", 3)
@@ -458,7 +407,7 @@ def test_a_nodes_last_round_commits_its_emergency_save_durably(
     # Not rank 0, but its agent will exit for a new pod, whose disk is empty: the node-local
     # save alone would go with this pod.
     env = DistEnv(rank=1, world_size=2, run_id="r", restart_count=restart_count, max_restarts=3)
-    h = _harness(tmp_path, data_dir, env=env)
+    h = harness(tmp_path, data_dir, env=env)
     h.trainer.emergency_save("peer_failure")
     (save,) = h.events("emergency_save")
     assert save["durable"] is durable

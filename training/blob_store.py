@@ -1,16 +1,6 @@
 """Checkpoints straight to Azure Blob Storage (or Azurite), without a filesystem mount.
 
-A checkpoint URI names the account, the container and a prefix inside it:
-
-- ``https://<account>.blob.core.windows.net/<container>/<prefix...>`` (Azure), and
-- ``http://127.0.0.1:<port>/<account>/<container>/<prefix...>`` (Azurite's path style:
-  when the host is an IP address or ``localhost`` the first path segment is the account).
-
-The URI says *where*; the environment says *who*. With ``AZURE_STORAGE_CONNECTION_STRING``
-set (tests, Azurite, a key or SAS) its account key or SAS signs the requests; otherwise
-``DefaultAzureCredential`` does, which in the pod is workload identity: the service account
-is annotated with the training identity's client id, and that identity holds a data role on
-the storage account.
+Which URIs name a store and which credential signs its requests is ``training/blob_location.py``.
 
 Atomicity: ``put`` is one ``upload_blob(overwrite=True)``; ``put_new`` is the same upload
 with ``overwrite=False``, which the SDK sends as ``If-None-Match: *``: the service creates the
@@ -19,21 +9,32 @@ Block List both honour the condition, so a large object stays create-if-absent t
 ``max_single_put_bytes`` either is a single Put Blob, which replaces the blob atomically.
 Larger objects are staged as blocks and committed by one Put Block List; staged blocks are
 invisible to readers and listings until that commit, so a reader sees the old object or the
-new one, never a torn one. All Azure imports live in this module: the file backend must work
-without them.
+new one, never a torn one.
+
+The receipt: every upload request carries the Content-MD5 of its bytes (``validate_content``),
+which the service checks before it keeps them and refuses with 400 ``Md5Mismatch`` otherwise;
+once the blob is committed, one HEAD reads its size. So ``put`` returns only when the service
+holds exactly the bytes given, and the checkpoint protocol needs no read-back.
+
+Timeouts: every call has a connect and a read timeout, and a few quick retries, rather than the
+SDK's 60 s read timeout with its backoff. ``bounded(deadline)`` gives a view of the store whose
+calls each fit the deadline: the server-side ``timeout``, the transport's
+``connection_timeout``/``read_timeout`` and ``retry_total`` are set per call (argument names
+from azure-storage-blob 12.31 ``_shared/policies.py`` ``StorageRetryPolicy.configure_retries``
+and azure-core's ``RequestsTransport.send``). All Azure imports live in this module and the
+SDK's: the file backend must work without them.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import copy
+import math
 import os
-import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from azure.core.exceptions import (
     AzureError,
@@ -43,158 +44,37 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
     ServiceRequestError,
+    ServiceRequestTimeoutError,
     ServiceResponseError,
+    ServiceResponseTimeoutError,
 )
 from azure.storage.blob import BlobPrefix, ContainerClient, LinearRetry
 
-CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
-# Azurite's well-known development account (public, documented; not a secret).
-DEV_ACCOUNT = "devstoreaccount1"
-DEV_ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+from training.blob_location import (
+    CONNECTION_STRING_ENV,
+    DEV_ACCOUNT,
+    DEV_ACCOUNT_KEY,
+    BlobLocation,
+    credential_from_env,
+    describe_auth,
+    parse_blob_uri,
 )
+from training.deadline import Deadline, DeadlineExceeded
 
-_ACCOUNT_RE = re.compile(r"^[a-z0-9]{3,24}$")
-# Container names: 3-63 of [a-z0-9-], starting and ending alphanumeric, no "--".
-_CONTAINER_RE = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
-_URI_FORMS = (
-    "https://<account>.blob.core.windows.net/<container>/<prefix>, or Azurite's "
-    "http://127.0.0.1:<port>/<account>/<container>/<prefix>"
-)
+# Re-exported: callers find the store and its URI rules in one place.
+__all__ = [
+    "CONNECTION_STRING_ENV",
+    "DEV_ACCOUNT",
+    "DEV_ACCOUNT_KEY",
+    "BlobLocation",
+    "BlobStore",
+    "credential_from_env",
+    "parse_blob_uri",
+]
 
-
-@dataclass(frozen=True)
-class BlobLocation:
-    """Where a store's objects live: ``<account_url>/<container>/<prefix>/<name>``."""
-
-    account_url: str
-    """Scheme, host and (for path-style endpoints) the account: what the SDK calls account_url."""
-    account: str
-    """Storage account name."""
-    container: str
-    """Container name; created on first write when missing."""
-    prefix: str
-    """Slash-separated folder inside the container, without leading/trailing slash; may be ""."""
-
-    @property
-    def uri(self) -> str:
-        """The checkpoint URI this location was parsed from, normalised."""
-        return "/".join(p for p in (self.account_url, self.container, self.prefix) if p)
-
-    def blob_name(self, name: str) -> str:
-        """The full blob name for an object name (object names never contain "/")."""
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-
-def _is_path_style_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def parse_blob_uri(uri: str) -> BlobLocation:
-    """Parse a checkpoint URI into a BlobLocation; ValueError names the accepted forms."""
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"checkpoint URI {uri!r} is not a blob URL; expected {_URI_FORMS}")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(
-            f"checkpoint URI {uri!r} must not carry a query, fragment or user info: "
-            f"put credentials in {CONNECTION_STRING_ENV} (a SAS there works too)"
-        )
-    host = parts.hostname
-    segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
-    if _is_path_style_host(host):
-        if not segments:
-            raise ValueError(f"checkpoint URI {uri!r} names no account; expected {_URI_FORMS}")
-        account, *segments = segments
-        account_url = f"{parts.scheme}://{parts.netloc}/{account}"
-    else:
-        labels = host.split(".")
-        if len(labels) < 3 or labels[1] != "blob":
-            raise ValueError(f"checkpoint URI {uri!r} has no blob host; expected {_URI_FORMS}")
-        if parts.scheme != "https":
-            raise ValueError(f"checkpoint URI {uri!r}: Azure Blob endpoints need https")
-        account = labels[0]
-        account_url = f"https://{parts.netloc}"
-    if not segments:
-        raise ValueError(f"checkpoint URI {uri!r} names no container; expected {_URI_FORMS}")
-    container, *prefix = segments
-    _check_names(uri, account, container, prefix)
-    return BlobLocation(account_url, account, container, "/".join(prefix))
-
-
-def _check_names(uri: str, account: str, container: str, prefix: list[str]) -> None:
-    if not _ACCOUNT_RE.match(account):
-        raise ValueError(
-            f"checkpoint URI {uri!r}: account {account!r} must be 3-24 lowercase letters/digits"
-        )
-    if not _CONTAINER_RE.match(container):
-        raise ValueError(
-            f"checkpoint URI {uri!r}: container {container!r} must be 3-63 lowercase "
-            "letters, digits and single hyphens, starting and ending with a letter or digit"
-        )
-    if any(seg in ("", ".", "..") for seg in prefix):
-        raise ValueError(f"checkpoint URI {uri!r}: the prefix has an empty, '.' or '..' segment")
-
-
-def _parse_connection_string(text: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for part in text.split(";"):
-        if part.strip():
-            key, sep, value = part.partition("=")  # values (keys, SAS) contain "=" themselves
-            if not sep:
-                raise ValueError(f"{CONNECTION_STRING_ENV} has a field without '=': {key!r}")
-            fields[key.strip().lower()] = value.strip()
-    return fields
-
-
-def credential_from_env(location: BlobLocation, env: Mapping[str, str] | None = None) -> Any:
-    """The credential for ``location``: the connection string's key or SAS, else Azure AD.
-
-    Only the connection string's credential is used; the endpoint always comes from the URI,
-    so a connection string for another account is rejected rather than silently ignored.
-    """
-    text = (os.environ if env is None else env).get(CONNECTION_STRING_ENV, "")
-    if not text.strip():
-        if location.account_url.startswith("http://"):
-            raise ValueError(
-                f"{location.uri} is plain http, where Azure AD tokens are not allowed: "
-                f"set {CONNECTION_STRING_ENV} (Azurite: account {DEV_ACCOUNT} and its key)"
-            )
-        from azure.identity import DefaultAzureCredential  # workload identity in the pod
-
-        return DefaultAzureCredential()
-    fields = _parse_connection_string(text)
-    if fields.get("usedevelopmentstorage", "").lower() == "true":
-        fields = {"accountname": DEV_ACCOUNT, "accountkey": DEV_ACCOUNT_KEY}
-    if "sharedaccesssignature" in fields:
-        return fields["sharedaccesssignature"]
-    if "accountname" in fields and "accountkey" in fields:
-        if fields["accountname"] != location.account:
-            raise ValueError(
-                f"{CONNECTION_STRING_ENV} is for account {fields['accountname']!r} "
-                f"but the checkpoint URI {location.uri} is in account {location.account!r}"
-            )
-        return {"account_name": fields["accountname"], "account_key": fields["accountkey"]}
-    raise ValueError(
-        f"{CONNECTION_STRING_ENV} has neither AccountName+AccountKey nor SharedAccessSignature"
-    )
-
-
-def _describe_auth(credential: Any) -> str:
-    """How requests are signed, for error messages (never the secret itself)."""
-    if isinstance(credential, dict | str):
-        return f"the account key or SAS in {CONNECTION_STRING_ENV}"
-    return (
-        "DefaultAzureCredential (in the pod: workload identity, i.e. the service account's "
-        "azure.workload.identity/client-id annotation, and a Storage Blob Data role for that "
-        f"identity on the account; elsewhere set {CONNECTION_STRING_ENV})"
-    )
+RETRY_FLOOR_S = 3.0
+"""Below this much time left before a deadline, a call gets no retry: the linear retry's own
+backoff (1 s, jittered by up to 1 s) would spend what is left."""
 
 
 def _check_object_name(name: str) -> None:
@@ -213,22 +93,29 @@ class BlobStore:
         *,
         retries: int = 3,
         connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 15.0,
         max_single_put_bytes: int = 64 * 1024 * 1024,
         max_single_get_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         if (
             retries < 0
             or connect_timeout_s <= 0
+            or read_timeout_s <= 0
             or max_single_put_bytes < 1
             or max_single_get_bytes < 1
         ):
             raise ValueError(
-                "BlobStore needs retries >= 0, connect_timeout_s > 0, max_single_put_bytes >= 1"
-                f" and max_single_get_bytes >= 1; got {retries}, {connect_timeout_s}, "
-                f"{max_single_put_bytes}, {max_single_get_bytes}"
+                "BlobStore needs retries >= 0, connect_timeout_s > 0, read_timeout_s > 0, "
+                "max_single_put_bytes >= 1 and max_single_get_bytes >= 1; got "
+                f"{retries}, {connect_timeout_s}, {read_timeout_s}, {max_single_put_bytes}, "
+                f"{max_single_get_bytes}"
             )
         self.location = location
-        self._auth = _describe_auth(credential)
+        self.retries = retries
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._deadline: Deadline | None = None
+        self._auth = describe_auth(credential)
         self._container = ContainerClient(
             account_url=location.account_url,
             container_name=location.container,
@@ -236,6 +123,8 @@ class BlobStore:
             # The eviction notice is ~30 s: a few quick retries, not the SDK's 15 s backoff.
             retry_policy=LinearRetry(backoff=1, retry_total=retries, random_jitter_range=1),
             connection_timeout=connect_timeout_s,
+            # The SDK's default read timeout is 60 s per attempt: half the notice and more.
+            read_timeout=read_timeout_s,
             max_single_put_size=max_single_put_bytes,
             max_block_size=min(max_single_put_bytes, 8 * 1024 * 1024),
             # Larger objects download in ranges, each pinned to the first one's ETag.
@@ -243,14 +132,35 @@ class BlobStore:
             max_chunk_get_size=min(max_single_get_bytes, 4 * 1024 * 1024),
         )
 
+    def bounded(self, deadline: Deadline) -> BlobStore:
+        """This store with every call's timeouts and retries cut to fit ``deadline``."""
+        view = copy.copy(self)  # shares the client and its connections
+        view._deadline = deadline
+        return view
+
+    def _call_options(self) -> dict[str, Any]:
+        """Per-call SDK options: none without a deadline (the client's own apply)."""
+        if self._deadline is None:
+            return {}
+        left = self._deadline.remaining()
+        if left <= 0:
+            raise DeadlineExceeded(f"no time left for a call to {self.describe()}")
+        return {
+            "timeout": max(1, math.ceil(left)),  # server side, whole seconds
+            "connection_timeout": min(self.connect_timeout_s, left),
+            "read_timeout": min(self.read_timeout_s, left),
+            "retry_total": self.retries if left > RETRY_FLOOR_S else 0,
+        }
+
     @classmethod
     def from_uri(cls, uri: str, **options: Any) -> BlobStore:
         """A store for a checkpoint URI, with the credential the environment provides."""
         location = parse_blob_uri(uri)
         return cls(location, credential_from_env(location), **options)
 
-    def put(self, name: str, data: bytes) -> None:
-        """Replace ``name`` with ``data`` atomically; create the container on first use."""
+    def put(self, name: str, data: bytes | Path) -> int:
+        """Replace ``name`` with ``data`` (bytes, or a local file's) atomically; its size as
+        stored. Creates the container on first use."""
         _check_object_name(name)
         blob = self.location.blob_name(name)
         with self._errors(f"put {name!r}"):
@@ -261,6 +171,10 @@ class BlobStore:
                     raise
                 self._create_container()
                 self._upload(blob, data)
+            properties = self._container.get_blob_client(blob).get_blob_properties(
+                **self._call_options()
+            )
+            return int(properties.size)
 
     def put_new(self, name: str, data: bytes) -> None:
         """Create ``name`` only if absent; FileExistsError when another writer has it."""
@@ -278,12 +192,18 @@ class BlobStore:
             except ResourceExistsError as e:
                 raise FileExistsError(f"{name!r} already exists in {self.describe()}") from e
 
-    def _upload(self, blob: str, data: bytes, overwrite: bool = True) -> None:
-        self._container.upload_blob(blob, data, overwrite=overwrite, max_concurrency=4)
+    def _upload(self, blob: str, data: bytes | Path, overwrite: bool = True) -> None:
+        options = {"overwrite": overwrite, "max_concurrency": 4, "validate_content": "md5"}
+        if isinstance(data, Path):
+            with open(data, "rb") as f:  # streamed in blocks: never all in memory
+                size = os.fstat(f.fileno()).st_size
+                self._container.upload_blob(blob, f, length=size, **options, **self._call_options())
+        else:
+            self._container.upload_blob(blob, data, **options, **self._call_options())
 
     def _create_container(self) -> None:
         with suppress(ResourceExistsError):  # another rank created it first
-            self._container.create_container()
+            self._container.create_container(**self._call_options())
 
     def get(self, name: str) -> bytes:
         """The object's bytes; FileNotFoundError when the blob (or container) is missing."""
@@ -291,7 +211,7 @@ class BlobStore:
         with self._errors(f"get {name!r}"):
             try:
                 return self._container.download_blob(
-                    self.location.blob_name(name), max_concurrency=4
+                    self.location.blob_name(name), max_concurrency=4, **self._call_options()
                 ).readall()
             except ResourceNotFoundError as e:
                 raise FileNotFoundError(f"no object {name!r} in {self.describe()}") from e
@@ -306,7 +226,7 @@ class BlobStore:
         """Delete the object; a missing blob or container is not an error."""
         _check_object_name(name)
         with self._errors(f"delete {name!r}"), suppress(ResourceNotFoundError):
-            self._container.delete_blob(self.location.blob_name(name))
+            self._container.delete_blob(self.location.blob_name(name), **self._call_options())
 
     def list(self, prefix: str = "") -> list[str]:
         """Object names under this store's prefix that start with ``prefix``, sorted.
@@ -322,7 +242,10 @@ class BlobStore:
         found: dict[str, float] = {}
         with self._errors("list"):
             try:
-                for item in self._container.walk_blobs(name_starts_with=base + prefix):
+                listing = self._container.walk_blobs(
+                    name_starts_with=base + prefix, **self._call_options()
+                )
+                for item in listing:
                     if not isinstance(item, BlobPrefix):
                         found[item.name[len(base) :]] = item.last_modified.timestamp()
             except ResourceNotFoundError:
@@ -350,6 +273,11 @@ class BlobStore:
         except ClientAuthenticationError as e:
             raise PermissionError(
                 f"{where}: not authenticated ({_summary(e)}) using {self._auth}"
+            ) from e
+        except (ServiceRequestTimeoutError, ServiceResponseTimeoutError) as e:
+            raise TimeoutError(
+                f"{where}: the blob endpoint {self.location.account_url} did not answer in "
+                f"time ({_summary(e)})"
             ) from e
         except (ServiceRequestError, ServiceResponseError) as e:
             raise ConnectionError(

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "TRAIN_"
+DTYPES = ("float32", "float64")
+MAX_STOP_DEADLINE_S = 600.0
+"""A longer termination grace than this is no eviction notice anyone gets."""
 
 
 class ConfigError(ValueError):
@@ -70,6 +73,10 @@ class CheckpointConfig:
     """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
     storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
     Blob store into timeouts and restart loops."""
+    stop_deadline_s: float = 25.0
+    """Seconds from SIGTERM by which the emergency save, node-local then durable, is done or
+    given up (the node-local copy stays; the worker exits 138): fits the pod's 30 s
+    termination grace, a spot eviction's notice, with time left to exit. At most the grace."""
 
 
 @dataclass
@@ -85,6 +92,12 @@ class RunConfig:
     min_step_time_s: float = 0.0
     """Pacing (0 = off): each step takes at least this long, so that a lab scenario's steps
     mean the same wall-clock time on a fast machine as on a slow one."""
+    dtype: str = "float32"
+    """Parameters and compute: float32, or float64 (on CPU: runs at different world sizes
+    then agree to about 1e-15, the sharp test of exact resume)."""
+    deterministic: bool = False
+    """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
+    benchmarking and TF32 off, CUBLAS_WORKSPACE_CONFIG (docs/training.md: what holds)."""
 
 
 @dataclass
@@ -198,6 +211,16 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{_flag(name)} must be >= {low}, got {value}")
     if not cfg.optim.lr > 0:
         raise ConfigError(f"--lr must be > 0, got {cfg.optim.lr}")
+    if not 1 <= cfg.checkpoint.stop_deadline_s <= MAX_STOP_DEADLINE_S:
+        raise ConfigError(
+            f"--stop-deadline-s (or TRAIN_STOP_DEADLINE_S) must be between 1 and "
+            f"{MAX_STOP_DEADLINE_S:g} seconds, got {cfg.checkpoint.stop_deadline_s:g}: keep it "
+            "below the pod's termination grace (30 s on a spot eviction)"
+        )
+    if cfg.run.dtype not in DTYPES:
+        raise ConfigError(
+            f"--dtype (or TRAIN_DTYPE) must be one of {', '.join(DTYPES)}, got {cfg.run.dtype!r}"
+        )
 
 
 def check_batch_fits(cfg: TrainConfig, num_samples: int, world_size: int) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.checkpoint import CheckpointRepository
+from training.checkpoint import CheckpointError, CheckpointRepository
 from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.data import DatasetError, ImageDataset, load_cifar10_binary
 from training.dist import DistEnv
+from training.lineage import store_lineage
 from training.resume import NodeLocalState, node_local_key, uri_digest
 from training.storage import open_store
 
@@ -25,9 +26,11 @@ def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
 
     The optimiser's settings and the dataset's content belong here: resuming another run's
     state under a changed learning rate, or over other data of the same size, would go on
-    silently from a trajectory this run never had.
+    silently from a trajectory this run never had. So does the dtype: a float64 state is not
+    resumed in float32, nor the other way round. float32, the default, is not named, so the
+    states written before the setting existed still match.
     """
-    return {
+    identity: dict[str, Any] = {
         "global_batch_size": cfg.optim.global_batch_size,
         "lr": cfg.optim.lr,
         "momentum": cfg.optim.momentum,
@@ -39,25 +42,33 @@ def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
         "dataset_sha256": dataset.digest,
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
     }
+    if cfg.run.dtype != "float32":
+        identity["dtype"] = cfg.run.dtype
+    return identity
 
 
-def open_durable(cfg: TrainConfig) -> CheckpointRepository:
-    """The durable checkpoints, read once here so a bad store fails before any collective."""
+def open_durable(cfg: TrainConfig) -> tuple[CheckpointRepository, str]:
+    """The durable checkpoints and their lineage id (created in a new or emptied store), read
+    once here so a bad store fails before any collective."""
     uri = cfg.checkpoint.checkpoint_uri
     try:
         durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
         durable.head()
-    except (OSError, ValueError) as exc:
+        lineage = store_lineage(durable.store, durable.prefix)
+    except (OSError, ValueError, CheckpointError) as exc:
         raise ConfigError(
             f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint "
             f"store: {exc}"
         ) from exc
-    return durable
+    return durable, lineage
 
 
-def open_node_local(cfg: TrainConfig, env: DistEnv, dataset: ImageDataset) -> NodeLocalState:
-    """This job's emergency saves on this node, keyed by run id and checkpoint URI."""
-    key = node_local_key(env.run_id, cfg.checkpoint.checkpoint_uri)
+def open_node_local(
+    cfg: TrainConfig, env: DistEnv, dataset: ImageDataset, lineage: str
+) -> NodeLocalState:
+    """This job's emergency saves on this node, keyed by run id, checkpoint URI and the
+    durable store's lineage (a store emptied since is a new history)."""
+    key = node_local_key(env.run_id, cfg.checkpoint.checkpoint_uri, lineage)
     try:
         return NodeLocalState(
             cfg.checkpoint.local_dir, key, expected_run=run_identity(cfg, dataset)
@@ -84,5 +95,5 @@ def load_inputs(
             f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}: cannot read it: {exc}"
         ) from exc
     check_batch_fits(cfg, len(dataset), env.world_size)
-    durable = open_durable(cfg)
-    return cfg, dataset, durable, open_node_local(cfg, env, dataset)
+    durable, lineage = open_durable(cfg)
+    return cfg, dataset, durable, open_node_local(cfg, env, dataset, lineage)

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from training.checkpoint import CheckpointError, CheckpointRepository, Loaded, deserialize
+from training.checkpoint import (
+    CheckpointError,
+    CheckpointRepository,
+    Loaded,
+    Payload,
+    deserialize,
+)
+from training.serialization import spool
 from training.storage import FileStore
 
 logger = logging.getLogger(__name__)
@@ -39,14 +47,18 @@ def uri_digest(checkpoint_uri: str) -> str:
     return hashlib.sha256(checkpoint_uri.rstrip("/").encode()).hexdigest()[:12]
 
 
-def node_local_key(run_id: str, checkpoint_uri: str) -> str:
-    """The node-local directory name of one job: its rendezvous id *and* its checkpoint URI.
+def node_local_key(run_id: str, checkpoint_uri: str, lineage: str) -> str:
+    """The node-local directory name of one job: its rendezvous id, its checkpoint URI *and*
+    the lineage id its durable store holds.
 
     Plain ``torchrun`` uses the rendezvous id "none" for every job, so the id alone would let
-    a new job on this host resume from another job's emergency save.
+    a new job on this host resume from another job's emergency save. The lineage changes when
+    the store is emptied: a run started again under the same id and URI then never resumes a
+    node-local step of the history that was deleted.
     """
     safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) or "run"
-    return f"{safe_id}-{uri_digest(checkpoint_uri)}"
+    safe_lineage = re.sub(r"[^A-Za-z0-9]", "", lineage)[:12] or "none"
+    return f"{safe_id}-{uri_digest(checkpoint_uri)}-{safe_lineage}"
 
 
 class NodeLocalState:
@@ -60,10 +72,15 @@ class NodeLocalState:
         self, root: str | Path, run_id: str, expected_run: dict[str, Any] | None = None
     ) -> None:
         self.root = Path(root) / run_id
-        self.repository = CheckpointRepository(FileStore(self.root), keep=1, prefix="emergency")
+        # No fsync: a copy here must outlive the process, not the node's kernel (a torn
+        # object after a crash fails its checksum and is skipped).
+        store = FileStore(self.root, fsync=False)
+        self.repository = CheckpointRepository(store, keep=1, prefix="emergency")
         self.expected_run = expected_run
         self._progress_path = self.root / "progress"
         self._progress_fd: int | None = None
+        for leftover in self.root.glob(".spool-*"):  # a save cut off by its deadline
+            leftover.unlink(missing_ok=True)
 
     def mark_progress(self, step: int) -> None:
         """Record the last completed step: one small pwrite, cheap enough for every step."""
@@ -80,15 +97,36 @@ class NodeLocalState:
     def save(self, step: int, data: bytes) -> None:
         self.repository.commit(step, data)
 
+    def save_state(self, step: int, state: dict[str, Any]) -> Payload:
+        """Serialize ``state`` straight to this node's disk and commit it; its bytes, as the
+        committed file (for a durable upload that streams it)."""
+        spooled = self.root / f".spool-{uuid.uuid4().hex[:8]}"
+        try:
+            payload = spool(state, spooled)
+            # Pruning is left to the next save: an eviction's save does nothing it need not.
+            entry = self.repository.commit(step, payload, prune=False)
+        finally:
+            spooled.unlink(missing_ok=True)  # the committed object is a hard link to it
+        return Payload(self.root / entry.name, payload.size, payload.sha256)
+
+    def newest(self) -> tuple[int, Payload] | None:
+        """The step and bytes (as its file) of this run's newest verified save, or None."""
+        loaded = self.load()
+        if loaded is None:
+            return None
+        entry = loaded.entry
+        return entry.step, Payload(self.root / entry.name, entry.size, entry.sha256)
+
     def load(self) -> Loaded | None:
         """The verified emergency save of this run, or None (none, or another run's)."""
         loaded = self.repository.load_latest()
         if loaded is None or self.expected_run is None:
             return loaded
         try:
-            found = deserialize(loaded.data).get("run")
-        except Exception as exc:  # verified bytes, but not a state this program can read
-            found = f"unreadable ({exc})"
+            state = deserialize(loaded.data)
+            found = state.get("run")
+        except CheckpointError as exc:  # verified bytes, but not a state this program can read
+            state, found = None, f"unreadable ({exc})"
         if found != self.expected_run:
             logger.warning(
                 "ignoring the emergency save of step %d in %s: written by run %s, this run is %s",
@@ -98,7 +136,7 @@ class NodeLocalState:
                 self.expected_run,
             )
             return None
-        return loaded
+        return Loaded(loaded.entry, loaded.data, state)
 
 
 @dataclass(frozen=True)
@@ -158,7 +196,9 @@ class _Claims:
             return _OK, len(self.local.data), self.local
         if self.durable_loaded is None or self.durable_loaded.entry.step != step:
             assert self.durable is not None
-            self.durable_loaded, failed = _read("durable checkpoint", self.durable.load_latest)
+            self.durable_loaded, failed = _read(
+                "durable checkpoint", lambda: self.durable.load_latest(parse=True)
+            )
             if failed:
                 return _UNREADABLE, NONE, None
         loaded = self.durable_loaded
@@ -252,4 +292,8 @@ def agree_on_resume(
             continue
         data = _broadcast_bytes(loaded.data if loaded else None, value, holder, device, group)
         lost = max(known - step, 0) if known != NONE else None
-        return Resume(deserialize(data), step, source, holder, lost, time.monotonic() - started)
+        # The holder parsed the bytes already (a checkpoint that verifies but cannot be read
+        # was passed over there), so the others parse exactly what the holder could.
+        state = loaded.state if loaded is not None and loaded.state is not None else None
+        state = state if state is not None else deserialize(data)
+        return Resume(state, step, source, holder, lost, time.monotonic() - started)

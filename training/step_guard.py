@@ -10,16 +10,26 @@ every later copy to the CPU, the emergency save's included, until the watchdog e
 with nothing saved.
 
 So, where the default group's collectives complete like that:
-- ``StepGuard.check`` runs a one-element all-reduce on a gloo group of its own, after
-  ``backward()`` and before ``optimizer.step()``. It blocks on the CPU and raises within the
-  collective timeout when a peer is gone or frozen. It costs one small gloo round trip per step.
+- ``StepGuard.check`` runs after ``backward()`` and before ``optimizer.step()``. First it waits,
+  within the collective timeout, until this rank's gradient all-reduce has really finished:
+  on a GPU it polls an event recorded on the current stream (which DDP made wait for the NCCL
+  stream), so a kernel stuck on a dead peer never blocks it. Then it all-reduces one number on a
+  gloo group of its own: 1 if this rank's all-reduce finished, else 0. Only when every rank says
+  1 has every rank the fully reduced gradient, so a peer can no longer pass the guard with its
+  ring kernel still running and die after; the guard raises otherwise, or when a peer is gone or
+  frozen. It costs one small gloo round trip per step.
 - ``abort_collectives`` then aborts the NCCL communicators, so the stuck kernels return.
 - ``cpu_state`` copies the state on a CUDA stream of its own. The step that failed changed
   only gradients, never parameters or optimizer state, so those can be read without waiting
   for the stream that is stuck.
+- The loop's other collective, the window loss for the metrics line, runs on the guard's gloo
+  group too (``StepGuard.all_reduce``): a peer lost there fails it like any other lost peer,
+  rather than leaving a NCCL kernel behind.
 
-There is no GPU here. ``stream_ordered_allreduce_hook`` gives gloo NCCL's semantics as the CPU
-sees them: its future completes even when the all-reduce failed, with the peer's share
+There is no GPU here. ``EmulatedStream`` and ``stream_ordered_allreduce_hook`` give gloo NCCL's
+ordering as the CPU sees it: ``backward()`` returns once each bucket's all-reduce is *queued*
+on a stream (a thread that runs them in order); the all-reduce writes into the gradients (DDP's
+``gradient_as_bucket_view``) when it runs, later; one that fails leaves the peer's share
 missing. Tests turn it on with ``EMULATE_ENV``, which also turns the guard on.
 """
 
@@ -27,8 +37,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -50,57 +64,124 @@ def needs_guard(backend: str) -> bool:
     return backend == "nccl" or emulating()
 
 
+class Stream(Protocol):
+    """Where this rank's gradient all-reduce runs after ``backward()`` returned."""
+
+    def synchronize(self, timeout_s: float) -> bool:
+        """True when all that was queued so far has finished, and succeeded, within
+        ``timeout_s``; False otherwise. Never blocks longer."""
+
+
+class CudaStream:
+    """The current CUDA stream, which DDP made wait for the NCCL all-reduce."""
+
+    def synchronize(self, timeout_s: float) -> bool:
+        done = torch.cuda.Event()
+        done.record()
+        give_up = time.monotonic() + timeout_s
+        while not done.query():  # polled: a kernel stuck on a dead peer never returns
+            if time.monotonic() > give_up:
+                return False
+            time.sleep(0.0002)
+        return True
+
+
+class EmulatedStream:
+    """A CPU stand-in for a CUDA stream: work queued here runs later, in order, on a thread."""
+
+    def __init__(self) -> None:
+        self._work: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._failed = False
+        threading.Thread(target=self._run, name="emulated-stream", daemon=True).start()
+
+    def enqueue(self, work: Callable[[], None]) -> None:
+        self._work.put(work)
+
+    def _run(self) -> None:
+        while True:
+            work = self._work.get()
+            try:
+                work()
+            except Exception as exc:  # the peer is gone: its share never arrives, as on a GPU
+                logger.debug("emulated stream-ordered work failed silently: %s", exc)
+                self._failed = True
+            finally:
+                self._work.task_done()
+
+    def synchronize(self, timeout_s: float) -> bool:
+        drained = threading.Event()
+        self.enqueue(drained.set)
+        if not drained.wait(timeout_s):
+            return False
+        failed, self._failed = self._failed, False
+        return not failed
+
+
 class StepGuard:
     """A synchronous "this step's all-reduce completed everywhere" check, on gloo."""
 
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        stream: Stream | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
         self.group = group
+        self.stream = stream
+        self.timeout_s = timeout_s
 
     @classmethod
     def create(cls, backend: str, timeout_s: int) -> StepGuard:
         """Every rank calls this, in the same order as its other group creations."""
         if not needs_guard(backend):
             return cls(None)
-        return cls(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        stream: Stream = EmulatedStream() if backend != "nccl" else CudaStream()
+        return cls(group, stream, timeout_s)
 
     @property
     def active(self) -> bool:
         return self.group is not None
 
     def check(self) -> None:
-        """Raise (a PeerLostError) when a peer did not finish this step; else return."""
+        """Raise (a PeerLostError) unless every rank's all-reduce of this step finished; else
+        return."""
         if self.group is None:
             return
-        done = torch.ones(1)
+        finished = self.stream is None or self.stream.synchronize(self.timeout_s)
+        done = torch.tensor([1.0 if finished else 0.0])
         dist.all_reduce(done, group=self.group)
-        if int(done.item()) != dist.get_world_size(self.group):
-            raise PeerLostError(f"step guard: {int(done.item())} ranks finished the step")
+        ranks = dist.get_world_size(self.group)
+        if int(done.item()) != ranks:
+            raise PeerLostError(
+                f"step guard: the gradient all-reduce finished on {int(done.item())} of "
+                f"{ranks} ranks within {self.timeout_s:g} s"
+            )
+
+    def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a small CPU tensor over the ranks on a group whose failures raise (the guard's
+        gloo group when active; else the default group, which is gloo then)."""
+        dist.all_reduce(values, group=self.group)
+        return values
 
 
 def stream_ordered_allreduce_hook(
-    state: dist.ProcessGroup | None, bucket: dist.GradBucket
+    state: EmulatedStream, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default averaging all-reduce, whose future completes even when it failed."""
-    group = state if state is not None else dist.group.WORLD
+    """DDP's averaging all-reduce with NCCL's ordering: its future completes once the
+    all-reduce is queued; the all-reduce writes the bucket (the gradients' views) later."""
+    group = dist.group.WORLD
     buffer = bucket.buffer()
     buffer.div_(group.size())
-    work = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    state.enqueue(lambda: dist.all_reduce(buffer, group=group))
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-
-    def settle(future: torch.futures.Future[Any]) -> None:
-        try:
-            future.value()
-        except Exception as exc:  # the peer is gone: its share never arrives, as on a GPU
-            logger.debug("emulated stream-ordered all-reduce failed silently: %s", exc)
-        done.set_result(buffer)
-
-    work.add_done_callback(settle)
+    done.set_result(buffer)
     return done
 
 
 # DDP checks a hook's annotations as objects (``_check_comm_hook``); this module's are strings.
 stream_ordered_allreduce_hook.__annotations__ = {
-    "state": dist.ProcessGroup | None,
+    "state": Any,
     "bucket": dist.GradBucket,
     "return": torch.futures.Future[torch.Tensor],
 }

@@ -1,7 +1,8 @@
 """Where checkpoints live: a tiny object-store interface over a directory or Azure Blob.
 
 The checkpoint protocol (``training/checkpoint.py``) needs whole-object put/get, an atomic
-create-if-absent, delete, and a listing with modification times, all answered consistently.
+create-if-absent, delete, and a listing with modification times, all answered consistently,
+and a receipt for each put: the size the store now holds under that name.
 Blob Storage's API gives all of that. A local filesystem does too (create-if-absent is a hard
 link). A blobfuse2 mount does not: its caches serve stale listings and reads across nodes,
 and it has no atomic create-if-absent, so ``FileStore`` refuses a directory on one.
@@ -9,11 +10,15 @@ and it has no atomic create-if-absent, so ``FileStore`` refuses a directory on o
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Protocol
+
+from training.deadline import Deadline
 
 # FUSE filesystems (blobfuse2 shows as "fuse" or "fuse.blobfuse2") cache listings and reads
 # per node, and most cannot link: none is trusted with a manifest.
@@ -23,8 +28,9 @@ _UNSAFE_FILESYSTEM_PREFIX = "fuse"
 class ObjectStore(Protocol):
     """Whole objects by name. ``put`` replaces an object; names never contain ``..``."""
 
-    def put(self, name: str, data: bytes) -> None:
-        """Write ``data`` under ``name``; the object is complete when this returns."""
+    def put(self, name: str, data: bytes | Path) -> int:
+        """Write ``data`` (bytes, or a local file's) under ``name``; the object is complete when
+        this returns, and the result is its size as the store now holds it (the receipt)."""
 
     def put_new(self, name: str, data: bytes) -> None:
         """Create ``name`` only if it does not exist, atomically: ``FileExistsError`` if it does.
@@ -51,17 +57,25 @@ class ObjectStore(Protocol):
     def describe(self) -> str:
         """A human-readable location, for logs and errors."""
 
+    def bounded(self, deadline: Deadline) -> ObjectStore:
+        """This store with every call's timeouts cut to fit ``deadline`` (a store whose calls
+        cannot hang on a remote peer may return itself)."""
+
 
 class FileStore:
     """Objects as files in one directory (local disk or a Blob CSI mount).
 
     ``put`` writes the final name directly, flushes and fsyncs; torn writes are caught by
-    checksums. ``put_new`` writes a hidden temporary file and hard-links it to the name, which
-    the kernel does atomically and refuses when the name exists.
+    checksums. A file on the same filesystem is hard-linked instead of copied. ``put_new``
+    writes a hidden temporary file and hard-links it to the name, which the kernel does
+    atomically and refuses when the name exists. ``fsync=False`` skips the fsync of ``put``
+    (node-local copies: they must outlive the process, and a crash of the node's kernel
+    leaves at worst an object whose checksum fails, which readers skip).
     """
 
-    def __init__(self, root: str | Path, mountinfo: str | None = None) -> None:
+    def __init__(self, root: str | Path, mountinfo: str | None = None, fsync: bool = True) -> None:
         self.root = Path(root)
+        self.fsync = fsync
         self.root.mkdir(parents=True, exist_ok=True)
         fstype = filesystem_type(self.root.resolve(), mountinfo)
         if fstype.startswith(_UNSAFE_FILESYSTEM_PREFIX):
@@ -76,11 +90,20 @@ class FileStore:
             raise ValueError(f"invalid object name {name!r}")
         return self.root / name
 
-    def put(self, name: str, data: bytes) -> None:
-        with open(self._path(name), "wb") as f:
+    def put(self, name: str, data: bytes | Path) -> int:
+        path = self._path(name)
+        if isinstance(data, Path):
+            _link_or_copy(data, path)
+            if self.fsync:
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            return path.stat().st_size
+        with open(path, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if self.fsync:
+                os.fsync(f.fileno())
+            return os.fstat(f.fileno()).st_size
 
     def put_new(self, name: str, data: bytes) -> None:
         final = self._path(name)
@@ -118,6 +141,21 @@ class FileStore:
 
     def describe(self) -> str:
         return str(self.root)
+
+    def bounded(self, deadline: Deadline) -> FileStore:
+        return self  # a local disk has no timeouts to set; the caller's deadline cuts it off
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` becomes a file with ``source``'s bytes: a hard link when both are on one
+    filesystem (no copy at all), else a copy."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copyfile(source, target)
 
 
 def filesystem_type(path: Path, mountinfo: str | None = None) -> str:

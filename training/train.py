@@ -26,17 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from training.checkpoint import (
-    BackgroundSaver,
-    CheckpointError,
-    CheckpointRepository,
-    Entry,
-    SavePolicy,
-    serialize,
-    snapshot,
-)
+from training.checkpoint import CheckpointError, CheckpointRepository, Entry, serialize, snapshot
 from training.config import ConfigError, TrainConfig
 from training.data import DatasetError, ImageDataset, batch_tensors
+from training.determinism import use_deterministic_algorithms
 from training.dist import (
     DistEnv,
     destroy_process_group,
@@ -44,18 +37,20 @@ from training.dist import (
     init_process_group,
     new_checkpoint_group,
 )
+from training.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
 from training.exit_codes import WORKER_RESTART
 from training.faults import StopRequest, is_peer_failure
 from training.inputs import STORAGE_KEY, load_inputs, run_identity
 from training.metrics import EventLog, Phases, progress_line, setup_logging
 from training.model import ModelConfig, build_model
-from training.resume import NONE, NodeLocalState, Resume, agree_on_resume
+from training.periodic_save import BackgroundSaver, SavePolicy, report_failure
+from training.resume import NodeLocalState, Resume, agree_on_resume
 from training.sampler import ElasticSampler, loss_scale, micro_batches
 from training.step_guard import (
+    EmulatedStream,
     StepGuard,
     abort_collectives,
     cpu_state,
-    emulating,
     stream_ordered_allreduce_hook,
 )
 
@@ -64,10 +59,9 @@ logger = logging.getLogger("training")
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_RESTART = WORKER_RESTART  # state saved; torchrun starts a new round
-# A spot eviction gives >= 30 s of notice before SIGKILL. The node-local save comes first;
-# then a periodic save still being written gets this long before the emergency commit goes
-# ahead beside it, so a stalled Blob write cannot eat the notice.
-SAVER_WAIT_S = 5.0
+# Whatever runs the worker's exit: the SIGTERM thread holds it while it saves, so the main
+# thread, done with the loop, cannot end the process under a durable commit in flight.
+_EXIT_LOCK = threading.RLock()
 
 
 @dataclass
@@ -99,8 +93,9 @@ class Trainer:
         self.guard = guard or StepGuard(None)
         self.identity = run_identity(cfg, dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
+        self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
         self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
-            device
+            device=device, dtype=self.dtype
         )
         self.optimizer = torch.optim.SGD(
             self.model.parameters(),
@@ -113,10 +108,18 @@ class Trainer:
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
         )
-        self.saver = BackgroundSaver(durable, self._on_saved)
+        self.saver = BackgroundSaver(durable, self._on_saved, self._on_save_failed)
         self._stalls: dict[int, float] = {}
-        self.durable_step = NONE
-        """The newest step known to be committed durably (restored or saved by this process)."""
+        self.committed = DurableProgress()
+        self.emergency = EmergencySave(
+            env,
+            local,
+            durable,
+            self.saver,
+            self.committed,
+            events,
+            cfg.checkpoint.stop_deadline_s,
+        )
         self.ddp: DistributedDataParallel | None = None
         self.last_loss: float | None = None
         self.restored = False
@@ -124,8 +127,8 @@ class Trainer:
         self._state_lock = threading.Lock()
         """Held while the state changes (restore, optimizer step, step count), never across a
         collective: whoever holds it sees the state of a completed step."""
-        self._emergency_lock = threading.Lock()
-        self._emergency_saved = False
+        self._stopped: Outcome | None = None
+        """The loop's emergency save when a stop ended it."""
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -171,7 +174,11 @@ class Trainer:
                 self.load_state_dict(resume.state)
             self.restored = True
         if resume.source == "durable":
-            self.durable_step = resume.step
+            self.committed.advance(resume.step)
+        elif resume.source == "local" and self.env.rank == 0:
+            # The step lives only on the nodes' disks: commit it now, in the background, so
+            # an eviction of every node before the next periodic save does not lose it.
+            self.saver.submit(resume.step, snapshot(self.state_dict()))
         if self.env.rank == 0:
             self.events.event(
                 "resumed",
@@ -211,7 +218,7 @@ class Trainer:
             # Gradients are all-reduced once per step, on the last micro-batch only.
             with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
                 loss = F.cross_entropy(
-                    self.ddp(x.to(self.device)), y.to(self.device), reduction="sum"
+                    self.ddp(x.to(self.device, self.dtype)), y.to(self.device), reduction="sum"
                 )
                 (loss * scale).backward()
             loss_sum += float(loss.detach())
@@ -227,7 +234,7 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _on_saved(self, entry: Entry, seconds: float) -> None:
-        self.durable_step = max(self.durable_step, entry.step)
+        self.committed.advance(entry.step)
         self.events.event(
             "checkpoint_saved",
             step=entry.step,
@@ -236,6 +243,10 @@ class Trainer:
             stall_s=round(self._stalls.pop(entry.step, 0.0), 6),
             name=entry.name,
         )
+
+    def _on_save_failed(self, step: int, error: BaseException, in_a_row: int) -> None:
+        self._stalls.pop(step, None)
+        report_failure(self.events, step, error, in_a_row, self.committed.step, self.state.step)
 
     def maybe_save(self, last: list[float]) -> None:
         """Rank 0 only: snapshot in the loop (the stall), write in the background."""
@@ -250,62 +261,20 @@ class Trainer:
         if self.saver.submit(self.state.step, state):
             last[0], last[1] = self.state.step, now
 
-    def emergency_save(self, reason: str, stop: StopRequest | None = None) -> None:
-        """Save the last completed step before exiting: node-local first, then durable.
+    def emergency_save(self, reason: str, stop: StopRequest | None = None) -> Outcome | None:
+        """Save the last completed step before exiting: node-local, then durable when the node
+        is going away (training/emergency.py says who commits when, and the deadline)."""
 
-        Rank 0 commits durably whenever a stop was requested, whatever ended the loop: when
-        every node is told to stop, a rank that left at a step boundary makes rank 0's
-        collective fail, and a node-local save alone would go with the pod. So does a node's
-        local rank 0 in its agent's last round: the agent then exits for a new pod, whose disk
-        is empty (concurrent commits are safe: training/checkpoint.py).
-        """
-        if self.env.local_rank != 0:
-            return  # one writer per node; rank 0 is always its node's local rank 0
-        with self._emergency_lock:  # the loop and the SIGTERM thread may both get here
-            if not self._emergency_saved:
-                self._emergency_save(reason, stop)
-                self._emergency_saved = True
+        def stopping() -> bool:  # asked more than once: a SIGTERM may come in the middle
+            requested = reason == "sigterm" or (stop is not None and stop.requested)
+            if requested:
+                self.emergency.note_stop()
+            return requested or self.env.last_round
 
-    def _emergency_save(self, reason: str, stop: StopRequest | None) -> None:
-        started = time.monotonic()
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
-        data = serialize(cpu_state(self.state_dict()))
-        if self.local is not None:
-            self._save_locally(data)
-        last_round = self.env.last_round
-        stopping = reason == "sigterm" or (stop is not None and stop.requested) or last_round
-        writer = self.env.rank == 0 or last_round
-        durable = writer and self._commit_durably(data, stopping)
-        self.events.event(
-            "emergency_save",
-            step=self.state.step,
-            reason=reason,
-            seconds=round(time.monotonic() - started, 4),
-            durable=durable,
+        return self.emergency.save(
+            self.state.step, lambda: cpu_state(self.state_dict()), reason, stopping
         )
-
-    def _save_locally(self, data: bytes) -> None:
-        assert self.local is not None
-        try:
-            self.local.save(self.state.step, data)
-        except (OSError, CheckpointError) as exc:  # the durable commit may still succeed
-            logger.error("node-local emergency save of step %d failed: %s", self.state.step, exc)
-
-    def _commit_durably(self, data: bytes, stopping: bool) -> bool:
-        """Rank 0: True when the current step is durable once this returns."""
-        if not self.saver.wait(SAVER_WAIT_S):
-            logger.warning("a periodic save is still being written after %.1f s", SAVER_WAIT_S)
-        if self.durable_step >= self.state.step:
-            return True  # the periodic save in flight was of this very step
-        if not stopping:
-            return False  # the node stays: its node-local save is what the next round reads
-        try:
-            self.durable.commit(self.state.step, data)
-        except Exception as exc:  # the local save is made; a failing store must not crash exit
-            logger.error("durable emergency save of step %d failed: %s", self.state.step, exc)
-            return False
-        self.durable_step = self.state.step
-        return True
 
     def stop_now(self, stop: StopRequest) -> None:
         """SIGTERM, on the stop thread: save the last completed step and end the process now.
@@ -315,10 +284,19 @@ class Trainer:
         it: so nobody waits for the loop. The step in flight is abandoned: the state lock
         gives the state of the last completed one, on every rank the same.
         """
-        with self._state_lock:
-            if self.restored and self.cfg.checkpoint.emergency_saves:
-                self.emergency_save("sigterm", stop)
-        exit_now(EXIT_RESTART)
+        code = EXIT_RESTART
+        with _EXIT_LOCK:
+            try:
+                self.emergency.note_stop()  # the deadline runs from the signal
+                outcome = None
+                with self._state_lock:
+                    if self.restored and self.cfg.checkpoint.emergency_saves:
+                        outcome = self.emergency_save("sigterm", stop)
+                    elif self.cfg.checkpoint.emergency_saves:
+                        outcome = self.emergency.commit_leftover()
+                code = _exit_code(outcome)
+            finally:  # whatever happened, the process ends: the agent is waiting for it
+                exit_now(code)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:
@@ -333,7 +311,7 @@ class Trainer:
         try:
             self._wrap_in_ddp(phases)
             if not self._train(stop):
-                return EXIT_RESTART
+                return _exit_code(self._stopped)
             self.finish()
         except Exception as exc:
             if is_peer_failure(exc):
@@ -352,14 +330,20 @@ class Trainer:
         if kind == "peer_failure":
             abort_collectives()  # NCCL kernels stuck on the lost peer return
         if restored and self.cfg.checkpoint.emergency_saves:
-            self.emergency_save(kind, stop)
+            return _exit_code(self.emergency_save(kind, stop))
         return EXIT_RESTART
 
     def _wrap_in_ddp(self, phases: Phases) -> None:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
-        if emulating():
-            self.ddp.register_comm_hook(None, stream_ordered_allreduce_hook)
+        stream = self.guard.stream
+        if isinstance(stream, EmulatedStream):  # NCCL's ordering on gloo (tests, the lab)
+            # Gradients are views of the buckets, which the queued all-reduce fills later.
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=device_ids, gradient_as_bucket_view=True
+            )
+            self.ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
+        else:
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         phases.mark("ddp")
         if self.env.rank == 0:
             self.events.event(
@@ -378,7 +362,7 @@ class Trainer:
         while self.state.step < max_steps:
             if stop.requested:
                 if self.cfg.checkpoint.emergency_saves:
-                    self.emergency_save("sigterm", stop)
+                    self._stopped = self.emergency_save("sigterm", stop)
                 return False
             step_started = time.monotonic()
             loss_sum, count = self.train_step()
@@ -394,8 +378,9 @@ class Trainer:
         return True
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
-        totals = torch.tensor(window_loss, dtype=torch.float64, device=self.device)
-        dist.all_reduce(totals)  # global mean loss over the window, only at log steps
+        # The global mean loss over the window, only at log steps; on the guard's gloo group
+        # where there is one, so a peer lost here fails it as in any other collective.
+        totals = self.guard.all_reduce(torch.tensor(window_loss, dtype=torch.float64))
         if self.env.rank != 0:
             return
         loss = float(totals[0] / totals[1])
@@ -428,7 +413,7 @@ class Trainer:
             durable = self.durable.newest_verified()
             if durable is None or durable.step < self.state.step:
                 self.durable.commit(self.state.step, serialize(self.state_dict()))
-            self.durable_step = self.state.step
+            self.committed.advance(self.state.step)
             self.events.event("finished", step=self.state.step, loss=self.last_loss)
         dist.barrier(group=self.checkpoint_group)
 
@@ -442,12 +427,21 @@ def _checkpoint_group(cfg: TrainConfig, env: DistEnv) -> dist.ProcessGroup:
     return group
 
 
+def _exit_code(outcome: Outcome | None) -> int:
+    """A stopped worker's code: EXIT_NOT_DURABLE when its required durable commit gave up."""
+    return EXIT_RESTART if outcome is None or outcome.complete else EXIT_NOT_DURABLE
+
+
 def exit_now(code: int) -> None:
-    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main).
+
+    Waits for a SIGTERM save in progress on the stop thread, which ends the process itself.
+    """
+    with _EXIT_LOCK:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -467,6 +461,8 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     phases.mark("inputs")
     logger.info("config %s", cfg.as_dict())
+    if cfg.run.deterministic:  # before the device: cuBLAS reads its setting as CUDA starts
+        logger.info("deterministic mode: %s", use_deterministic_algorithms())
     # The run's target, so a report built from the logs alone knows what "finished" means.
     events.event(
         "started",

@@ -1,0 +1,101 @@
+"""A real Trainer on a real gloo group of one (or a spawned rank), its stores and its events:
+what the trainer's tests drive. A peer's loss is the exception gloo raises for it."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from training.checkpoint import CheckpointRepository
+from training.config import parse_config
+from training.data import load_cifar10_binary, write_synthetic_cifar10
+from training.dist import DistEnv, destroy_process_group, init_process_group
+from training.inputs import open_node_local
+from training.lineage import store_lineage
+from training.metrics import EventLog
+from training.resume import NodeLocalState
+from training.storage import FileStore, ObjectStore
+from training.train import Trainer
+
+TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
+TRAIN_RECORDS = 48
+
+
+def make_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny synthetic dataset (for a module-scoped ``data_dir`` fixture)."""
+    root = tmp_path_factory.mktemp("data")
+    write_synthetic_cifar10(root, train_records=TRAIN_RECORDS, test_records=8, train_files=1)
+    return root
+
+
+@contextmanager
+def one_process_world() -> Iterator[None]:
+    """A gloo default group of one, for as long as the block runs."""
+    init_process_group(DistEnv(), torch.device("cpu"), timeout_s=30)
+    try:
+        yield
+    finally:
+        destroy_process_group()
+
+
+@dataclass
+class Harness:
+    trainer: Trainer
+    durable: CheckpointRepository
+    local: NodeLocalState
+    stream: io.StringIO
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in self.stream.getvalue().splitlines()]
+        return [r for r in records if r.get("event") == name]
+
+
+def harness(
+    root: Path,
+    data_dir: Path,
+    *flags: str,
+    store: ObjectStore | None = None,
+    env: DistEnv | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> Harness:
+    cfg = parse_config(
+        [
+            f"--data-dir={data_dir}",
+            f"--checkpoint-uri={root / 'durable'}",
+            f"--local-dir={root / 'local'}",
+            *TINY,
+            *flags,
+        ],
+        env={},
+    )
+    env = env or DistEnv()
+    dataset = load_cifar10_binary(data_dir)
+    durable = CheckpointRepository(store or FileStore(root / "durable"))
+    local = open_node_local(cfg, env, dataset, store_lineage(durable.store))
+    stream = io.StringIO()
+    trainer = Trainer(
+        cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group
+    )
+    return Harness(trainer, durable, local, stream)
+
+
+def sigterm_during(h: Harness, step: int, stop: SimpleNamespace) -> None:
+    """SIGTERM arrives while step ``step`` (1-based) is in flight; the loop finishes it."""
+    real_step = h.trainer.train_step
+
+    def train_step() -> tuple[float, int]:
+        if h.trainer.state.step == step - 1:
+            stop.requested = True
+        return real_step()
+
+    h.trainer.train_step = train_step  # type: ignore[method-assign]

@@ -1,0 +1,70 @@
+"""A hard deadline: what an eviction's save must fit into (the pod's termination grace).
+
+A Python thread blocked in a socket read or a write to a stuck disk cannot be interrupted, so a
+hard deadline runs the work on a thread of its own and stops waiting for it when time is up
+(``within``). The caller then gives up cleanly; the thread is abandoned, and the process,
+which is about to exit anyway, ends it. Inside the work, ``Deadline.remaining`` bounds each
+store call, so the work also gives up by itself rather than wait out an SDK default.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class DeadlineExceeded(TimeoutError):
+    """The work did not finish before its deadline (it may still finish in the background)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point on ``clock`` (monotonic by default) by which something must be done."""
+
+    at: float
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+
+    @classmethod
+    def after(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        return cls(clock() + seconds, clock)
+
+    def remaining(self) -> float:
+        """Seconds left, never negative."""
+        return max(self.at - self.clock(), 0.0)
+
+    @property
+    def expired(self) -> bool:
+        return self.remaining() <= 0.0
+
+    def check(self, what: str) -> None:
+        """Raise DeadlineExceeded naming ``what`` when no time is left for it."""
+        if self.expired:
+            raise DeadlineExceeded(f"no time left for {what}")
+
+
+def within(deadline: Deadline, work: Callable[[], T], what: str) -> T:
+    """``work()``'s result, or DeadlineExceeded once ``deadline`` passed while it still ran.
+
+    The work runs on a daemon thread; its exception, if it ends with one, is re-raised here.
+    """
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:  # handed to the caller, which decides
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"deadline:{what}", daemon=True)
+    thread.start()
+    thread.join(deadline.remaining())
+    if thread.is_alive():
+        raise DeadlineExceeded(f"{what} did not finish by its deadline")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]  # type: ignore[return-value]

@@ -1,0 +1,247 @@
+"""The emergency save: the last completed step, kept before a worker exits.
+
+Node-local first (the next round on this node reads it, with no storage round trip), then,
+when the node is going away, a durable commit: rank 0 whenever a stop was requested, and any
+node's local rank 0 in its agent's last round (its new pod's disk is empty). On SIGTERM both
+run under one hard deadline from the signal (``--stop-deadline-s``, 25 s of the 30 s notice by
+default): past it the worker gives up the durable commit, keeps the node-local copy, logs
+so, and exits ``EXIT_NOT_DURABLE``.
+
+Either part happens once per step, whoever asks: a peer's loss may start a save that stays on
+the node, and this node's own SIGTERM, arriving during that save or after it, still makes it
+durable. The state is serialized once, straight into a file (``training/serialization.py``),
+and the durable upload streams that file; the eviction's commit skips pruning and, like every
+commit, never reads its upload back (``training/checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from training.checkpoint import (
+    CheckpointError,
+    CheckpointRepository,
+    Payload,
+    StaleCheckpoint,
+    serialize,
+)
+from training.deadline import Deadline, DeadlineExceeded, within
+from training.dist import DistEnv
+from training.exit_codes import RETRY_ME
+from training.metrics import EventLog
+from training.periodic_save import BackgroundSaver
+from training.resume import NONE, NodeLocalState
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+EXIT_NOT_DURABLE = RETRY_ME
+"""A worker stopped by SIGTERM whose durable commit gave up (deadline or store error): its
+state is only on this node. A cause outside the node (the store), which a new pod may not meet."""
+
+
+@dataclass
+class DurableProgress:
+    """The newest step known to be committed durably (restored, or saved by this process)."""
+
+    step: int = NONE
+
+    def advance(self, step: int) -> None:
+        self.step = max(self.step, step)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an emergency save achieved."""
+
+    step: int
+    durable_required: bool
+    durable: bool
+    gave_up: str | None = None
+    """Why a required durable commit was not made."""
+
+    @property
+    def complete(self) -> bool:
+        return self.durable or not self.durable_required
+
+
+class EmergencySave:
+    """Saves the last completed step for a worker that is about to exit (local rank 0 only)."""
+
+    def __init__(
+        self,
+        env: DistEnv,
+        local: NodeLocalState | None,
+        durable: CheckpointRepository,
+        saver: BackgroundSaver,
+        committed: DurableProgress,
+        events: EventLog,
+        deadline_s: float,
+    ) -> None:
+        self.env, self.local, self.durable = env, local, durable
+        self.saver, self.committed, self.events = saver, committed, events
+        self.deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._deadline_lock = threading.Lock()
+        self._deadline: Deadline | None = None
+        self._local: tuple[int, Payload] | None = None
+        """The step saved on this node and its bytes, once saved."""
+        self._given_up = NONE
+        """A step whose required durable commit already gave up: not tried twice."""
+
+    def note_stop(self) -> Deadline:
+        """A stop (SIGTERM) is known now: the save's deadline runs from the first such call."""
+        with self._deadline_lock:  # never held across I/O
+            if self._deadline is None:
+                self._deadline = Deadline.after(self.deadline_s)
+        return self._deadline
+
+    def save(
+        self,
+        step: int,
+        state: Callable[[], dict[str, Any]],
+        reason: str,
+        stopping: Callable[[], bool],
+    ) -> Outcome | None:
+        """Save ``step`` (``state()`` gives its tree); None on a rank that does not save.
+
+        ``stopping()`` says whether the node is going away; it is asked again after the
+        node-local save, since a SIGTERM may come in the middle of it.
+        """
+        if self.env.local_rank != 0:
+            return None  # one writer per node; rank 0 is always its node's local rank 0
+        deadline = self._deadline if stopping() else None
+        # The loop and the SIGTERM thread may both get here; the second waits, within the
+        # deadline, and then only does what the first left undone.
+        if not self._lock.acquire(timeout=deadline.remaining() if deadline else -1):
+            logger.error("emergency save of step %d: another save held on past the deadline", step)
+            return Outcome(step, True, False, "deadline")
+        try:
+            return self._save(step, state, reason, stopping)
+        finally:
+            self._lock.release()
+
+    def _save(
+        self,
+        step: int,
+        state: Callable[[], dict[str, Any]],
+        reason: str,
+        stopping: Callable[[], bool],
+    ) -> Outcome:
+        started = time.monotonic()
+        timings: dict[str, float] = {}
+        if self._local is None or self._local[0] != step:
+            payload = self._bounded(self._deadline_if(stopping), self._save_locally, step, state)
+            self._local = (step, payload) if payload is not None else None
+            timings["local_s"] = time.monotonic() - started
+        going = stopping()
+        required = going and (self.env.rank == 0 or self.env.last_round)
+        durable, gave_up = self.committed.step >= step, None
+        if required and not durable and self._given_up != step:
+            durable, gave_up = self._commit_durably(step, state, self._deadline_if(stopping))
+            timings["durable_s"] = time.monotonic() - started
+        outcome = Outcome(step, required, durable, gave_up)
+        self.events.event(
+            "emergency_save",
+            step=step,
+            reason=reason,
+            seconds=round(time.monotonic() - started, 4),
+            durable=durable,
+            local=self._local is not None and self._local[0] == step,
+            deadline_s=self.deadline_s if self._deadline_if(stopping) else None,
+            gave_up=gave_up,
+            **{k: round(v, 4) for k, v in timings.items()},
+        )
+        return outcome
+
+    def _deadline_if(self, stopping: Callable[[], bool]) -> Deadline | None:
+        return self._deadline if stopping() else None
+
+    def _bounded(self, deadline: Deadline | None, work: Callable[..., T], *args: Any) -> T | None:
+        """``work(*args)``, given up (None) when the deadline passes first."""
+        try:
+            if deadline is None:
+                return work(*args)
+            return within(deadline, lambda: work(*args), work.__name__)
+        except DeadlineExceeded:
+            logger.error("%s of step %s gave up at the deadline", work.__name__, args[0])
+            return None
+
+    def _save_locally(self, step: int, state: Callable[[], dict[str, Any]]) -> Payload | None:
+        if self.local is None:
+            return None
+        try:
+            return self.local.save_state(step, state())
+        except (OSError, CheckpointError) as exc:  # the durable commit may still succeed
+            logger.error("node-local emergency save of step %d failed: %s", step, exc)
+            return None
+
+    def _commit_durably(
+        self, step: int, state: Callable[[], dict[str, Any]], deadline: Deadline | None
+    ) -> tuple[bool, str | None]:
+        """(durable, why not): the node's save made durable, within ``deadline``."""
+        if self.saver.in_flight == step:  # a periodic save of this very step: let it finish
+            self.saver.wait(deadline.remaining() if deadline else None)
+            if self.committed.step >= step:
+                return True, None
+        payload = self._local[1] if self._local and self._local[0] == step else None
+
+        def commit() -> None:
+            data = payload or Payload.of(serialize(state()))  # no local copy: from memory
+            self.durable.commit(step, data, deadline=deadline, prune=False)
+
+        try:
+            if deadline is None:
+                commit()
+            else:
+                within(deadline, commit, "durable emergency commit")
+        except StaleCheckpoint as exc:  # a newer step is durable already: nothing is lost
+            logger.info("durable emergency commit not needed: %s", exc)
+            return True, None
+        except (OSError, CheckpointError) as exc:  # DeadlineExceeded is a TimeoutError
+            self._given_up = step
+            where = self.local.root if self._local else "nowhere: the node-local save failed too"
+            logger.error(
+                "durable emergency commit of step %d gave up (%s); the node-local copy stays in "
+                "%s; the worker exits %d",
+                step,
+                exc,
+                where,
+                EXIT_NOT_DURABLE,
+            )
+            return False, "deadline" if isinstance(exc, DeadlineExceeded) else str(exc)[:200]
+        self.committed.advance(step)
+        return True, None
+
+    def commit_leftover(self) -> Outcome | None:
+        """SIGTERM before this round restored anything: make this node's newest save durable
+        when it is newer than the durable head, so an eviction of every node loses nothing."""
+        if self.env.local_rank != 0 or self.local is None:
+            return None
+        deadline = self.note_stop()
+        try:
+            found = within(deadline, self._leftover, "durable commit of the node-local save")
+        except (OSError, CheckpointError) as exc:
+            logger.error("could not make the node-local save durable before exiting: %s", exc)
+            return Outcome(NONE, True, False, str(exc)[:200])
+        return found
+
+    def _leftover(self) -> Outcome | None:
+        assert self.local is not None
+        newest = self.local.newest()
+        head = self.durable.head()
+        if newest is None or (head is not None and head.step >= newest[0]):
+            return None
+        step, payload = newest
+        try:
+            self.durable.commit(step, payload, deadline=self._deadline, prune=False)
+        except StaleCheckpoint:
+            return None
+        self.committed.advance(step)
+        self.events.event("emergency_save", step=step, reason="leftover", durable=True)
+        return Outcome(step, True, True)
