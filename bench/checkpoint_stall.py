@@ -1,7 +1,7 @@
 """How long a checkpoint blocks the training loop: inline save vs the lab's snapshot.
 
-Measured in this process with the real trainer and the real ``training.checkpoint`` code,
-writing to a local directory:
+Measured in this process with the real trainer and the real
+``training.checkpoints.checkpoint`` code, writing to a local directory:
 
 - ``sync``: serialize the state and commit it (write, read back, checksum, manifest) inline,
   the way a plain recipe calls ``torch.save`` in the loop;
@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from training.checkpoint import CheckpointRepository, serialize, snapshot
-from training.config import parse_config
-from training.data import load_cifar10_binary
-from training.dist import DistEnv, destroy_process_group, init_process_group
-from training.metrics import EventLog
-from training.storage import FileStore
-from training.train import Trainer
+from training.checkpoints.checkpoint import CheckpointRepository, serialize, snapshot
+from training.checkpoints.storage import FileStore
+from training.data.cifar10 import load_cifar10_binary
+from training.loop.config import parse_config
+from training.loop.dist import DistEnv, destroy_process_group, init_process_group
+from training.loop.metrics import EventLog
+from training.loop.trainer import Trainer
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """An eviction's save with the model state made large: how long from SIGTERM to the node-local
 copy, and to the durable commit, on a directory and on Azurite (Azure Blob's emulator).
 
-Measured in this process with the code a worker runs on SIGTERM (``training/emergency.py``):
+Measured in this process with the code a worker runs on SIGTERM (``training/loop/emergency.py``):
 ``note_stop`` at the signal, then ``EmergencySave.save`` with the node going away, rank 0, the
 default 25 s deadline. The state is a dict of float32 tensors of the given size, standing in
 for a model and its optimizer; each repetition uses fresh stores, so no page cache or blob is
@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import CheckpointRepository
-from training.config import CheckpointConfig
-from training.dist import DistEnv
-from training.emergency import DurableProgress, EmergencySave
-from training.metrics import EventLog
-from training.periodic_save import BackgroundSaver
-from training.resume import NodeLocalState
-from training.storage import FileStore, ObjectStore
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.storage import FileStore, ObjectStore
+from training.loop.config import CheckpointConfig
+from training.loop.dist import DistEnv
+from training.loop.emergency import DurableProgress, EmergencySave
+from training.loop.metrics import EventLog
+from training.loop.periodic_save import BackgroundSaver
 
 REPO = Path(__file__).resolve().parents[1]
 AZURITE_BLOB = REPO / "node_modules" / ".bin" / "azurite-blob"
@@ -131,7 +131,10 @@ def durable_store(kind: str, work: Path) -> Iterator[ObjectStore]:
     if kind == "directory":
         yield FileStore(work / "durable")
         return
-    from training.blob_store import BlobStore, parse_blob_uri  # the Azure SDK, this case only
+    from training.checkpoints.blob_store import (
+        BlobStore,
+        parse_blob_uri,
+    )  # the Azure SDK, this case only
 
     with azurite(work / "azurite") as account_url:
         key = {"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}

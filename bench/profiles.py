@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stack_config.model import JobConfig
-from training.launch import RendezvousSettings
+from training.elastic.launch import RendezvousSettings
 
 BASELINE = "baseline"
 LAB = "lab"
@@ -66,7 +66,7 @@ def baseline_profile() -> Profile:
 
 
 def lab_profile() -> Profile:
-    """The rendezvous of ``training/launch.py``, emergency saves, the cluster's collective
+    """The rendezvous of ``training/elastic/launch.py``, emergency saves, the cluster's collective
     timeout, warm workers."""
     return Profile(
         name=LAB,

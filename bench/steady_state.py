@@ -25,7 +25,7 @@ from bench.scenarios import SteadyPlan, steady_scenario, steady_train
 from lab.local import process_tree
 from lab.local.session import REPO_ROOT, SessionOptions, run_session
 from lab.report.node_logs import Record, read_records
-from training.launch import TRAIN_MODULE
+from training.elastic.launch import TRAIN_MODULE
 
 STATIC_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0

@@ -27,7 +27,7 @@ from bench.scenarios import FAULT_KINDS, RecoveryPlan, SteadyPlan
 from bench.steady_state import measure_steady_state
 from bench.tables import breakdown_table, recovery_table, stall_table, steady_table, targets_table
 from bench.targets import recovery_targets, stall_targets, steady_target
-from training.data import write_synthetic_cifar10
+from training.data.cifar10 import write_synthetic_cifar10
 
 DATA_RECORDS = 4096
 """Synthetic training records every run reads (the data never limits a few hundred steps)."""

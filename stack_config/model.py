@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra import gpu_sizes
-from training.launch import RendezvousSettings
+from training.elastic.launch import RendezvousSettings
 
 
 class ConfigError(ValueError):

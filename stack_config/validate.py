@@ -11,8 +11,8 @@ import re
 from infra import gpu_sizes, naming
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
-from training.launch import MEASURED_HEARTBEATS_PER_S
-from training.stage_data import CHECKSUM
+from training.data.stage_data import CHECKSUM
+from training.elastic.launch import MEASURED_HEARTBEATS_PER_S
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")

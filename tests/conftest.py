@@ -23,7 +23,7 @@ import pytest
 # Dockerfiles' bases (``hub``).
 from tests.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
 from tests.registry_replay import hub_for_preflight  # noqa: F401
-from training.storage import FileStore, ObjectStore
+from training.checkpoints.storage import FileStore, ObjectStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AZURITE_BLOB = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
@@ -133,7 +133,7 @@ def blob_store(
     azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> ObjectStore:
     """A BlobStore on a fresh Azurite container, authenticated by the connection string."""
-    from training.blob_store import BlobStore
+    from training.checkpoints.blob_store import BlobStore
 
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
     return BlobStore.from_uri(f"{blob_container_uri}/ckpt")

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from lab.local.process_tree import kill_tree, terminate_tree
-from training.checkpoint import CheckpointRepository, deserialize
-from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.storage import FileStore
+from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [

@@ -1,6 +1,6 @@
-"""The house's rules, read off the source with ``ast``: each room of ``lab/`` imports only the
-rooms docs/architecture.md allows, no import cycle, no module over 400 lines and no folder
-over 15 modules."""
+"""The house's rules, read off the source with ``ast``: each room of ``lab/`` and ``training/``
+imports only the rooms docs/architecture.md allows, no import cycle, no module over 400 lines
+and no folder over 15 modules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKED = ("lab", "bench", "infra", "workloads", "stack_config")
+CHECKED = ("lab", "bench", "infra", "workloads", "stack_config", "training")
 MAX_LINES = 400
 MAX_MODULES = 15
 MAY_IMPORT = {
@@ -16,9 +16,14 @@ MAY_IMPORT = {
     "lab.live": ("lab.report",),
     "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
     "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
+    "training.elastic": (),
+    "training.checkpoints": (),
+    "training.data": ("training.elastic", "training.checkpoints"),
+    "training.loop": ("training.elastic", "training.checkpoints", "training.data"),
 }
-"""What each room of ``lab/`` may import from ``lab/`` besides itself (``lab.cli`` may import
-every room)."""
+"""What each room of ``lab/`` and ``training/`` may import from its own package besides itself.
+The modules at the top (``lab.cli``; ``training.agent``, ``training.launcher``,
+``training.train``) may import every room, and no room imports them."""
 
 
 def _modules() -> dict[str, Path]:
@@ -63,15 +68,32 @@ def _room(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
 
-def test_each_room_of_lab_imports_only_what_it_may() -> None:
+def _package(name: str) -> str:
+    """``lab.azure.preflight.command`` -> ``lab``."""
+    return name.split(".")[0]
+
+
+def test_each_room_of_lab_and_training_imports_only_what_it_may() -> None:
     wrong = [
         f"{name} imports {target}"
         for name, targets in GRAPH.items()
         if _room(name) in MAY_IMPORT
         for target in sorted(targets)
-        if target.startswith("lab.")
+        if _package(target) == _package(name)
         and _room(target) != _room(name)
         and _room(target) not in MAY_IMPORT[_room(name)]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_training_imports_nothing_of_the_repo_outside_it() -> None:
+    """The image's build context is ``training/``: nothing else of the repo is in the image."""
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if _package(name) == "training"
+        for target in sorted(targets)
+        if _package(target) != "training"
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -105,13 +127,15 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_no_import_cycle_between_modules_or_between_lab_rooms() -> None:
+def test_no_import_cycle_between_modules_or_between_rooms() -> None:
     assert _cycle(GRAPH) == []
     rooms: dict[str, set[str]] = {}
     for name, targets in GRAPH.items():
-        if name.startswith("lab."):
+        if _package(name) in ("lab", "training") and name != _package(name):
             rooms.setdefault(_room(name), set()).update(
-                _room(t) for t in targets if t.startswith("lab.") and _room(t) != _room(name)
+                _room(t)
+                for t in targets
+                if _package(t) == _package(name) and _room(t) not in (_room(name), _package(t))
             )
     assert set(MAY_IMPORT) <= set(rooms)
     assert _cycle(rooms) == []

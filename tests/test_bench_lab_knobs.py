@@ -13,7 +13,7 @@ from lab.local.scenario import Fault, ScenarioError, TrainSettings, validate_sce
 from lab.local.scenario_file import scenario_from_dict
 from lab.report.node_logs import read_jsonl
 from tests.test_lab_runner import _runner, _scenario
-from training.config import parse_config
+from training.loop.config import parse_config
 
 
 @pytest.mark.parametrize(("on", "flag"), [(True, "true"), (False, "false")])

@@ -11,7 +11,7 @@ import torch
 
 from bench.checkpoint_stall import StallModel, StallPlan, measure_checkpoint_stall
 from bench.cpu_profile import CpuProfile, role_of
-from training.data import write_synthetic_cifar10
+from training.data.cifar10 import write_synthetic_cifar10
 
 
 @pytest.fixture(scope="module")

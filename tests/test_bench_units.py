@@ -24,8 +24,8 @@ from bench.tables import breakdown_table, format_seconds, recovery_table, target
 from bench.targets import explain, recovery_targets, steady_target
 from lab.report.outcomes import build_report
 from stack_config.model import JobConfig
-from training.config import parse_config
-from training.launch import RendezvousSettings
+from training.elastic.launch import RendezvousSettings
+from training.loop.config import parse_config
 
 
 # -- profiles and scenarios -----------------------------------------------------------------

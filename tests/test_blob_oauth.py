@@ -32,8 +32,8 @@ from tests.conftest import (
     _wait_until_listening,
     free_loopback_port,
 )
-from training.blob_store import BlobStore, parse_blob_uri
-from training.checkpoint import CheckpointRepository
+from training.checkpoints.blob_store import BlobStore, parse_blob_uri
+from training.checkpoints.checkpoint import CheckpointRepository
 
 TENANT = "11111111-1111-1111-1111-111111111111"
 

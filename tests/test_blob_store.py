@@ -16,7 +16,7 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError
 from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobBlock, ContainerClient
 
-from training.blob_store import (
+from training.checkpoints.blob_store import (
     CONNECTION_STRING_ENV,
     DEV_ACCOUNT,
     DEV_ACCOUNT_KEY,
@@ -25,8 +25,8 @@ from training.blob_store import (
     credential_from_env,
     parse_blob_uri,
 )
-from training.deadline import Deadline
-from training.storage import ObjectStore, open_store
+from training.checkpoints.deadline import Deadline
+from training.checkpoints.storage import ObjectStore, open_store
 
 AZURE_URI = "https://acct01.blob.core.windows.net/checkpoints/runs/r1"
 

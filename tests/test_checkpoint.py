@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import (
+from training.checkpoints.checkpoint import (
     GRACE_S,
     CheckpointError,
     CheckpointRepository,
@@ -21,9 +21,9 @@ from training.checkpoint import (
     sha256,
     snapshot,
 )
-from training.lineage import store_lineage
-from training.periodic_save import BackgroundSaver, SavePolicy
-from training.storage import FileStore, ObjectStore
+from training.checkpoints.lineage import store_lineage
+from training.checkpoints.storage import FileStore, ObjectStore
+from training.loop.periodic_save import BackgroundSaver, SavePolicy
 
 
 def _state(step: int) -> bytes:
@@ -296,7 +296,7 @@ def test_a_checkpoint_deleted_during_its_download_falls_back_to_the_previous_one
 ) -> None:
     from azure.storage.blob import ContainerClient
 
-    from training.blob_store import BlobStore
+    from training.checkpoints.blob_store import BlobStore
 
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
     # Small ranges, so that the download of the newest checkpoint takes several requests.

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from training.checkpoint import CheckpointError, CheckpointRepository, StaleCheckpoint
-from training.storage import FileStore, ObjectStore
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, StaleCheckpoint
+from training.checkpoints.storage import FileStore, ObjectStore
 
 WRITERS = 3
 COMMITS_PER_WRITER = 12
@@ -175,7 +175,7 @@ def _file_opener(root: Path) -> Callable[[], ObjectStore]:
 
 def _blob_opener(uri: str) -> Callable[[], ObjectStore]:
     def open_blob() -> ObjectStore:
-        from training.blob_store import BlobStore
+        from training.checkpoints.blob_store import BlobStore
 
         return BlobStore.from_uri(uri)
 

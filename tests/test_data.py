@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import (
+from training.data.cifar10 import (
     CIFAR_MEAN,
     CIFAR_STD,
     RECORD_BYTES,
@@ -81,7 +81,7 @@ def test_train_files_are_read_in_numeric_order(tmp_path: Path) -> None:
 def test_missing_directory_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist") as err:
         load_cifar10_binary(tmp_path / "nowhere")
-    assert "python -m training.data --out" in str(err.value)
+    assert "python -m training.data.cifar10 --out" in str(err.value)
 
 
 def test_directory_without_batch_files_lists_what_is_there(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_counter_hash_is_keyed_by_every_input() -> None:
 def test_cli_writes_a_loadable_dataset(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     result = subprocess.run(
-        [sys.executable, "-m", "training.data", "--out", str(out), "--train-records", "50",
+        [sys.executable, "-m", "training.data.cifar10", "--out", str(out), "--train-records", "50",
          "--test-records", "10", "--seed", "2"],
         cwd=REPO, capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from training.deadline import Deadline, DeadlineExceeded, within
+from training.checkpoints.deadline import Deadline, DeadlineExceeded, within
 
 
 def test_within_returns_the_result_or_the_error_of_the_work() -> None:

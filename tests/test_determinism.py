@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.trainer_harness import TINY
-from training.checkpoint import CheckpointRepository, deserialize
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.storage import FileStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_deterministic_mode_applies_every_setting() -> None:
     result = _python(
         "import json\n"
-        "from training.determinism import use_deterministic_algorithms\n"
+        "from training.loop.determinism import use_deterministic_algorithms\n"
         "print(json.dumps(use_deterministic_algorithms()))\n"
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -53,7 +53,7 @@ def test_deterministic_mode_applies_every_setting() -> None:
 
 
 def test_a_users_deterministic_cublas_workspace_is_kept() -> None:
-    code = "from training.determinism import use_deterministic_algorithms as u; print(u())"
+    code = "from training.loop.determinism import use_deterministic_algorithms as u; print(u())"
     result = _python(code, CUBLAS_WORKSPACE_CONFIG=":16:8")
     assert result.returncode == 0 and "':16:8'" in result.stdout, result.stderr[-2000:]
 

@@ -185,20 +185,32 @@ def test_every_training_import_is_available_in_the_image(pins: dict[str, str]) -
     for distribution in _closure([*pins, *BASE_DISTRIBUTIONS]):
         available |= _modules_of(distribution)
     missing: dict[str, set[str]] = {}
-    for source in sorted(TRAINING.glob("*.py")):
+    for source in sorted(TRAINING.rglob("*.py")):
         for module in imported_modules(source.read_text()):
             if module.split(".")[0] in sys.stdlib_module_names:
                 continue
             if module not in available and module.split(".")[0] != "training":
-                missing.setdefault(module, set()).add(source.name)
+                missing.setdefault(module, set()).add(str(source.relative_to(TRAINING)))
     assert not missing, f"imported by training/ but not in the image: {missing}"
 
 
+def _module_name(path: Path) -> str:
+    """``training/data/cifar10.py`` -> ``training.data.cifar10``; a package by its own name."""
+    parts = path.relative_to(TRAINING.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _source(module: str) -> Path:
+    """The file of ``training.<module>``: the module's, or the package's ``__init__.py``."""
+    path = TRAINING.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def test_training_modules_exist_for_every_internal_import() -> None:
-    own = {f"training.{p.stem}" for p in TRAINING.glob("*.py")} | {"training"}
-    for source in TRAINING.glob("*.py"):
+    own = {_module_name(p) for p in TRAINING.rglob("*.py")}
+    for source in TRAINING.rglob("*.py"):
         internal = {m for m in imported_modules(source.read_text()) if m.startswith("training")}
-        assert internal <= own, f"{source.name} imports {internal - own}"
+        assert internal <= own, f"{source.relative_to(TRAINING)} imports {internal - own}"
 
 
 def test_dockerignore_keeps_caches_out(instructions: list[tuple[str, str]]) -> None:
@@ -254,7 +266,7 @@ def test_the_stager_runs_stage_data_as_a_non_root_user(stager: list[tuple[str, s
     assert _args(stager, "WORKDIR")[-1] == "/app"
     assert ". /app/training/" in _args(stager, "COPY")
     (cmd,) = _args(stager, "CMD")
-    assert json.loads(cmd)[:3] == ["python", "-m", "training.stage_data"]
+    assert json.loads(cmd)[:3] == ["python", "-m", "training.data.stage_data"]
 
 
 def _training_imports(module: str) -> set[str]:
@@ -266,7 +278,7 @@ def _training_imports(module: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        for imported in imported_modules((TRAINING / f"{name}.py").read_text()):
+        for imported in imported_modules(_source(name).read_text()):
             if imported.startswith("training."):
                 todo.append(imported.split(".", 1)[1])
             elif imported != "training" and imported.split(".")[0] not in sys.stdlib_module_names:
@@ -278,7 +290,7 @@ def test_everything_stage_data_imports_is_in_the_stager(pins: dict[str, str]) ->
     available: set[str] = set()
     for distribution in _closure([*pins, *BASE_DISTRIBUTIONS]):
         available |= _modules_of(distribution)
-    needed = _training_imports("stage_data")
+    needed = _training_imports("data.stage_data")
     assert {"torch", "azure.storage.blob"} <= {m.split(".")[0] for m in needed} | needed
     assert needed <= available, needed - available
 

@@ -21,9 +21,9 @@ import torch
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.local.process_tree import freeze_tree
 from tests.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
-from training.checkpoint import CheckpointRepository
-from training.data import write_synthetic_cifar10
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.storage import FileStore
+from training.data.cifar10 import write_synthetic_cifar10
 
 pytestmark = [pytest.mark.slow]
 
@@ -189,7 +189,7 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     cluster_factory, reference, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # NCCL completes DDP's all-reduce future without the lost peer's share, so backward()
-    # returns normally. Emulated on gloo (training/step_guard.py): without the step guard the
+    # returns normally. Emulated on gloo (training/loop/step_guard.py): without the step guard the
     # survivors apply a half-reduced gradient, and the trajectory leaves the reference.
     monkeypatch.setenv("TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE", "1")
     cluster = cluster_factory("nccl-semantics", collective_timeout_s=5)

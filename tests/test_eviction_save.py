@@ -19,18 +19,18 @@ import pytest
 
 from tests.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
 from tests.trainer_harness import Harness, harness, sigterm_during
-from training import train
-from training.emergency import EXIT_NOT_DURABLE
-from training.metrics import Phases
-from training.storage import FileStore
-from training.train import EXIT_RESTART
+from training.checkpoints.storage import FileStore
+from training.loop import trainer_state
+from training.loop.emergency import EXIT_NOT_DURABLE
+from training.loop.metrics import Phases
+from training.loop.trainer_state import EXIT_RESTART
 
 
 @pytest.fixture
 def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The codes ``exit_now`` was called with (the SIGTERM thread ends the process with it)."""
     codes: list[int] = []
-    monkeypatch.setattr(train, "exit_now", codes.append)
+    monkeypatch.setattr(trainer_state, "exit_now", codes.append)
     return codes
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.elastic_cluster import TINY, Cluster
-from training.data import write_synthetic_cifar10
-from training.exit_codes import (
+from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.exit_codes import (
     BAD_INPUT,
     ENDINGS,
     PERMANENT,
@@ -24,7 +24,7 @@ from training.exit_codes import (
     retried,
     signal_exit,
 )
-from training.rendezvous import BadInputAfterJoin
+from training.elastic.rendezvous import BadInputAfterJoin
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -297,7 +297,7 @@ def _rendezvous(name: str) -> BaseException:
 
 
 def _reform_timeout() -> BaseException:
-    from training.rendezvous import ReformTimeoutError
+    from training.elastic.rendezvous import ReformTimeoutError
 
     return ReformTimeoutError("round 4 did not complete")
 

@@ -21,9 +21,9 @@ import pytest
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.local.process_tree import freeze_tree, is_alive, kill_tree
 from tests.elastic_cluster import TINY, Cluster
-from training.data import write_synthetic_cifar10
-from training.launch import RendezvousSettings
-from training.membership import ROOT
+from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.launch import RendezvousSettings
+from training.elastic.membership import ROOT
 
 # A stopped survivor's key outlives its last heartbeat by 5 s, so the round the first eviction
 # opens stays open (it expects the survivor) until the second fault has landed.

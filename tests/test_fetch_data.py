@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from training import agent
-from training.blob_store import BlobStore
-from training.data import load_cifar10_binary, write_synthetic_cifar10
-from training.exit_codes import BAD_INPUT, RETRY_ME
-from training.fetch_data import MARKER, DataFetchError, fetch_dataset
-from training.launch import DATA_DIR_ENV, DATA_URI_ENV
+from training.checkpoints.blob_store import BlobStore
+from training.data.cifar10 import load_cifar10_binary, write_synthetic_cifar10
+from training.data.fetch_data import MARKER, DataFetchError, fetch_dataset
+from training.elastic.exit_codes import BAD_INPUT, RETRY_ME
+from training.elastic.launch import DATA_DIR_ENV, DATA_URI_ENV
 
 
 @pytest.fixture

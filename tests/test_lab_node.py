@@ -12,7 +12,7 @@ import pytest
 from lab.local import process_tree
 from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
 from lab.report.node_logs import read_jsonl
-from training.launch import ElasticPolicy, train_command
+from training.elastic.launch import ElasticPolicy, train_command
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.
 AGENT = """

@@ -14,7 +14,7 @@ from lab.live.event_log import LabEventLog
 from lab.local.runner import FaultRunner
 from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from lab.report.node_logs import read_jsonl
-from training.launch import RendezvousSettings
+from training.elastic.launch import RendezvousSettings
 
 
 class FakeJob:

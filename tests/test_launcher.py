@@ -43,7 +43,7 @@ def test_what_the_fork_server_preloads_never_initialises_cuda(nvml_check: str) -
     # agent and the fork server ask "is there a GPU?" as the job's env says: through NVML.
     # Without that env (the control case) the same question initialises CUDA, and this test
     # sees it on a CPU build too.
-    modules = ", ".join(PRELOAD) + ", training.launcher, training.agent, training.step_guard"
+    modules = ", ".join(PRELOAD) + ", training.launcher, training.agent, training.loop.step_guard"
     code = AS_ON_A_GPU_NODE + f"import {modules}\nprint(torch.cuda.is_available())\n"
     env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": nvml_check}
     result = subprocess.run(

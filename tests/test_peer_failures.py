@@ -1,8 +1,9 @@
 """A lost peer is recognised by what torch raises for it, not by words in any error.
 
 A worker that takes a deterministic error for a lost peer exits 75 on every restart, then its
-node 138 once the budget is spent, and the operator makes new pods forever (training/faults.py,
-training/exit_codes.py). One that takes a lost peer for a bug exits 1 and fails the job.
+node 138 once the budget is spent, and the operator makes new pods forever
+(training/elastic/faults.py, training/elastic/exit_codes.py). One that takes a lost peer for a
+bug exits 1 and fails the job.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.peer_failures import (
     store_timed_out,
     store_unreachable,
 )
-from training.faults import PeerLostError, is_peer_failure
+from training.elastic.faults import PeerLostError, is_peer_failure
 
 
 @pytest.mark.parametrize(

@@ -31,8 +31,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
-from training.liveness import ProbeServer, Progress, Verdict, probe
-from training.rendezvous import (
+from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
+from training.elastic.rendezvous import (
     BACKEND,
     BadInputAfterJoin,
     SpotRendezvousHandler,

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.checkpoint import CheckpointError, CheckpointRepository, serialize
-from training.dist import new_checkpoint_group
-from training.resume import NodeLocalState, agree_on_resume, node_local_key
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, serialize
+from training.checkpoints.resume import NodeLocalState, agree_on_resume, node_local_key
+from training.checkpoints.storage import FileStore
+from training.loop.dist import new_checkpoint_group
 
 RUN = "run-1"
 

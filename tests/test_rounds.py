@@ -1,4 +1,4 @@
-"""The round logic alone (training/rounds.py): single decisions, then every interleaving of
+"""The round logic alone (training/elastic/rounds.py): single decisions, then every interleaving of
 joins, leaves, kills, freezes and newcomers on a model of etcd, checked against the invariants.
 
 The model acts as the handler does: one step of a node reads the directory, decides, and
@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from training import rounds
-from training.rounds import Me, Quorum, View
+from training.elastic import rounds
+from training.elastic.rounds import Me, Quorum, View
 
 MASTER = {"addr": "10.0.0.1", "port": 29500}
 

@@ -7,8 +7,7 @@ import re
 import pytest
 import torch
 
-from training.model import ModelConfig, build_model
-from training.sampler import (
+from training.data.sampler import (
     ElasticSampler,
     epoch_permutation,
     loss_scale,
@@ -16,6 +15,7 @@ from training.sampler import (
     rank_share,
     steps_per_epoch,
 )
+from training.loop.model import ModelConfig, build_model
 
 
 def _sampler(**overrides: int) -> ElasticSampler:

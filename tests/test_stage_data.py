@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from azure.storage.blob import ContainerClient
 
-from training.blob_store import CONNECTION_STRING_ENV
-from training.data import load_cifar10_binary, write_synthetic_cifar10
-from training.stage_data import MARKER, main, parse_checksum
+from training.checkpoints.blob_store import CONNECTION_STRING_ENV
+from training.data.cifar10 import load_cifar10_binary, write_synthetic_cifar10
+from training.data.stage_data import MARKER, main, parse_checksum
 
 
 def _archive(tmp_path: Path, *, with_test: bool = True, torn: bool = False) -> bytes:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.step_guard import (
+from training.loop.step_guard import (
     EMULATE_ENV,
     StepGuard,
     _to_cpu,
@@ -155,7 +155,7 @@ def _nccl_rank(rank: int, port: int, results: dict) -> None:
             results["step"] = step - 1
             break
         optimizer.step()
-    from training.step_guard import abort_collectives
+    from training.loop.step_guard import abort_collectives
 
     abort_collectives()
     started = time.monotonic()

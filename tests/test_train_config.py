@@ -6,8 +6,8 @@ from dataclasses import fields
 
 import pytest
 
-from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
-from training.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 
 REQUIRED = ["--data-dir", "/data", "--checkpoint-uri", "/ckpt"]
 

@@ -28,13 +28,14 @@ from tests.trainer_harness import (
     sigterm_during,
 )
 from training import train
-from training.checkpoint import CheckpointRepository
-from training.config import ConfigError
-from training.data import write_synthetic_cifar10
-from training.dist import DistEnv, new_checkpoint_group
-from training.metrics import Phases
-from training.storage import FileStore
-from training.train import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.storage import FileStore
+from training.data.cifar10 import write_synthetic_cifar10
+from training.loop import trainer
+from training.loop.config import ConfigError
+from training.loop.dist import DistEnv, new_checkpoint_group
+from training.loop.metrics import Phases
+from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 
 # --- Emergency saves --------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
     def ddp(*args: object, **kwargs: object) -> None:
         raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
 
-    monkeypatch.setattr(train, "DistributedDataParallel", ddp)
+    monkeypatch.setattr(trainer, "DistributedDataParallel", ddp)
     assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
     assert [e["step"] for e in h.events("peer_failure")] == [3]
     assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]

@@ -286,7 +286,7 @@ def test_the_job_waits_for_the_staged_data(default_run: ProgramRun) -> None:
     (container,) = pod["containers"]
     # The staging image, not the multi-GB CUDA training image, on the small CPU node.
     assert container["image"] == STAGER_IMAGE
-    assert container["command"][:3] == ["python", "-m", "training.stage_data"]
+    assert container["command"][:3] == ["python", "-m", "training.data.stage_data"]
     args = dict(zip(container["command"][3::2], container["command"][4::2], strict=True))
     assert args["--container-uri"] == f"{BLOB_ENDPOINT.rstrip('/')}/data"
     assert args["--checksum"] == "md5:c32a1d4ab5d03f1284b67883e8d87530"

@@ -13,7 +13,7 @@ from kubeflow.training.api_client import ApiClient
 
 from infra.catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
 from stack_config import JobConfig, LabConfig
-from training.launch import (
+from training.elastic.launch import (
     ETCD_BACKENDS,
     RDZV_PORT,
     RendezvousSettings,
@@ -106,7 +106,7 @@ def test_rdzv_conf_is_the_shared_rendezvous_settings() -> None:
 
 def test_the_workers_serve_the_operators_etcd_v2_with_our_rendezvous_handler() -> None:
     # The CRD allows only c10d, etcd and etcd-v2; the warm agent (training/launcher.py) takes
-    # etcd-v2 and registers training/rendezvous.py for it. The lab's nodes run the same.
+    # etcd-v2 and registers training/elastic/rendezvous.py for it. The lab's nodes run the same.
     manifest = pytorchjob_manifest(_job_spec())
     assert _elastic(manifest)["rdzvBackend"] in ETCD_BACKENDS
     assert _env(manifest)["TRAIN_LAUNCHER"] == "warm"

@@ -16,16 +16,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training.checkpoint import CheckpointRepository
-from training.config import parse_config
-from training.data import load_cifar10_binary, write_synthetic_cifar10
-from training.dist import DistEnv, destroy_process_group, init_process_group
-from training.inputs import open_node_local
-from training.lineage import store_lineage
-from training.metrics import EventLog
-from training.resume import NodeLocalState
-from training.storage import FileStore, ObjectStore
-from training.train import Trainer
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.lineage import store_lineage
+from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.storage import FileStore, ObjectStore
+from training.data.cifar10 import load_cifar10_binary, write_synthetic_cifar10
+from training.loop.config import parse_config
+from training.loop.dist import DistEnv, destroy_process_group, init_process_group
+from training.loop.inputs import open_node_local
+from training.loop.metrics import EventLog
+from training.loop.trainer import Trainer
 
 TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
 TRAIN_RECORDS = 48

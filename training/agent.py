@@ -18,14 +18,20 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
-from training.exit_codes import (
+from training.elastic.exit_codes import (
     BAD_INPUT,
     PERMANENT,
     RETRY_ME,
     after_spent_restarts,
     signal_exit,
 )
-from training.launch import DATA_DIR_ENV, DATA_URI_ENV, ETCD_BACKENDS, LAUNCHER_ENV, LAUNCHERS
+from training.elastic.launch import (
+    DATA_DIR_ENV,
+    DATA_URI_ENV,
+    ETCD_BACKENDS,
+    LAUNCHER_ENV,
+    LAUNCHERS,
+)
 
 logger = logging.getLogger("training.agent")
 
@@ -106,7 +112,7 @@ def main(
 
 def fetch_data(env: Mapping[str, str]) -> int | None:
     """Copy the dataset to node-local disk when ``TRAIN_DATA_URI`` asks; an exit code if not."""
-    from training.fetch_data import fetch_dataset
+    from training.data.fetch_data import fetch_dataset
 
     uri = env.get(DATA_URI_ENV, "")
     if not uri:
@@ -133,8 +139,8 @@ def run_warm(args: list[str]) -> int:
     code, close = _launch_warm(args)
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
     # here it closes only when the run is over for good, and the node leaves the round at
-    # once, so nobody waits out its heartbeat (training/rendezvous.py).
-    from training.rendezvous import created
+    # once, so nobody waits out its heartbeat (training/elastic/rendezvous.py).
+    from training.elastic.rendezvous import created
 
     for handler in created():
         handler.settle(close=close)
@@ -152,8 +158,8 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
         RendezvousTimeoutError,
     )
 
+    from training.elastic.rendezvous import BadInputAfterJoin, ReformTimeoutError
     from training.launcher import launch
-    from training.rendezvous import BadInputAfterJoin, ReformTimeoutError
 
     try:
         launch(args)
@@ -194,7 +200,7 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
             "start a new run with a new runId"
         )
         return PERMANENT, False
-    except RendezvousTimeoutError as exc:  # the first round only (training/rounds.py)
+    except RendezvousTimeoutError as exc:  # the first round only (training/elastic/rounds.py)
         logger.error(
             "too few nodes joined in time (%s): the GPU pool could not grow (Spot capacity or "
             "quota?). Failing the job frees the nodes that did come.",

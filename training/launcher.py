@@ -26,9 +26,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.config import parse_config
-from training.exit_codes import BAD_INPUT, VERDICT_ENV
-from training.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
+from training.elastic.exit_codes import BAD_INPUT, VERDICT_ENV
+from training.elastic.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
+from training.loop.config import parse_config
 
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
@@ -168,7 +168,7 @@ def launch(args: Sequence[str]) -> None:
         )
     # Every worker parses the same flags and env: a mistake there is the same on every rank
     # and no restart fixes it, so the node stops here (a ConfigError), before it joins.
-    from training.data import DatasetError, dataset_files
+    from training.data.cifar10 import DatasetError, dataset_files
 
     cfg = parse_config(parsed.training_script_args)
     # Missing data fails every worker the same way, restart after restart: stop before joining.
@@ -183,8 +183,8 @@ def launch(args: Sequence[str]) -> None:
             f"{config.rdzv_backend!r}; set {LAUNCHER_ENV}=torchrun for anything else"
         )
     # The operator can only name torch's backends (its CRD's enum): the same etcd, our
-    # handler (training/rendezvous.py), registered through torch's public registry.
-    from training.rendezvous import register
+    # handler (training/elastic/rendezvous.py), registered through torch's public registry.
+    from training.elastic.rendezvous import register
 
     config.rdzv_backend = register()
     wait_until_warm()

@@ -22,8 +22,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from training.exit_codes import VERDICT_ENV
-from training.launch import ROUND_FILE_ENV
+from training.elastic.exit_codes import VERDICT_ENV
+from training.elastic.launch import ROUND_FILE_ENV
 
 MONITOR_S = 0.1
 """torch's agent asks ``num_nodes_waiting`` this often (its monitor loop)."""
@@ -46,7 +46,7 @@ class _Host:
     def make(self, run_id: str, indices: list[int], max_nodes: int, conf: dict[str, str]) -> int:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-        from training.rendezvous import BACKEND, create_handler
+        from training.elastic.rendezvous import BACKEND, create_handler
 
         self.handlers, self.gone = {}, set()
         for index in indices:
@@ -134,7 +134,7 @@ def _worker_main(conn: Connection, events: Any, port: int, log_path: str) -> Non
         filename=log_path, level=logging.INFO, format=f"%(asctime)s {os.getpid()} %(message)s"
     )
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    import training.rendezvous  # noqa: F401 - torch, once, before "ready"
+    import training.elastic.rendezvous  # noqa: F401 - torch, once, before "ready"
 
     host = _Host(port, events)
     conn.send(("ok", os.getpid()))

@@ -13,7 +13,7 @@ from typing import Any
 
 WATCH_TIMEOUT_INTERVALS = 5
 """The handler re-arms its watch after this many heartbeat intervals without an event
-(training/membership.py, ``_watch``): one recursive read and one new watch each time."""
+(training/elastic/membership.py, ``_watch``): one recursive read and one new watch each time."""
 
 
 @dataclass(frozen=True)

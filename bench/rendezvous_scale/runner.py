@@ -21,8 +21,8 @@ from bench.rendezvous_scale.agents import MONITOR_S, Fleet, fleet_of
 from bench.rendezvous_scale.etcd_metrics import etcd_rates, scrape
 from bench.rendezvous_scale.tables import build_model, measured_row, summarize_reps
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
-from training.launch import RendezvousSettings
-from training.liveness import PROBE_TIMEOUT_S
+from training.elastic.launch import RendezvousSettings
+from training.elastic.liveness import PROBE_TIMEOUT_S
 
 SETTLE_S = 1.0
 """After the first round, before the quiet window: the last watch re-reads finish."""
@@ -205,16 +205,17 @@ def _rep_line(rep: dict[str, Any]) -> str:
 
 def harness_assumptions(config: ScaleConfig, conf: dict[str, str]) -> list[str]:
     return [
-        "An agent is the training's SpotRendezvousHandler (training.rendezvous.create_handler, "
+        "An agent is the training's SpotRendezvousHandler "
+        "(training.elastic.rendezvous.create_handler, "
         "with its own etcd clients and TCP probe port), without workers. A 2-core machine "
         f"cannot run one process per agent: spawned worker processes host up to "
         f"{config.per_process} agents each, in threads, so agents of one process share its "
         "GIL and answer probes later than separate processes would.",
         "One etcd 3.5 member (v2 API, the lab's flags) on loopback for every N and rep; each "
         "rep is a fresh run id. Times are CLOCK_MONOTONIC, common to all processes.",
-        f"The shipped settings (training/launch.py RendezvousSettings: {conf}, probe timeout "
-        f"{PROBE_TIMEOUT_S:g} s), except join_timeout lowered to the {config.cap_s} s cap. "
-        "min_nodes 1, max_nodes N.",
+        f"The shipped settings (training/elastic/launch.py RendezvousSettings: {conf}, "
+        f"probe timeout {PROBE_TIMEOUT_S:g} s), except join_timeout lowered to the "
+        f"{config.cap_s} s cap. min_nodes 1, max_nodes N.",
         "First round: from the common start of N joins to the last next_rendezvous return, "
         "every agent in one round of N.",
         "Death: the agent's heartbeats stop and its probe port refuses, without leaving (what "

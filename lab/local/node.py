@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from lab.local import process_tree
-from training.launch import ElasticPolicy, worker_env
+from training.elastic.launch import ElasticPolicy, worker_env
 
 
 class NodeProcess(Protocol):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from training.config import ConfigError, parse_config
-from training.launch import LAUNCHERS, RendezvousSettings
+from training.elastic.launch import LAUNCHERS, RendezvousSettings
+from training.loop.config import ConfigError, parse_config
 
 FAULT_KINDS = ("kill", "evict", "freeze", "join", "etcd-restart", "kill-all")
 NODE_FAULTS = ("kill", "evict", "freeze")
@@ -59,7 +59,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The training program's flags that a scenario sets (see ``training/train.py``)."""
+    """The training program's flags that a scenario sets (see ``training/loop/config.py``)."""
 
     max_steps: int = 300
     global_batch_size: int = 32

@@ -22,7 +22,7 @@ from lab.local.scenario import (
     TrainSettings,
     validate_scenario,
 )
-from training.launch import RendezvousSettings
+from training.elastic.launch import RendezvousSettings
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 BUILTIN_SCENARIOS = ("default", "ci")

@@ -44,7 +44,7 @@ from lab.local.scenario import (
 )
 from lab.report.run_logs import load_lab_run
 from lab.report.run_report import report_from_run, write_outputs
-from training.launch import ElasticPolicy, train_command
+from training.elastic.launch import ElasticPolicy, train_command
 
 REPO_ROOT = Path(training.__file__).resolve().parent.parent
 # Agents that did not exit on their own after training finished get this long on SIGTERM.
@@ -67,12 +67,12 @@ class SessionOptions:
 
 
 def write_dataset(out: Path, scenario: Scenario, python: str) -> Path:
-    """A synthetic dataset from ``python -m training.data``; raise LabError if it fails."""
+    """A synthetic dataset from ``python -m training.data.cifar10``; raise LabError if it fails."""
     train = scenario.train
     command = [
         python,
         "-m",
-        "training.data",
+        "training.data.cifar10",
         f"--out={out}",
         f"--train-records={train.train_records}",
         f"--test-records={train.test_records}",
@@ -90,8 +90,8 @@ def check_data_dir(data_dir: Path, train: TrainSettings) -> Path:
     LabError naming --data-dir otherwise: every worker would fail on it at start."""
     if not data_dir.is_dir():
         raise LabError(f"--data-dir: {data_dir} does not exist or is not a directory")
-    # Imported here: training.data imports torch, which the lab needs for this check only.
-    from training.data import DatasetError, load_cifar10_binary
+    # Imported here: training.data.cifar10 imports torch, which the lab needs for this check only.
+    from training.data.cifar10 import DatasetError, load_cifar10_binary
 
     try:
         records = len(load_cifar10_binary(data_dir, "train"))

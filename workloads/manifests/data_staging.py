@@ -1,14 +1,14 @@
 """The data-staging Job: CIFAR-10 into the ``data`` container before the training job exists.
 
-It runs ``python -m training.stage_data`` from the staging image (``training/Dockerfile.stager``:
-the training package with a CPU-only torch, no CUDA) on the system pool (no GPU is started for
-it), as its own ServiceAccount, whose identity is the only one that may write
-``data``. Its name carries a hash of the source and checksum: a new source is a new Job (a
-Job's pod template cannot be changed in place), an unchanged one is left alone. A Job that
-failed (a mirror down for a while) is replaced by the next ``pulumi up`` rather than met again
-as Failed: pulumi-kubernetes replaces an unready Job that carries ``pulumi.com/replaceUnready:
-"true"`` (provider.go, Diff: it reads the live Job and, when the Job checker says it is not
-ready, plans a replacement).
+It runs ``python -m training.data.stage_data`` from the staging image
+(``training/Dockerfile.stager``: the training package with a CPU-only torch, no CUDA) on the
+system pool (no GPU is started for it), as its own ServiceAccount, whose identity is the only
+one that may write ``data``. Its name carries a hash of the source and checksum: a new source is
+a new Job (a Job's pod template cannot be changed in place), an unchanged one is left alone. A
+Job that failed (a mirror down for a while) is replaced by the next ``pulumi up`` rather than
+met again as Failed: pulumi-kubernetes replaces an unready Job that carries
+``pulumi.com/replaceUnready: "true"`` (provider.go, Diff: it reads the live Job and, when the
+Job checker says it is not ready, plans a replacement).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def staging_command(spec: DataStagingSpec) -> list[str]:
     return [
         "python",
         "-m",
-        "training.stage_data",
+        "training.data.stage_data",
         "--source",
         spec.source_url,
         "--checksum",

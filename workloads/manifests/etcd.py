@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.launch import RDZV_PORT
+from training.elastic.launch import RDZV_PORT
 from workloads.manifests.scheduling import (
     CRITICAL_ADDONS_TOLERATION,
     RENDEZVOUS_LABELS,

@@ -2,7 +2,7 @@
 
 The Kubeflow operator turns ``elasticPolicy`` into ``PET_*`` env and torchrun reads those as
 its flags, so the values here are the same ``ElasticPolicy`` and ``worker_env`` the local
-lab gives its agents (``training/launch.py``).
+lab gives its agents (``training/elastic/launch.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from infra.catalog.pool_labels import gpu_pool_selector
 from stack_config import LabConfig
-from training.launch import (
+from training.elastic.launch import (
     DATA_DIR_ENV,
     DATA_URI_ENV,
     ElasticPolicy,
@@ -36,7 +36,7 @@ PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 PYTORCHJOB_KIND = "PyTorchJob"
 LOCAL_MOUNT = "/mnt/local"
 LOCAL_DATA_DIR = f"{LOCAL_MOUNT}/data"
-"""Where the agent copies the dataset before it joins (``training/fetch_data.py``)."""
+"""Where the agent copies the dataset before it joins (``training/data/fetch_data.py``)."""
 DATASET_MOUNT = "/mnt/dataset"
 """Where the dataset's read-only Blob CSI volume is mounted; the agent copies from it."""
 CONTAINER_NAME = "pytorch"
@@ -276,7 +276,7 @@ def pytorchjob_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
                     # missing data (2) stops the job and frees its GPU nodes; but a crash by
                     # signal (134 SIGABRT, 139 SIGSEGV) is retried too, with no limit:
                     # runPolicy.activeDeadlineSeconds is what bounds that (run_policy).
-                    # training/exit_codes.py maps every way a node ends onto these codes.
+                    # training/elastic/exit_codes.py maps every way a node ends onto these codes.
                     "restartPolicy": "ExitCode",
                     "template": worker_pod_template(spec),
                 }
@@ -308,7 +308,8 @@ def blob_url(blob_endpoint: str | None, container: str | None, path: str = "") -
 
     Checkpoints always go through the Blob API, never the Blob CSI mount: the checkpoint
     protocol needs create-if-absent and consistent listings, which blobfuse2's per-node caches
-    cannot give (``training/storage.py``). The dataset comes through the read-only volume.
+    cannot give (``training/checkpoints/storage.py``). The dataset comes through the read-only
+    volume.
     """
     if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
         raise ValueError(

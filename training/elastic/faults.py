@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 class PeerLostError(dist.DistError):
     """Raised by our own code when a collective shows that a peer did not finish a step
-    (training/step_guard.py)."""
+    (training/loop/step_guard.py)."""
 
 
 # gloo's transport raises ``gloo::IoException`` for a connection to a peer that closed, failed

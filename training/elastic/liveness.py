@@ -11,7 +11,7 @@ comes from the kernel as much as from the agent:
   answers), or an agent whose loop is wedged (it answers ``<id> stalled``): **unknown**. The
   rendezvous takes that for dead only once the node's heartbeat key has expired as well, so a
   slow node needs both a missed TTL and a missed probe to be taken for dead. A wedged agent
-  stops refreshing its key too (training/membership.py), so it is treated as a frozen node.
+  stops refreshing its key too (training/elastic/membership.py), so it is treated as a frozen node.
 
 ``Detector`` turns probes into verdicts for the rendezvous, holding answers so that a monitor
 loop does not probe on every tick.

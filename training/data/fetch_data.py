@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.launch import DATA_URI_ENV
-from training.stage_data import BATCH_FILE
-from training.storage import ObjectStore
+from training.checkpoints.storage import ObjectStore
+from training.data.stage_data import BATCH_FILE
+from training.elastic.launch import DATA_URI_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ ROLE_WAIT_S = 300.0
 class DataFetchError(ValueError):
     """The data is not there, or this identity may not read it: no retry by a new pod helps.
 
-    Defined here, not in ``training.data``, so that the agent copies the data before it
+    Defined here, not in ``training.data.cifar10``, so that the agent copies the data before it
     imports torch (the fork server's imports overlap the agent's).
     """
 
@@ -108,7 +108,9 @@ class MountedDirectory:
 def _source(uri: str) -> ObjectStore | MountedDirectory:
     """Where the batches come from: the Blob API for a URL, else a mounted directory."""
     if uri.startswith(("https://", "http://")):
-        from training.blob_store import BlobStore  # optional deps: only the cloud path needs them
+        from training.checkpoints.blob_store import (
+            BlobStore,  # optional deps: only the cloud path needs them
+        )
 
         return BlobStore.from_uri(uri)
     root = Path(uri)

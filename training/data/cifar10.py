@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.sampler import rank_share
+from training.data.sampler import rank_share
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,8 @@ def _data_root(data_dir: str | Path) -> Path:
     if not root.is_dir():
         raise DatasetError(
             f"CIFAR-10 data directory {root} does not exist; use the binary version of "
-            f"CIFAR-10, or write a synthetic one with `python -m training.data --out {root}`"
+            "CIFAR-10, or write a synthetic one with "
+            f"`python -m training.data.cifar10 --out {root}`"
         )
     return root
 
@@ -271,7 +272,7 @@ def batch_tensors(
 def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic CIFAR-10 to ``--out``."""
     parser = argparse.ArgumentParser(
-        prog="python -m training.data",
+        prog="python -m training.data.cifar10",
         description="Write a synthetic, learnable CIFAR-10 in the binary format.",
     )
     parser.add_argument("--out", required=True, type=Path, help="directory to write into")

@@ -9,9 +9,10 @@ so, and exits ``EXIT_NOT_DURABLE``.
 
 Either part happens once per step, whoever asks: a peer's loss may start a save that stays on
 the node, and this node's own SIGTERM, arriving during that save or after it, still makes it
-durable. The state is serialized once, straight into a file (``training/serialization.py``),
-and the durable upload streams that file; the eviction's commit skips pruning and, like every
-commit, never reads its upload back (``training/checkpoint.py``).
+durable. The state is serialized once, straight into a file
+(``training/checkpoints/serialization.py``), and the durable upload streams that file; the
+eviction's commit skips pruning and, like every commit, never reads its upload back
+(``training/checkpoints/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from training.checkpoint import (
+from training.checkpoints.checkpoint import (
     CheckpointError,
     CheckpointRepository,
     Payload,
     StaleCheckpoint,
     serialize,
 )
-from training.deadline import Deadline, DeadlineExceeded, within
-from training.dist import DistEnv
-from training.exit_codes import RETRY_ME
-from training.metrics import EventLog
-from training.periodic_save import BackgroundSaver
-from training.resume import NONE, NodeLocalState
+from training.checkpoints.deadline import Deadline, DeadlineExceeded, within
+from training.checkpoints.resume import NONE, NodeLocalState
+from training.elastic.exit_codes import RETRY_ME
+from training.loop.dist import DistEnv
+from training.loop.metrics import EventLog
+from training.loop.periodic_save import BackgroundSaver
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The checkpoint store's records: object and manifest names, and manifests.
 
-Everything here is a pure function of bytes and names; ``training/checkpoint.py`` does the I/O.
-A manifest read from a store is data from outside this process (another version, a torn or
+Everything here is a pure function of bytes and names; ``training/checkpoints/checkpoint.py`` does
+the I/O. A manifest read from a store is data from outside this process (another version, a torn or
 hand-edited object), so decoding validates every field and turns anything unexpected into
 "not a manifest" (None), never into an exception or a half-valid entry.
 """

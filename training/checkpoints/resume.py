@@ -26,15 +26,15 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from training.checkpoint import (
+from training.checkpoints.checkpoint import (
     CheckpointError,
     CheckpointRepository,
     Loaded,
     Payload,
     deserialize,
 )
-from training.serialization import spool
-from training.storage import FileStore
+from training.checkpoints.serialization import spool
+from training.checkpoints.storage import FileStore
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from training.checkpoint import CheckpointRepository, Entry, StaleCheckpoint
-from training.metrics import EventLog
-from training.serialization import serialize
+from training.checkpoints.checkpoint import CheckpointRepository, Entry, StaleCheckpoint
+from training.checkpoints.serialization import serialize
+from training.loop.metrics import EventLog
 
 logger = logging.getLogger(__name__)
 

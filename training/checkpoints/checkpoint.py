@@ -4,9 +4,9 @@ Commit protocol:
 1. write the state to a new, uniquely named object ``ckpt-<step>-<nonce>.pt``;
 2. check the store's receipt for it: the size the store now holds under that name (on Blob
    also every request's Content-MD5, which the service checks before it keeps a byte:
-   ``training/blob_store.py``). A torn or short write fails here, before it counts, without
-   reading the object back: a read-back of a large model would take longer than an eviction's
-   notice allows. Bytes damaged later in the store are what readers' checksums catch;
+   ``training/checkpoints/blob_store.py``). A torn or short write fails here, before it counts,
+   without reading the object back: a read-back of a large model would take longer than an
+   eviction's notice allows. Bytes damaged later in the store are what readers' checksums catch;
 3. publish a new manifest, ``ckpt-manifest-<seq>.json``, that names it and the older entries
    kept, with their checksums. A manifest is created once and never rewritten: the store's
    create-if-absent (Blob ``If-None-Match: *``; a hard link on a local filesystem) lets
@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from training.deadline import Deadline, DeadlineExceeded
-from training.manifest import (
+from training.checkpoints.deadline import Deadline, DeadlineExceeded
+from training.checkpoints.manifest import (
     CheckpointError,
     Entry,
     Manifest,
@@ -59,8 +59,8 @@ from training.manifest import (
     object_name,
     sha256,
 )
-from training.serialization import Payload, deserialize, serialize, snapshot
-from training.storage import ObjectStore
+from training.checkpoints.serialization import Payload, deserialize, serialize, snapshot
+from training.checkpoints.storage import ObjectStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Where checkpoints live: a tiny object-store interface over a directory or Azure Blob.
 
-The checkpoint protocol (``training/checkpoint.py``) needs whole-object put/get, an atomic
-create-if-absent, delete, and a listing with modification times, all answered consistently,
-and a receipt for each put: the size the store now holds under that name.
+The checkpoint protocol (``training/checkpoints/checkpoint.py``) needs whole-object put/get,
+an atomic create-if-absent, delete, and a listing with modification times, all answered
+consistently, and a receipt for each put: the size the store now holds under that name.
 Blob Storage's API gives all of that. A local filesystem does too (create-if-absent is a hard
 link). A blobfuse2 mount does not: its caches serve stale listings and reads across nodes,
 and it has no atomic create-if-absent, so ``FileStore`` refuses a directory on one.
@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from training.deadline import Deadline
+from training.checkpoints.deadline import Deadline
 
 # FUSE filesystems (blobfuse2 shows as "fuse" or "fuse.blobfuse2") cache listings and reads
 # per node, and most cannot link: none is trusted with a manifest.
@@ -184,7 +184,9 @@ def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
 def open_store(uri: str) -> ObjectStore:
     """A store for a checkpoint URI: ``http(s)://...`` is Azure Blob, anything else a path."""
     if uri.startswith(("https://", "http://")):
-        from training.blob_store import BlobStore  # optional deps: only the blob backend needs them
+        from training.checkpoints.blob_store import (
+            BlobStore,  # optional deps: only the blob backend needs them
+        )
 
         return BlobStore.from_uri(uri)
     return FileStore(uri)

@@ -1,9 +1,10 @@
 """The rendezvous' rounds: pure decisions on one view of the run's keys.
 
-No I/O and no clock of its own. The handler (training/rendezvous.py) reads a ``View`` from etcd
-(training/membership.py), asks the failure detector (training/liveness.py) through ``dead``, and
-carries out the one ``Action`` that ``decide`` returns; every write it makes is a
-compare-and-swap on the state's index, so acting on a stale view only loses a race.
+No I/O and no clock of its own. The handler (training/elastic/rendezvous.py) reads a ``View``
+from etcd (training/elastic/membership.py), asks the failure detector
+(training/elastic/liveness.py) through ``dead``, and carries out the one ``Action`` that
+``decide`` returns; every write it makes is a compare-and-swap on the state's index, so acting
+on a stale view only loses a race.
 
 The invariants, whatever the interleaving of joins, leaves and deaths:
 - a round completes only with members that joined it and are alive and have not left when it
@@ -24,8 +25,8 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from training.launch import RendezvousSettings
-from training.liveness import PROBE_TIMEOUT_S
+from training.elastic.launch import RendezvousSettings
+from training.elastic.liveness import PROBE_TIMEOUT_S
 
 _DEFAULTS = RendezvousSettings()
 
@@ -33,7 +34,7 @@ _DEFAULTS = RendezvousSettings()
 @dataclass(frozen=True)
 class Timing:
     """The rendezvous' clocks: torchrun's ``--rdzv-conf`` keys, each the name without ``_s``
-    (``RendezvousSettings`` in training/launch.py writes them and gives the defaults)."""
+    (``RendezvousSettings`` in training/elastic/launch.py writes them and gives the defaults)."""
 
     keep_alive_interval_s: int = _DEFAULTS.keep_alive_interval_s
     keep_alive_max_attempt: int = _DEFAULTS.keep_alive_max_attempt

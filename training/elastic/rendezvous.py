@@ -9,18 +9,18 @@ of ours, and differs where the time went:
 
 - **A node that leaves says so.** An evicted agent marks its key ``left``, withdraws its join
   of an open round and closes its probe port before it exits; nobody waits for it.
-- **A dead or wedged agent is seen.** Every agent answers a TCP probe (training/liveness.py)
+- **A dead or wedged agent is seen.** Every agent answers a TCP probe (training/elastic/liveness.py)
   while its own loop makes progress: a refused probe is a dead agent; a node whose heartbeat
   expired *and* whose probe goes unanswered (a frozen or vanished VM, a wedged agent) is dead
   too; a slow node answers its probe.
 - **No last call after the first round.** A new round waits for exactly the nodes it expects
   (the last round's members and the live waiting nodes) until each has joined or is dead, and
-  completes only with joiners that are still alive (training/rounds.py).
+  completes only with joiners that are still alive (training/elastic/rounds.py).
 - **Nothing waits on a member once its round completed.** The round's state carries rank 0's
   bootstrap address, so no member waits in the store for a rank 0 that died meanwhile
   (torch's ``RendezvousStoreInfo.build`` would wait 300 s, then raise ``LookupError``).
 - **Heartbeats are keys of their own**, refreshed without waking watchers; each agent watches
-  the run's directory instead of polling it (training/membership.py).
+  the run's directory instead of polling it (training/elastic/membership.py).
 - **etcd is not needed between rounds.** A failed heartbeat or watch is retried; the group
   trains on. A heartbeat that expired while etcd was away is answered by the probe.
 """
@@ -52,12 +52,12 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 
-from training import rounds
-from training.exit_codes import VERDICT_ENV
-from training.launch import ROUND_FILE_ENV
-from training.liveness import Detector, ProbeServer, Progress
-from training.membership import Membership, parse_endpoint
-from training.rounds import Me, Quorum, Timing, View
+from training.elastic import rounds
+from training.elastic.exit_codes import VERDICT_ENV
+from training.elastic.launch import ROUND_FILE_ENV
+from training.elastic.liveness import Detector, ProbeServer, Progress
+from training.elastic.membership import Membership, parse_endpoint
+from training.elastic.rounds import Me, Quorum, Timing, View
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +180,14 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.leave()
 
     def leave(self) -> None:
-        """Leave for good, at once (training/membership.py)."""
+        """Leave for good, at once (training/elastic/membership.py)."""
         self.keys.leave()
 
     def num_nodes_waiting(self) -> int:
         """>0 when the running group must re-form: a new round opened, a node waits to join,
         or a member is gone. From the watched view, with no etcd request: an etcd outage
         changes nothing here, and the group trains on. Each call is the monitor loop's
-        heartbeat (training/liveness.py: ``Progress``)."""
+        heartbeat (training/elastic/liveness.py: ``Progress``)."""
         self.progress.beat()
         view = self.keys.view
         if view.state_index < self._known_index:

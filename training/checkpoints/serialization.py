@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import torch
 import torch.utils.serialization.config as torch_serialization
 
-from training.manifest import CheckpointError, sha256
+from training.checkpoints.manifest import CheckpointError, sha256
 
 _crc = {"users": 0, "saved": True}
 _crc_lock = threading.Lock()  # held only to flip the flag, never across a save

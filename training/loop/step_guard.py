@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from training.faults import PeerLostError
+from training.elastic.faults import PeerLostError
 
 logger = logging.getLogger(__name__)
 

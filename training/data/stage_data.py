@@ -30,13 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from training.blob_store import credential_from_env, parse_blob_uri
+from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
 
 EXIT_BAD_INPUT = 2
 EXIT_RETRY = 1
 MARKER = ".staged.json"
 """The marker blob: its leading '.' keeps it out of the training loader's file pattern."""
-# The files the training loader reads (training/data.py), at the container's root.
+# The files the training loader reads (training/data/cifar10.py), at the container's root.
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
 CHECKSUM = re.compile(r"^(md5:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
 CHUNK = 1 << 20
@@ -95,7 +95,7 @@ def extract_batches(archive: Path, out_dir: Path) -> list[Path]:
     so an archive cannot write outside ``out_dir``.
     """
     # Imported here: the stack config imports this module for the checksum rule, without torch.
-    from training.data import TEST_FILE, DatasetError, load_cifar10_binary
+    from training.data.cifar10 import TEST_FILE, DatasetError, load_cifar10_binary
 
     written: list[Path] = []
     try:
@@ -187,7 +187,7 @@ def stage(source: str, checksum: str, container_uri: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m training.stage_data",
+        prog="python -m training.data.stage_data",
         description="Download CIFAR-10's binary archive, check its checksum and upload the "
         "batch files to a Blob container (idempotent).",
     )

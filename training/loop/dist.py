@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.launch import ROUND_FILE_ENV
+from training.elastic.launch import ROUND_FILE_ENV
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class DistEnv:
     run_id: str = "standalone"
     rdzv_round: int = 0
     """The rendezvous round this worker's group formed in (0: not known), from the file the
-    agent writes (training/rendezvous.py)."""
+    agent writes (training/elastic/rendezvous.py)."""
 
     @property
     def last_round(self) -> bool:

@@ -1,6 +1,7 @@
 """Checkpoints straight to Azure Blob Storage (or Azurite), without a filesystem mount.
 
-Which URIs name a store and which credential signs its requests is ``training/blob_location.py``.
+Which URIs name a store and which credential signs its requests is
+``training/checkpoints/blob_location.py``.
 
 Atomicity: ``put`` is one ``upload_blob(overwrite=True)``; ``put_new`` is the same upload
 with ``overwrite=False``, which the SDK sends as ``If-None-Match: *``: the service creates the
@@ -50,7 +51,7 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import BlobPrefix, ContainerClient, LinearRetry
 
-from training.blob_location import (
+from training.checkpoints.blob_location import (
     CONNECTION_STRING_ENV,
     DEV_ACCOUNT,
     DEV_ACCOUNT_KEY,
@@ -59,7 +60,7 @@ from training.blob_location import (
     describe_auth,
     parse_blob_uri,
 )
-from training.deadline import Deadline, DeadlineExceeded
+from training.checkpoints.deadline import Deadline, DeadlineExceeded
 
 # Re-exported: callers find the store and its URI rules in one place.
 __all__ = [

@@ -14,8 +14,8 @@ import re
 import uuid
 from contextlib import suppress
 
-from training.manifest import CheckpointError
-from training.storage import ObjectStore
+from training.checkpoints.manifest import CheckpointError
+from training.checkpoints.storage import ObjectStore
 
 _LINEAGE = re.compile(r"^[0-9a-f]{32}$")
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from training.dist import DistEnv
+from training.loop.dist import DistEnv
 
 
 def setup_logging(env: DistEnv, level: int = logging.INFO) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # What the PyTorchJob names (its CRD allows c10d, etcd, etcd-v2): the etcd v2 API, etcd 3.5
-# with --enable-v2=true. The warm agent serves it with its own handler (training/rendezvous.py).
+# with --enable-v2=true. The warm agent serves it with its own handler
+# (training/elastic/rendezvous.py).
 RDZV_BACKEND = "etcd-v2"
 ETCD_BACKENDS = ("etcd", "etcd-v2")
 # Where the agent writes the round its workers belong to, for them to log.
@@ -26,7 +27,7 @@ AGENT_MODULE = "training.agent"
 LAUNCHER_ENV = "TRAIN_LAUNCHER"
 LAUNCHERS = ("warm", "torchrun")
 # In the cluster the agent copies the dataset from this Blob URL into this directory before it
-# joins (training/fetch_data.py); the training flags' --data-dir falls back to the directory.
+# joins (training/data/fetch_data.py); the training flags' --data-dir falls back to the directory.
 DATA_URI_ENV = "TRAIN_DATA_URI"
 DATA_DIR_ENV = "TRAIN_DATA_DIR"
 
@@ -39,7 +40,7 @@ etcd). A job beyond it must beat less often: the stack config refuses it otherwi
 
 @dataclass(frozen=True)
 class RendezvousSettings:
-    """Rendezvous clocks (training/rendezvous.py). torchrun's defaults take ~46 s to recover
+    """Rendezvous clocks (training/elastic/rendezvous.py). torchrun's defaults take ~46 s to recover
     from a lost node; these, with our handler, about a second (docs/benchmarks.md)."""
 
     last_call_timeout_s: int = 1
@@ -141,7 +142,7 @@ def worker_env(
         # torch 2.13 hangs a *new* node on scale-up when the agent's TCP store is shared.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # NCCL, as torch 2.13 documents these ("ProcessGroupNCCL Environment Variables"). A
-        # lost peer is caught by the step guard (training/step_guard.py), not by NCCL:
+        # lost peer is caught by the step guard (training/loop/step_guard.py), not by NCCL:
         # 2 = on an error or timeout the watchdog only aborts the communicator, so stuck
         # kernels return and the process lives to save (the default, 3, tears it down).
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",

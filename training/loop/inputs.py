@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.checkpoint import CheckpointError, CheckpointRepository
-from training.config import ConfigError, TrainConfig, check_batch_fits, parse_config
-from training.data import DatasetError, ImageDataset, load_cifar10_binary
-from training.dist import DistEnv
-from training.lineage import store_lineage
-from training.resume import NodeLocalState, node_local_key, uri_digest
-from training.storage import open_store
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.lineage import store_lineage
+from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
+from training.checkpoints.storage import open_store
+from training.data.cifar10 import DatasetError, ImageDataset, load_cifar10_binary
+from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
+from training.loop.dist import DistEnv
 
 # Not compared when resuming from a durable checkpoint, which may be moved to another URI
 # (a Blob CSI mount and the https URL of the same container); it only keys node-local saves.

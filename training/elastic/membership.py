@@ -24,8 +24,8 @@ from typing import Any
 
 import etcd
 
-from training.liveness import ProbeServer, Progress
-from training.rounds import Timing, View
+from training.elastic.liveness import ProbeServer, Progress
+from training.elastic.rounds import Timing, View
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Membership:
         self.client, self._watch_client = client, watch_client
         self._saw = saw
         """Told every registered node read, so that a key that expired is still probed where
-        it was (training/liveness.py, ``Detector``)."""
+        it was (training/elastic/liveness.py, ``Detector``)."""
         self.node, self.addr, self.timing, self.progress = node, addr, timing, progress
         self.root = f"{ROOT}/rendezvous/{run_id}"
         self.store_dir = f"{ROOT}/store/{run_id}"

@@ -1,0 +1,201 @@
+"""The elastic training loop: restore, wrap in DDP, ``while step < max_steps: train_step;
+maybe_save``, finish.
+
+On SIGTERM (spot eviction notice, pod deletion, torchrun restarting the group) the worker
+finishes the step in flight, saves, and exits. When a collective fails because a peer vanished,
+every survivor still holds the state of the last completed step (on gloo the gradient
+all-reduce fails inside ``backward()``; on NCCL the step guard raises after it; both before
+``optimizer.step()``: training/loop/step_guard.py), so it saves that to node-local disk and
+exits; the next round resumes from it and no completed step is lost. Whenever a stop was
+requested, rank 0 also commits that state durably: the node-local disk may go with the pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from training.checkpoints.checkpoint import CheckpointError, serialize
+from training.data.cifar10 import batch_tensors
+from training.data.sampler import loss_scale, micro_batches
+from training.elastic.faults import StopRequest, is_peer_failure
+from training.loop.emergency import Outcome
+from training.loop.metrics import Phases, progress_line
+from training.loop.step_guard import (
+    EmulatedStream,
+    abort_collectives,
+    stream_ordered_allreduce_hook,
+)
+from training.loop.trainer_state import EXIT_OK, EXIT_RESTART, StatefulTrainer, stop_exit_code
+
+logger = logging.getLogger("training")
+
+
+class Trainer(StatefulTrainer):
+    """The loop over a ``StatefulTrainer``'s state: one optimiser step at a time, its log lines,
+    the failures it survives and the final commit."""
+
+    ddp: DistributedDataParallel | None = None
+    """The model wrapped in DDP, once the state is restored."""
+    last_loss: float | None = None
+    """The global mean loss at the last log step (rank 0)."""
+    _stopped: Outcome | None = None
+    """The loop's emergency save when a stop ended it."""
+
+    # -- one optimiser step --------------------------------------------------------------------
+    def train_step(self) -> tuple[float, int]:
+        """One global batch: this rank's share, in micro-batches, and the optimiser step;
+        returns (loss sum, samples)."""
+        assert self.ddp is not None
+        step, world, rank = self.state.step, self.env.world_size, self.env.rank
+        indices = self.sampler.rank_indices(step, world, rank)
+        scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
+        chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)
+        epoch = self.sampler.epoch_of(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for i, (offset, size) in enumerate(chunks):
+            x, y = batch_tensors(
+                self.dataset, indices[offset : offset + size], seed=self.cfg.run.seed, epoch=epoch
+            )
+            # Gradients are all-reduced once per step, on the last micro-batch only.
+            with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
+                loss = F.cross_entropy(
+                    self.ddp(x.to(self.device, self.dtype)), y.to(self.device), reduction="sum"
+                )
+                (loss * scale).backward()
+            loss_sum += float(loss.detach())
+        # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
+        # a half-reduced gradient changes the state every rank must agree on.
+        self.guard.check()
+        with self._state_lock:
+            self.optimizer.step()
+            self.state.step += 1
+            if self.local is not None and self.env.local_rank == 0:
+                self.local.mark_progress(self.state.step)
+        return loss_sum, len(indices)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self, stop: StopRequest, phases: Phases) -> int:
+        """Restore, train to ``max_steps`` and finish; EXIT_RESTART after a stop or lost peer."""
+        try:
+            self.restore()
+            phases.mark("restore")
+        except Exception as exc:
+            if not is_peer_failure(exc):
+                raise
+            return self._after_failure("peer_failure", exc, stop, restored=False)
+        try:
+            self._wrap_in_ddp(phases)
+            if not self._train(stop):
+                return stop_exit_code(self._stopped)
+            self.finish()
+        except Exception as exc:
+            if is_peer_failure(exc):
+                return self._after_failure("peer_failure", exc, stop, restored=True)
+            if isinstance(exc, OSError | CheckpointError):
+                # E.g. the store failed the final commit: keep the steps on the node and let
+                # torchrun retry, rather than crash and fall back to the last periodic save.
+                return self._after_failure("storage_failure", exc, stop, restored=True)
+            raise
+        return EXIT_OK
+
+    def _after_failure(
+        self, kind: str, exc: BaseException, stop: StopRequest, restored: bool
+    ) -> int:
+        self.events.event(kind, step=self.state.step, error=str(exc)[:200])
+        if kind == "peer_failure":
+            abort_collectives()  # NCCL kernels stuck on the lost peer return
+        if restored and self.cfg.checkpoint.emergency_saves:
+            return stop_exit_code(self.emergency_save(kind, stop))
+        return EXIT_RESTART
+
+    def _wrap_in_ddp(self, phases: Phases) -> None:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        stream = self.guard.stream
+        if isinstance(stream, EmulatedStream):  # NCCL's ordering on gloo (tests, the lab)
+            # Gradients are views of the buckets, which the queued all-reduce fills later.
+            self.ddp = DistributedDataParallel(
+                self.model, device_ids=device_ids, gradient_as_bucket_view=True
+            )
+            self.ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
+        else:
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        phases.mark("ddp")
+        if self.env.rank == 0:
+            self.events.event(
+                "ready",
+                step=self.state.step,
+                seconds=phases.total(),
+                phases=phases.durations,
+                warm=phases.warm,
+            )
+
+    def _train(self, stop: StopRequest) -> bool:
+        """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
+        max_steps, log_every = self.cfg.run.max_steps, self.cfg.run.log_every
+        last_save = [float(self.state.step), time.monotonic()]
+        window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
+        while self.state.step < max_steps:
+            if stop.requested:
+                if self.cfg.checkpoint.emergency_saves:
+                    self._stopped = self.emergency_save("sigterm", stop)
+                return False
+            step_started = time.monotonic()
+            loss_sum, count = self.train_step()
+            window_steps += 1
+            window_loss[0] += loss_sum
+            window_loss[1] += count
+            if self.state.step % log_every == 0 or self.state.step == max_steps:
+                self._log(window_loss, window_steps, time.monotonic() - window_start)
+                window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
+            self.maybe_save(last_save)
+            # Lab pacing: a fault schedule in steps then means the same on a fast machine.
+            time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))
+        return True
+
+    def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
+        # The global mean loss over the window, only at log steps; on the guard's gloo group
+        # where there is one, so a peer lost here fails it as in any other collective.
+        totals = self.guard.all_reduce(torch.tensor(window_loss, dtype=torch.float64))
+        if self.env.rank != 0:
+            return
+        loss = float(totals[0] / totals[1])
+        self.last_loss = round(loss, 6)
+        rate = steps * self.cfg.optim.global_batch_size / max(seconds, 1e-9)
+        epoch = self.sampler.epoch_of(max(self.state.step - 1, 0))
+        self.events.metrics(
+            step=self.state.step,
+            epoch=epoch,
+            world_size=self.env.world_size,
+            loss=round(loss, 6),
+            samples_per_s=round(rate, 2),
+            step_time_s=round(seconds / steps, 5),
+        )
+        logger.info(
+            progress_line(
+                self.state.step, self.cfg.run.max_steps, epoch, self.env.world_size, loss, rate
+            )
+        )
+
+    def finish(self) -> None:
+        """Rank 0 commits the final state; every rank waits so none exits while others save.
+
+        The wait is on the checkpoint group: its timeout allows for a slow store.
+        """
+        if self.env.rank == 0:
+            self.saver.wait()
+            # The store, not this process's memory, says what is durable: another writer or a
+            # damaged object may have changed it since this process last committed.
+            durable = self.durable.newest_verified()
+            if durable is None or durable.step < self.state.step:
+                self.durable.commit(self.state.step, serialize(self.state_dict()))
+            self.committed.advance(self.state.step)
+            self.events.event("finished", step=self.state.step, loss=self.last_loss)
+        dist.barrier(group=self.checkpoint_group)

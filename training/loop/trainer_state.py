@@ -1,0 +1,265 @@
+"""A trainer's state and how it is kept: what a checkpoint holds, restore, saves and the stop.
+
+The state is the model (unwrapped from DDP), the optimiser, the step (the data position derives
+from it), the run's identity and the RNG. Rank 0 saves it in the background while the loop
+trains (training/loop/periodic_save.py); a stop or a lost peer saves the last completed step
+(training/loop/emergency.py), on the SIGTERM's own thread when the loop may be stuck in a
+collective. A state lock keeps every save to the state of a completed step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
+from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
+from training.data.cifar10 import ImageDataset
+from training.data.sampler import ElasticSampler
+from training.elastic.exit_codes import WORKER_RESTART
+from training.elastic.faults import StopRequest
+from training.loop.config import ConfigError, TrainConfig
+from training.loop.dist import DistEnv
+from training.loop.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
+from training.loop.inputs import STORAGE_KEY, run_identity
+from training.loop.metrics import EventLog
+from training.loop.model import ModelConfig, build_model
+from training.loop.periodic_save import BackgroundSaver, SavePolicy, report_failure
+from training.loop.step_guard import StepGuard, cpu_state
+
+logger = logging.getLogger("training")
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_RESTART = WORKER_RESTART  # state saved; torchrun starts a new round
+# Whatever runs the worker's exit: the SIGTERM thread holds it while it saves, so the main
+# thread, done with the loop, cannot end the process under a durable commit in flight.
+_EXIT_LOCK = threading.RLock()
+
+
+@dataclass
+class TrainerState:
+    """The loop's own position; the data position derives from the step alone."""
+
+    step: int = 0
+
+
+class StatefulTrainer:
+    """A trainer's state and every way it is kept: what a checkpoint holds, the restore the
+    ranks agree on, rank 0's periodic saves in the background, the emergency save and the
+    SIGTERM's stop. ``Trainer`` (training/loop/trainer.py) adds the loop."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        device: torch.device,
+        dataset: ImageDataset,
+        durable: CheckpointRepository,
+        local: NodeLocalState | None,
+        events: EventLog,
+        checkpoint_group: dist.ProcessGroup | None = None,
+        guard: StepGuard | None = None,
+    ) -> None:
+        """``checkpoint_group`` carries the collectives that wait on storage (restore, finish);
+        None uses the default group. ``guard`` checks every step before ``optimizer.step()``
+        where the gradient all-reduce may complete without a lost peer (NCCL)."""
+        self.cfg, self.env, self.device, self.dataset = cfg, env, device, dataset
+        self.durable, self.local, self.events = durable, local, events
+        self.checkpoint_group = checkpoint_group
+        self.guard = guard or StepGuard(None)
+        self.identity = run_identity(cfg, dataset)
+        torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
+        self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
+        self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
+            device=device, dtype=self.dtype
+        )
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=cfg.optim.lr,
+            momentum=cfg.optim.momentum,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.sampler = ElasticSampler(len(dataset), cfg.optim.global_batch_size, cfg.run.seed)
+        self.state = TrainerState()
+        self.policy = SavePolicy(
+            cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
+        )
+        self.saver = BackgroundSaver(durable, self._on_saved, self._on_save_failed)
+        self._stalls: dict[int, float] = {}
+        self.committed = DurableProgress()
+        self.emergency = EmergencySave(
+            env,
+            local,
+            durable,
+            self.saver,
+            self.committed,
+            events,
+            cfg.checkpoint.stop_deadline_s,
+        )
+        self.restored = False
+        """Whether the state is this run's (restored or fresh): only then is it worth saving."""
+        self._state_lock = threading.Lock()
+        """Held while the state changes (restore, optimizer step, step count), never across a
+        collective: whoever holds it sees the state of a completed step."""
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        step = self.state.step
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "trainer": {
+                "step": step,
+                "epoch": self.sampler.epoch_of(step),
+                "consumed_samples": self.sampler.consumed_samples(step),
+            },
+            "run": dict(self.identity),
+            "rng": {"torch": torch.get_rng_state()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        theirs = {k: v for k, v in state["run"].items() if k != STORAGE_KEY}
+        mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
+        if theirs != mine:
+            differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+            raise ConfigError(
+                "the checkpoint was written with "
+                + ", ".join(f"{k}={theirs.get(k)!r}" for k in differ)
+                + "; this run has "
+                + ", ".join(f"{k}={mine.get(k)!r}" for k in differ)
+                + ". Use a new --checkpoint-uri (a new runId), or the checkpoint's settings "
+                "and dataset"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.state.step = int(state["trainer"]["step"])
+        torch.set_rng_state(state["rng"]["torch"])
+
+    def restore(self) -> Resume:
+        """The newest state any rank holds, loaded on every rank (``agree_on_resume``)."""
+        # A gloo checkpoint group carries CPU tensors, whatever the default backend.
+        device = self.device if self.checkpoint_group is None else torch.device("cpu")
+        resume = agree_on_resume(
+            self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
+        )
+        with self._state_lock:
+            if resume.state is not None:
+                self.load_state_dict(resume.state)
+            self.restored = True
+        if resume.source == "durable":
+            self.committed.advance(resume.step)
+        elif resume.source == "local" and self.env.rank == 0:
+            # The step lives only on the nodes' disks: commit it now, in the background, so
+            # an eviction of every node before the next periodic save does not lose it.
+            self.saver.submit(resume.step, snapshot(self.state_dict()))
+        if self.env.rank == 0:
+            self.events.event(
+                "resumed",
+                step=resume.step,
+                source=resume.source,
+                from_rank=resume.from_rank,
+                lost_steps=resume.lost_steps,
+                world_size=self.env.world_size,
+                seconds=round(resume.seconds, 4),
+            )
+            logger.info(
+                "resumed at step %d from %s (rank %d), %s steps lost, world size %d",
+                resume.step,
+                resume.source,
+                resume.from_rank,
+                resume.lost_steps,
+                self.env.world_size,
+            )
+        return resume
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _on_saved(self, entry: Entry, seconds: float) -> None:
+        self.committed.advance(entry.step)
+        self.events.event(
+            "checkpoint_saved",
+            step=entry.step,
+            bytes=entry.size,
+            seconds=round(seconds, 4),
+            stall_s=round(self._stalls.pop(entry.step, 0.0), 6),
+            name=entry.name,
+        )
+
+    def _on_save_failed(self, step: int, error: BaseException, in_a_row: int) -> None:
+        self._stalls.pop(step, None)
+        report_failure(self.events, step, error, in_a_row, self.committed.step, self.state.step)
+
+    def maybe_save(self, last: list[float]) -> None:
+        """Rank 0 only: snapshot in the loop (the stall), write in the background."""
+        now = time.monotonic()
+        if self.env.rank != 0 or not self.policy.should_save(
+            self.state.step, int(last[0]), last[1], now
+        ):
+            return
+        started = time.perf_counter()
+        state = snapshot(self.state_dict())
+        self._stalls[self.state.step] = time.perf_counter() - started
+        if self.saver.submit(self.state.step, state):
+            last[0], last[1] = self.state.step, now
+
+    def emergency_save(self, reason: str, stop: StopRequest | None = None) -> Outcome | None:
+        """Save the last completed step before exiting: node-local, then durable when the node
+        is going away (training/loop/emergency.py says who commits when, and the deadline)."""
+
+        def stopping() -> bool:  # asked more than once: a SIGTERM may come in the middle
+            requested = reason == "sigterm" or (stop is not None and stop.requested)
+            if requested:
+                self.emergency.note_stop()
+            return requested or self.env.last_round
+
+        # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
+        return self.emergency.save(
+            self.state.step, lambda: cpu_state(self.state_dict()), reason, stopping
+        )
+
+    def stop_now(self, stop: StopRequest) -> None:
+        """SIGTERM, on the stop thread: save the last completed step and end the process now.
+
+        The loop may be stuck in a collective on a frozen peer, which only the collective
+        timeout (30 s in the cluster) would end, and the agent restarting the group waits for
+        it: so nobody waits for the loop. The step in flight is abandoned: the state lock
+        gives the state of the last completed one, on every rank the same.
+        """
+        code = EXIT_RESTART
+        with _EXIT_LOCK:
+            try:
+                self.emergency.note_stop()  # the deadline runs from the signal
+                outcome = None
+                with self._state_lock:
+                    if self.restored and self.cfg.checkpoint.emergency_saves:
+                        outcome = self.emergency_save("sigterm", stop)
+                    elif self.cfg.checkpoint.emergency_saves:
+                        outcome = self.emergency.commit_leftover()
+                code = stop_exit_code(outcome)
+            finally:  # whatever happened, the process ends: the agent is waiting for it
+                exit_now(code)
+
+
+def stop_exit_code(outcome: Outcome | None) -> int:
+    """A stopped worker's code: EXIT_NOT_DURABLE when its required durable commit gave up."""
+    return EXIT_RESTART if outcome is None or outcome.complete else EXIT_NOT_DURABLE
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main).
+
+    Waits for a SIGTERM save in progress on the stop thread, which ends the process itself.
+    """
+    with _EXIT_LOCK:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
