@@ -1,5 +1,5 @@
 """Shared fixtures: a real Azurite Blob endpoint, the two checkpoint object stores, and what
-a trainer's tests run on (a tiny dataset, a gloo group of one: tests/trainer_harness.py).
+a trainer's tests run on (a tiny dataset, a gloo group of one: tests/support/trainer_harness.py).
 
 ``object_store`` runs a test once per backend (ids ``file`` and ``blob``), so the checkpoint
 protocol is proven on a directory and on the Blob API alike.
@@ -21,8 +21,8 @@ import pytest
 # The fixtures of the lab's Azure tools' tests, each on loopback: a recorded subscription
 # (``azure``), the local tools faked on PATH (``tools``), Docker Hub's answers for the
 # Dockerfiles' bases (``hub``).
-from tests.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
-from tests.registry_replay import hub_for_preflight  # noqa: F401
+from tests.support.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
+from tests.support.registry_replay import hub_for_preflight  # noqa: F401
 from training.checkpoints.storage import FileStore, ObjectStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def object_store(request: pytest.FixtureRequest) -> ObjectStore:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny synthetic dataset for a trainer (torch is imported only by tests that use it)."""
-    from tests.trainer_harness import make_data_dir
+    from tests.support.trainer_harness import make_data_dir
 
     return make_data_dir(tmp_path_factory)
 
@@ -156,7 +156,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
     """A gloo default group of one, for a trainer in this process."""
-    from tests.trainer_harness import one_process_world
+    from tests.support.trainer_harness import one_process_world
 
     with one_process_world():
         yield

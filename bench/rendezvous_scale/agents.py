@@ -103,8 +103,8 @@ class _Host:
 
     def kill(self, index: int) -> float:
         """What SIGKILL leaves: no more heartbeats, a refused port, a key until its TTL.
-        (The handler's private fields, as in tests/test_rendezvous.py: it has no public
-        way to die without leaving.)"""
+        (The handler's private fields, as in tests/training/elastic/test_rendezvous.py: it has
+        no public way to die without leaving.)"""
         at = time.monotonic()
         handler = self.handlers[index]
         handler._stop.set()

@@ -1,0 +1,41 @@
+"""The lab with two training processes per node, as on a 2-GPU VM size: a kill loses no step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.local.scenario import plan_membership
+from lab.local.scenario_file import load_scenario
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SCENARIO = REPO_ROOT / "lab" / "local" / "scenarios" / "multi-gpu.toml"
+
+
+def test_the_plan_counts_ranks_not_nodes() -> None:
+    scenario = load_scenario(str(SCENARIO))
+    assert scenario.nproc_per_node == 2
+    (kill,) = plan_membership(scenario)
+    assert kill.stopped == (1,) and kill.world_size == 2  # one node of two processes left
+
+
+@pytest.mark.slow
+def test_two_processes_per_node_recover_from_a_kill_with_no_lost_step(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "lab", "run", "--scenario", str(SCENARIO), "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    (fault,) = report["faults"]
+    assert fault["recovered"] and fault["steps_lost"] == 0
+    assert (fault["world_size_before"], fault["world_size_after"]) == (4, 2)
+    assert fault["resume_source"] == "local"  # a survivor's emergency save, not the disk

@@ -1,0 +1,157 @@
+"""``python -m lab``: bad input is refused before anything starts, with the flag named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args],
+        cwd=cwd,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--fault", "kind=explode,at_step=3"],
+            "unknown fault kind 'explode'; allowed: kill, evict",
+        ),
+        (["--fault", "kind=kill,node=9,at_step=3"], "cannot kill node 9"),
+        (
+            ["--fault", "kind=join,at_step=100000"],
+            "at_step: 100000 is out of range; allowed: 1..399",
+        ),
+        (
+            ["--etcd-binary", "/nonexistent/etcd"],
+            "--etcd-binary: /nonexistent/etcd is not an executable",
+        ),
+        (["--data-dir", "/nonexistent/cifar"], "--data-dir: /nonexistent/cifar does not exist"),
+        (["--scenario", "nope"], "--scenario: 'nope' is neither a built-in scenario (default, ci)"),
+        (["--nodes", "5"], "nodes: 5 must be within min_nodes..max_nodes (1..3)"),
+        (
+            ["--fault", "node=1,at_step=3"],
+            "--fault[0].kind: required; allowed: kill, evict, freeze, join, etcd-restart, kill-all",
+        ),
+        (["--fault", "kind=kill,node=one,at_step=3"], "--fault[0].node: expected int, got 'one'"),
+        (["--max-steps", "0"], "--max-steps: must be >= 1, got 0"),
+        (["--fault", "kind=kill-all,nodes=4,at_step=3"], "more than max_nodes 3; allowed: 1..3"),
+    ],
+)
+def test_bad_input_exits_2_and_names_the_setting(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    scenario = [] if "--scenario" in args else ["--ci"]
+    result = lab("run", *scenario, "--out", str(tmp_path / "out"), *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was started or written
+
+
+def test_an_existing_run_dir_is_not_reused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    result = lab("run", "--ci", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"--out: {out} already exists and is not empty" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["report.json"]
+
+
+def test_an_out_dir_that_cannot_be_created_names_the_flag(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "file" / "out"
+    result = lab("run", "--ci", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"error: --out: cannot create {out}: Not a directory" in result.stderr
+
+
+def test_simulate_eviction_is_dispatched(tmp_path: Path) -> None:
+    result = lab("simulate-eviction", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "simulate-eviction" in result.stdout
+
+
+def test_scenarios_lists_both_builtins(tmp_path: Path) -> None:
+    result = lab("scenarios", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "default: 3 nodes" in result.stdout and "ci: 3 nodes" in result.stdout
+    assert "kill-all, start 2 new @ step 150" in result.stdout
+
+
+def test_unknown_command_is_an_argparse_error(tmp_path: Path) -> None:
+    result = lab("explode", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "invalid choice: 'explode'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("nodes = [1]\n", "error: nodes: expected int, got [1] (allowed: an integer)"),
+        ("[train]\nlr = 0.0\n", "error: train.lr: must be > 0, got 0.0"),
+        ("[[faults]]\nnode = 1\nat_step = 3\n", "error: faults[0].kind: required; allowed:"),
+        ("[train\n", "error: --scenario: "),
+    ],
+)
+def test_a_bad_scenario_file_exits_2_and_names_the_key(
+    tmp_path: Path, toml: str, message: str
+) -> None:
+    (tmp_path / "bad.toml").write_text(toml)
+    result = lab("run", "--scenario", "bad.toml", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"readme.txt": b"hi"}, "--data-dir: no train batch files (data_batch_1.bin"),
+        ({"data_batch_1.bin": b"\x00" * 100}, "not a multiple of the 3073-byte record"),
+        ({"data_batch_1.bin": b"\x00" * 3073}, "holds 1 training records; allowed: >= "),
+    ],
+)
+def test_a_data_dir_the_loader_cannot_read_is_refused(
+    tmp_path: Path, files: dict[str, bytes], message: str
+) -> None:
+    data = tmp_path / "cifar"
+    data.mkdir()
+    for name, content in files.items():
+        (data / name).write_bytes(content)
+    out = str(tmp_path / "out")
+    result = lab("run", "--ci", "--out", out, "--data-dir", str(data), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("etcd Version: 3.6.0", "is etcd 3.6.0; allowed: etcd 3.4 or 3.5"),
+        ("hello", "--version does not print an etcd version; allowed: etcd 3.4 or 3.5"),
+    ],
+)
+def test_an_etcd_without_the_v2_api_is_refused(tmp_path: Path, version: str, message: str) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+    out = str(tmp_path / "out")
+    result = lab("run", "--ci", "--out", out, "--etcd-binary", str(fake), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"--etcd-binary: {fake} {message}" in result.stderr
+    assert not (tmp_path / "out").exists()

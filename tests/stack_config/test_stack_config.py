@@ -1,0 +1,495 @@
+"""stack_config: loading raw config into LabConfig and validating it. Pure: no Pulumi runtime."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+import stack_config
+from infra import gpu_sizes, naming
+from stack_config import ConfigError, LabConfig, load, validate
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+def _cfg(raw: dict[str, str] | None = None, location: str | None = None) -> LabConfig:
+    """A loaded and validated config from raw overrides of the defaults."""
+    cfg = load(raw or {}, "spot-lab", "dev", location)
+    validate(cfg)
+    return cfg
+
+
+def _problems(raw: dict[str, str]) -> str:
+    """The ConfigError message for raw config that must fail load or validate."""
+    with pytest.raises(ConfigError) as info:
+        _cfg(raw)
+    return str(info.value)
+
+
+# ---- the key table and Pulumi.yaml agree -------------------------------------------------------
+
+
+def _declared() -> dict[str, dict]:
+    return yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())["config"]
+
+
+def test_every_setting_is_declared_in_pulumi_yaml_and_nothing_else() -> None:
+    assert set(_declared()) == set(stack_config.KEYS)
+
+
+def test_pulumi_yaml_declares_type_default_and_description() -> None:
+    for key, spec in _declared().items():
+        assert spec["type"] in ("string", "integer", "boolean"), key
+        assert "default" in spec, key
+        assert spec["description"].strip(), key
+
+
+def test_pulumi_yaml_defaults_equal_dataclass_defaults() -> None:
+    raw = {key: str(spec["default"]) for key, spec in _declared().items()}
+    assert load(raw, "spot-lab", "dev") == LabConfig(project="spot-lab", stack="dev")
+
+
+def test_integer_keys_are_declared_as_integers() -> None:
+    declared = _declared()
+    for setting in stack_config.SETTINGS:
+        # An optional integer is a string that may be empty: Pulumi requires a typed key
+        # without a default, and "" is not an integer.
+        expected = "integer" if setting.kind is int and not setting.optional else "string"
+        assert declared[setting.key]["type"] == expected, setting.key
+    assert declared["gpuMaxNodes"]["default"] == ""
+    assert "default: workerMaxReplicas" in declared["gpuMaxNodes"]["description"]
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+
+def test_load_parses_every_section() -> None:
+    cfg = load(
+        {
+            "gpuMaxNodes": "5",
+            "workerMaxReplicas": "5",
+            "spotMaxPrice": "0.5",
+            "kubernetesVersion": "1.33",
+            "rdzvJoinTimeout": "60",
+            "systemNodeCount": " 3 ",
+        },
+        "spot-lab",
+        "dev",
+    )
+    assert cfg.gpu_pool.max_nodes == 5
+    assert cfg.job.max_replicas == 5
+    assert cfg.gpu_pool.spot_max_price == 0.5
+    assert cfg.cluster.kubernetes_version == "1.33"
+    assert cfg.job.rendezvous.join_timeout_s == 60
+    assert cfg.cluster.system_node_count == 3
+
+
+def test_empty_kubernetes_version_means_aks_default() -> None:
+    assert load({"kubernetesVersion": ""}, "spot-lab", "dev").cluster.kubernetes_version is None
+
+
+def test_azure_native_location_wins_over_project_location() -> None:
+    assert load({"location": "eastus"}, "p", "s", "westeurope").location == "westeurope"
+    assert load({"location": "eastus"}, "p", "s", None).location == "eastus"
+    assert load({}, "p", "s", None).location == "westus3"
+
+
+@pytest.mark.parametrize("value", ["2.5", "three", "", "1e3"])
+def test_non_integer_integer_names_the_key(value: str) -> None:
+    message = _problems({"gpuMinNodes": value})
+    assert "spot-lab:gpuMinNodes must be an integer" in message
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize("value", ["2.5", "three", "1e3"])
+def test_optional_integer_is_empty_or_an_integer(value: str) -> None:
+    assert "spot-lab:gpuMaxNodes must be an integer" in _problems({"gpuMaxNodes": value})
+    assert load({"gpuMaxNodes": " "}, "spot-lab", "dev").gpu_pool.max_nodes is None
+    assert load({"gpuMaxNodes": "4"}, "spot-lab", "dev").gpu_pool.max_nodes == 4
+
+
+def test_gpu_pool_follows_the_job_unless_gpu_max_nodes_is_set() -> None:
+    assert _cfg().gpu_max_nodes == 3
+    assert _cfg({"workerMaxReplicas": "5"}).gpu_max_nodes == 5
+    assert _cfg({"workerMaxReplicas": "5", "gpuMaxNodes": "8"}).gpu_max_nodes == 8
+
+
+def test_gpu_min_above_the_ceiling_that_follows_the_job() -> None:
+    message = _problems({"gpuMinNodes": "4"})
+    assert (
+        "spot-lab:gpuMinNodes (4) must be <= spot-lab:workerMaxReplicas (3; "
+        "spot-lab:gpuMaxNodes is unset)"
+    ) in message
+
+
+def test_unknown_key_is_rejected_with_the_known_keys() -> None:
+    message = _problems({"gpuMaxNode": "3"})
+    assert "spot-lab:gpuMaxNode is not a setting" in message
+    assert "gpuMaxNodes" in message
+
+
+def test_load_reports_all_parse_problems_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"gpuMaxNodes": "x", "maxSteps": "y"}, "spot-lab", "dev")
+    assert len(info.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("-1", -1.0), ("0.5", 0.5), ("1.23456", 1.23456), (" 2 ", 2.0)]
+)
+def test_spot_price_accepts_minus_one_or_positive(raw: str, expected: float) -> None:
+    assert _cfg({"spotMaxPrice": raw}).gpu_pool.spot_max_price == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-0.5", "-2", "abc", "", "0.123456", "nan", "inf"])
+def test_spot_price_rejects_anything_else(raw: str) -> None:
+    message = _problems({"spotMaxPrice": raw})
+    assert "spot-lab:spotMaxPrice must be -1" in message
+
+
+# ---- validate -----------------------------------------------------------------------------------
+
+
+def test_defaults_are_valid() -> None:
+    validate(LabConfig(project="spot-lab", stack="dev"))
+
+
+def test_gpu_min_above_max() -> None:
+    message = _problems({"gpuMinNodes": "4", "gpuMaxNodes": "3"})
+    assert "spot-lab:gpuMinNodes (4) must be <= spot-lab:gpuMaxNodes (3)" in message
+
+
+@pytest.mark.parametrize(
+    ("raw", "hidden_before"),
+    [
+        (
+            {"gpuMinNodes": "4", "gpuMaxNodes": "3", "gpuVmSize": "Standard_D4s_v5"},
+            "spot-lab:gpuMinNodes (4) must be <= spot-lab:gpuMaxNodes (3)",
+        ),
+        (
+            {"gpuMaxNodes": "2", "maxRestarts": "-1"},
+            "spot-lab:workerMaxReplicas (3) must be <= spot-lab:gpuMaxNodes (2)",
+        ),
+        (
+            {"workerMinReplicas": "3", "workerMaxReplicas": "2", "maxRestarts": "-1"},
+            "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)",
+        ),
+        (
+            {"globalBatchSize": "2", "imageBuilder": "kaniko"},
+            "spot-lab:globalBatchSize (2) must be >= spot-lab:workerMaxReplicas (3)",
+        ),
+    ],
+    ids=["gpu-min-max", "workers-vs-pool", "worker-min-max", "batch-vs-workers"],
+)
+def test_comparisons_are_reported_next_to_other_problems(
+    raw: dict[str, str], hidden_before: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _cfg(raw)
+    assert len(info.value.problems) == 2
+    assert hidden_before in str(info.value)
+
+
+def test_a_count_that_failed_to_parse_skips_only_its_comparisons() -> None:
+    cfg = LabConfig(project="spot-lab", stack="dev")
+    bad = replace(cfg, gpu_pool=replace(cfg.gpu_pool, min_nodes="x", vm_size="gpu"))
+    with pytest.raises(ConfigError) as info:
+        validate(bad)
+    message = str(info.value)
+    assert "spot-lab:gpuMinNodes must be an integer >= 0, got 'x'" in message
+    assert "spot-lab:gpuVmSize must be" in message
+    assert "gpuMinNodes (x)" not in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "low"),
+    [
+        ("gpuMinNodes", "-1", 0),
+        ("gpuMaxNodes", "0", 1),
+        ("systemNodeCount", "0", 1),
+        ("workerMinReplicas", "0", 1),
+        ("workerReplicas", "-2", 1),
+        ("maxRestarts", "-1", 0),
+        ("collectiveTimeoutSeconds", "0", 1),
+        ("checkpointEverySteps", "-5", 0),
+        ("rdzvKeepAliveInterval", "0", 1),
+        ("rdzvJoinTimeout", "-1", 1),
+    ],
+)
+def test_negative_or_zero_counts(key: str, value: str, low: int) -> None:
+    assert f"spot-lab:{key} must be an integer >= {low}, got {int(value)}" in _problems(
+        {key: value}
+    )
+
+
+GPU_SIZE_RULE = (
+    "spot-lab:gpuVmSize must be an NVIDIA full-GPU size of a family AKS installs the driver for "
+    "and the NVIDIA device plugin schedules: NCasT4_v3 (T4) e.g. Standard_NC4as_T4_v3, "
+)
+
+
+@pytest.mark.parametrize("size", ["Standard_D4s_v5", "Standard_E8s_v5", "NC4as_T4_v3", "gpu"])
+def test_gpu_pool_size_must_be_a_gpu_size(size: str) -> None:
+    message = _problems({"gpuVmSize": size})
+    assert GPU_SIZE_RULE in message
+    assert f"got {size!r}" in message
+
+
+@pytest.mark.parametrize(
+    ("size", "reason"),
+    [
+        ("Standard_NC6s_v3", "NCv3 (V100), retired on 2025-09-30"),
+        ("Standard_NC24rs_v3", "NCv3 (V100), retired on 2025-09-30"),
+        ("Standard_NC6", "of a retired family"),
+        ("Standard_NC12s_v2", "of a retired family"),
+        ("Standard_NV6", "of a retired family"),
+        ("Standard_ND24rs", "of a retired family"),
+        ("Standard_NV4as_v4", "an AMD GPU"),
+        ("Standard_NV28adms_V710_v5", "an AMD GPU"),
+        ("Standard_ND96isr_MI300X_v5", "an AMD GPU"),
+        ("Standard_NG32ads_V620_v1", "an AMD GPU"),
+        ("Standard_NV6ads_A10_v5", "an NVadsA10_v5 GRID vGPU size"),
+        ("Standard_NV36ads_A10_v5", "an NVadsA10_v5 GRID vGPU size"),
+        ("Standard_NCC40ads_H100_v5", "a confidential GPU"),
+    ],
+)
+def test_sizes_that_cannot_run_the_job_are_rejected_with_the_reason(size: str, reason: str) -> None:
+    message = _problems({"gpuVmSize": size})
+    assert GPU_SIZE_RULE in message
+    assert f"({size} is {reason}" in message
+
+
+def test_gpu_size_error_lists_every_family_with_an_example() -> None:
+    message = _problems({"gpuVmSize": "Standard_NV12s_v3"})
+    for family in gpu_sizes.FAMILIES:
+        assert f"{family.name} e.g. {family.example}" in message
+        assert gpu_sizes.gpu_family(family.example) == family
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        "Standard_NC4as_T4_v3",
+        "Standard_NC64as_T4_v3",
+        "Standard_NC8ads_A10_v4",
+        "Standard_NC24ads_A100_v4",
+        "Standard_NC96ads_A100_v4",
+        "Standard_NC40ads_H100_v5",
+        "Standard_NC80adis_H100_v5",
+        "Standard_ND96asr_v4",
+        "Standard_ND96amsr_A100_v4",
+        "Standard_ND96isr_H100_v5",
+        "Standard_ND96isr_H200_v5",
+    ],
+)
+def test_current_nvidia_full_gpu_sizes_are_accepted(size: str) -> None:
+    assert _cfg({"gpuVmSize": size}).gpu_pool.vm_size == size
+
+
+def test_system_pool_must_not_be_a_gpu_size() -> None:
+    message = _problems({"systemVmSize": "Standard_NC4as_T4_v3"})
+    assert "spot-lab:systemVmSize must be a CPU VM size" in message
+
+
+def test_spot_price_rule_holds_for_configs_built_in_code() -> None:
+    cfg = LabConfig(project="spot-lab", stack="dev")
+    bad = replace(cfg, gpu_pool=replace(cfg.gpu_pool, spot_max_price=0.0))
+    with pytest.raises(ConfigError, match="spot-lab:spotMaxPrice must be -1"):
+        validate(bad)
+
+
+def test_max_workers_above_gpu_max_nodes() -> None:
+    message = _problems({"gpuMaxNodes": "2", "workerMaxReplicas": "3", "workerReplicas": "2"})
+    assert "spot-lab:workerMaxReplicas (3) must be <= spot-lab:gpuMaxNodes (2)" in message
+
+
+def test_worker_min_above_max() -> None:
+    message = _problems({"workerMinReplicas": "3", "workerMaxReplicas": "2"})
+    assert "spot-lab:workerMinReplicas (3) must be <= spot-lab:workerMaxReplicas (2)" in message
+
+
+@pytest.mark.parametrize(("replicas", "start"), [("1", 2), ("2", 2), ("3", 3), ("4", 3)])
+def test_start_replicas_are_clamped_into_min_max(replicas: str, start: int) -> None:
+    raw = {"workerMinReplicas": "2", "workerMaxReplicas": "3", "workerReplicas": replicas}
+    job = _cfg(raw).job
+    assert job.replicas == int(replicas)
+    assert job.start_replicas == start
+
+
+@pytest.mark.parametrize("prefix", ["SpotLab", "spot-lab", "1lab", "a", "averyveryverylongprefix"])
+def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
+    message = _problems({"namePrefix": prefix})
+    assert "spot-lab:namePrefix must be 2-12 lowercase letters or digits" in message
+    assert "3-24 lowercase alphanumerics" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("imageBuilder", "kaniko", "acr, docker"),
+    ],
+)
+def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
+    assert f"spot-lab:{key} must be one of {allowed}; got {value!r}" in _problems({key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("kubernetesVersion", "latest", "spot-lab:kubernetesVersion must be empty"),
+        ("namespace", "Spot_Lab", "spot-lab:namespace must be a DNS label"),
+        ("workerCpu", "three", "spot-lab:workerCpu must be a CPU quantity"),
+        ("workerMemory", "12GB", "spot-lab:workerMemory must be a memory quantity"),
+        ("hpaCpuUtilization", "150", "spot-lab:hpaCpuUtilization must be 0"),
+        ("globalBatchSize", "2", "spot-lab:globalBatchSize (2) must be >="),
+        ("runId", "Run 2", "spot-lab:runId must be 1-20 lowercase letters, digits or '-'"),
+        ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),
+        ("runId", "-2", "spot-lab:runId must be 1-20 lowercase letters"),
+        ("runId", "r" * 21, "spot-lab:runId must be 1-20 lowercase letters"),
+    ],
+)
+def test_other_rules_name_their_key(key: str, value: str, fragment: str) -> None:
+    assert fragment in _problems({key: value})
+
+
+def test_a_stack_name_too_long_for_azure_names_is_refused() -> None:
+    longest = naming.longest_stack_name("spotlab", "westus3")
+    assert longest == 22
+    load({}, "spot-lab", "s" * longest)  # fits: no error from load
+    validate(load({}, "spot-lab", "s" * longest))
+    stack = "s" * (longest + 1)
+    with pytest.raises(ConfigError) as info:
+        validate(load({}, "spot-lab", stack))
+    message = str(info.value)
+    assert f"stack name {stack!r} is too long" in message
+    assert "the AKS node resource group" in message and "Azure allows 80" in message
+    assert "a stack name may have at most 22 characters" in message
+    assert "spot-lab:namePrefix" in message
+
+
+def test_the_dns_prefix_limit_is_named_when_the_cluster_name_breaks_it() -> None:
+    # A short region leaves the 54-character DNS prefix as the limit that bites first.
+    stack = "s" * 43
+    with pytest.raises(ConfigError) as info:
+        validate(load({}, "spot-lab", stack, "x1"))
+    assert "AKS cluster name (also its DNS prefix)" in str(info.value)
+    assert "Azure allows 54" in str(info.value)
+
+
+def test_stack_limits_follow_prefix_and_region() -> None:
+    assert naming.longest_stack_name("a" * 12, "australiasoutheast") == 12
+    assert naming.longest_stack_name("ab", "x1") > naming.longest_stack_name("ab", "westus3")
+
+
+@pytest.mark.parametrize("run_id", ["1", "2", "2025-06-01", "retry-after-oom"])
+def test_run_ids_that_fit_a_label_are_accepted(run_id: str) -> None:
+    assert _cfg({"runId": run_id}).job.run_id == run_id
+
+
+def test_checkpoints_must_be_saved_somehow() -> None:
+    message = _problems({"checkpointEverySteps": "0", "checkpointEverySeconds": "0"})
+    assert "no checkpoint would ever be saved" in message
+
+
+def test_bad_location_names_both_keys() -> None:
+    with pytest.raises(ConfigError, match="azure-native:location \\(or spot-lab:location\\)"):
+        _cfg(location="West US 3")
+
+
+def test_a_removed_key_says_why_it_went() -> None:
+    with pytest.raises(ConfigError, match="checkpointBackend was removed: checkpoints always go"):
+        _cfg({"checkpointBackend": "mount"})
+
+
+def test_validate_reports_every_problem_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        _cfg({"gpuVmSize": "Standard_D4s_v5", "namePrefix": "X", "imageBuilder": "kaniko"})
+    assert len(info.value.problems) == 3
+
+
+def test_every_size_in_the_table_belongs_to_an_accepted_family() -> None:
+    for size in gpu_sizes.SIZES:
+        assert size.family in gpu_sizes.FAMILIES
+        assert size.gpus >= 1 and size.vcpus >= 4 and size.memory_gib > size.vcpus
+    assert gpu_sizes.gpu_size("standard_nc48ads_a100_v4").gpus == 2
+    assert gpu_sizes.gpu_size("Standard_NV12s_v3") is None
+
+
+def test_active_deadline_is_optional_and_positive() -> None:
+    assert _cfg({}).job.active_deadline_s is None
+    assert _cfg({"activeDeadlineSeconds": "86400"}).job.active_deadline_s == 86400
+    message = _problems({"activeDeadlineSeconds": "0"})
+    assert "spot-lab:activeDeadlineSeconds must be an integer >= 1, got 0" in message
+
+
+def test_data_staging_defaults_to_the_official_archive_and_can_be_turned_off() -> None:
+    data = _cfg({}).data
+    assert data.source_url.startswith("https://www.cs.toronto.edu/")
+    assert data.checksum == "md5:c32a1d4ab5d03f1284b67883e8d87530"
+    assert data.staged
+    off = _cfg({"dataSourceUrl": "none", "dataSourceChecksum": "ignored"}).data
+    assert not off.staged
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            {"dataSourceUrl": "http://mirror/cifar.tgz"},
+            "spot-lab:dataSourceUrl must be an https://",
+        ),
+        ({"dataSourceChecksum": "c32a1d4a"}, "spot-lab:dataSourceChecksum must be md5:<32 hex"),
+    ],
+)
+def test_data_staging_settings_are_checked(override: dict[str, str], message: str) -> None:
+    assert message in _problems(override)
+
+
+def test_a_multi_gpu_size_gives_a_process_and_a_gpu_per_gpu() -> None:
+    cfg = _cfg({"gpuVmSize": "Standard_NC48ads_A100_v4", "globalBatchSize": "256"})
+    assert cfg.gpus_per_node == 2
+    # Empty requests take what the node leaves: far more than one T4 node's.
+    cpu, memory = cfg.worker_requests
+    assert cpu == "46900m" and memory == "420Gi"
+    assert _cfg({}).worker_requests == ("3300m", "21Gi")
+    assert _cfg({"workerCpu": "2", "workerMemory": "8Gi"}).worker_requests == ("2", "8Gi")
+
+
+def test_requests_that_do_not_fit_the_node_are_refused() -> None:
+    message = _problems({"workerCpu": "4", "workerMemory": "32Gi"})
+    assert "spot-lab:workerCpu (4) must fit on a Standard_NC4as_T4_v3 node, which leaves 3360m" in (
+        message
+    )
+    assert "spot-lab:workerMemory (32Gi) must fit on a Standard_NC4as_T4_v3 node" in message
+
+
+def test_every_rank_of_every_gpu_needs_a_sample() -> None:
+    message = _problems(
+        {"gpuVmSize": "Standard_ND96asr_v4", "workerMaxReplicas": "3", "globalBatchSize": "16"}
+    )
+    assert "spot-lab:globalBatchSize (16) must be >= spot-lab:workerMaxReplicas (3) x 8 GPUs" in (
+        message
+    )
+
+
+def test_a_size_the_family_pattern_allows_but_azure_does_not_offer_is_refused() -> None:
+    message = _problems({"gpuVmSize": "Standard_NC12as_T4_v3"})
+    assert "'Standard_NC12as_T4_v3' is not a size Azure offers in its family" in message
+    assert "Standard_NC64as_T4_v3" in message
+
+
+def test_more_heartbeats_than_the_rendezvous_was_measured_with_are_refused() -> None:
+    big = {"gpuMaxNodes": "100", "workerMaxReplicas": "100", "globalBatchSize": "512"}
+    message = _problems(big)
+    assert (
+        "spot-lab:workerMaxReplicas (100) with spot-lab:rdzvKeepAliveInterval (1) is 100 "
+        "heartbeats a second on etcd; the rendezvous is measured safe up to 64"
+    ) in message
+    assert "set spot-lab:rdzvKeepAliveInterval to 2 or more" in message
+    assert "spot-lab:workerMaxReplicas to 64 or less" in message
+    # Beating half as often keeps etcd's load within what was measured.
+    assert _cfg({**big, "rdzvKeepAliveInterval": "2"}).job.max_replicas == 100
+    assert _cfg({"gpuMaxNodes": "64", "workerMaxReplicas": "64"}).job.max_replicas == 64

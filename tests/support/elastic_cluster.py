@@ -1,0 +1,152 @@
+"""Test support: real torchrun agents ("nodes") on a real etcd, as the PyTorchJob runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lab.local.process_tree import kill_tree, terminate_tree
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.storage import FileStore
+from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "--model-width",
+    "4",
+    "--model-blocks",
+    "1",
+    "--global-batch-size",
+    "24",
+    "--micro-batch-size",
+    "8",
+]
+
+
+class Cluster:
+    """Nodes started with the same PET_* env and worker env as the PyTorchJob's pods."""
+
+    def __init__(
+        self,
+        root: Path,
+        rdzv_port: int,
+        data_dir: Path,
+        *,
+        min_nodes: int = 1,
+        max_nodes: int = 3,
+        collective_timeout_s: int = 5,
+        launcher: str = "warm",
+        nproc_per_node: int = 1,
+        max_restarts: int = 20,
+        rendezvous: RendezvousSettings | None = None,
+    ) -> None:
+        self.root = root
+        self.policy = ElasticPolicy(
+            rdzv_host="127.0.0.1",
+            rdzv_port=rdzv_port,
+            rdzv_id=f"test-{uuid.uuid4().hex[:8]}",
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            max_restarts=max_restarts,
+            nproc_per_node=nproc_per_node,
+            rendezvous=rendezvous or RendezvousSettings(join_timeout_s=60),
+        )
+        self.data_dir = data_dir
+        self.checkpoints = root / "checkpoints"
+        self.collective_timeout_s = collective_timeout_s
+        self.launcher = launcher
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, train_args: list[str]) -> None:
+        env = {
+            **os.environ,
+            **self.policy.pet_env(),
+            "OMP_NUM_THREADS": "1",
+            **worker_env(
+                checkpoint_uri=str(self.checkpoints),
+                local_dir=str(self.root / f"local-{name}"),
+                collective_timeout_s=self.collective_timeout_s,
+                launcher=self.launcher,
+            ),
+        }
+        command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)
+        with (
+            open(self.root / f"{name}.out", "wb") as out,
+            open(self.root / f"{name}.err", "wb") as err,
+        ):
+            self.nodes[name] = subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=out, stderr=err, start_new_session=True
+            )
+
+    def records(self, name: str | None = None) -> list[dict[str, Any]]:
+        names = [name] if name else list(self.nodes)
+        found = []
+        for n in names:
+            # Only whole lines: a node may be writing the last one while it is read.
+            complete = (self.root / f"{n}.out").read_text().rpartition("\n")[0]
+            for line in complete.splitlines():
+                if line.startswith("{"):
+                    found.append({**json.loads(line), "node": n})
+        return sorted(found, key=lambda r: r["ts"])
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == kind]
+
+    def max_step(self) -> int:
+        return max((r["step"] for r in self.records() if r["kind"] == "metrics"), default=0)
+
+    def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}; logs in {self.root}:\n{self.tail()}"
+                )
+            time.sleep(0.1)
+
+    def wait_exit(self, name: str, timeout_s: float) -> int:
+        try:
+            return self.nodes[name].wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"node {name} still running after {timeout_s}s:\n{self.tail()}"
+            ) from None
+
+    def kill(self, name: str) -> None:
+        kill_tree(self.nodes[name].pid)
+
+    def evict(self, name: str, grace_s: float = 25.0) -> None:
+        terminate_tree(self.nodes[name].pid, grace_s)
+
+    def tail(self, lines: int = 15) -> str:
+        parts = []
+        for n in self.nodes:
+            err = (self.root / f"{n}.err").read_text().splitlines()[-lines:]
+            parts.append(f"--- {n}.err\n" + "\n".join(err))
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for process in self.nodes.values():
+            if process.poll() is None:
+                kill_tree(process.pid)
+                process.wait(10)
+
+
+def final_parameters(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    loaded = CheckpointRepository(FileStore(checkpoint_dir)).load_latest()
+    assert loaded is not None, f"no checkpoint in {checkpoint_dir}"
+    return deserialize(loaded.data)["model"]
+
+
+def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)

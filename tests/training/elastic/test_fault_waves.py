@@ -1,0 +1,111 @@
+"""Faults in waves, from the outside: real agents (``python -m training.agent`` with the PET_* env
+the operator sets) on a real etcd, a second fault landing while the group re-forms.
+
+Spot capacity is reclaimed from several VMs within seconds, and the survivor may be slow (here:
+stopped) while it happens. The second fault is injected on an event, not after a fixed delay:
+once the second victim has joined the round the first eviction opened, and while that round is
+still open (the stopped survivor holds it), so every run exercises the same interleaving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import etcd
+import pytest
+
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.process_tree import freeze_tree, is_alive, kill_tree
+from tests.support.elastic_cluster import TINY, Cluster
+from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.launch import RendezvousSettings
+from training.elastic.membership import ROOT
+
+# A stopped survivor's key outlives its last heartbeat by 5 s, so the round the first eviction
+# opens stays open (it expects the survivor) until the second fault has landed.
+SLOW_SURVIVOR = RendezvousSettings(join_timeout_s=60, keep_alive_max_attempt=5)
+MAX_STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+    root = tmp_path_factory.mktemp("etcd")
+    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
+        yield server
+
+
+def _rendezvous(cluster: Cluster, client: etcd.Client) -> tuple[dict, dict[int, list[str]]]:
+    """The run's state and, per round, the node ids that joined it."""
+    root = f"{ROOT}/rendezvous/{cluster.policy.rdzv_id}"
+    state: dict = {}
+    joined: dict[int, list[str]] = {}
+    for leaf in client.read(root, recursive=True).leaves:
+        rel = leaf.key[len(root) :].strip("/").split("/")
+        if rel == ["state"]:
+            state = json.loads(leaf.value)
+        elif len(rel) == 3 and rel[0] == "join":
+            joined.setdefault(int(rel[1]), []).append(rel[2])
+    return state, joined
+
+
+def _node_of(cluster: Cluster, name: str) -> str:
+    """The id fragment of a node's agent: its ids are ``<host>-<agent pid>-<random>``."""
+    return f"-{cluster.nodes[name].pid}-"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", ["sigterm", "sigkill"])
+def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
+    etcd_server: EmbeddedEtcd, tmp_path: Path, second: str
+) -> None:
+    # Before the fix the survivor completed the round with the departed node as a member
+    # (its join key outlived it), waited 300 s for that member's MASTER_ADDR in
+    # RendezvousStoreInfo.build, and exited 1 (LookupError): a permanent failure of the job.
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
+    cluster = Cluster(
+        tmp_path, etcd_server.client_port, data, min_nodes=1, rendezvous=SLOW_SURVIVOR
+    )
+    client = etcd.Client("127.0.0.1", etcd_server.client_port, read_timeout=5)
+    args = [*TINY, "--max-steps", str(MAX_STEPS), "--log-every", "1"]
+    args += ["--min-step-time-s", "0.05", "--checkpoint-every-steps", "0"]
+    survivor, first, then = "a", "b", "c"
+    try:
+        for name in (survivor, first, then):
+            cluster.start(name, args)
+        cluster.wait_until(lambda: _steps_at(cluster, 3) >= 3, 180, "training at world 3")
+        trained = cluster.max_step()
+        frozen = freeze_tree(cluster.nodes[survivor].pid)  # the slow survivor
+        os.kill(cluster.nodes[first].pid, signal.SIGTERM)  # the kubelet signals the container
+        # The second fault, once its victim joined the round the first one opened.
+        victim = _node_of(cluster, then)
+        cluster.wait_until(
+            lambda: any(victim in n for n in _rendezvous(cluster, client)[1].get(2, [])),
+            60,
+            f"{then} to join round 2",
+        )
+        state = _rendezvous(cluster, client)[0]
+        assert (state["round"], state["members"]) == (2, None), state  # still forming
+        if second == "sigterm":
+            os.kill(cluster.nodes[then].pid, signal.SIGTERM)
+        else:
+            kill_tree(cluster.nodes[then].pid)
+        cluster.wait_exit(then, 60)
+        for pid in frozen:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGCONT)
+        assert cluster.wait_exit(survivor, 180) == 0, cluster.tail(30)
+        alone = [r for r in cluster.records(survivor) if r.get("event") == "resumed"]
+        assert alone[-1]["world_size"] == 1, alone
+        assert alone[-1]["step"] >= trained, (alone[-1], trained)  # no completed step lost
+        assert cluster.max_step() == MAX_STEPS
+    finally:
+        cluster.close()
+
+
+def _steps_at(cluster: Cluster, world: int) -> int:
+    return sum(1 for r in cluster.records() if r["kind"] == "metrics" and r["world_size"] == world)

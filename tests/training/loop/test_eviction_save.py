@@ -1,0 +1,226 @@
+"""An eviction's save: within its deadline, never behind pruning or a read-back, and durable
+whenever this node is going away, however its SIGTERM interleaves with a peer's loss.
+
+Real Trainers on a gloo group of one. The SIGTERM thread's work is ``Trainer.stop_now``, with
+``exit_now`` recorded instead of ending the test process. Slow and failing stores are doubles
+that block on events; nothing here waits on a wall-clock bound except ``--stop-deadline-s``
+itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.support.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
+from tests.support.trainer_harness import Harness, harness, sigterm_during
+from training.checkpoints.storage import FileStore
+from training.loop import trainer_state
+from training.loop.emergency import EXIT_NOT_DURABLE
+from training.loop.metrics import Phases
+from training.loop.trainer_state import EXIT_RESTART
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The codes ``exit_now`` was called with (the SIGTERM thread ends the process with it)."""
+    codes: list[int] = []
+    monkeypatch.setattr(trainer_state, "exit_now", codes.append)
+    return codes
+
+
+def _sigterm_thread(h: Harness, stop: SimpleNamespace) -> threading.Thread:
+    """What a SIGTERM starts under torchrun: the stop thread's save, then the exit."""
+    stop.requested = True
+    thread = threading.Thread(target=h.trainer.stop_now, args=(stop,), name="sigterm")
+    thread.start()
+    return thread
+
+
+def _peer_lost_at(h: Harness, step: int) -> None:
+    real_step = h.trainer.train_step
+
+    def train_step() -> tuple[float, int]:
+        if h.trainer.state.step == step:
+            raise gloo_peer_closed()
+        return real_step()
+
+    h.trainer.train_step = train_step  # type: ignore[method-assign]
+
+
+# --- Item 3: the commit fits the notice --------------------------------------------------------
+
+
+def test_past_the_deadline_the_save_gives_up_keeps_the_local_copy_and_says_so(
+    tmp_path: Path, data_dir: Path, world_of_one: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()
+
+    class NeverAnswers(FileStore):
+        """Checkpoint uploads hang, as a Blob call to a store that stopped answering."""
+
+        def put(self, name: str, data: bytes | Path) -> int:
+            if name.endswith(".pt"):
+                release.wait(60)
+            return super().put(name, data)
+
+    store = NeverAnswers(tmp_path / "durable")
+    h = harness(
+        tmp_path, data_dir, "--checkpoint-every-steps=0", "--stop-deadline-s=1", store=store
+    )
+    stop = SimpleNamespace(requested=False)
+    sigterm_during(h, 3, stop)
+    try:
+        assert h.trainer.run(stop, Phases()) == EXIT_NOT_DURABLE
+    finally:
+        release.set()
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["durable"], save["local"]) == (3, False, True)
+    assert save["gave_up"] == "deadline" and save["deadline_s"] == 1.0
+    assert h.local.load().entry.step == 3
+    assert "the node-local copy stays in" in caplog.text
+    assert h.durable.head() is None
+
+
+def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publish(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    class OnlyWritesAnswer(FileStore):
+        """A store whose object reads and aged listings fail: what pruning and a read-back
+        need. The publish needs neither."""
+
+        def get(self, name: str) -> bytes:
+            if name.endswith(".pt"):
+                raise OSError(f"get {name!r}: the store is too slow to read it back")
+            return super().get(name)
+
+        def list_modified(self, prefix: str = "") -> dict[str, float]:
+            if prefix == "ckpt-":  # every object with its age: what pruning lists
+                raise OSError("list: the store is too slow for pruning")
+            return super().list_modified(prefix)
+
+    store = OnlyWritesAnswer(tmp_path / "durable")
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", store=store)
+    stop = SimpleNamespace(requested=False)
+    sigterm_during(h, 2, stop)
+    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["durable"]) == (2, True)
+    assert FileStore(tmp_path / "durable").list("ckpt-manifest-") == [
+        "ckpt-manifest-0000000001.json"
+    ]
+    assert h.durable.head().step == 2
+
+
+# --- Item 4: a peer's loss, then this node's own SIGTERM --------------------------------------
+
+
+@pytest.mark.parametrize("when", ["during the node-local save", "after it, before the exit"])
+def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
+    tmp_path: Path, data_dir: Path, world_of_one: None, exits: list[int], when: str
+) -> None:
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=2")
+    stop = SimpleNamespace(requested=False)
+    _peer_lost_at(h, 3)  # the peer left: the node stays, its save is node-local only
+    signals: list[threading.Thread] = []
+    if when == "during the node-local save":
+        local_commit = h.local.repository.commit
+
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            entry = local_commit(*args, **kwargs)
+            signals.append(_sigterm_thread(h, stop))
+            return entry
+
+        h.local.repository.commit = commit  # type: ignore[method-assign]
+    else:
+        first_save = h.trainer.emergency_save
+
+        def emergency_save(*args: Any, **kwargs: Any) -> Any:
+            outcome = first_save(*args, **kwargs)
+            if not signals:
+                signals.append(_sigterm_thread(h, stop))
+            return outcome
+
+        h.trainer.emergency_save = emergency_save  # type: ignore[method-assign]
+    h.trainer.run(stop, Phases())
+    (signal,) = signals
+    signal.join(30)
+    assert not signal.is_alive() and exits == [EXIT_RESTART]
+    assert h.durable.head().step == 3, "the last completed step is not durable"
+    assert h.durable.load_latest().entry.step == 3
+    assert {e["step"] for e in h.events("emergency_save")} == {3}
+
+
+def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
+    tmp_path: Path, data_dir: Path, world_of_one: None, exits: list[int]
+) -> None:
+    # Every node evicted at once: this node's worker had saved step 5 on the node after a
+    # peer's loss (the durable head is the periodic step 4); its next worker is stopped
+    # before it restored anything. The node's disk goes with the pod.
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    assert (first.durable.head().step, first.local.load().entry.step) == (4, 5)
+    second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _sigterm_thread(second, SimpleNamespace()).join(30)
+    assert exits == [EXIT_RESTART]
+    assert second.durable.head().step == 5 and second.durable.load_latest().entry.step == 5
+
+
+def test_a_resume_from_a_node_local_save_is_committed_durably_at_once(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    assert second.trainer.restore().source == "local"
+    assert second.trainer.saver.wait(30)
+    # An eviction of every node now, before the next periodic save, loses nothing.
+    assert second.durable.head().step == 5
+
+
+def test_a_failing_periodic_save_is_reported_and_escalates(
+    tmp_path: Path, data_dir: Path, world_of_one: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    class UploadsFailAfterTheFirst(FileStore):
+        uploads = 0
+
+        def put(self, name: str, data: bytes | Path) -> int:
+            if name.endswith(".pt"):
+                self.uploads += 1
+                if self.uploads > 1:
+                    raise OSError(f"put {name!r}: Azure Blob error 503 (ServerBusy)")
+            return super().put(name, data)
+
+    store = UploadsFailAfterTheFirst(tmp_path / "durable")
+    h = harness(tmp_path, data_dir, "--max-steps=10", "--checkpoint-every-steps=2", store=store)
+    real_save = h.trainer.maybe_save
+
+    def maybe_save(last: list[float]) -> None:  # each save ends before the next step
+        real_save(last)
+        h.trainer.saver.wait(30)
+
+    h.trainer.maybe_save = maybe_save  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING)
+    # The final commit fails too: the steps stay on the node for the retry.
+    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    failed = h.events("checkpoint_failed")
+    assert [(e["step"], e["failures_in_a_row"]) for e in failed] == [
+        (4, 1),
+        (6, 2),
+        (8, 3),
+        (10, 4),
+    ]
+    assert [(e["durable_step"], e["lag_steps"]) for e in failed][-1] == (2, 8)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    escalated = [m for m in errors if "periodic checkpoints in a row failed" in m]
+    assert [m.split(" ")[0] for m in escalated] == ["3", "4"]
+    assert "the newest durable one is step 2, 8 steps behind" in escalated[-1]
