@@ -25,6 +25,7 @@ JOB_PATH = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/{JOB}"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
 EVENTS_PATH = f"/api/v1/namespaces/{NS}/events"
 NODE_EVENTS_PATH = "/api/v1/namespaces/default/events"
+AUTOSCALER_EVENTS_PATH = "/api/v1/namespaces/kube-system/events"
 
 
 @dataclass
@@ -34,6 +35,8 @@ class FakeKube:
     pods: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
+    autoscaler_events: list[dict[str, Any]] = field(default_factory=list)
+    """Events on kube-system/cluster-autoscaler-status."""
     logs: dict[str, str] = field(default_factory=dict)
     cut_first_log_at: int | None = None
     """Lines of the first log request before the stream breaks."""
@@ -142,6 +145,8 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 return self._json(200, {"kind": "PodList", "items": kube.pods, "metadata": {}})
             if url.path == EVENTS_PATH and watching:
                 return self._watch(url.path, kube.events, query)
+            if url.path == AUTOSCALER_EVENTS_PATH and watching:
+                return self._watch(url.path, kube.autoscaler_events, query)
             if url.path == NODE_EVENTS_PATH and watching:
                 if kube.node_events_status != 200:
                     code = kube.node_events_status

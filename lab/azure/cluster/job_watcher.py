@@ -1,6 +1,7 @@
 """Following the job's pods, their logs and the cluster's events, each in a thread of its own.
 
-The watch API for pods and events, log streaming for each worker pod. What arrives goes to a
+The watch API for pods and events (the job's namespace, the nodes', and the cluster
+autoscaler's on its status ConfigMap in ``kube-system``), log streaming for each worker pod. What arrives goes to a
 ``Recorder``. A watch or a log stream that drops is opened again; a log is read again from
 its start and the recorder keeps only new lines.
 """
@@ -20,6 +21,9 @@ from lab.azure.cluster.recorder import Recorder
 from workloads.manifests.job import JOB_NAME_LABEL
 
 RECONNECT_S = 1.0
+AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
+"""Where the cluster autoscaler records scale-ups that failed or timed out (its
+``LogEventRecorder``, kubernetes/autoscaler ``clusterstate/utils/status.go``)."""
 
 
 def _forever(
@@ -74,9 +78,17 @@ class JobWatcher:
         self._threads.append(thread)
 
     def start(self) -> None:
+        namespace, status = AUTOSCALER_STATUS
         self._start("pod watch", self._watch_pods)
-        self._start("event watch", self._watch_events)
-        self._start("node event watch", self._watch_node_events)
+        self._start("event watch", lambda: self._watch_events(self.cluster.target.namespace))
+        # Node events (registered, removed, not ready) live in the default namespace.
+        self._start(
+            "node event watch", lambda: self._watch_events("default", "involvedObject.kind=Node")
+        )
+        self._start(
+            "autoscaler event watch",
+            lambda: self._watch_events(namespace, f"involvedObject.name={status}"),
+        )
 
     def _watch_pods(self) -> bool:
         target = self.cluster.target
@@ -119,11 +131,12 @@ class JobWatcher:
             response.release_conn()
         return pod not in self.recorder.pods
 
-    def _watch_events(self) -> bool:
+    def _watch_events(self, namespace: str, field_selector: str = "") -> bool:
         watcher = k8s_watch.Watch()
         stream = watcher.stream(
             self.cluster.core.list_namespaced_event,
-            self.cluster.target.namespace,
+            namespace,
+            **({"field_selector": field_selector} if field_selector else {}),
             timeout_seconds=300,
         )
         for event in _until(stream, self.stop, watcher):
@@ -132,19 +145,6 @@ class JobWatcher:
 
     def _plain(self, obj: Any) -> dict[str, Any]:
         return self.cluster.api.sanitize_for_serialization(obj)
-
-    def _watch_node_events(self) -> bool:
-        # Node events (registered, removed, not ready) live in the default namespace.
-        watcher = k8s_watch.Watch()
-        stream = watcher.stream(
-            self.cluster.core.list_namespaced_event,
-            "default",
-            field_selector="involvedObject.kind=Node",
-            timeout_seconds=300,
-        )
-        for event in _until(stream, self.stop, watcher):
-            self.recorder.cluster_event(self._plain(event["object"]))
-        return False
 
     def close(self) -> None:
         self.stop.set()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.azure.cluster.capacity_lines import CapacityLines
 from lab.azure.cluster.event_lines import event_line
 from lab.live.job_view import JobView
 from lab.report.node_logs import parse_record
@@ -31,6 +32,9 @@ class Recorder:
     """pod -> node."""
     last_cluster_event: str = "-"
     records: list[dict[str, Any]] = field(default_factory=list)
+    capacity: CapacityLines = field(default_factory=CapacityLines)
+    """The autoscaler's capacity events, as lines that stay on screen (``said``)."""
+    _said: list[str] = field(default_factory=list)
     _seen: dict[str, set[str]] = field(default_factory=dict)
     _newest: float = 0.0
     _events_seen: set[str] = field(default_factory=set)
@@ -73,10 +77,19 @@ class Recorder:
             self._events_seen.add(key)
             with open(self.out / "events.jsonl", "a") as handle:
                 handle.write(json.dumps(obj) + "\n")
-            line = event_line(event) if event is not None else None
+            said = self.capacity.line(event) if event is not None else None
+            if said is not None:
+                self._said.append(said)
+            line = said or (event_line(event) if event is not None else None)
             if line is not None:
                 self.last_cluster_event = line
         return event
+
+    def said(self) -> list[str]:
+        """The capacity lines since the last call, each once (the status line prints them)."""
+        with self._lock:
+            taken, self._said = self._said, []
+        return taken
 
     def status(self, phase: str, max_steps: int | None) -> str:
         view = self.view
