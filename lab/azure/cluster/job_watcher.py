@@ -1,9 +1,9 @@
 """Following the job's pods, their logs and the cluster's events, each in a thread of its own.
 
 The watch API for pods and events (the job's namespace, the nodes', and the cluster
-autoscaler's on its status ConfigMap in ``kube-system``), log streaming for each worker pod. What arrives goes to a
-``Recorder``. A watch or a log stream that drops is opened again; a log is read again from
-its start and the recorder keeps only new lines.
+autoscaler's on its status ConfigMap in ``kube-system``), log streaming for each worker pod.
+What arrives goes to a ``Recorder``. A watch or a log stream that drops is opened again; a log
+is read again from its start and the recorder keeps only new lines.
 """
 
 from __future__ import annotations
