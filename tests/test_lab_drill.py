@@ -18,9 +18,10 @@ import pytest
 
 import lab.azure.simulate_eviction
 from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill
+from lab.azure.cluster.command import evictor
 from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices import build_parser as prices_parser
-from lab.cli import _evictor, build_parser
+from lab.cli import build_parser
 from lab.live.status_line import StatusLine
 from tests.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 from tests.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
@@ -213,7 +214,7 @@ def test_the_cli_evicts_through_simulate_eviction(
     calls: list[list[str]] = []
     monkeypatch.setattr(lab.azure.simulate_eviction, "main", lambda argv: calls.append(argv) or 0)
     args = Namespace(stack_outputs=tmp_path / "o.json", subscription="sub-1")
-    assert _evictor(args)("aks-gpu-vmss000002") == 0
+    assert evictor(args)("aks-gpu-vmss000002") == 0
     assert calls == [
         [
             "--stack-outputs",
@@ -231,12 +232,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     parsers = {"preflight": preflight_parser(), "prices": prices_parser()}
     for action in build_parser()._subparsers._group_actions:  # type: ignore[union-attr]
         if isinstance(action, argparse._SubParsersAction):
-            for name in ("watch", "drill", "report"):
+            for name in ("watch", "drill", "rebalance", "report"):
                 parsers[name] = action.choices[name]
     return parsers
 
 
-@pytest.mark.parametrize("command", ["preflight", "prices", "watch", "drill", "report"])
+@pytest.mark.parametrize(
+    "command", ["preflight", "prices", "watch", "drill", "rebalance", "report"]
+)
 def test_every_flag_is_explained_and_so_is_the_exit_status(command: str) -> None:
     parser = _parsers()[command]
     for action in parser._actions:

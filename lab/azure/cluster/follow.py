@@ -20,8 +20,9 @@ from lab.azure.cluster.job_watcher import JobWatcher
 from lab.azure.cluster.kube import Cluster
 from lab.azure.cluster.recorder import Recorder
 from lab.live.status_line import StatusLine
+from lab.report.gpu_cost import cost_of_run
 from lab.report.run_logs import RunLogsError, load_cluster_run
-from lab.report.run_report import cost_of_run, report_from_run, write_outputs
+from lab.report.run_report import report_from_run, write_outputs
 from lab.report.text import format_report
 
 Prices = Callable[[], tuple[float | None, float | None, str]]
