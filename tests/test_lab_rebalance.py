@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from lab.azure.cluster.follow import CloudOptions
+from lab.azure.cluster.gpu_nodes import GpuNode, Move, Stay, gpu_node, next_move, placements
 from lab.azure.cluster.rebalance import RebalanceOptions, rebalance
 from lab.live.status_line import StatusLine
 from tests.kube_replay import NODES_PATH, FakeKube, job_manifest, node_manifest, pod_manifest
@@ -50,6 +51,7 @@ class Cluster:
         kube.on_evict = self.evict
         self.step, self.world, self.version = 0, 2, 100
         self.evicted: list[str] = []
+        self.spot_evicted_meanwhile = False
         self._lock = threading.Lock()
         self._stepping = threading.Lock()  # a step and a change of the group never interleave
         self.stop = threading.Event()
@@ -99,17 +101,28 @@ class Cluster:
         self._log(W0, kind="event", event="peer_failure", step=self.step)
         self._resumed(self.step, "local", 1)
         self.world = 1
+        if self.spot_evicted_meanwhile:  # a second fault: the free Spot node is reclaimed
+            self.kube.nodes = [n for n in self.kube.nodes if n["metadata"]["name"] != SPOT_2]
         threading.Timer(0.5, self._recreate, args=(pod,)).start()
         return 201
 
     def _recreate(self, pod: str) -> None:
         """The operator recreates the pod under its name; the scheduler prefers a free Spot
-        node and never picks a cordoned one."""
-        busy = {
-            p["spec"]["nodeName"]
-            for p in self.kube.pods
-            if not p["metadata"].get("deletionTimestamp")
-        }
+        node, never picks a cordoned one, and keeps the pod pending until a node is free."""
+        while not (node := self._free_node()):
+            if self.stop.wait(0.1):
+                return
+        self.version += 1
+        self.kube.pods.append(pod_manifest(pod, node, version=str(self.version)))
+        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+        with self._stepping:
+            self.world = 0
+            self._resumed(self.step, "local", 2)
+            self.world = 2
+
+    def _free_node(self) -> str | None:
+        live = [p for p in self.kube.pods if not p["metadata"].get("deletionTimestamp")]
+        busy = {p["spec"]["nodeName"] for p in live}
         free = [
             n["metadata"]["name"]
             for n in self.kube.nodes
@@ -118,13 +131,7 @@ class Cluster:
             and n["metadata"]["name"] not in busy
         ]
         free.sort(key=lambda name: self._kind(name) != "gpu-spot")
-        self.version += 1
-        self.kube.pods.append(pod_manifest(pod, free[0], version=str(self.version)))
-        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
-        with self._stepping:
-            self.world = 0
-            self._resumed(self.step, "local", 2)
-            self.world = 2
+        return free[0] if free else None
 
     def _kind(self, node: str) -> str:
         return next(
@@ -142,11 +149,13 @@ def kube() -> Iterator[FakeKube]:
 PLAN = RebalanceOptions(spot_timeout_s=20, ready_timeout_s=20, recover_timeout_s=30, poll_s=0.2)
 
 
-def _run(kube: FakeKube, tmp_path: Path, cluster: Cluster) -> tuple[int, str]:
+def _run(
+    kube: FakeKube, tmp_path: Path, cluster: Cluster, plan: RebalanceOptions = PLAN
+) -> tuple[int, str]:
     stream = io.StringIO()
     options = CloudOptions(_outputs(tmp_path, kube), tmp_path / "run", lambda: (0.09, 0.53, "t"))
     try:
-        code = rebalance(options, PLAN, status=StatusLine(stream, interval_s=0))
+        code = rebalance(options, plan, status=StatusLine(stream, interval_s=0))
     finally:
         cluster.stop.set()
     return code, stream.getvalue()
@@ -221,6 +230,37 @@ def test_the_report_splits_the_hours_and_says_what_the_move_saved(
     assert f"move 0: {W1} back on Spot ({SPOT_2})" in text
 
 
+def test_a_spot_node_reclaimed_mid_move_sends_the_worker_back_and_stops(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    """The free Spot node is evicted while the worker drains: no Spot node takes the
+    replacement within --spot-timeout, so the on-demand node is opened again, the worker goes
+    back there and the group trains at full size; nothing is lost and the run says why."""
+    cluster = Cluster(kube)
+    cluster.spot_evicted_meanwhile = True
+    plan = RebalanceOptions(spot_timeout_s=2, ready_timeout_s=20, recover_timeout_s=30)
+    code, said = _run(kube, tmp_path, cluster, plan)
+    assert code == 0, said
+    assert f"no Spot node took {W1}'s replacement (within 2 s); {ON_DEMAND} is open again" in said
+    live = [p for p in kube.pods if not p["metadata"].get("deletionTimestamp")]
+    assert sorted((p["metadata"]["name"], p["spec"]["nodeName"]) for p in live) == [
+        (W0, SPOT_1),
+        (W1, ON_DEMAND),
+    ]
+    out = tmp_path / "run"
+    events = [
+        json.loads(line) for line in (out / "rebalance-events.jsonl").read_text().splitlines()
+    ]
+    assert [e["event"] for e in events] == [
+        "run_started",
+        "fault_injected",
+        "move_abandoned",
+        "run_ended",
+    ]
+    (move,) = json.loads((out / "report.json").read_text())["faults"]
+    assert (move["recovered"], move["steps_lost"], move["world_size_after"]) == (True, 0, 2)
+
+
 def test_with_no_spot_node_ready_it_changes_nothing_and_says_why(
     kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -285,3 +325,47 @@ def _soon(condition: Any, timeout_s: float = 15.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+# ---- which worker moves: pure ---------------------------------------------------------------
+
+
+def _node(name: str, kind: str, generation: str = GENERATION, **state: bool) -> GpuNode:
+    return GpuNode(
+        name,
+        spot=kind == "spot",
+        generation=generation,
+        ready=state.get("ready", True),
+        schedulable=state.get("schedulable", True),
+    )
+
+
+def test_the_next_move_needs_a_free_ready_schedulable_spot_node_of_the_same_generation() -> None:
+    on_demand = _node(ON_DEMAND, "on-demand")
+    placed = {W0: SPOT_1, W1: ON_DEMAND}
+    busy_spot = _node(SPOT_1, "spot")
+    assert next_move([on_demand, busy_spot, _node(SPOT_2, "spot")], placed) == Move(
+        W1, ON_DEMAND, (SPOT_2,)
+    )
+    for other in (
+        _node(SPOT_2, "spot", ready=False),
+        _node(SPOT_2, "spot", schedulable=False),
+        _node(SPOT_2, "spot", generation="gpu00000000"),  # an old pool: the job cannot go there
+    ):
+        decision = next_move([on_demand, busy_spot, other], placed)
+        assert isinstance(decision, Stay) and not decision.done, other
+    assert next_move([busy_spot], {W0: SPOT_1}) == Stay(
+        "no worker runs on an on-demand node: every worker is on Spot", done=True
+    )
+
+
+def test_nodes_and_pods_are_read_from_what_the_api_server_lists() -> None:
+    labels = _labels("gpu-spot")
+    listed = node_manifest(SPOT_2, labels) | {"spec": {"unschedulable": True}}
+    assert gpu_node(listed) == GpuNode(SPOT_2, True, GENERATION, ready=True, schedulable=False)
+    system = node_manifest("aks-sys6c853e1f-1-vmss000000", {"spot-lab/pool": "system"})
+    assert gpu_node(system) is None
+    gone = pod_manifest(W1, ON_DEMAND)
+    gone["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    done = pod_manifest("spotlab-train-worker-2", SPOT_2, phase="Failed")
+    assert placements([pod_manifest(W0, SPOT_1), gone, done]) == {W0: SPOT_1}

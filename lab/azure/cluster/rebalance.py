@@ -180,7 +180,8 @@ def _move(run: _Run, index: int, move: Move) -> str:
         cordon(run.cluster, move.node, unschedulable=False)  # the worker may go back there
         run.log.write("move_abandoned", index=index, reason=f"no Spot node took it ({where})")
         run.say(f"no Spot node took {move.pod}'s replacement ({where}); {move.node} is open again")
-        return STOPPED
+        back = follower.trains_at(run.full, _after_regroup(run, mark), plan.recover_timeout_s)
+        return STOPPED if back else FAILED
     pod, node, _ = landed
     run.log.write("worker_moved", index=index, pod=pod, node=node, from_node=move.node)
     if not follower.trains_at(run.full, _after_regroup(run, mark), plan.recover_timeout_s):
