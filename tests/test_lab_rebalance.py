@@ -369,3 +369,34 @@ def test_nodes_and_pods_are_read_from_what_the_api_server_lists() -> None:
     gone["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
     done = pod_manifest("spotlab-train-worker-2", SPOT_2, phase="Failed")
     assert placements([pod_manifest(W0, SPOT_1), gone, done]) == {W0: SPOT_1}
+
+
+def test_watch_keeps_at_it_until_the_job_ends(kube: FakeKube, tmp_path: Path) -> None:
+    cluster = Cluster(kube)
+    events = tmp_path / "run" / "rebalance-events.jsonl"
+
+    def end_after_the_move() -> None:  # the job finishes once its worker is back on Spot
+        if _soon(lambda: events.exists() and "worker_moved" in events.read_text(), 60):
+            kube.job = (200, job_manifest(workers=2, phase="Succeeded"))
+
+    threading.Thread(target=end_after_the_move, daemon=True).start()
+    plan = RebalanceOptions(spot_timeout_s=20, ready_timeout_s=20, recover_timeout_s=30)
+    plan.watch, plan.poll_s = True, 0.2
+    code, said = _run(kube, tmp_path, cluster, plan)
+    assert code == 0, said
+    assert "the job ended; 1 worker(s) moved to Spot" in said
+    assert cluster.evicted == [W1]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--spot-timeout", "--ready-timeout", "--recover-timeout", "--poll"]
+)
+def test_bad_timeouts_are_refused_before_anything_is_asked(
+    flag: str, kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lab.cli import main
+
+    argv = ["rebalance", "--stack-outputs", str(_outputs(tmp_path, kube)), flag, "0"]
+    assert main(argv) == 2
+    assert flag in capsys.readouterr().err
+    assert kube.seen == []

@@ -10,10 +10,14 @@ two prices for every hour its worker then ran on its Spot node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from infra.catalog.gpu_pools import ON_DEMAND, node_kind
 from lab.report.run_logs import RunLogs
+
+Prices = Callable[[], tuple[float | None, float | None, str]]
+"""(Spot, on-demand) USD per GPU node-hour, and where they came from: what a run is costed at."""
 
 
 def pod_spans(run: RunLogs) -> dict[tuple[str, str | None], list[float]]:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lab.exit_status import EXIT_BAD_INPUT
+from lab.report.gpu_cost import Prices
 
 if TYPE_CHECKING:
     from lab.azure.cluster.follow import CloudOptions
 
 CLUSTER_COMMANDS = ("watch", "drill", "rebalance")
-Prices = Callable[[], tuple[float | None, float | None, str]]
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:

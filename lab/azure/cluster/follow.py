@@ -20,13 +20,11 @@ from lab.azure.cluster.job_watcher import JobWatcher
 from lab.azure.cluster.kube import Cluster
 from lab.azure.cluster.recorder import Recorder
 from lab.live.status_line import StatusLine
-from lab.report.gpu_cost import cost_of_run
+from lab.report.gpu_cost import Prices, cost_of_run
 from lab.report.run_logs import RunLogsError, load_cluster_run
 from lab.report.run_report import report_from_run, write_outputs
 from lab.report.text import format_report
 
-Prices = Callable[[], tuple[float | None, float | None, str]]
-"""(Spot, on-demand) USD per GPU node-hour, and where they came from."""
 TICK_S = 1.0
 
 
