@@ -35,6 +35,17 @@ def _line(ts: float, **record: Any) -> str:
     return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
 
 
+def metrics_record(step: int, world: int) -> dict[str, Any]:
+    """A training step's metrics line, as the training program logs it."""
+    return {
+        "kind": "metrics",
+        "step": step,
+        "world_size": world,
+        "loss": 1.0,
+        "samples_per_s": 400.0,
+    }
+
+
 class Job:
     """The training job's logs, written as time goes on."""
 
@@ -66,14 +77,7 @@ class Job:
         while not self.stop.wait(0.2):
             if self.world:
                 self.step += 1
-                self._log(
-                    W0,
-                    kind="metrics",
-                    step=self.step,
-                    world_size=self.world,
-                    loss=1.0,
-                    samples_per_s=400.0,
-                )
+                self._log(W0, **metrics_record(self.step, self.world))
 
     def _event(self, reason: str, kind: str, name: str, message: str = "") -> None:
         self.version += 1

@@ -22,7 +22,7 @@ from lab.azure.cluster.rebalance import RebalanceOptions, rebalance
 from lab.live.status_line import StatusLine
 from tests.kube_replay import NODES_PATH, FakeKube, job_manifest, node_manifest, pod_manifest
 from tests.kube_replay import serve_kube as serve
-from tests.test_lab_drill import _line
+from tests.test_lab_drill import _line, metrics_record
 from tests.test_lab_run_logs import W0, W1
 from tests.test_lab_watch import _outputs
 
@@ -75,14 +75,7 @@ class Cluster:
     def _step(self) -> None:
         if self.world:
             self.step += 1
-            self._log(
-                W0,
-                kind="metrics",
-                step=self.step,
-                world_size=self.world,
-                loss=1.0,
-                samples_per_s=400.0,
-            )
+            self._log(W0, **metrics_record(self.step, self.world))
 
     def evict(self, pod: str) -> int:
         """The Eviction API: SIGTERM, the emergency save, the pod goes, the group re-forms."""
@@ -161,6 +154,16 @@ def _run(
     return code, stream.getvalue()
 
 
+def _placed(kube: FakeKube) -> list[tuple[str, str]]:
+    """(pod, node) of the pods that are not being deleted."""
+    live = [p for p in kube.pods if not p["metadata"].get("deletionTimestamp")]
+    return sorted((p["metadata"]["name"], p["spec"]["nodeName"]) for p in live)
+
+
+def _events(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "rebalance-events.jsonl").read_text().splitlines()]
+
+
 def test_a_worker_on_demand_moves_to_the_free_spot_node_losing_no_step(
     kube: FakeKube, tmp_path: Path
 ) -> None:
@@ -177,15 +180,9 @@ def test_a_worker_on_demand_moves_to_the_free_spot_node_losing_no_step(
     evictions = [body for method, _, body in kube.bodies if method == "POST"]
     assert [e["metadata"]["name"] for e in evictions] == [W1]
     assert {e["kind"] for e in evictions} == {"Eviction"}
-    live = [p for p in kube.pods if not p["metadata"].get("deletionTimestamp")]
-    assert sorted((p["metadata"]["name"], p["spec"]["nodeName"]) for p in live) == [
-        (W0, SPOT_1),
-        (W1, SPOT_2),
-    ]
+    assert _placed(kube) == [(W0, SPOT_1), (W1, SPOT_2)]
     out = tmp_path / "run"
-    events = [
-        json.loads(line) for line in (out / "rebalance-events.jsonl").read_text().splitlines()
-    ]
+    events = _events(out)
     assert [e["event"] for e in events] == [
         "run_started",
         "fault_injected",
@@ -242,16 +239,9 @@ def test_a_spot_node_reclaimed_mid_move_sends_the_worker_back_and_stops(
     code, said = _run(kube, tmp_path, cluster, plan)
     assert code == 0, said
     assert f"no Spot node took {W1}'s replacement (within 2 s); {ON_DEMAND} is open again" in said
-    live = [p for p in kube.pods if not p["metadata"].get("deletionTimestamp")]
-    assert sorted((p["metadata"]["name"], p["spec"]["nodeName"]) for p in live) == [
-        (W0, SPOT_1),
-        (W1, ON_DEMAND),
-    ]
+    assert _placed(kube) == [(W0, SPOT_1), (W1, ON_DEMAND)]
     out = tmp_path / "run"
-    events = [
-        json.loads(line) for line in (out / "rebalance-events.jsonl").read_text().splitlines()
-    ]
-    assert [e["event"] for e in events] == [
+    assert [e["event"] for e in _events(out)] == [
         "run_started",
         "fault_injected",
         "move_abandoned",

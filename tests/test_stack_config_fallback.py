@@ -5,20 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stack_config import ConfigError, LabConfig, load, validate
 from stack_config.fallback import MIN_AFTER_MINUTES, VM_START_S
-
-
-def _cfg(raw: dict[str, str]) -> LabConfig:
-    cfg = load(raw, "spot-lab", "dev")
-    validate(cfg)
-    return cfg
-
-
-def _problems(raw: dict[str, str]) -> str:
-    with pytest.raises(ConfigError) as info:
-        _cfg(raw)
-    return str(info.value)
+from tests.test_stack_config import _cfg, _problems
 
 
 def test_off_by_default_and_on_with_a_ceiling() -> None:

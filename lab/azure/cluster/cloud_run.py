@@ -138,13 +138,24 @@ def rejoined(follower: JobFollower, full: int, per_node: int, timeout_s: float) 
     return True
 
 
-def healthy_job(cluster: Cluster, what: str) -> tuple[int, int] | str:
-    """(full world size, processes per worker) of a Running job, else why it is refused."""
-    job = cluster.job()
+def open_job(
+    options: CloudOptions, what: str, cluster: Cluster | None, also: tuple[str, ...] = ()
+) -> tuple[Cluster, int, int] | int:
+    """The cluster, the job's full world size and processes per worker, for a command that acts
+    on a Running job; else the exit status, with why on stderr (bad outputs, an unreachable
+    cluster, a job that is not Running)."""
+    try:
+        target = read_target(options.stack_outputs, also=also)  # before waiting on anything
+        cluster = cluster or Cluster(target)
+        job = cluster.job()
+    except ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
     phase = job_phase(job)
     if phase != "Running":
-        return f"the job is {phase}, not Running: {what} only a healthy job"
-    return full_world_size(job), procs_per_worker(job)
+        print(f"error: the job is {phase}, not Running: {what} only a healthy job", file=sys.stderr)
+        return EXIT_FAILED
+    return cluster, full_world_size(job), procs_per_worker(job)
 
 
 def drill(
@@ -156,17 +167,10 @@ def drill(
 ) -> int:
     """Evict ``plan.evictions`` Spot nodes, one at a time, each once training ran at full size
     again; write the report. Refuses to start on a job that is not training at full size."""
-    try:
-        target = read_target(options.stack_outputs, also=EVICTION_OUTPUTS)  # before waiting
-        cluster = cluster or Cluster(target)
-        healthy = healthy_job(cluster, "drill")
-    except ClusterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
-    if isinstance(healthy, str):
-        print(f"error: {healthy}", file=sys.stderr)
-        return EXIT_FAILED
-    full, per_node = healthy
+    opened = open_job(options, "drill", cluster, also=EVICTION_OUTPUTS)
+    if isinstance(opened, int):
+        return opened
+    cluster, full, per_node = opened
     follower = JobFollower(cluster, options.out, status)
     log = LabEventLog(options.out / DRILL_EVENTS)
     follower.start()

@@ -17,12 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from lab.azure.cluster.cloud_run import ENDED, at_full_size, healthy_job
+from lab.azure.cluster.cloud_run import ENDED, at_full_size, open_job
 from lab.azure.cluster.drain import cordon, evict
 from lab.azure.cluster.follow import CloudOptions, JobFollower, wait_for, write_report
 from lab.azure.cluster.gpu_nodes import Move, Stay, gpu_node, next_move, placements
-from lab.azure.cluster.kube import BadOutputs, Cluster, ClusterError, job_phase, read_target
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from lab.azure.cluster.kube import Cluster, ClusterError, job_phase
+from lab.exit_status import EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import REBALANCE_EVENTS
@@ -73,20 +73,20 @@ def rebalance(
     status: StatusLine | None = None,
 ) -> int:
     """Move the job's on-demand workers to free Spot nodes, one at a time; write the report."""
+    opened = open_job(options, "rebalance", cluster)
+    if isinstance(opened, int):
+        return opened
+    cluster, full, per_node = opened
     try:
-        cluster = cluster or Cluster(read_target(options.stack_outputs))
-        healthy = healthy_job(cluster, "rebalance")
-        first = _first_decision(cluster, plan) if not isinstance(healthy, str) else None
+        first = _first_decision(cluster, plan)
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
-    if isinstance(healthy, str):
-        print(f"error: {healthy}", file=sys.stderr)
         return EXIT_FAILED
     if isinstance(first, Stay):
         print(f"nothing to move: {first.reason}")  # and nothing was touched
         return EXIT_OK
-    run = _Run(cluster, JobFollower(cluster, options.out, status), _log(options), plan, *healthy)
+    follower = JobFollower(cluster, options.out, status)
+    run = _Run(cluster, follower, _log(options), plan, full, per_node)
     run.follower.start()
     outcome = EXIT_OK
     try:
