@@ -252,3 +252,15 @@ def test_every_flag_is_explained_and_so_is_the_exit_status(command: str) -> None
             shown = "%(default)" in action.help or "default" in action.help
             assert shown, f"{command} {action.option_strings}: its default is not said"
     assert "Exit status: 0" in (parser.description or "")
+
+
+def test_the_drill_evicts_a_worker_on_spot_never_one_on_the_on_demand_fallback() -> None:
+    from lab.azure.cluster.cloud_run import _victim
+
+    pods = {
+        "spotlab-train-worker-0": "aks-gpu244695ac-12345678-vmss000000",
+        "spotlab-train-worker-1": "aks-gpu244695ac-12345678-vmss000001",
+        "spotlab-train-worker-2": "aks-ondc0143d44-12345678-vmss000000",
+    }
+    assert _victim(pods) == ("spotlab-train-worker-1", "aks-gpu244695ac-12345678-vmss000001")
+    assert _victim({"spotlab-train-worker-2": "aks-ondc0143d44-12345678-vmss000000"}) is None

@@ -10,7 +10,9 @@ Two layouts, both read here and nowhere else:
   (``kubectl get events -o json``); optional ``drill-events.jsonl`` and
   ``rebalance-events.jsonl``, the evictions ``lab drill`` made and the moves ``lab rebalance``
   made. Without them the faults are inferred from the logs (``inferred_faults.py``);
-  ``watch-events.jsonl`` then bounds the report to the span ``lab watch`` watched.
+  ``watch-events.jsonl`` then bounds the report to the span ``lab watch`` watched. Optional
+  ``placements.jsonl``, the node each pod ran on, as the commands saw it (with the Scheduled
+  events it tells Spot hours from on-demand ones).
 
 Each worker pod (or lab node) logs the same JSON lines, so every record keeps its ``node``
 tag: the pod's name on the cluster.

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infra.catalog.gpu_pools import ON_DEMAND, node_kind
 from lab.azure.cluster.follow import TICK_S, CloudOptions, JobFollower, write_report
 from lab.azure.cluster.kube import (
     EVICTION_OUTPUTS,
@@ -85,9 +86,12 @@ Evict = Callable[[str], int]
 
 
 def _victim(pods: dict[str, str]) -> tuple[str, str] | None:
-    """The worker to evict: the last by name that runs on a node (worker-0 often holds the
-    rendezvous' first rank; any node works, the choice only makes runs comparable)."""
-    placed = sorted((pod, node) for pod, node in pods.items() if node)
+    """The worker to evict: the last by name that runs on a Spot node (worker-0 often holds
+    the rendezvous' first rank; any node works, the choice only makes runs comparable). A node
+    of the on-demand fallback pool cannot be evicted: Azure simulates evictions of Spot VMs."""
+    placed = sorted(
+        (pod, node) for pod, node in pods.items() if node and node_kind(node) != ON_DEMAND
+    )
     return placed[-1] if placed else None
 
 
@@ -106,7 +110,7 @@ def _evict_once(
         follower.trains_at(full, follower.mark(), plan.interval_s)  # a while at full size
     victim = _victim(follower.recorder.pods)
     if victim is None:
-        status.message("error: no worker pod runs on a node")
+        status.message("error: no worker pod runs on a Spot node")
         return EXIT_FAILED
     pod, node = victim
     status.message(f"evicting {node} ({pod}), {index + 1} of {plan.evictions}")

@@ -49,7 +49,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         parents=[common],
         help="follow the PyTorchJob on the cluster; Ctrl-C writes the report",
         description="Follow the job: pods and their nodes, world size, step, loss, samples/s "
-        "and the last event of the training logs and of Kubernetes. Ctrl-C (or the job's end) "
+        "and the last event of the training logs and of Kubernetes; each of the cluster "
+        "autoscaler's capacity events (no Spot capacity, falling back to on-demand, back on "
+        "Spot) as a line of its own. Ctrl-C (or the job's end) "
         "stops watching and writes report.json, report.txt and timeline.png for the time "
         "watched. It only reads: it never touches the job. Exit status: 0 report written, "
         "1 the cluster cannot be reached or refuses, or nothing was logged to report; 2 a bad "
