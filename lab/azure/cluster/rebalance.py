@@ -59,8 +59,7 @@ class _Run:
     per_node: int
 
     def decide(self) -> Move | Stay:
-        nodes = [n for n in map(gpu_node, self.cluster.gpu_nodes()) if n is not None]
-        return next_move(nodes, placements(self.cluster.worker_pods()))
+        return _decide(self.cluster)
 
     def say(self, text: str) -> None:
         self.follower.status.message(text)
@@ -113,12 +112,15 @@ def _log(options: CloudOptions) -> LabEventLog:
     return LabEventLog(options.out / REBALANCE_EVENTS)
 
 
-def _first_decision(cluster: Cluster, plan: RebalanceOptions) -> Move | Stay | None:
-    """What to do now; None with ``--watch``, which waits for something to do."""
-    if plan.watch:
-        return None
+def _decide(cluster: Cluster) -> Move | Stay:
+    """The next move, from the GPU nodes and the job's pods as the API server lists them."""
     nodes = [n for n in map(gpu_node, cluster.gpu_nodes()) if n is not None]
     return next_move(nodes, placements(cluster.worker_pods()))
+
+
+def _first_decision(cluster: Cluster, plan: RebalanceOptions) -> Move | Stay | None:
+    """What to do now; None with ``--watch``, which waits for something to do."""
+    return None if plan.watch else _decide(cluster)
 
 
 def _moves(run: _Run) -> int:
@@ -126,7 +128,14 @@ def _moves(run: _Run) -> int:
     ``--watch``) the job ends."""
     index, waiting_since, said = 0, None, ""
     while True:
-        decision = run.decide()
+        try:
+            decision = run.decide()
+        except ClusterError as err:
+            if not run.plan.watch:
+                raise
+            run.say(f"warning: {err}")  # for the length of a run, a refusal may pass
+            wait_for(lambda: False, run.plan.poll_s, run.follower.tick)
+            continue
         if isinstance(decision, Move):
             result = _move(run, index, decision)
             if result != MOVED:
@@ -152,17 +161,23 @@ def _moves(run: _Run) -> int:
 
 
 def _move(run: _Run, index: int, move: Move) -> str:
-    """One move: cordon, evict, the replacement on Spot, the group at full size again."""
-    follower, plan = run.follower, run.plan
-    before = {node for node in follower.recorder.pods.values() if node}
+    """One move: cordon, evict, the replacement on Spot, the group at full size again. The
+    on-demand node is open again afterwards, whatever happened: empty, the autoscaler takes it
+    away; when the move did not reach Spot, the worker may go back there."""
+    before = {node for node in run.follower.recorder.pods.values() if node}
     run.say(f"moving {move.pod} off on-demand {move.node} to Spot (move {index + 1})")
     cordon(run.cluster, move.node)
-    injected_at = time.time()
     try:
-        evict(run.cluster, move.pod)
-    except ClusterError:
+        return _drained(run, index, move, before)
+    finally:
         cordon(run.cluster, move.node, unschedulable=False)
-        raise
+
+
+def _drained(run: _Run, index: int, move: Move, before: set[str]) -> str:
+    """Evict the worker of a cordoned on-demand node and follow it to Spot."""
+    follower, plan = run.follower, run.plan
+    injected_at = time.time()
+    evict(run.cluster, move.pod)
     run.log.write(
         "fault_injected",
         index=index,
@@ -187,7 +202,6 @@ def _move(run: _Run, index: int, move: Move) -> str:
     if not follower.trains_at(run.full, _after_regroup(run, mark), plan.recover_timeout_s):
         run.say(f"the group did not train at full size again within {plan.recover_timeout_s:.0f} s")
         return FAILED
-    cordon(run.cluster, move.node, unschedulable=False)  # empty: the autoscaler takes it away
     run.say(f"{pod} trains on Spot node {node}")
     return MOVED
 
