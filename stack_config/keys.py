@@ -38,6 +38,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
     Setting("gpuMaxNodes", "gpu_pool.max_nodes", int, optional=True),
     Setting("spotMaxPrice", "gpu_pool.spot_max_price", str),
+    Setting("onDemandMaxNodes", "fallback.max_nodes", int),
+    Setting("fallbackAfterMinutes", "fallback.after_minutes", int),
     Setting("workerMinReplicas", "job.min_replicas", int),
     Setting("workerMaxReplicas", "job.max_replicas", int),
     Setting("workerReplicas", "job.replicas", int),

@@ -9,6 +9,7 @@ import ipaddress
 import re
 
 from infra import gpu_sizes, naming
+from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
 from training.launch import MEASURED_HEARTBEATS_PER_S
@@ -32,6 +33,7 @@ def validate(cfg: LabConfig) -> None:
         *_naming_problems(cfg),
         *_cluster_problems(cfg),
         *_gpu_pool_problems(cfg),
+        *fallback_problems(cfg),
         *_replica_problems(cfg),
         *_training_problems(cfg),
         *_data_problems(cfg),

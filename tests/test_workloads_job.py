@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -32,9 +34,9 @@ from workloads.manifests.job import (
     pytorchjob_manifest,
     rendezvous_id,
     training_args,
-    watch_commands,
 )
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SPOT_TOLERATION
+from workloads.manifests.watch import watch_commands
 
 K8S_VERSION = "1.33"
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
@@ -180,14 +182,26 @@ def test_rdzv_id_is_stable_for_an_unchanged_spec() -> None:
         {"max_steps": 30000},
         {"rendezvous": RendezvousSettings(join_timeout_s=60)},
         {"run_id": "2"},
+        {"prefer_spot": True},
     ],
-    ids=["image-tag", "max-replicas", "max-steps", "rendezvous", "run-id"],
+    ids=["image-tag", "max-replicas", "max-steps", "rendezvous", "run-id", "fallback"],
 )
 def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> None:
     before = rendezvous_id(_job_spec())
     after = rendezvous_id(_job_spec(**change))
     assert after != before
     assert after.startswith("spotlab-train-")
+
+
+def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
+    """The id hashed every field of the spec; ``prefer_spot`` came later and is left out at its
+    default, so turning nothing on replaces no running job."""
+    spec = _job_spec()
+    fields = dataclasses.asdict(spec)
+    del fields["prefer_spot"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    assert rendezvous_id(spec) == f"spotlab-train-1-{digest}"
 
 
 def test_a_new_run_of_an_identical_job_gets_a_fresh_rendezvous() -> None:

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.catalog.pool_labels import gpu_pool_selector
+from infra.catalog.pool_labels import gpu_generation_selector, gpu_pool_selector
 from stack_config import LabConfig
 from training.launch import (
     DATA_DIR_ENV,
@@ -25,11 +25,9 @@ from training.launch import (
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
-    POOL_LABEL,
-    RENDEZVOUS_LABELS,
-    ROLE_LABEL,
     TRAINER_LABELS,
     gpu_spot_tolerations,
+    spot_preference,
 )
 
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
@@ -92,6 +90,9 @@ class ElasticJobSpec:
     shm_size: str = "2Gi"
     termination_grace_s: int = DEFAULT_GRACE_S
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
+    prefer_spot: bool = False
+    """With the on-demand fallback: the selector admits both GPU pools of the generation and the
+    workers prefer the Spot one (``spot_preference``)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -126,7 +127,11 @@ def rendezvous_id(spec: ElasticJobSpec) -> str:
     one keeps its id. Re-creating an identical job (after it finished, or after
     ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
     """
-    canonical = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
+    fields = asdict(spec)
+    # Added after ids were in use: left out at its default, every existing job keeps its id.
+    if not fields["prefer_spot"]:
+        del fields["prefer_spot"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     return f"{spec.name}-{spec.run_id}-{digest}"
 
@@ -242,6 +247,8 @@ def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
             "priorityClassName": spec.priority_class,
             "terminationGracePeriodSeconds": spec.termination_grace_s,
             "nodeSelector": dict(spec.node_selector),
+            **({"affinity": spot_preference()} if spec.prefer_spot else {}),
+            # The Spot taint's toleration is harmless on the on-demand pool, which lacks it.
             "tolerations": gpu_spot_tolerations(),
             "containers": [_worker_container(spec)],
             "volumes": _worker_volumes(spec),
@@ -331,9 +338,10 @@ def elastic_job_spec(
     """The job spec the stack config asks for; the job is ``<prefix>-train``.
 
     ``gpu_pool`` is the GPU pool's AgentPool name: the workers select that generation only, so
-    after a size change they never land on the old pool, which is deleted last.
+    after a size change they never land on the old pool, which is deleted last. With the
+    on-demand fallback they select both pools of the generation and prefer the Spot one.
     """
-    job = config.job
+    job, fallback = config.job, config.fallback.enabled
     return ElasticJobSpec(
         name=job_name(config),
         namespace=config.namespace,
@@ -361,32 +369,11 @@ def elastic_job_spec(
         run_id=job.run_id,
         active_deadline_s=job.active_deadline_s,
         rendezvous=job.rendezvous,
-        node_selector=gpu_pool_selector(gpu_pool),
+        node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
+        prefer_spot=fallback,
     )
 
 
 def job_name(config: LabConfig) -> str:
     """The PyTorchJob's name; also the run name its checkpoints are kept under."""
     return f"{config.name_prefix}-train"
-
-
-def watch_commands(namespace: str, job: str, max_replicas: int) -> dict[str, str]:
-    """Ready-to-paste kubectl lines to follow the job."""
-    pods = f"-l {JOB_NAME_LABEL}={job}"
-    etcd = f"-l {ROLE_LABEL}={RENDEZVOUS_LABELS[ROLE_LABEL]}"
-    return {
-        "jobs": f"kubectl get pytorchjobs -n {namespace}",
-        "describe": f"kubectl describe pytorchjob {job} -n {namespace}",
-        "pods": f"kubectl get pods -n {namespace} {pods} -o wide --watch",
-        # One stream per worker; kubectl's default cap is 5.
-        "logs": (
-            f"kubectl logs -f -n {namespace} {pods} --prefix "
-            f"--max-log-requests={max(5, max_replicas)}"
-        ),
-        "events": f"kubectl get events -n {namespace} --sort-by=.lastTimestamp --watch",
-        "rendezvous": f"kubectl get pods -n {namespace} {etcd} -o wide",
-        "gpu_nodes": (
-            f"kubectl get nodes -l {POOL_LABEL}={GPU_SPOT_POOL[POOL_LABEL]} "
-            "-L kubernetes.azure.com/scalesetpriority,node.kubernetes.io/instance-type"
-        ),
-    }
