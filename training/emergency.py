@@ -94,11 +94,14 @@ class EmergencySave:
         self._given_up = NONE
         """A step whose required durable commit already gave up: not tried twice."""
 
-    def note_stop(self) -> Deadline:
-        """A stop (SIGTERM) is known now: the save's deadline runs from the first such call."""
+    def note_stop(self, at: float | None = None) -> Deadline:
+        """A stop (SIGTERM) came at ``at`` (``time.monotonic``; None: now): the save's deadline
+        runs from the first such call."""
         with self._deadline_lock:  # never held across I/O
             if self._deadline is None:
-                self._deadline = Deadline.after(self.deadline_s)
+                self._deadline = Deadline(
+                    (time.monotonic() if at is None else at) + self.deadline_s
+                )
         return self._deadline
 
     def save(
