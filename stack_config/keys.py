@@ -45,6 +45,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("workerReplicas", "job.replicas", int),
     Setting("maxRestarts", "job.max_restarts", int),
     Setting("collectiveTimeoutSeconds", "job.collective_timeout_s", int),
+    Setting("terminationGraceSeconds", "job.termination_grace_s", int),
     Setting("checkpointEverySteps", "job.checkpoint_every_steps", int),
     Setting("checkpointEverySeconds", "job.checkpoint_every_seconds", int),
     Setting("maxSteps", "job.max_steps", int),

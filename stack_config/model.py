@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra import gpu_sizes
-from training.launch import RendezvousSettings
+from training.launch import DEFAULT_TERMINATION_GRACE_S, RendezvousSettings
 
 
 class ConfigError(ValueError):
@@ -97,6 +97,8 @@ class JobConfig:
     worker_memory: str | None = None
     """Memory request (and limit) of a worker pod; None: what the GPU size leaves allocatable."""
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+    termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
+    """The worker pods' termination grace; the workers' stop deadline is derived from it."""
 
     @property
     def start_replicas(self) -> int:

@@ -12,7 +12,7 @@ from infra import gpu_sizes, naming
 from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
-from training.launch import MEASURED_HEARTBEATS_PER_S
+from training.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
 from training.stage_data import CHECKSUM
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
@@ -249,6 +249,9 @@ def _training_problems(cfg: LabConfig) -> list[str]:
     problems += _rendezvous_scale_problems(cfg)
     if job.active_deadline_s is not None:
         problems += _at_least(cfg, {"activeDeadlineSeconds": job.active_deadline_s}, 1)
+    grace = termination_grace_problem(job.termination_grace_s)
+    if grace is not None:
+        problems.append(f"{cfg.key('terminationGraceSeconds')} {grace}")
     if not RUN_ID.match(job.run_id):
         problems.append(
             f"{cfg.key('runId')} must be 1-20 lowercase letters, digits or '-', starting and "

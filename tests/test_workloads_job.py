@@ -15,6 +15,7 @@ from kubeflow.training.api_client import ApiClient
 
 from infra.catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
 from stack_config import JobConfig, LabConfig
+from training.config import parse_config
 from training.launch import (
     ETCD_BACKENDS,
     RDZV_PORT,
@@ -286,7 +287,20 @@ def test_scheduled_on_the_gpu_spot_pool_as_preemptible_workload() -> None:
     ]
     assert pod["priorityClassName"] == "spotlab-training"
     assert pod["serviceAccountName"] == "trainer"
-    assert pod["terminationGracePeriodSeconds"] == 25
+    assert pod["terminationGracePeriodSeconds"] == 28
+
+
+@pytest.mark.parametrize(("grace", "deadline"), [(28, 25), (20, 17), (4, 1)])
+def test_the_workers_deadline_sits_inside_the_pods_termination_grace(
+    grace: int, deadline: int
+) -> None:
+    # One setting: the kubelet's SIGKILL comes at the grace; the save must be done (or given
+    # up, the node-local copy kept) a few seconds before, with time for the agent to exit.
+    manifest = pytorchjob_manifest(_job_spec(termination_grace_s=grace))
+    assert _pod(manifest)["terminationGracePeriodSeconds"] == grace
+    assert f"--stop-deadline-s={deadline}" in _container(manifest)["command"]
+    flags = ["--data-dir=/d", "--checkpoint-uri=/c", f"--stop-deadline-s={deadline}"]
+    assert parse_config(flags, env={}).checkpoint.stop_deadline_s == deadline  # accepted
 
 
 def test_pods_use_workload_identity_and_carry_the_trainer_label() -> None:
@@ -314,7 +328,8 @@ def test_shared_memory_and_node_local_scratch() -> None:
     [
         ({"replicas": 4}, "replicas (4) must be within"),
         ({"min_replicas": 0, "replicas": 0}, "min_nodes must be >= 1"),
-        ({"termination_grace_s": 30}, "termination_grace_s must be in 1..29"),
+        ({"termination_grace_s": 30}, "termination_grace_s must be in 4..29"),
+        ({"termination_grace_s": 3}, "termination_grace_s must be in 4..29"),
         ({"hpa_cpu_utilization": 101}, "hpa_cpu_utilization must be 0"),
         ({"image": "spotlabacr.azurecr.io/spot-lab-train"}, "image must carry an explicit tag"),
         ({"gpus_per_worker": 0}, "gpus_per_worker must be >= 1"),
@@ -340,7 +355,9 @@ def test_spec_from_stack_config() -> None:
         project="spot-lab",
         stack="dev",
         name_prefix="lab",
-        job=JobConfig(min_replicas=2, max_replicas=5, replicas=7, run_id="3"),
+        job=JobConfig(
+            min_replicas=2, max_replicas=5, replicas=7, run_id="3", termination_grace_s=20
+        ),
     )
     spec = elastic_job_spec(
         cfg,
@@ -358,6 +375,7 @@ def test_spec_from_stack_config() -> None:
     assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 5)
     assert spec.run_id == "3"
     assert spec.rendezvous == cfg.job.rendezvous
+    assert spec.termination_grace_s == 20
 
 
 def test_watch_commands_follow_the_job() -> None:

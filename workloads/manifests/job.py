@@ -17,8 +17,13 @@ from stack_config import LabConfig
 from training.launch import (
     DATA_DIR_ENV,
     DATA_URI_ENV,
+    DEFAULT_TERMINATION_GRACE_S,
+    EVICTION_NOTICE_S,
+    STOP_MARGIN_S,
     ElasticPolicy,
     RendezvousSettings,
+    stop_deadline_s,
+    termination_grace_problem,
     train_command,
     worker_env,
 )
@@ -43,10 +48,6 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 """The operator puts this label on every pod of a job."""
 RUN_ID_LABEL = "spot-lab/run-id"
 """On the job and its pods: which run (``runId``) they belong to."""
-# Azure deletes an evicted Spot VM at least 30 s after its notice; the kubelet must have
-# stopped the pod (and the emergency save must be done) before then.
-EVICTION_NOTICE_S = 30
-DEFAULT_GRACE_S = 25
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class ElasticJobSpec:
     gpus_per_worker: int = 1
     """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
     shm_size: str = "2Gi"
-    termination_grace_s: int = DEFAULT_GRACE_S
+    termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
+    """The pods' terminationGracePeriodSeconds; the workers' stop deadline derives from it."""
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
@@ -101,10 +103,12 @@ class ElasticJobSpec:
                 f"replicas ({self.replicas}) must be within "
                 f"[min_replicas, max_replicas] = [{self.min_replicas}, {self.max_replicas}]"
             )
-        if not 0 < self.termination_grace_s < EVICTION_NOTICE_S:
+        if termination_grace_problem(self.termination_grace_s):
+            low, high = STOP_MARGIN_S + 1, EVICTION_NOTICE_S - 1
             raise ValueError(
-                f"termination_grace_s must be in 1..{EVICTION_NOTICE_S - 1} (inside Azure's "
-                f"{EVICTION_NOTICE_S} s eviction notice), got {self.termination_grace_s}"
+                f"termination_grace_s must be in {low}..{high} (inside Azure's "
+                f"{EVICTION_NOTICE_S} s eviction notice, the workers' stop deadline "
+                f"{STOP_MARGIN_S} s inside it), got {self.termination_grace_s}"
             )
         if not 0 <= self.hpa_cpu_utilization <= 100:
             raise ValueError(
@@ -187,6 +191,8 @@ def training_args(spec: ElasticJobSpec) -> list[str]:
         f"--global-batch-size={spec.global_batch_size}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
         f"--checkpoint-every-seconds={spec.checkpoint_every_seconds}",
+        # The eviction's save is done or given up before the kubelet's SIGKILL.
+        f"--stop-deadline-s={stop_deadline_s(spec.termination_grace_s)}",
     ]
 
 
@@ -369,6 +375,7 @@ def elastic_job_spec(
         run_id=job.run_id,
         active_deadline_s=job.active_deadline_s,
         rendezvous=job.rendezvous,
+        termination_grace_s=job.termination_grace_s,
         node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
         prefer_spot=fallback,
     )
