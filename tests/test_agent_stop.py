@@ -40,10 +40,6 @@ def data(tmp_path: Path) -> Path:
     return root
 
 
-def _steps_at(cluster: Cluster, world: int) -> int:
-    return sum(1 for r in cluster.records() if r["kind"] == "metrics" and r["world_size"] == world)
-
-
 def _log(cluster: Cluster, name: str) -> str:
     return (cluster.root / f"{name}.err").read_text()
 
@@ -61,7 +57,7 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
     try:
         for name in ("a", "b", "c"):
             cluster.start(name, args)
-        cluster.wait_until(lambda: _steps_at(cluster, 3) >= 3, 180, "training at world 3")
+        cluster.wait_until(lambda: cluster.steps_at(3) >= 3, 180, "training at world 3")
         etcd_server.stop()  # the next round cannot form: the agents stay between rounds
         cluster.kill("c")
         for name in ("a", "b"):
@@ -99,7 +95,7 @@ def test_a_finished_node_does_not_wait_for_a_peer_that_died_after_finishing(
     try:
         for name in ("a", "b"):
             cluster.start(name, args)
-        cluster.wait_until(lambda: _steps_at(cluster, 2) >= 3, 180, "training at world 2")
+        cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "training at world 2")
         os.kill(cluster.nodes["b"].pid, signal.SIGSTOP)  # the agent only
         cluster.wait_until(lambda: bool(cluster.events("finished")), 180, "the end of training")
         # Far below torch's 300 s, far above the bound (EXIT_BARRIER_TIMEOUT_S).

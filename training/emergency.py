@@ -290,7 +290,7 @@ def commit_node_save(cfg: TrainConfig, run_id: str, stopped_at: float | None) ->
         return None
     if step is not None:
         logger.info("the node's save of step %d is durable now", step)
-        EventLog(DistEnv(run_id=run_id)).event(
+        EventLog(DistEnv(run_id=run_id), agent=True).event(
             "emergency_save", step=step, reason="agent", durable=True
         )
     return step
