@@ -87,6 +87,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
             cluster=cfg.cluster,
             gpu_pool=cfg.gpu_pool,
             gpu_max_nodes=cfg.gpu_max_nodes,
+            fallback=cfg.fallback,
             admin_object_id=resource_group.deployer_object_id,
             admin_principal_type=deployer_type,
             deployer=deployer,
@@ -207,6 +208,8 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("clusterName", cluster.name)
     pulumi.export("nodeResourceGroup", cluster.node_resource_group)
     pulumi.export("gpuPoolName", cluster.gpu_pool_name)
+    if cluster.on_demand_pool_name is not None:
+        pulumi.export("onDemandPoolName", cluster.on_demand_pool_name)
     pulumi.export("kubeconfig", cluster.kubeconfig)
     pulumi.export("registryLoginServer", azure.registry.login_server)
     pulumi.export("storageAccount", azure.storage.account_name)

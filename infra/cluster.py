@@ -1,6 +1,16 @@
 """The AKS cluster: Entra ID with Azure RBAC, workload identity, the managed Blob CSI driver, and
 its node pools (``infra/node_pools.py``), with the deployer as its admin.
 
+With the on-demand fallback on, the cluster autoscaler chooses between the GPU pools with the
+priority expander: AKS takes ``expander: priority`` in ``autoScalerProfile`` (REST spec,
+``ManagedClusterAutoScalerProfile.expander``: "Selects the node group that has the highest
+priority assigned by the user", configured as the autoscaler's priority readme says; AKS
+CHANGELOG, release 2021-01-04: the profile "now exposes the max-node-provision-time and
+priority properties"; release 2021-06-03 fixed AKS's priority expander "falling back to a random
+choice when a higher priority exists", Azure/AKS issue 2359), and reads the priorities from the
+``cluster-autoscaler-priority-expander`` ConfigMap in ``kube-system``
+(``workloads/manifests/autoscaler.py``).
+
 The node pools are separate ``AgentPool`` resources (only the fixed bootstrap pool is inline),
 so a change of size is a new pool, never a new cluster. The deployer's cluster-admin role is
 waited for until the API server honours it (``infra/cluster_access.py``). Spec builders are
@@ -21,20 +31,32 @@ from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.kubeconfig import deployer_kubeconfig
 from infra.node_pools import (
     GPU_POOL_CREATE_ONLY,
+    ON_DEMAND_POOL_CREATE_ONLY,
     SYSTEM_POOL_CREATE_ONLY,
     bootstrap_pool_profile,
+    gpu_on_demand_pool_spec,
     gpu_pool_count,
     gpu_spot_pool_spec,
     live_pool_count,
     system_pool_spec,
 )
 from infra.roles import AKS_RBAC_CLUSTER_ADMIN, assign_role
-from stack_config import ClusterConfig, GpuPoolConfig
+from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
 
-def autoscaler_profile() -> dict[str, str]:
-    """Cluster autoscaler tuning for a pool that scales from zero and costs money per minute."""
-    return {
+def autoscaler_profile(fallback: FallbackConfig | None = None) -> dict[str, str]:
+    """Cluster autoscaler tuning for a pool that scales from zero and costs money per minute.
+
+    With the on-demand fallback, the priority expander prefers the Spot pool, and
+    ``max_node_provision_time`` is how long the Spot pool has to register a node before the
+    autoscaler stops counting on it and scales another pool for the pods still pending
+    (kubernetes/autoscaler FAQ, "How does scale-up work?"; ``clusterstate.go``,
+    ``updateScaleRequests``: ``ScaleUpTimedOut``, then the group backs off). AKS takes it only as
+    whole minutes ("Values must be an integer followed by an 'm'", REST spec). A Spot allocation
+    that fails outright is quicker: AKS's autoscaler deletes nodes that fail to provision at
+    once instead of waiting out this time (AKS CHANGELOG, release notes 2025-10-12).
+    """
+    profile = {
         # Give back idle GPU nodes after 5 min instead of the default 10.
         "scale_down_unneeded_time": "5m",
         "scale_down_delay_after_add": "5m",
@@ -42,6 +64,10 @@ def autoscaler_profile() -> dict[str, str]:
         "skip_nodes_with_local_storage": "false",
         "expander": "least-waste",
     }
+    if fallback is not None and fallback.enabled:
+        profile["expander"] = "priority"
+        profile["max_node_provision_time"] = f"{fallback.after_minutes}m"
+    return profile
 
 
 def network_profile() -> dict[str, str]:
@@ -61,7 +87,11 @@ def network_profile() -> dict[str, str]:
 
 
 def managed_cluster_spec(
-    cluster_name: str, location: str, cluster: ClusterConfig, tags: dict[str, str]
+    cluster_name: str,
+    location: str,
+    cluster: ClusterConfig,
+    tags: dict[str, str],
+    fallback: FallbackConfig | None = None,
 ) -> dict[str, Any]:
     """The ``ManagedCluster`` arguments (without the resource group)."""
     spec: dict[str, Any] = {
@@ -73,7 +103,7 @@ def managed_cluster_spec(
         "enable_rbac": True,
         "agent_pool_profiles": [bootstrap_pool_profile(cluster.kubernetes_version)],
         "network_profile": network_profile(),
-        "auto_scaler_profile": autoscaler_profile(),
+        "auto_scaler_profile": autoscaler_profile(fallback),
         # AKS's managed Blob CSI driver: the dataset's read-only volume mounts through it with
         # the pod's own workload identity (workloads/manifests/volume.py).
         "storage_profile": {"blob_csi_driver": {"enabled": True}},
@@ -128,17 +158,21 @@ class AksClusterArgs:
     """``User`` or ``ServicePrincipal``: what ``admin_object_id`` is."""
     deployer: DeployerSignIn
     """How the deployer signs in: kubelogin signs in to the cluster the same way."""
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    """The on-demand fallback pool of the GPU size (off by default)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
 
 
 class AksCluster(pulumi.ComponentResource):
-    """AKS with a bootstrap pool, a CPU pool, a GPU Spot pool, the Blob CSI driver, OIDC and
-    workload identity, and the deployer as its admin."""
+    """AKS with a bootstrap pool, a CPU pool, a GPU Spot pool (and optionally its on-demand
+    fallback), the Blob CSI driver, OIDC and workload identity, and the deployer as its admin."""
 
     name: pulumi.Output[str]
     gpu_pool_name: pulumi.Output[str]
     """The GPU Spot pool's name, derived from its create-only settings; its generation label."""
+    on_demand_pool_name: pulumi.Output[str] | None
+    """The on-demand fallback pool's name; None when the fallback is off."""
     node_resource_group: pulumi.Output[str]
     kubelet_client_id: pulumi.Output[str]
     kubelet_object_id: pulumi.Output[str]
@@ -158,7 +192,9 @@ class AksCluster(pulumi.ComponentResource):
         cluster = azure_native.containerservice.ManagedCluster(
             f"{name}-aks",
             resource_group_name=args.resource_group_name,
-            **managed_cluster_spec(args.cluster_name, args.location, args.cluster, args.tags),
+            **managed_cluster_spec(
+                args.cluster_name, args.location, args.cluster, args.tags, args.fallback
+            ),
             opts=pulumi.ResourceOptions(parent=self),
         )
         system_pool = azure_native.containerservice.AgentPool(
@@ -171,10 +207,11 @@ class AksCluster(pulumi.ComponentResource):
                 replace_on_changes=[_camel(key) for key in SYSTEM_POOL_CREATE_ONLY],
             ),
         )
-        gpu_pool = self._gpu_pool(name, args, cluster)
+        gpu_pools = self._gpu_pools(name, args, cluster)
         self.name = cluster.name
-        self.gpu_pool_name = gpu_pool.name
-        self.node_pools = [system_pool, gpu_pool]
+        self.gpu_pool_name = gpu_pools[0].name
+        self.on_demand_pool_name = gpu_pools[1].name if len(gpu_pools) > 1 else None
+        self.node_pools = [system_pool, *gpu_pools]
         self.node_resource_group = cluster.node_resource_group.apply(lambda v: v or "")
         kubelet = cluster.identity_profile.apply(lambda p: (p or {})["kubeletidentity"])
         self.kubelet_client_id = kubelet.apply(lambda k: k.client_id)
@@ -195,38 +232,68 @@ class AksCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.admin_ready = access.ready
-        self.register_outputs(
-            {
-                "name": self.name,
-                "gpu_pool_name": self.gpu_pool_name,
-                "node_resource_group": self.node_resource_group,
-                "kubelet_client_id": self.kubelet_client_id,
-                "kubelet_object_id": self.kubelet_object_id,
-                "oidc_issuer_url": self.oidc_issuer_url,
-                "kubeconfig": self.kubeconfig,
-            }
-        )
+        outputs = {
+            "name": self.name,
+            "gpu_pool_name": self.gpu_pool_name,
+            "node_resource_group": self.node_resource_group,
+            "kubelet_client_id": self.kubelet_client_id,
+            "kubelet_object_id": self.kubelet_object_id,
+            "oidc_issuer_url": self.oidc_issuer_url,
+            "kubeconfig": self.kubeconfig,
+        }
+        if self.on_demand_pool_name is not None:
+            outputs["on_demand_pool_name"] = self.on_demand_pool_name
+        self.register_outputs(outputs)
 
-    def _gpu_pool(
+    def _gpu_pools(
         self, name: str, args: AksClusterArgs, cluster: azure_native.containerservice.ManagedCluster
-    ) -> azure_native.containerservice.AgentPool:
-        """The GPU Spot pool; an update writes back the node count the pool has now."""
-        spec = gpu_spot_pool_spec(
-            args.gpu_pool, args.gpu_max_nodes, args.cluster.kubernetes_version
-        )
+    ) -> list[azure_native.containerservice.AgentPool]:
+        """The GPU Spot pool and, with the fallback on, the on-demand pool of its generation."""
         # The cluster as AKS has it now: the GET lists every pool with its current count.
         live = azure_native.containerservice.get_managed_cluster_output(
             resource_group_name=args.resource_group_name,
             resource_name=cluster.name,
             opts=pulumi.InvokeOutputOptions(parent=self),
         )
+        version = args.cluster.kubernetes_version
+        spot = gpu_spot_pool_spec(args.gpu_pool, args.gpu_max_nodes, version)
+        pools = [self._autoscaled_pool(f"{name}-gpu-spot", args, cluster, live, spot)]
+        if args.fallback.enabled:
+            on_demand = gpu_on_demand_pool_spec(
+                args.gpu_pool, args.fallback, spot["agent_pool_name"], version
+            )
+            pools.append(
+                self._autoscaled_pool(
+                    f"{name}-gpu-on-demand",
+                    args,
+                    cluster,
+                    live,
+                    on_demand,
+                    ON_DEMAND_POOL_CREATE_ONLY,
+                    min_nodes=0,
+                )
+            )
+        return pools
+
+    def _autoscaled_pool(
+        self,
+        resource_name: str,
+        args: AksClusterArgs,
+        cluster: azure_native.containerservice.ManagedCluster,
+        live: pulumi.Output[Any],
+        spec: dict[str, Any],
+        create_only: tuple[str, ...] = GPU_POOL_CREATE_ONLY,
+        min_nodes: int | None = None,
+    ) -> azure_native.containerservice.AgentPool:
+        """An autoscaled pool; an update writes back the node count the pool has now."""
+        floor = args.gpu_pool.min_nodes if min_nodes is None else min_nodes
         spec["count"] = live.agent_pool_profiles.apply(
             lambda profiles: gpu_pool_count(
-                live_pool_count(profiles, spec["agent_pool_name"]), args.gpu_pool.min_nodes
+                live_pool_count(profiles, spec["agent_pool_name"]), floor
             )
         )
         return azure_native.containerservice.AgentPool(
-            f"{name}-gpu-spot",
+            resource_name,
             resource_group_name=args.resource_group_name,
             resource_name_=cluster.name,
             **spec,
@@ -235,7 +302,7 @@ class AksCluster(pulumi.ComponentResource):
                 # Belt and braces with the derived name: whatever a provider release decides for
                 # these properties (pulumi-azure-native #3655 made some replace, #2774 dropped
                 # others), a change to one replaces the pool instead of a refused update.
-                replace_on_changes=[_camel(key) for key in GPU_POOL_CREATE_ONLY],
+                replace_on_changes=[_camel(key) for key in create_only],
             ),
         )
 

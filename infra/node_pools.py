@@ -10,7 +10,10 @@ it. etcd, the operator and the data staging run on the CPU pool (``systemVmSize`
 resources whose names derive from their create-only settings, so a change of size is a new
 pool, created before the old one is deleted, never a refused update and never a new cluster.
 Each GPU pool generation labels its nodes with its own name, and the job selects it
-(``infra/catalog/pool_labels.py``). Pure: the builders return the SDK's keyword arguments.
+(``infra/catalog/pool_labels.py``). The optional on-demand fallback pool of the same size
+(``onDemandMaxNodes``) carries the Spot pool's generation and its name hashes it, so a new
+Spot pool always brings a new fallback pool beside it. Pure: the builders return the SDK's
+keyword arguments.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from infra.catalog.pool_labels import BOOTSTRAP, GPU_SPOT, SYSTEM, pool_labels
-from stack_config import ClusterConfig, GpuPoolConfig
+from infra.catalog.gpu_pools import NAME_HASH, ON_DEMAND_PREFIX, SPOT_PREFIX
+from infra.catalog.pool_labels import BOOTSTRAP, GPU_ON_DEMAND, GPU_SPOT, SYSTEM, pool_labels
+from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
 # AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.
 SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
@@ -33,9 +37,9 @@ BOOTSTRAP_VM_SIZE = "Standard_D2s_v5"
 # AKS's documented taint for a dedicated system pool: only critical addons tolerate it.
 CRITICAL_ADDONS_TAINT = "CriticalAddonsOnly=true:NoSchedule"
 SYSTEM_POOL_NAME_PREFIX = "sys"
-GPU_POOL_NAME_PREFIX = "gpu"
+GPU_POOL_NAME_PREFIX = SPOT_PREFIX
 # Linux agent pool names: lowercase letters and digits, at most 12 characters.
-POOL_NAME_HASH = 8
+POOL_NAME_HASH = NAME_HASH
 
 # Properties of an agent pool that AKS refuses to change after creation, of those this pool
 # sets: "You can't change the VM size of a node pool after you create it" (AKS, Manage node
@@ -52,6 +56,8 @@ GPU_POOL_CREATE_ONLY = (
     "type",
 )
 SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
+# The fallback pool's, plus the generation it belongs to (the Spot pool's name).
+ON_DEMAND_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "gpu_profile", "os_type", "type")
 
 
 def bootstrap_pool_profile(kubernetes_version: str | None) -> dict[str, Any]:
@@ -125,6 +131,44 @@ def gpu_spot_pool_spec(
     # counts stay in-place updates. The name is also the generation label the job selects.
     spec["agent_pool_name"] = gpu_pool_name(spec)
     spec["node_labels"] = pool_labels(GPU_SPOT, spec["agent_pool_name"])
+    return spec
+
+
+def gpu_on_demand_pool_spec(
+    pool: GpuPoolConfig, fallback: FallbackConfig, generation: str, kubernetes_version: str | None
+) -> dict[str, Any]:
+    """The on-demand fallback pool's ``AgentPool`` arguments: the GPU Spot pool's size at
+    regular priority, from 0 to ``onDemandMaxNodes`` nodes, in the Spot pool's generation.
+
+    Only the GPU taint: AKS taints Spot nodes only. The cluster autoscaler scales this pool
+    when the Spot pool cannot grow (the priority expander, ``workloads/manifests/
+    autoscaler.py``); the workers prefer Spot nodes and admit both (``workloads/manifests/
+    scheduling.py``). Its name hashes its own create-only settings and ``generation``: a new
+    Spot pool (a new size or Spot price) brings a new fallback pool with it.
+    """
+    if not generation:
+        raise ValueError("the fallback pool needs the Spot pool's name: it is its generation")
+    spec: dict[str, Any] = {
+        "mode": "User",
+        "type": "VirtualMachineScaleSets",
+        "os_type": "Linux",
+        "vm_size": pool.vm_size,
+        "scale_set_priority": "Regular",
+        "enable_auto_scaling": True,
+        "min_count": 0,
+        "max_count": fallback.max_nodes,
+        # A create carries 0: nothing runs on demand until the Spot pool cannot grow.
+        "count": 0,
+        "node_taints": [GPU_TAINT],
+        "gpu_profile": {"driver": "Install"},
+    }
+    if kubernetes_version:
+        spec["orchestrator_version"] = kubernetes_version
+    settings = {**spec, "generation": generation}
+    spec["agent_pool_name"] = pool_name(
+        ON_DEMAND_PREFIX, settings, (*ON_DEMAND_POOL_CREATE_ONLY, "generation")
+    )
+    spec["node_labels"] = pool_labels(GPU_ON_DEMAND, generation)
     return spec
 
 

@@ -1,5 +1,6 @@
 """``python -m lab``: run a scenario on this machine, list scenarios; before and around a cloud
-run, check the subscription (``preflight``), compare regions (``prices``), evict a node."""
+run, check the subscription (``preflight``), compare regions (``prices``), evict a node, and
+move the job back to Spot (``rebalance``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.live.status_line import StatusLine
 from lab.local.etcd_server import EtcdError
@@ -93,117 +94,10 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _cloud_parsers(sub: argparse._SubParsersAction) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--stack-outputs",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help="the stack's outputs: `pulumi stack output --json --show-secrets > FILE` "
-        "(the kubeconfig, namespace and job; for drill also the node resource group and pool)",
-    )
-    common.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="the run directory: pod logs, events, report (default: lab-runs/cloud-<timestamp>)",
-    )
-    common.add_argument(
-        "--stack",
-        help="the stack whose GPU size and region price the run from the cache of `lab prices` "
-        "(default: the selected Pulumi stack; without one the cost has no prices)",
-    )
-    sub.add_parser(
-        "watch",
-        parents=[common],
-        help="follow the PyTorchJob on the cluster; Ctrl-C writes the report",
-        description="Follow the job: pods and their nodes, world size, step, loss, samples/s "
-        "and the last event of the training logs and of Kubernetes. Ctrl-C (or the job's end) "
-        "stops watching and writes report.json, report.txt and timeline.png for the time "
-        "watched. It only reads: it never touches the job. Exit status: 0 report written, "
-        "1 the cluster cannot be reached or refuses, or nothing was logged to report; 2 a bad "
-        "--stack-outputs file.",
-    )
-    drill = sub.add_parser(
-        "drill",
-        parents=[common],
-        help="evict Spot nodes one at a time and report the recovery (the cloud `make lab`)",
-        description="Wait until the job trains at full size, evict one Spot node with "
-        "simulate-eviction, wait until training runs again and the replacement has joined; "
-        "N times. Then write the same report as the local lab, with each replacement's "
-        "arrival (scale-up, node, image, start, join) and the run's cost. Refuses a job that "
-        "is not training at full size. Exit status: 0 every eviction recovered, 1 the cluster "
-        "cannot be reached or refuses, the job is not healthy, an eviction failed or did not "
-        "recover in time, or Ctrl-C; 2 a bad flag or --stack-outputs file.",
-    )
-    drill.add_argument(
-        "--evict",
-        type=int,
-        default=1,
-        metavar="N",
-        help="how many Spot nodes to evict, one at a time (default: %(default)s)",
-    )
-    drill.add_argument(
-        "--interval",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="seconds of training at full size between evictions (default: %(default)g)",
-    )
-    drill.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="seconds to wait for the job to train at full size before the first eviction "
-        "(default: %(default)g)",
-    )
-    drill.add_argument(
-        "--recover-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="seconds to wait for training to run again after each eviction, then as long for "
-        "the replacement to join (default: %(default)g)",
-    )
-    drill.add_argument(
-        "--subscription",
-        help="subscription of the cluster's node resource group, for simulate-eviction "
-        "(default: $AZURE_SUBSCRIPTION_ID)",
-    )
-
-
-def _cloud(args: argparse.Namespace) -> int:
-    from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill, watch
-
-    out = args.out or Path("lab-runs") / time.strftime("cloud-%Y%m%d-%H%M%S")
-    options = CloudOptions(args.stack_outputs, out, lambda: _run_prices(args))
-    if args.command == "watch":
-        return watch(options)
-    if args.evict < 1 or args.interval < 0 or args.ready_timeout <= 0 or args.recover_timeout <= 0:
-        print("error: --evict must be >= 1, --interval >= 0, the timeouts > 0", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    plan = DrillOptions(args.evict, args.interval, args.ready_timeout, args.recover_timeout)
-    return drill(options, plan, _evictor(args))
-
-
-def _evictor(args: argparse.Namespace) -> Callable[[str], int]:
-    """Evict through simulate-eviction, as a user would run it."""
-    from lab.azure.simulate_eviction import main as simulate_eviction
-
-    def evict(node: str) -> int:
-        argv = ["--stack-outputs", str(args.stack_outputs), "--node", node]
-        if args.subscription:
-            argv += ["--subscription", args.subscription]
-        return simulate_eviction(argv)
-
-    return evict
-
-
 def _report(args: argparse.Namespace) -> int:
+    from lab.report.gpu_cost import cost_of_run
     from lab.report.run_logs import RunLogsError, load_run
-    from lab.report.run_report import cost_of_run, report_from_run, write_outputs
+    from lab.report.run_report import report_from_run, write_outputs
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)
@@ -260,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_parser(sub)
     sub.add_parser("scenarios", help="list the built-in scenarios and their faults")
     _report_parser(sub)
-    _cloud_parsers(sub)
+    add_cluster_parsers(sub)
     for name, text in CLOUD_COMMANDS.items():
         sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
@@ -321,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_scenarios()
     if args.command == "report":
         return _report(args)
-    if args.command in ("watch", "drill"):
-        return _cloud(args)
+    if args.command in CLUSTER_COMMANDS:
+        return run_cluster_command(args, lambda: _run_prices(args))
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
     # The session stops and sweeps everything it started, however it ends.
     with interrupt_guard(take_ignored=True) as guard:

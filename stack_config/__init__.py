@@ -7,7 +7,7 @@ rule before a single resource is registered. Both are pure: no pulumi import, no
 - ``model``: the dataclasses;
 - ``keys``: every config key and the field it fills;
 - ``parse``: raw strings into a ``LabConfig``;
-- ``validate``: the rules.
+- ``validate``: the rules (``fallback``: the on-demand fallback's).
 """
 
 from stack_config.keys import KEYS, SETTINGS, Setting
@@ -18,6 +18,7 @@ from stack_config.model import (
     ClusterConfig,
     ConfigError,
     DataConfig,
+    FallbackConfig,
     GpuPoolConfig,
     JobConfig,
     LabConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "DataConfig",
+    "FallbackConfig",
     "GpuPoolConfig",
     "JobConfig",
     "LabConfig",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra import gpu_sizes
-from training.elastic.launch import RendezvousSettings
+from training.elastic.launch import DEFAULT_TERMINATION_GRACE_S, RendezvousSettings
 
 
 class ConfigError(ValueError):
@@ -53,6 +53,22 @@ class GpuPoolConfig:
 
 
 @dataclass(frozen=True)
+class FallbackConfig:
+    """The optional on-demand pool of the GPU size: where the job grows when Spot has no
+    capacity (``infra/node_pools.py``), preferred less than the Spot pool by the autoscaler."""
+
+    max_nodes: int = 0
+    """Autoscaler ceiling of the on-demand pool; 0 turns the fallback off."""
+    after_minutes: int = 10
+    """Minutes the cluster autoscaler gives the Spot pool to bring a node before it tries the
+    on-demand pool (``autoScalerProfile.maxNodeProvisionTime``, which applies to every pool)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_nodes > 0
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """The elastic PyTorchJob."""
 
@@ -81,6 +97,8 @@ class JobConfig:
     worker_memory: str | None = None
     """Memory request (and limit) of a worker pod; None: what the GPU size leaves allocatable."""
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
+    termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
+    """The worker pods' termination grace; the workers' stop deadline is derived from it."""
 
     @property
     def start_replicas(self) -> int:
@@ -126,6 +144,7 @@ class LabConfig:
     """"acr" builds in the registry (no local Docker daemon); "docker" builds locally."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gpu_pool: GpuPoolConfig = field(default_factory=GpuPoolConfig)
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=DataConfig)
 

@@ -9,10 +9,11 @@ import ipaddress
 import re
 
 from infra import gpu_sizes, naming
+from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
 from training.data.stage_data import CHECKSUM
-from training.elastic.launch import MEASURED_HEARTBEATS_PER_S
+from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -32,6 +33,7 @@ def validate(cfg: LabConfig) -> None:
         *_naming_problems(cfg),
         *_cluster_problems(cfg),
         *_gpu_pool_problems(cfg),
+        *fallback_problems(cfg),
         *_replica_problems(cfg),
         *_training_problems(cfg),
         *_data_problems(cfg),
@@ -247,6 +249,9 @@ def _training_problems(cfg: LabConfig) -> list[str]:
     problems += _rendezvous_scale_problems(cfg)
     if job.active_deadline_s is not None:
         problems += _at_least(cfg, {"activeDeadlineSeconds": job.active_deadline_s}, 1)
+    grace = termination_grace_problem(job.termination_grace_s)
+    if grace is not None:
+        problems.append(f"{cfg.key('terminationGraceSeconds')} {grace}")
     if not RUN_ID.match(job.run_id):
         problems.append(
             f"{cfg.key('runId')} must be 1-20 lowercase letters, digits or '-', starting and "

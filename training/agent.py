@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import urllib.error
@@ -144,7 +145,25 @@ def run_warm(args: list[str]) -> int:
 
     for handler in created():
         handler.settle(close=close)
+    if code == signal_exit(signal.SIGTERM):  # the node goes: its save must not go with it
+        _commit_node_save(args)
     return code
+
+
+def _commit_node_save(args: list[str]) -> None:
+    """After the node left the rendezvous: its newest save made durable, within the deadline
+    from the SIGTERM (training/emergency.py, ``commit_node_save``)."""
+    from training.launcher import STOP, torchrun_config
+    from training.loop.config import ConfigError, parse_config
+    from training.loop.emergency import commit_node_save
+
+    try:
+        parsed, config = torchrun_config(args)
+        cfg = parse_config(parsed.training_script_args)
+    except (ValueError, ConfigError) as exc:  # it parsed before the agent ran: not expected
+        logger.error("cannot commit the node's save: %s", exc)
+        return
+    commit_node_save(cfg, config.run_id, STOP.at)
 
 
 def _launch_warm(args: list[str]) -> tuple[int, bool]:

@@ -3,10 +3,10 @@
 Plain ``torchrun --module training.train`` starts every worker as a new interpreter, so on every
 membership change each worker pays again for ``import torch`` and for the first DDP and
 optimiser construction (which import ``torch._dynamo``): about 3.5 s of a restart on two CPU
-cores. Here the same agent (torch's ``elastic_launch`` with torchrun's own argument parsing:
-the same PET_* flags, the same rendezvous, the same restart rules) runs ``training.train`` as a
-function, in processes forked from a fork server that did those imports once, when the node
-started. A restart then costs a fork.
+cores. Here the same agent (torch's ``LocalElasticAgent``, configured by torchrun's own
+argument parsing: the same PET_* flags, the same rendezvous, the same restart rules) runs
+``training.train`` as a function, in processes forked from a fork server that did those imports
+once, when the node started. A restart then costs a fork.
 
 A fork server and not a plain fork: the agent has threads (the rendezvous keep-alive), and a
 threaded process must not fork; the server is single-threaded and never touches CUDA.
@@ -18,8 +18,10 @@ import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import sys
 import tempfile
+import time
 from argparse import Namespace
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -158,8 +160,8 @@ def launch(args: Sequence[str]) -> None:
     # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
     # logs one on every worker failure: imported now, that is not 2-3 s of the first recovery.
     import torch._dynamo  # noqa: F401
-    from torch.distributed.launcher.api import elastic_launch
 
+    STOP.install()
     parsed, config = torchrun_config(args)
     if not parsed.module or parsed.training_script != TRAIN_MODULE:
         raise ValueError(
@@ -188,4 +190,91 @@ def launch(args: Sequence[str]) -> None:
 
     config.rdzv_backend = register()
     wait_until_warm()
-    elastic_launch(config=config, entrypoint=worker)(*parsed.training_script_args)
+    run_agent(config, parsed.training_script_args)
+
+
+EXIT_BARRIER_TIMEOUT_S = 10.0
+"""How long a node whose workers finished waits for the other agents (torch's default: 300 s).
+Nothing here needs them: the workers' own final barrier ends every rank together, and the
+store is etcd, not an agent. With torch's default, a peer that died after finishing held every
+other node 300 s."""
+
+
+class AgentStop:
+    """When this agent got its SIGTERM: what it still does before it exits (commit the node's
+    save: training/agent.py) runs under the eviction's deadline from that moment.
+
+    The handler raises torch's public ``SignalException``, as torch's own does, so the agent
+    stops its workers the same way; torch is told not to install its own for SIGTERM (it
+    would, at every worker start).
+    """
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        from torch.distributed.elastic.multiprocessing import SignalException
+
+        if self.at is None:
+            self.at = time.monotonic()
+        sigval = signal.Signals(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+
+STOP = AgentStop()
+
+
+def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
+    """torch's ``launch_agent`` for our entry point, with the exit barrier bounded.
+
+    ``exit_barrier_timeout`` is a parameter of torch's public ``LocalElasticAgent``
+    (torch/distributed/elastic/agent/server/api.py, 2.13: ``_exit_barrier``) that
+    ``launch_agent`` does not pass on, so the agent is built here from public parts.
+    """
+    from torch.distributed.elastic.agent.server import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousParameters,
+        rendezvous_handler_registry,
+    )
+
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    signals = [s for s in config.signals_to_handle.split(",") if s.strip() != "SIGTERM"]
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(signals)  # SIGTERM: AgentStop
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=worker,
+        args=tuple(args),
+        rdzv_handler=rendezvous_handler_registry.create_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+    )
+    # None is torchrun's "not given": the agent's own default (30 s) then applies.
+    shutdown = (
+        {} if config.shutdown_timeout is None else {"shutdown_timeout": config.shutdown_timeout}
+    )
+    agent = LocalElasticAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,  # type: ignore[arg-type]
+        start_method=config.start_method,
+        exit_barrier_timeout=EXIT_BARRIER_TIMEOUT_S,
+        log_line_prefix_template=config.log_line_prefix_template,
+        **shutdown,
+    )
+    result = agent.run()
+    if result.is_failed():
+        raise ChildFailedError(name=TRAIN_MODULE, failures=result.failures)

@@ -6,7 +6,8 @@ through one Kubernetes provider (server-side apply):
 - the namespace and the training ServiceAccount (workload identity),
 - PriorityClasses: preemptible training below the rendezvous,
 - etcd (the rendezvous) on the system pool,
-- the NVIDIA device plugin on the GPU Spot pool,
+- the NVIDIA device plugin on the GPU pools,
+- with the on-demand fallback on, the cluster autoscaler's priorities (Spot first),
 - the Kubeflow training operator v1.9.4,
 - the dataset's read-only Blob CSI volume and the Job that stages the dataset,
 - the elastic PyTorchJob.
@@ -24,15 +25,19 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from stack_config import LabConfig
+from workloads.autoscaler import AutoscalerPriorities
 from workloads.data_staging import DataStaging, DataStagingArgs
 from workloads.device_plugin import NvidiaDevicePlugin, NvidiaDevicePluginArgs
 from workloads.etcd import Rendezvous, RendezvousArgs
 from workloads.job import ElasticTrainingJob, ElasticTrainingJobArgs
 from workloads.manifests.data_staging import DataStagingSpec
+from workloads.manifests.device_plugin import DevicePluginSpec
 from workloads.manifests.etcd import EtcdSpec
-from workloads.manifests.job import job_name, watch_commands
+from workloads.manifests.job import job_name
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
 from workloads.manifests.priority import lab_priority_classes
+from workloads.manifests.scheduling import any_gpu_pool
+from workloads.manifests.watch import watch_commands
 from workloads.namespace import LabNamespace, LabNamespaceArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
@@ -109,7 +114,7 @@ class LabWorkloads(pulumi.ComponentResource):
             opts=cluster,
         )
         operator = TrainingOperator(f"{name}-operator", TrainingOperatorArgs(), opts=cluster)
-        NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(), opts=cluster)
+        gpu_side = self._gpu_side(name, args, cluster)
         in_namespace = pulumi.ResourceOptions.merge(
             cluster, pulumi.ResourceOptions(depends_on=[namespace, priorities])
         )
@@ -133,7 +138,7 @@ class LabWorkloads(pulumi.ComponentResource):
         )
         # The CRD and its webhook must exist, etcd must answer and the data must be staged,
         # before the job: GPU nodes start only for a job that can train.
-        before_job: list[pulumi.Resource] = [operator, rendezvous, dataset]
+        before_job: list[pulumi.Resource] = [operator, rendezvous, dataset, *gpu_side]
         if cfg.data.staged:
             before_job.append(self._staging(name, args, in_namespace).job)
         job_opts = pulumi.ResourceOptions.merge(
@@ -144,7 +149,7 @@ class LabWorkloads(pulumi.ComponentResource):
         self.job_name = job.job_name
         self.rdzv_id = job.rdzv_id
         self.watch_commands = pulumi.Output.from_input(
-            watch_commands(cfg.namespace, job_name(cfg), cfg.job.max_replicas)
+            watch_commands(cfg.namespace, job_name(cfg), cfg.job.max_replicas, cfg.fallback.enabled)
         )
         self.register_outputs(
             {
@@ -177,6 +182,19 @@ class LabWorkloads(pulumi.ComponentResource):
             upsert_existing_objects=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
         )
+
+    def _gpu_side(
+        self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
+    ) -> list[pulumi.Resource]:
+        """The device plugin on every GPU node and, with the on-demand fallback, the
+        autoscaler's priorities; returns what the job must wait for (the expander scales no
+        pool while its ConfigMap is missing, so it comes before the job's pending pods)."""
+        if not args.config.fallback.enabled:
+            NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(), opts=opts)
+            return []
+        on_both = DevicePluginSpec(node_selector={}, affinity=any_gpu_pool())
+        NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(on_both), opts=opts)
+        return [AutoscalerPriorities(f"{name}-autoscaler-priorities", opts=opts)]
 
     def _staging(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions

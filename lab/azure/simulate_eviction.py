@@ -28,13 +28,13 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScaleSetVM
 
+from infra.catalog.gpu_pools import NODE
 from lab.azure.clients import AzureError, credential_from_env
 from stack_config import LabConfig
 
 POOL_TAG = "aks-managed-poolName"
 # A dataclass field's plain default is also its class attribute: the stack's default namespace.
 DEFAULT_NAMESPACE: str = LabConfig.namespace
-NODE_NAME = re.compile(r"^(?P<scale_set>aks-[a-z0-9]+-\d+-vmss)(?P<suffix>[0-9a-z]{6})$")
 EXIT_USAGE = 2
 
 ClientFactory = Callable[[str], AbstractContextManager[ComputeManagementClient]]
@@ -83,7 +83,7 @@ def parse_node_name(node: str) -> tuple[str, str]:
 
     ``aks-gpu1a2b3c4d-12345678-vmss00000a`` -> ``("aks-gpu1a2b3c4d-12345678-vmss", "10")``.
     """
-    match = NODE_NAME.match(node)
+    match = NODE.match(node)
     if match is None:
         raise EvictionError(
             f"--node {node!r} is not an AKS scale-set node name; expected "
@@ -91,7 +91,8 @@ def parse_node_name(node: str) -> tuple[str, str]:
             "aks-gpu1a2b3c4d-12345678-vmss00000a "
             "(see `kubectl get nodes`), or pass --instance-id"
         )
-    return match["scale_set"], str(int(match["suffix"], 36))
+    scale_set = f"aks-{match['pool']}-{match['digits']}-vmss"
+    return scale_set, str(int(match["suffix"], 36))
 
 
 def read_stack_outputs(path: Path) -> dict[str, object]:

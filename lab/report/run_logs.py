@@ -7,10 +7,12 @@ Two layouts, both read here and nowhere else:
 - a cluster run (what ``lab watch`` and ``lab drill`` write, or what a user saved by hand):
   ``pods/<pod>.log`` (or ``<pod>.log``), each what ``kubectl logs --timestamps`` prints;
   optional Kubernetes events, ``events.jsonl`` (one Event object a line) or ``events.json``
-  (``kubectl get events -o json``); optional ``drill-events.jsonl``, the evictions ``lab
-  drill`` made. Without it the faults are inferred from the logs: each round after the first
-  is a fault, which began at the first sign of it (a worker's reaction, a new pod's start);
-  ``watch-events.jsonl`` then bounds the report to the span ``lab watch`` watched.
+  (``kubectl get events -o json``); optional ``drill-events.jsonl`` and
+  ``rebalance-events.jsonl``, the evictions ``lab drill`` made and the moves ``lab rebalance``
+  made. Without them the faults are inferred from the logs (``inferred_faults.py``);
+  ``watch-events.jsonl`` then bounds the report to the span ``lab watch`` watched. Optional
+  ``placements.jsonl``, the node each pod ran on, as the commands saw it (with the Scheduled
+  events it tells Spot hours from on-demand ones).
 
 Each worker pod (or lab node) logs the same JSON lines, so every record keeps its ``node``
 tag: the pod's name on the cluster.
@@ -26,10 +28,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from lab.report.inferred_faults import infer_faults
 from lab.report.node_logs import Record, parse_record, read_records
 
 DRILL_EVENTS = "drill-events.jsonl"
 """What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""
+PLACEMENTS = "placements.jsonl"
+"""Where each worker pod was placed, as ``lab watch``, ``drill`` and ``rebalance`` saw it: one
+``{"ts", "pod", "node"}`` a line (a pod recreated under its name gets a line per node)."""
+REBALANCE_EVENTS = "rebalance-events.jsonl"
+"""What ``lab rebalance`` did: its span and each worker it moved from on-demand to Spot
+(``fault_injected`` of kind ``move``, then ``worker_moved``)."""
 WATCH_EVENTS = "watch-events.jsonl"
 """The span ``lab watch`` watched: its faults are inferred from the logs."""
 
@@ -65,6 +74,13 @@ class RunLogs:
     """"lab" or "cluster"."""
     cluster_events: list[ClusterEvent] = field(default_factory=list)
     lab_events: list[dict[str, Any]] = field(default_factory=list)
+    placements: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    """pod -> (when, node) of each placement, in time order (a cluster run's)."""
+
+    def node_at(self, pod: str, ts: float) -> str | None:
+        """The node ``pod`` ran on at ``ts``: its newest placement by then (None: unknown)."""
+        placed = [node for when, node in self.placements.get(pod, []) if when <= ts]
+        return placed[-1] if placed else None
 
 
 # ---- what a record and a side file must hold ------------------------------------------------
@@ -265,6 +281,30 @@ def read_cluster_events(directory: Path) -> list[ClusterEvent]:
     return sorted(events, key=lambda e: e.ts)
 
 
+def read_placements(directory: Path, events: list[ClusterEvent]) -> dict[str, list]:
+    """pod -> [(when, node)]: the recorded placements and the Scheduled events ("Successfully
+    assigned <namespace>/<pod> to <node>"), in time order."""
+    found = {(r.get("pod"), r.get("node"), r["ts"]) for r in _placed(directory / PLACEMENTS)}
+    found |= {
+        (e.name, e.message.rsplit(" to ", 1)[-1].strip(), e.ts)
+        for e in events
+        if e.kind == "Pod" and e.reason == "Scheduled" and " to " in e.message
+    }
+    placements: dict[str, list[tuple[float, str]]] = {}
+    for pod, node, when in sorted(found, key=lambda placed: placed[2]):
+        if isinstance(pod, str) and isinstance(node, str) and node:
+            placements.setdefault(pod, []).append((float(when), node))
+    return placements
+
+
+def _placed(path: Path) -> list[dict[str, Any]]:
+    rows = read_side_file(path)
+    bad = next((r for r in rows if not _number(r.get("ts"))), None)
+    if bad is not None:
+        raise RunLogsError(f"{path}: a placement without a valid 'ts': {json.dumps(bad)[:80]}")
+    return rows
+
+
 def load_cluster_run(
     directory: Path, max_steps: int | None = None, global_batch_size: int | None = None
 ) -> RunLogs:
@@ -293,7 +333,8 @@ def load_cluster_run(
             "the logs do not say the run's max_steps and global_batch_size (older images "
             "log neither): pass --max-steps and --global-batch-size"
         )
-    drill = read_lab_events(directory / DRILL_EVENTS)
+    acted = [read_lab_events(directory / name) for name in (DRILL_EVENTS, REBALANCE_EVENTS)]
+    drill = sorted((r for rows in acted for r in rows), key=lambda r: r["ts"])
     span = drill or read_lab_events(directory / WATCH_EVENTS)
     events = read_cluster_events(directory)
     begun = [r["ts"] for r in span if r["event"] == "run_started"]
@@ -316,6 +357,7 @@ def load_cluster_run(
         source="cluster",
         cluster_events=events,
         lab_events=span,
+        placements=read_placements(directory, events),
     )
 
 
@@ -326,67 +368,3 @@ def load_run(directory: Path, **overrides: int | None) -> RunLogs:
     if is_lab_run(directory):
         return load_lab_run(directory)
     return load_cluster_run(directory, **overrides)
-
-
-# ---- faults from the logs alone -------------------------------------------------------------
-
-_REACTIONS = ("peer_failure", "emergency_save")
-# Kubernetes reasons that are the first sign of a pod leaving or arriving.
-LEAVING = ("Killing", "Preempting", "Evicted", "PreemptScheduled", "SpotInterruption")
-ARRIVING = ("TriggeredScaleUp", "Scheduled", "RegisteredNode")
-
-
-def infer_faults(records: list[Record], events: list[ClusterEvent]) -> list[dict[str, Any]]:
-    """One injection per membership change: each ``resumed`` round after the first that
-    follows training. A leave is dated by its first sign after the last metrics line before
-    the round (a worker's reaction, a pod being killed); a join by the arrival of the pod it
-    brought (its first record, the scale-up, the scheduling, the new node), which happens
-    while the old group still trains."""
-    rounds = [r for r in records if r.get("event") == "resumed"]
-    metrics = [r for r in records if r["kind"] == "metrics"]
-    first_seen: dict[str, float] = {}
-    for record in records:
-        first_seen.setdefault(record["node"], record["ts"])
-    faults: list[dict[str, Any]] = []
-    since = rounds[0]["ts"] if rounds else 0.0
-    for round_ in rounds[1:]:
-        before = [m for m in metrics if m["ts"] < round_["ts"]]
-        if not before or (faults and faults[-1]["injected_at"] > before[-1]["ts"]):
-            continue  # no training since the start or since the previous fault's round
-        last = before[-1]
-        world, new_world = last["world_size"], int(round_.get("world_size") or 0)
-        kind = "leave" if new_world < world else "join" if new_world > world else "restart"
-        signs: list[float] = []
-        if kind != "join":
-            after_last = (last["ts"], round_["ts"])
-            signs += [r["ts"] for r in records if _within(r["ts"], after_last) and _reaction(r)]
-            signs += [e.ts for e in events if _within(e.ts, after_last) and e.reason in LEAVING]
-        if kind != "leave":
-            window = (since, round_["ts"])
-            signs += [t for t in first_seen.values() if _within(t, window)]
-            signs += [e.ts for e in events if _within(e.ts, window) and e.reason in ARRIVING]
-        faults.append(
-            {
-                "index": len(faults),
-                "kind": kind,
-                "description": f"{kind}: world {world} -> {new_world} (from the logs)",
-                "injected_at": min(signs, default=round_["ts"]),
-                "planned_world_size": _settled_world(metrics, round_),
-            }
-        )
-        since = round_["ts"]
-    return faults
-
-
-def _within(ts: float, window: tuple[float, float]) -> bool:
-    return window[0] < ts <= window[1]
-
-
-def _reaction(record: Record) -> bool:
-    return record.get("event") in _REACTIONS
-
-
-def _settled_world(metrics: list[Record], round_: Record) -> int:
-    """The world size training ran at after this fault's rounds settled."""
-    after = [m for m in metrics if m["ts"] > round_["ts"]]
-    return int(after[0]["world_size"]) if after else int(round_.get("world_size") or 0)

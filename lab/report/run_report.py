@@ -2,7 +2,8 @@
 
 The same report for a lab run and a cluster run (``lab.report.run_logs`` reads both). A
 cluster run also gets each replacement's arrival (on the cloud a VM starts, pulls the image
-and joins: that figure dominates) and, at the prices the caller found, the run's cost.
+and joins: that figure dominates) and, at the prices the caller found, the run's cost
+(``gpu_cost.py``).
 """
 
 from __future__ import annotations
@@ -40,14 +41,6 @@ def report_from_run(run: RunLogs) -> dict[str, Any]:
     return report
 
 
-def _pod_node(run: RunLogs, pod: str) -> str | None:
-    """The node a pod was scheduled to, from its Scheduled event ("... to <node>")."""
-    for event in run.cluster_events:
-        if event.kind == "Pod" and event.name == pod and event.reason == "Scheduled":
-            return event.message.rsplit(" to ", 1)[-1].strip() or None
-    return None
-
-
 def _first_event(run: RunLogs, after: float, reason: str, name: str | None = None) -> float | None:
     return next(
         (
@@ -71,7 +64,7 @@ def node_arrival(run: RunLogs, fault: dict[str, Any], until: float) -> dict[str,
     if not new:
         return None
     started_at, pod = new[0]
-    node = _pod_node(run, pod)
+    node = run.node_at(pod, started_at)
     target = fault["world_size_before"]
     joined = next(
         (
@@ -94,25 +87,6 @@ def node_arrival(run: RunLogs, fault: dict[str, Any], until: float) -> dict[str,
         "node": node,
         **{k: round(v, 3) if v is not None else None for k, v in stages.items()},
         "arrival_s": seconds_since(joined, injected),
-    }
-
-
-def cost_of_run(
-    run: RunLogs, spot_per_h: float | None, on_demand_per_h: float | None, source: str
-) -> dict[str, Any]:
-    """GPU node-hours, approximated by the worker pods' lifetimes in the logs (a node's boot
-    before its pod started and its drain after are not in them), at Spot and on-demand."""
-    spans: dict[str, list[float]] = {}
-    for record in run.records:
-        spans.setdefault(record["node"], [record["ts"], record["ts"]])[1] = record["ts"]
-    hours = sum(end - begin for begin, end in spans.values()) / 3600
-    return {
-        "gpu_node_hours": round(hours, 4),
-        "spot_usd_per_h": spot_per_h,
-        "on_demand_usd_per_h": on_demand_per_h,
-        "spot_usd": None if spot_per_h is None else round(hours * spot_per_h, 4),
-        "on_demand_usd": None if on_demand_per_h is None else round(hours * on_demand_per_h, 4),
-        "price_source": source,
     }
 
 

@@ -70,11 +70,21 @@ def format_arrivals(report: dict[str, Any]) -> str:
 
 
 def format_cost(cost: dict[str, Any]) -> str:
+    """The GPU node-hours at Spot and on demand, what they cost, and each move's saving."""
     spot, demand = cost["spot_usd"], cost["on_demand_usd"]
-    return (
-        f"GPU node-hours {cost['gpu_node_hours']:.3f}: {_cell(spot, '${:.2f}')} at Spot, "
-        f"{_cell(demand, '${:.2f}')} on demand ({cost['price_source']})"
-    )
+    lines = [
+        f"GPU node-hours {cost['gpu_node_hours']:.3f} ({cost['spot_node_hours']:.3f} Spot, "
+        f"{cost['on_demand_node_hours']:.3f} on demand): {_cell(spot, '${:.2f}')} at Spot + "
+        f"{_cell(demand, '${:.2f}')} on demand = {_cell(cost['total_usd'], '${:.2f}')}; all on "
+        f"demand {_cell(cost['all_on_demand_usd'], '${:.2f}')} ({cost['price_source']})"
+    ]
+    for move in cost.get("moves") or []:
+        lines.append(
+            f"move {move['index']}: {move['pod']} back on Spot ({move['to_node']}) for "
+            f"{move['spot_hours']:.3f} h, saves {_cell(move['saves_usd_per_h'], '${:.3f}')}/h: "
+            f"{_cell(move['saved_usd'], '${:.2f}')} saved"
+        )
+    return "\n".join(lines)
 
 
 def format_report(report: dict[str, Any]) -> str:

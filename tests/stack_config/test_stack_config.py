@@ -349,6 +349,8 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
         ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),
         ("runId", "-2", "spot-lab:runId must be 1-20 lowercase letters"),
         ("runId", "r" * 21, "spot-lab:runId must be 1-20 lowercase letters"),
+        ("terminationGraceSeconds", "30", "spot-lab:terminationGraceSeconds must be 4-29"),
+        ("terminationGraceSeconds", "3", "spot-lab:terminationGraceSeconds must be 4-29"),
     ],
 )
 def test_other_rules_name_their_key(key: str, value: str, fragment: str) -> None:

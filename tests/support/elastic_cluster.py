@@ -101,6 +101,10 @@ class Cluster:
     def events(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records() if r.get("event") == kind]
 
+    def steps_at(self, world: int) -> int:
+        """Metrics lines logged at world size ``world``."""
+        return sum(1 for r in self.records() if r["kind"] == "metrics" and r["world_size"] == world)
+
     def max_step(self) -> int:
         return max((r["step"] for r in self.records() if r["kind"] == "metrics"), default=0)
 

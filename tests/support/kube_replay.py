@@ -1,5 +1,6 @@
 """A Kubernetes API server on loopback that replays recorded answers, so the official client's
-own watch, log-streaming and error code runs against it.
+own watch, log-streaming and error code runs against it. It also takes the writes of ``lab
+rebalance``: a node's cordon (PATCH) and a pod's eviction (POST), each handed to a hook.
 
 Watches answer with their recorded events, one JSON object a line, then end the stream the
 way the API server does at ``timeoutSeconds``; the client's reconnect (with the last
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -25,6 +26,8 @@ JOB_PATH = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/{JOB}"
 PODS_PATH = f"/api/v1/namespaces/{NS}/pods"
 EVENTS_PATH = f"/api/v1/namespaces/{NS}/events"
 NODE_EVENTS_PATH = "/api/v1/namespaces/default/events"
+AUTOSCALER_EVENTS_PATH = "/api/v1/namespaces/kube-system/events"
+NODES_PATH = "/api/v1/nodes"
 
 
 @dataclass
@@ -34,12 +37,19 @@ class FakeKube:
     pods: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     node_events: list[dict[str, Any]] = field(default_factory=list)
+    autoscaler_events: list[dict[str, Any]] = field(default_factory=list)
+    """Events on kube-system/cluster-autoscaler-status."""
     logs: dict[str, str] = field(default_factory=dict)
     cut_first_log_at: int | None = None
     """Lines of the first log request before the stream breaks."""
     broken_first_watch: bool = False
     node_events_status: int = 200
     """Anything else: the node event watch is refused with it (RBAC on another namespace)."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    on_evict: Callable[[str], int] = lambda pod: 201
+    """Called with the pod's name on an eviction; returns the status to answer with."""
+    bodies: list[tuple[str, str, Any]] = field(default_factory=list)
+    """(method, path, JSON body) of every write."""
     seen: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
     _log_requests: dict[str, int] = field(default_factory=dict)
     _watch_requests: dict[str, int] = field(default_factory=dict)
@@ -75,11 +85,23 @@ def pod_manifest(name: str, node: str, phase: str = "Running", version: str = "1
         "metadata": {
             "name": name,
             "namespace": NS,
+            "uid": f"{name}-{version}",
             "resourceVersion": version,
             "labels": {"training.kubeflow.org/job-name": JOB},
         },
         "spec": {"nodeName": node, "containers": [{"name": "pytorch", "image": "x"}]},
         "status": {"phase": phase},
+    }
+
+
+def node_manifest(name: str, labels: dict[str, str], ready: bool = True) -> dict[str, Any]:
+    """A Node as the API server lists it: its labels, Ready condition and cordon."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "resourceVersion": "1"},
+        "spec": {"unschedulable": False},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 
@@ -136,12 +158,16 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             watching = query.get("watch", [""])[0].lower() == "true"
             if url.path == JOB_PATH:
                 return self._json(*kube.job)
+            if url.path == NODES_PATH and not watching:
+                return self._json(200, {"kind": "NodeList", "items": kube.nodes, "metadata": {}})
             if url.path == PODS_PATH:
                 if watching:
                     return self._watch(url.path, kube.pods, query)
                 return self._json(200, {"kind": "PodList", "items": kube.pods, "metadata": {}})
             if url.path == EVENTS_PATH and watching:
                 return self._watch(url.path, kube.events, query)
+            if url.path == AUTOSCALER_EVENTS_PATH and watching:
+                return self._watch(url.path, kube.autoscaler_events, query)
             if url.path == NODE_EVENTS_PATH and watching:
                 if kube.node_events_status != 200:
                     code = kube.node_events_status
@@ -154,6 +180,31 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 if kube.cut_first_log_at is not None and count == 1:
                     lines = lines[: kube.cut_first_log_at]
                 return self._stream(lines)
+            return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"null")
+
+        def do_PATCH(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            body = self._body()
+            kube.seen.append(("PATCH", path, {}))
+            kube.bodies.append(("PATCH", path, body))
+            for node in kube.nodes:
+                if path == f"{NODES_PATH}/{node['metadata']['name']}":
+                    node["spec"].update((body or {}).get("spec") or {})
+                    return self._json(200, node)
+            return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            body = self._body()
+            kube.seen.append(("POST", path, {}))
+            kube.bodies.append(("POST", path, body))
+            if path.startswith(PODS_PATH + "/") and path.endswith("/eviction"):
+                code = kube.on_evict(path.split("/")[-2])
+                return self._json(code, {"kind": "Status", "code": code})
             return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
 
         def log_message(self, *args: Any) -> None:

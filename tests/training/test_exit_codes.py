@@ -55,6 +55,10 @@ def test_the_table_agrees_with_the_operator() -> None:
     ("worker_codes", "node_code"),
     [
         ([WORKER_RESTART, WORKER_RESTART], RETRY_ME),  # every worker lost a peer: evictions
+        # A stopped worker whose durable commit gave up at the deadline: still an eviction's.
+        ([RETRY_ME], RETRY_ME),
+        ([WORKER_RESTART, RETRY_ME], RETRY_ME),
+        ([RETRY_ME, 1], PERMANENT),
         ([WORKER_RESTART, 1], PERMANENT),  # one crashed: a bug, whatever the others did
         ([1], PERMANENT),
         ([-9], PERMANENT),  # a worker killed outright (out of memory) again and again
@@ -242,6 +246,7 @@ def _raises(exc: BaseException):
         (lambda: ValueError("--lr must be > 0"), BAD_INPUT, False),
         (lambda: _bad_input_after_join(), BAD_INPUT, True),
         (lambda: _child_failed([WORKER_RESTART, WORKER_RESTART]), RETRY_ME, False),
+        (lambda: _child_failed([WORKER_RESTART, RETRY_ME]), RETRY_ME, False),
         (lambda: _child_failed([1, WORKER_RESTART]), PERMANENT, True),
         (lambda: _rendezvous("RendezvousTimeoutError"), PERMANENT, True),
         (lambda: _reform_timeout(), RETRY_ME, False),
@@ -256,6 +261,7 @@ def _raises(exc: BaseException):
         "bad-flag",
         "bad-input-after-join",
         "spent-on-evictions",
+        "spent-on-evictions-commit-gave-up",
         "spent-on-a-crash",
         "first-round-timeout",
         "later-round-timeout",

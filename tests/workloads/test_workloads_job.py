@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from typing import Any
 
@@ -20,6 +22,7 @@ from training.elastic.launch import (
     train_command,
     worker_env,
 )
+from training.loop.config import parse_config
 from workloads.manifests.job import (
     DATASET_MOUNT,
     LOCAL_DATA_DIR,
@@ -32,9 +35,9 @@ from workloads.manifests.job import (
     pytorchjob_manifest,
     rendezvous_id,
     training_args,
-    watch_commands,
 )
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SPOT_TOLERATION
+from workloads.manifests.watch import watch_commands
 
 K8S_VERSION = "1.33"
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
@@ -180,14 +183,26 @@ def test_rdzv_id_is_stable_for_an_unchanged_spec() -> None:
         {"max_steps": 30000},
         {"rendezvous": RendezvousSettings(join_timeout_s=60)},
         {"run_id": "2"},
+        {"prefer_spot": True},
     ],
-    ids=["image-tag", "max-replicas", "max-steps", "rendezvous", "run-id"],
+    ids=["image-tag", "max-replicas", "max-steps", "rendezvous", "run-id", "fallback"],
 )
 def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> None:
     before = rendezvous_id(_job_spec())
     after = rendezvous_id(_job_spec(**change))
     assert after != before
     assert after.startswith("spotlab-train-")
+
+
+def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
+    """The id hashed every field of the spec; ``prefer_spot`` came later and is left out at its
+    default, so turning nothing on replaces no running job."""
+    spec = _job_spec()
+    fields = dataclasses.asdict(spec)
+    del fields["prefer_spot"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    assert rendezvous_id(spec) == f"spotlab-train-1-{digest}"
 
 
 def test_a_new_run_of_an_identical_job_gets_a_fresh_rendezvous() -> None:
@@ -272,7 +287,20 @@ def test_scheduled_on_the_gpu_spot_pool_as_preemptible_workload() -> None:
     ]
     assert pod["priorityClassName"] == "spotlab-training"
     assert pod["serviceAccountName"] == "trainer"
-    assert pod["terminationGracePeriodSeconds"] == 25
+    assert pod["terminationGracePeriodSeconds"] == 28
+
+
+@pytest.mark.parametrize(("grace", "deadline"), [(28, 25), (20, 17), (4, 1)])
+def test_the_workers_deadline_sits_inside_the_pods_termination_grace(
+    grace: int, deadline: int
+) -> None:
+    # One setting: the kubelet's SIGKILL comes at the grace; the save must be done (or given
+    # up, the node-local copy kept) a few seconds before, with time for the agent to exit.
+    manifest = pytorchjob_manifest(_job_spec(termination_grace_s=grace))
+    assert _pod(manifest)["terminationGracePeriodSeconds"] == grace
+    assert f"--stop-deadline-s={deadline}" in _container(manifest)["command"]
+    flags = ["--data-dir=/d", "--checkpoint-uri=/c", f"--stop-deadline-s={deadline}"]
+    assert parse_config(flags, env={}).checkpoint.stop_deadline_s == deadline  # accepted
 
 
 def test_pods_use_workload_identity_and_carry_the_trainer_label() -> None:
@@ -300,7 +328,8 @@ def test_shared_memory_and_node_local_scratch() -> None:
     [
         ({"replicas": 4}, "replicas (4) must be within"),
         ({"min_replicas": 0, "replicas": 0}, "min_nodes must be >= 1"),
-        ({"termination_grace_s": 30}, "termination_grace_s must be in 1..29"),
+        ({"termination_grace_s": 30}, "termination_grace_s must be in 4..29"),
+        ({"termination_grace_s": 3}, "termination_grace_s must be in 4..29"),
         ({"hpa_cpu_utilization": 101}, "hpa_cpu_utilization must be 0"),
         ({"image": "spotlabacr.azurecr.io/spot-lab-train"}, "image must carry an explicit tag"),
         ({"gpus_per_worker": 0}, "gpus_per_worker must be >= 1"),
@@ -326,7 +355,9 @@ def test_spec_from_stack_config() -> None:
         project="spot-lab",
         stack="dev",
         name_prefix="lab",
-        job=JobConfig(min_replicas=2, max_replicas=5, replicas=7, run_id="3"),
+        job=JobConfig(
+            min_replicas=2, max_replicas=5, replicas=7, run_id="3", termination_grace_s=20
+        ),
     )
     spec = elastic_job_spec(
         cfg,
@@ -344,6 +375,7 @@ def test_spec_from_stack_config() -> None:
     assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 5, 5)
     assert spec.run_id == "3"
     assert spec.rendezvous == cfg.job.rendezvous
+    assert spec.termination_grace_s == 20
 
 
 def test_watch_commands_follow_the_job() -> None:

@@ -50,11 +50,12 @@ def after_spent_restarts(worker_codes: list[int]) -> int:
     """The node's code once its agent gave up, from its workers' codes in the last round.
 
     Bad input stays bad input; a round every worker left because a peer vanished (or it was
-    stopped) is an eviction's doing, which a new pod may not meet; anything else is a bug.
+    stopped: 75, or 138 when its durable commit gave up at the stop's deadline) is an
+    eviction's doing, which a new pod may not meet; anything else is a bug.
     """
     if BAD_INPUT in worker_codes:
         return BAD_INPUT
-    if worker_codes and all(code == WORKER_RESTART for code in worker_codes):
+    if worker_codes and all(code in (WORKER_RESTART, RETRY_ME) for code in worker_codes):
         return RETRY_ME
     return PERMANENT
 

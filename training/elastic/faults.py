@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,9 @@ class StopRequest:
 
     def __init__(self, act_at_once: bool = False) -> None:
         self.requested = False
+        self.at: float | None = None
+        """When the first SIGTERM came (``time.monotonic``): the stop's deadline runs from it,
+        not from when the loop, a step later, sees the flag."""
         self._action: Callable[[], None] | None = None
         self._fallback: Callable[[], None] | None = None
         signal.signal(signal.SIGTERM, self._handle)  # if a thread made earlier gets it
@@ -99,11 +103,16 @@ class StopRequest:
         self._fallback = fallback
 
     def _handle(self, signum: int, frame: Any) -> None:
+        self._note()
+
+    def _note(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
         self.requested = True
 
     def _wait(self) -> None:
         signal.sigwait({signal.SIGTERM})
-        self.requested = True
+        self._note()
         action = self._action or self._fallback
         if action is not None:
             action()

@@ -32,6 +32,33 @@ DATA_URI_ENV = "TRAIN_DATA_URI"
 DATA_DIR_ENV = "TRAIN_DATA_DIR"
 
 
+EVICTION_NOTICE_S = 30
+"""Azure deletes an evicted Spot VM at least this long after its notice: the kubelet must have
+stopped the pod, and the emergency save be done, before then."""
+STOP_MARGIN_S = 3
+"""The workers' stop deadline (``--stop-deadline-s``) ends this long before the pod's
+termination grace, when the kubelet sends SIGKILL: time for the processes to exit."""
+DEFAULT_TERMINATION_GRACE_S = 28
+"""The worker pods' ``terminationGracePeriodSeconds``: the deadline is 25 s of the 30 s notice."""
+
+
+def stop_deadline_s(termination_grace_s: int) -> int:
+    """The workers' ``--stop-deadline-s`` for a pod with this termination grace."""
+    return termination_grace_s - STOP_MARGIN_S
+
+
+def termination_grace_problem(termination_grace_s: int) -> str | None:
+    """Why this grace cannot hold the eviction's save (as "must be A-B, ..."), or None."""
+    low, high = STOP_MARGIN_S + 1, EVICTION_NOTICE_S - 1
+    if low <= termination_grace_s <= high:
+        return None
+    return (
+        f"must be {low}-{high}: inside Azure's {EVICTION_NOTICE_S} s eviction notice, and "
+        f"{STOP_MARGIN_S} s more than the workers' stop deadline (at least 1 s), which is "
+        f"derived from it; got {termination_grace_s}"
+    )
+
+
 MEASURED_HEARTBEATS_PER_S = 64
 """The most agents' heartbeats per second the rendezvous was measured with, with no live agent
 taken for dead (``python -m bench rendezvous-scale``: 64 agents, a heartbeat a second, one

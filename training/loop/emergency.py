@@ -32,9 +32,11 @@ from training.checkpoints.checkpoint import (
     serialize,
 )
 from training.checkpoints.deadline import Deadline, DeadlineExceeded, within
-from training.checkpoints.resume import NONE, NodeLocalState
+from training.checkpoints.resume import NONE, NodeLocalState, node_local_key
 from training.elastic.exit_codes import RETRY_ME
+from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
+from training.loop.inputs import open_durable
 from training.loop.metrics import EventLog
 from training.loop.periodic_save import BackgroundSaver
 
@@ -95,11 +97,14 @@ class EmergencySave:
         self._given_up = NONE
         """A step whose required durable commit already gave up: not tried twice."""
 
-    def note_stop(self) -> Deadline:
-        """A stop (SIGTERM) is known now: the save's deadline runs from the first such call."""
+    def note_stop(self, at: float | None = None) -> Deadline:
+        """A stop (SIGTERM) came at ``at`` (``time.monotonic``; None: now): the save's deadline
+        runs from the first such call."""
         with self._deadline_lock:  # never held across I/O
             if self._deadline is None:
-                self._deadline = Deadline.after(self.deadline_s)
+                self._deadline = Deadline(
+                    (time.monotonic() if at is None else at) + self.deadline_s
+                )
         return self._deadline
 
     def save(
@@ -234,15 +239,59 @@ class EmergencySave:
 
     def _leftover(self) -> Outcome | None:
         assert self.local is not None
-        newest = self.local.newest()
-        head = self.durable.head()
-        if newest is None or (head is not None and head.step >= newest[0]):
-            return None
-        step, payload = newest
-        try:
-            self.durable.commit(step, payload, deadline=self._deadline, prune=False)
-        except StaleCheckpoint:
+        step = commit_if_newer(self.local, self.durable, self._deadline)
+        if step is None:
             return None
         self.committed.advance(step)
         self.events.event("emergency_save", step=step, reason="leftover", durable=True)
         return Outcome(step, True, True)
+
+
+def commit_if_newer(
+    local: NodeLocalState, durable: CheckpointRepository, deadline: Deadline | None
+) -> int | None:
+    """Commit this node's newest save durably when it is newer than the durable head; the
+    step committed, or None. Its bytes are verified and streamed from the node's file."""
+    claimed, head = local.repository.head(), durable.head()  # manifests only: cheap
+    if claimed is None or (head is not None and head.step >= claimed.step):
+        return None
+    newest = local.newest()
+    if newest is None or (head is not None and head.step >= newest[0]):
+        return None
+    step, payload = newest
+    try:
+        durable.commit(step, payload, deadline=deadline, prune=False)
+    except StaleCheckpoint:
+        return None
+    return step
+
+
+def commit_node_save(cfg: TrainConfig, run_id: str, stopped_at: float | None) -> int | None:
+    """The agent's last act after its SIGTERM, when no worker of its is left to do it: make
+    the node's newest save durable if it is newer than the durable head; the step, or None.
+
+    A worker that lost a peer keeps its save on the node and exits 75; a SIGTERM that reaches
+    the agent before the next worker starts (or a worker not rank 0, which commits nothing
+    durably) would otherwise lose it with the pod. Under the eviction's deadline from the
+    signal. The bytes are checked against their SHA-256 and copied; never unpickled.
+    """
+    deadline = Deadline(
+        (time.monotonic() if stopped_at is None else stopped_at) + cfg.checkpoint.stop_deadline_s
+    )
+
+    def commit() -> int | None:
+        durable, lineage = open_durable(cfg)
+        key = node_local_key(run_id, cfg.checkpoint.checkpoint_uri, lineage)
+        return commit_if_newer(NodeLocalState(cfg.checkpoint.local_dir, key), durable, deadline)
+
+    try:
+        step = within(deadline, commit, "the agent's durable commit of the node's save")
+    except (OSError, CheckpointError, ConfigError) as exc:  # DeadlineExceeded is an OSError
+        logger.error("could not make the node's save durable before exiting: %s", exc)
+        return None
+    if step is not None:
+        logger.info("the node's save of step %d is durable now", step)
+        EventLog(DistEnv(run_id=run_id), agent=True).event(
+            "emergency_save", step=step, reason="agent", durable=True
+        )
+    return step

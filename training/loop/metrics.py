@@ -26,10 +26,12 @@ def setup_logging(env: DistEnv, level: int = logging.INFO) -> None:
 class EventLog:
     """One JSON object per line: ``kind`` is "metrics" or "event"."""
 
-    def __init__(self, env: DistEnv, stream: IO[str] | None = None) -> None:
+    def __init__(self, env: DistEnv, stream: IO[str] | None = None, agent: bool = False) -> None:
+        """``agent``: the lines of a node's agent, not of a worker (their ``rank`` is null)."""
         self.env = env
         self.stream = stream or sys.stdout
-        self._base = {"rank": env.rank, "restart_count": env.restart_count, "run_id": env.run_id}
+        rank = None if agent else env.rank
+        self._base = {"rank": rank, "restart_count": env.restart_count, "run_id": env.run_id}
         if env.rdzv_round:  # which group a line comes from: two groups at once is split brain
             self._base["rdzv_round"] = env.rdzv_round
 

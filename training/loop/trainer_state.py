@@ -217,7 +217,7 @@ class StatefulTrainer:
         def stopping() -> bool:  # asked more than once: a SIGTERM may come in the middle
             requested = reason == "sigterm" or (stop is not None and stop.requested)
             if requested:
-                self.emergency.note_stop()
+                self.emergency.note_stop(stop.at if stop is not None else None)
             return requested or self.env.last_round
 
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
@@ -236,7 +236,7 @@ class StatefulTrainer:
         code = EXIT_RESTART
         with _EXIT_LOCK:
             try:
-                self.emergency.note_stop()  # the deadline runs from the signal
+                self.emergency.note_stop(stop.at)  # the deadline runs from the signal
                 outcome = None
                 with self._state_lock:
                     if self.restored and self.cfg.checkpoint.emergency_saves:

@@ -26,10 +26,13 @@ class DevicePluginSpec:
     image: str = DEVICE_PLUGIN_IMAGE
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
     """Only GPU nodes; elsewhere the plugin would find no device."""
+    affinity: dict[str, Any] | None = None
+    """With the on-demand fallback: nodes of either GPU pool (``any_gpu_pool``), in place of the
+    Spot pool's selector."""
 
 
 def device_plugin_daemonset(spec: DevicePluginSpec) -> dict[str, Any]:
-    """The device plugin DaemonSet for the GPU Spot pool."""
+    """The device plugin DaemonSet for the GPU pools."""
     labels = {"name": "nvidia-device-plugin-ds"}
     container = {
         "name": "nvidia-device-plugin-ctr",
@@ -51,7 +54,8 @@ def device_plugin_daemonset(spec: DevicePluginSpec) -> dict[str, Any]:
                 "spec": {
                     # A node without its plugin has no schedulable GPUs: never evict it first.
                     "priorityClassName": "system-node-critical",
-                    "nodeSelector": dict(spec.node_selector),
+                    **({"nodeSelector": dict(spec.node_selector)} if spec.node_selector else {}),
+                    **({"affinity": spec.affinity} if spec.affinity else {}),
                     # The GPU pool is tainted for GPUs and, being Spot, for eviction.
                     "tolerations": gpu_spot_tolerations(),
                     "containers": [container],

@@ -12,24 +12,27 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.catalog.pool_labels import gpu_pool_selector
+from infra.catalog.pool_labels import gpu_generation_selector, gpu_pool_selector
 from stack_config import LabConfig
 from training.elastic.launch import (
     DATA_DIR_ENV,
     DATA_URI_ENV,
+    DEFAULT_TERMINATION_GRACE_S,
+    EVICTION_NOTICE_S,
+    STOP_MARGIN_S,
     ElasticPolicy,
     RendezvousSettings,
+    stop_deadline_s,
+    termination_grace_problem,
     train_command,
     worker_env,
 )
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
-    POOL_LABEL,
-    RENDEZVOUS_LABELS,
-    ROLE_LABEL,
     TRAINER_LABELS,
     gpu_spot_tolerations,
+    spot_preference,
 )
 
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
@@ -45,10 +48,6 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 """The operator puts this label on every pod of a job."""
 RUN_ID_LABEL = "spot-lab/run-id"
 """On the job and its pods: which run (``runId``) they belong to."""
-# Azure deletes an evicted Spot VM at least 30 s after its notice; the kubelet must have
-# stopped the pod (and the emergency save must be done) before then.
-EVICTION_NOTICE_S = 30
-DEFAULT_GRACE_S = 25
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,12 @@ class ElasticJobSpec:
     gpus_per_worker: int = 1
     """GPUs per pod; torchrun starts one process per GPU (nprocPerNode)."""
     shm_size: str = "2Gi"
-    termination_grace_s: int = DEFAULT_GRACE_S
+    termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
+    """The pods' terminationGracePeriodSeconds; the workers' stop deadline derives from it."""
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
+    prefer_spot: bool = False
+    """With the on-demand fallback: the selector admits both GPU pools of the generation and the
+    workers prefer the Spot one (``spot_preference``)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -100,10 +103,12 @@ class ElasticJobSpec:
                 f"replicas ({self.replicas}) must be within "
                 f"[min_replicas, max_replicas] = [{self.min_replicas}, {self.max_replicas}]"
             )
-        if not 0 < self.termination_grace_s < EVICTION_NOTICE_S:
+        if termination_grace_problem(self.termination_grace_s):
+            low, high = STOP_MARGIN_S + 1, EVICTION_NOTICE_S - 1
             raise ValueError(
-                f"termination_grace_s must be in 1..{EVICTION_NOTICE_S - 1} (inside Azure's "
-                f"{EVICTION_NOTICE_S} s eviction notice), got {self.termination_grace_s}"
+                f"termination_grace_s must be in {low}..{high} (inside Azure's "
+                f"{EVICTION_NOTICE_S} s eviction notice, the workers' stop deadline "
+                f"{STOP_MARGIN_S} s inside it), got {self.termination_grace_s}"
             )
         if not 0 <= self.hpa_cpu_utilization <= 100:
             raise ValueError(
@@ -126,7 +131,11 @@ def rendezvous_id(spec: ElasticJobSpec) -> str:
     one keeps its id. Re-creating an identical job (after it finished, or after
     ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
     """
-    canonical = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
+    fields = asdict(spec)
+    # Added after ids were in use: left out at its default, every existing job keeps its id.
+    if not fields["prefer_spot"]:
+        del fields["prefer_spot"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     return f"{spec.name}-{spec.run_id}-{digest}"
 
@@ -182,6 +191,8 @@ def training_args(spec: ElasticJobSpec) -> list[str]:
         f"--global-batch-size={spec.global_batch_size}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
         f"--checkpoint-every-seconds={spec.checkpoint_every_seconds}",
+        # The eviction's save is done or given up before the kubelet's SIGKILL.
+        f"--stop-deadline-s={stop_deadline_s(spec.termination_grace_s)}",
     ]
 
 
@@ -242,6 +253,8 @@ def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
             "priorityClassName": spec.priority_class,
             "terminationGracePeriodSeconds": spec.termination_grace_s,
             "nodeSelector": dict(spec.node_selector),
+            **({"affinity": spot_preference()} if spec.prefer_spot else {}),
+            # The Spot taint's toleration is harmless on the on-demand pool, which lacks it.
             "tolerations": gpu_spot_tolerations(),
             "containers": [_worker_container(spec)],
             "volumes": _worker_volumes(spec),
@@ -332,9 +345,10 @@ def elastic_job_spec(
     """The job spec the stack config asks for; the job is ``<prefix>-train``.
 
     ``gpu_pool`` is the GPU pool's AgentPool name: the workers select that generation only, so
-    after a size change they never land on the old pool, which is deleted last.
+    after a size change they never land on the old pool, which is deleted last. With the
+    on-demand fallback they select both pools of the generation and prefer the Spot one.
     """
-    job = config.job
+    job, fallback = config.job, config.fallback.enabled
     return ElasticJobSpec(
         name=job_name(config),
         namespace=config.namespace,
@@ -362,32 +376,12 @@ def elastic_job_spec(
         run_id=job.run_id,
         active_deadline_s=job.active_deadline_s,
         rendezvous=job.rendezvous,
-        node_selector=gpu_pool_selector(gpu_pool),
+        termination_grace_s=job.termination_grace_s,
+        node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
+        prefer_spot=fallback,
     )
 
 
 def job_name(config: LabConfig) -> str:
     """The PyTorchJob's name; also the run name its checkpoints are kept under."""
     return f"{config.name_prefix}-train"
-
-
-def watch_commands(namespace: str, job: str, max_replicas: int) -> dict[str, str]:
-    """Ready-to-paste kubectl lines to follow the job."""
-    pods = f"-l {JOB_NAME_LABEL}={job}"
-    etcd = f"-l {ROLE_LABEL}={RENDEZVOUS_LABELS[ROLE_LABEL]}"
-    return {
-        "jobs": f"kubectl get pytorchjobs -n {namespace}",
-        "describe": f"kubectl describe pytorchjob {job} -n {namespace}",
-        "pods": f"kubectl get pods -n {namespace} {pods} -o wide --watch",
-        # One stream per worker; kubectl's default cap is 5.
-        "logs": (
-            f"kubectl logs -f -n {namespace} {pods} --prefix "
-            f"--max-log-requests={max(5, max_replicas)}"
-        ),
-        "events": f"kubectl get events -n {namespace} --sort-by=.lastTimestamp --watch",
-        "rendezvous": f"kubectl get pods -n {namespace} {etcd} -o wide",
-        "gpu_nodes": (
-            f"kubectl get nodes -l {POOL_LABEL}={GPU_SPOT_POOL[POOL_LABEL]} "
-            "-L kubernetes.azure.com/scalesetpriority,node.kubernetes.io/instance-type"
-        ),
-    }

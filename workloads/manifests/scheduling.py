@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.catalog.pool_labels import GPU_SPOT, POOL_LABEL, SYSTEM
+from infra.catalog.pool_labels import GPU_KINDS, GPU_SPOT, POOL_LABEL, SYSTEM
 
 SYSTEM_POOL = {POOL_LABEL: SYSTEM}
 """Selects the on-demand CPU pool: etcd and the operator must outlive any spot eviction."""
 GPU_SPOT_POOL = {POOL_LABEL: GPU_SPOT}
 """Selects every generation of the GPU Spot pool (the device plugin); the job selects one
 (``infra.catalog.pool_labels.gpu_pool_selector``)."""
+SPOT_PREFERENCE_WEIGHT = 100
+"""The scheduler adds a preferred term's weight (1-100) to a node's score: the largest, so a
+Ready Spot node with room always wins over an on-demand one."""
 
 ROLE_LABEL = "spot-lab/role"
 TRAINER_LABELS = {ROLE_LABEL: "trainer"}
@@ -47,3 +50,27 @@ CRITICAL_ADDONS_TOLERATION: dict[str, Any] = {
 def gpu_spot_tolerations() -> list[dict[str, Any]]:
     """Tolerations every pod bound for the GPU Spot pool needs (fresh copies)."""
     return [dict(SPOT_TOLERATION), dict(GPU_TOLERATION)]
+
+
+def spot_preference() -> dict[str, Any]:
+    """A pod's affinity that prefers the GPU Spot pool and leaves the on-demand fallback pool
+    (of the same generation, which the node selector picks) as the place it may also run."""
+    term = {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [GPU_SPOT]}]}
+    preferred = [{"weight": SPOT_PREFERENCE_WEIGHT, "preference": term}]
+    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+
+
+def any_gpu_pool() -> dict[str, Any]:
+    """A pod's affinity that requires a node of either GPU pool, Spot or on-demand (the device
+    plugin, which every GPU node needs)."""
+    term = {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": list(GPU_KINDS)}]}
+    required = {"nodeSelectorTerms": [term]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def gpu_nodes_selector(fallback: bool) -> str:
+    """``kubectl get nodes -l`` for the job's GPU nodes: the Spot pool's, and the on-demand
+    fallback pool's when it is on."""
+    if fallback:
+        return f"'{POOL_LABEL} in ({','.join(GPU_KINDS)})'"
+    return f"{POOL_LABEL}={GPU_SPOT}"

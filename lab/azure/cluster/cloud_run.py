@@ -13,10 +13,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from lab.azure.cluster.job_watcher import JobWatcher
+from infra.catalog.gpu_pools import ON_DEMAND, node_kind
+from lab.azure.cluster.follow import TICK_S, CloudOptions, JobFollower, write_report
 from lab.azure.cluster.kube import (
     EVICTION_OUTPUTS,
     BadOutputs,
@@ -27,55 +26,12 @@ from lab.azure.cluster.kube import (
     procs_per_worker,
     read_target,
 )
-from lab.azure.cluster.mount_failures import MountFailures
-from lab.azure.cluster.recorder import Recorder
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
-from lab.report.run_logs import DRILL_EVENTS, WATCH_EVENTS, RunLogsError, load_cluster_run
-from lab.report.run_report import cost_of_run, report_from_run, write_outputs
-from lab.report.text import format_report
+from lab.report.run_logs import DRILL_EVENTS, WATCH_EVENTS
 
 ENDED = ("Succeeded", "Failed")
-Prices = Callable[[], tuple[float | None, float | None, str]]
-TICK_S = 1.0
-
-
-@dataclass
-class CloudOptions:
-    stack_outputs: Path
-    out: Path
-    prices: Prices = lambda: (None, None, "no prices given")
-
-
-def _report(out: Path, prices: Prices) -> dict[str, Any] | None:
-    try:
-        run = load_cluster_run(out)
-    except RunLogsError as err:
-        print(f"no report: {err}", file=sys.stderr)
-        return None
-    report = report_from_run(run)
-    report["cost"] = cost_of_run(run, *prices())
-    write_outputs(out, run, report)
-    print(format_report(report))
-    print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
-    return report
-
-
-def _recorder(out: Path, cluster: Cluster) -> Recorder:
-    target = cluster.target
-    return Recorder(out, mounts=MountFailures(target.namespace, target.job))
-
-
-def _say_news(watcher: JobWatcher, recorder: Recorder, status: StatusLine) -> None:
-    """What went wrong since the last tick, each once: a dropped stream, a volume that fails."""
-    for notice in [*watcher.notices(), *recorder.notices()]:
-        status.message(f"warning: {notice}")
-
-
-def _max_steps(recorder: Recorder) -> int | None:
-    started = [r for r in recorder.records if r.get("event") == "started" and "max_steps" in r]
-    return started[-1]["max_steps"] if started else None
 
 
 def watch(
@@ -91,31 +47,25 @@ def watch(
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
-    recorder = _recorder(options.out, cluster)
+    follower = JobFollower(cluster, options.out, status, phase)
     # The span watched: the report covers it, the logs before it only give the context.
     span = LabEventLog(options.out / WATCH_EVENTS)
     span.write("run_started")
-    watcher = JobWatcher(cluster, recorder)
-    status = status or StatusLine()
-    watcher.start()
+    follower.start()
     try:
-        while phase not in ENDED and not until():
-            _say_news(watcher, recorder, status)
-            status.update(recorder.status(phase, _max_steps(recorder)))
+        while follower.phase not in ENDED and not until():
+            follower.tick()
             time.sleep(TICK_S)
             try:
-                phase = job_phase(cluster.job())
+                follower.phase = job_phase(cluster.job())
             except ClusterError as err:
-                status.message(f"warning: {err}")
+                follower.status.message(f"warning: {err}")
     except KeyboardInterrupt:
-        status.message("stopped watching; the job goes on")
+        follower.status.message("stopped watching; the job goes on")
     finally:
-        watcher.close()
         span.write("run_ended")
-        _say_news(watcher, recorder, status)
-        status.message(recorder.status(phase, _max_steps(recorder)))  # where it ended
-        status.close()
-    return EXIT_OK if _report(options.out, options.prices) is not None else EXIT_FAILED
+        follower.close(last=follower.where())  # where it ended
+    return EXIT_OK if write_report(options.out, options.prices) is not None else EXIT_FAILED
 
 
 @dataclass
@@ -129,34 +79,19 @@ class DrillOptions:
     """For the job to train at full size before the first eviction."""
     recover_timeout_s: float = 1800.0
     """For training to run again, and for the replacement to join, after each eviction."""
-    settle_lines: int = 3
-    """Metrics lines at a size before it counts as training at that size."""
 
 
 Evict = Callable[[str], int]
 """Evicts the Spot VM behind a Kubernetes node; returns simulate-eviction's exit code."""
 
 
-def _trains_at(recorder: Recorder, since: int, world: int, lines: int) -> bool:
-    """``lines`` metrics lines at ``world`` among the records that arrived after ``since``."""
-    new = recorder.records[since:]
-    return sum(1 for r in new if r["kind"] == "metrics" and r["world_size"] == world) >= lines
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float, tick: Callable[[], None]) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        tick()
-        time.sleep(TICK_S)
-    return True
-
-
-def _victim(recorder: Recorder) -> tuple[str, str] | None:
-    """The worker to evict: the last by name that runs on a node (worker-0 often holds the
-    rendezvous' first rank; any node works, the choice only makes runs comparable)."""
-    placed = sorted((pod, node) for pod, node in recorder.pods.items() if node)
+def _victim(pods: dict[str, str]) -> tuple[str, str] | None:
+    """The worker to evict: the last by name that runs on a Spot node (worker-0 often holds
+    the rendezvous' first rank; any node works, the choice only makes runs comparable). A node
+    of the on-demand fallback pool cannot be evicted: Azure simulates evictions of Spot VMs."""
+    placed = sorted(
+        (pod, node) for pod, node in pods.items() if node and node_kind(node) != ON_DEMAND
+    )
     return placed[-1] if placed else None
 
 
@@ -165,43 +100,66 @@ def _evict_once(
     plan: DrillOptions,
     full: int,
     per_node: int,
-    recorder: Recorder,
+    follower: JobFollower,
     log: LabEventLog,
     evict: Evict,
-    status: StatusLine,
-    trains_at: Callable[[int, int, float], bool],
 ) -> int:
     """One eviction: wait at full size, evict, wait for training, wait for the replacement."""
+    status = follower.status
     if index:
-        trains_at(full, len(recorder.records), plan.interval_s)  # a while at full size
-    victim = _victim(recorder)
+        follower.trains_at(full, follower.mark(), plan.interval_s)  # a while at full size
+    victim = _victim(follower.recorder.pods)
     if victim is None:
-        status.message("error: no worker pod runs on a node")
+        status.message("error: no worker pod runs on a Spot node")
         return EXIT_FAILED
     pod, node = victim
     status.message(f"evicting {node} ({pod}), {index + 1} of {plan.evictions}")
     injected_at = time.time()
     if evict(node) != 0:
         return EXIT_FAILED
-    smaller = full - per_node
     log.write(
         "fault_injected",
         index=index,
         kind="evict",
         description=f"evict {pod}'s node",
         injected_at=injected_at,  # unrounded: the job may react within the millisecond
-        planned_world_size=smaller,
+        planned_world_size=full - per_node,
         node=node,
     )
-    mark = len(recorder.records)
-    if not trains_at(smaller, mark, plan.recover_timeout_s):
-        status.message(f"training did not run again within {plan.recover_timeout_s:.0f} s")
-        return EXIT_FAILED
+    return EXIT_OK if rejoined(follower, full, per_node, plan.recover_timeout_s) else EXIT_FAILED
+
+
+def rejoined(follower: JobFollower, full: int, per_node: int, timeout_s: float) -> bool:
+    """After a worker was taken away: the group trains again without it, then at full size
+    once its replacement joined; each within ``timeout_s``, said when not."""
+    if not follower.trains_at(full - per_node, follower.mark(), timeout_s):
+        follower.status.message(f"training did not run again within {timeout_s:.0f} s")
+        return False
     # Counted from here: lines at full size logged before the loss was noticed do not count.
-    if not trains_at(full, len(recorder.records), plan.recover_timeout_s):
-        status.message(f"no replacement joined within {plan.recover_timeout_s:.0f} s")
+    if not follower.trains_at(full, follower.mark(), timeout_s):
+        follower.status.message(f"no replacement joined within {timeout_s:.0f} s")
+        return False
+    return True
+
+
+def open_job(
+    options: CloudOptions, what: str, cluster: Cluster | None, also: tuple[str, ...] = ()
+) -> tuple[Cluster, int, int] | int:
+    """The cluster, the job's full world size and processes per worker, for a command that acts
+    on a Running job; else the exit status, with why on stderr (bad outputs, an unreachable
+    cluster, a job that is not Running)."""
+    try:
+        target = read_target(options.stack_outputs, also=also)  # before waiting on anything
+        cluster = cluster or Cluster(target)
+        job = cluster.job()
+    except ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
+    phase = job_phase(job)
+    if phase != "Running":
+        print(f"error: the job is {phase}, not Running: {what} only a healthy job", file=sys.stderr)
         return EXIT_FAILED
-    return EXIT_OK
+    return cluster, full_world_size(job), procs_per_worker(job)
 
 
 def drill(
@@ -213,56 +171,41 @@ def drill(
 ) -> int:
     """Evict ``plan.evictions`` Spot nodes, one at a time, each once training ran at full size
     again; write the report. Refuses to start on a job that is not training at full size."""
-    try:
-        target = read_target(options.stack_outputs, also=EVICTION_OUTPUTS)  # before waiting
-        cluster = cluster or Cluster(target)
-        job = cluster.job()
-    except ClusterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
-    phase, full = job_phase(job), full_world_size(job)
-    if phase != "Running":
-        print(f"error: the job is {phase}, not Running: drill only a healthy job", file=sys.stderr)
-        return EXIT_FAILED
-    per_node = procs_per_worker(job)
-    recorder = _recorder(options.out, cluster)
+    opened = open_job(options, "drill", cluster, also=EVICTION_OUTPUTS)
+    if isinstance(opened, int):
+        return opened
+    cluster, full, per_node = opened
+    follower = JobFollower(cluster, options.out, status)
     log = LabEventLog(options.out / DRILL_EVENTS)
-    watcher = JobWatcher(cluster, recorder)
-    status = status or StatusLine()
-    watcher.start()
-
-    def tick() -> None:
-        _say_news(watcher, recorder, status)
-        status.update(recorder.status(phase, _max_steps(recorder)))
-
-    def trains_at(world: int, since: int, timeout_s: float) -> bool:
-        return _wait(lambda: _trains_at(recorder, since, world, plan.settle_lines), timeout_s, tick)
-
+    follower.start()
     outcome = EXIT_OK
     try:
-        if not trains_at(full, 0, plan.ready_timeout_s):
-            print(
-                f"error: the job does not train at its full size (world {full}) within "
-                f"{plan.ready_timeout_s:.0f} s (world {recorder.view.world_size} now): drill "
-                "only a healthy job",
-                file=sys.stderr,
-            )
+        if not at_full_size(follower, full, plan.ready_timeout_s, "drill"):
             return EXIT_FAILED
         log.write("run_started", evictions=plan.evictions, full_world_size=full)
         for index in range(plan.evictions):
-            outcome = _evict_once(
-                index, plan, full, per_node, recorder, log, evict, status, trains_at
-            )
+            outcome = _evict_once(index, plan, full, per_node, follower, log, evict)
             if outcome != EXIT_OK:
                 break
         log.write("run_ended")
     except KeyboardInterrupt:
-        status.message("drill stopped; the job goes on")
+        follower.status.message("drill stopped; the job goes on")
         log.write("run_ended")
         outcome = EXIT_FAILED
     finally:
-        watcher.close()
-        _say_news(watcher, recorder, status)
-        status.close()
-    report = _report(options.out, options.prices)
+        follower.close()
+    report = write_report(options.out, options.prices)
     return outcome if report is not None else EXIT_FAILED
+
+
+def at_full_size(follower: JobFollower, full: int, timeout_s: float, what: str) -> bool:
+    """Whether the job trains at its full size within ``timeout_s``; said on stderr if not."""
+    if follower.trains_at(full, 0, timeout_s):
+        return True
+    print(
+        f"error: the job does not train at its full size (world {full}) within "
+        f"{timeout_s:.0f} s (world {follower.recorder.view.world_size} now): {what} "
+        "only a healthy job",
+        file=sys.stderr,
+    )
+    return False

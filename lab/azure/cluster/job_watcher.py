@@ -1,8 +1,9 @@
 """Following the job's pods, their logs and the cluster's events, each in a thread of its own.
 
-The watch API for pods and events, log streaming for each worker pod. What arrives goes to a
-``Recorder``. A watch or a log stream that drops is opened again; a log is read again from
-its start and the recorder keeps only new lines.
+The watch API for pods and events (the job's namespace, the nodes', and the cluster
+autoscaler's on its status ConfigMap in ``kube-system``), log streaming for each worker pod.
+What arrives goes to a ``Recorder``. A watch or a log stream that drops is opened again; a log
+is read again from its start and the recorder keeps only new lines.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from lab.azure.cluster.recorder import Recorder
 from workloads.manifests.job import JOB_NAME_LABEL
 
 RECONNECT_S = 1.0
+AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
+"""Where the cluster autoscaler records scale-ups that failed or timed out (its
+``LogEventRecorder``, kubernetes/autoscaler ``clusterstate/utils/status.go``)."""
 
 
 def _forever(
@@ -47,7 +51,12 @@ class JobWatcher:
         self.recorder = recorder
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._following: set[str] = set()
+        self._following: set[tuple[str, str]] = set()
+        """(pod, uid) of every pod whose log is followed."""
+        self._uids: dict[str, str] = {}
+        """pod -> uid of the pod of that name now."""
+        self._pods_seen: str | None = None
+        """The resourceVersion the pod watch resumes from."""
         self._notices: list[str] = []
         self._lock = threading.Lock()
 
@@ -74,32 +83,60 @@ class JobWatcher:
         self._threads.append(thread)
 
     def start(self) -> None:
+        namespace, status = AUTOSCALER_STATUS
         self._start("pod watch", self._watch_pods)
-        self._start("event watch", self._watch_events)
-        self._start("node event watch", self._watch_node_events)
+        self._start("event watch", lambda: self._watch_events(self.cluster.target.namespace))
+        # Node events (registered, removed, not ready) live in the default namespace.
+        self._start(
+            "node event watch", lambda: self._watch_events("default", "involvedObject.kind=Node")
+        )
+        self._start(
+            "autoscaler event watch",
+            lambda: self._watch_events(namespace, f"involvedObject.name={status}"),
+        )
 
     def _watch_pods(self) -> bool:
         target = self.cluster.target
         watcher = k8s_watch.Watch()
+        # Resumed from the last change seen, so a pod deleted between two watches is seen too.
+        since = {"resource_version": self._pods_seen} if self._pods_seen else {}
         stream = watcher.stream(
             self.cluster.core.list_namespaced_pod,
             target.namespace,
             label_selector=f"{JOB_NAME_LABEL}={target.job}",
             timeout_seconds=300,
+            **since,
         )
-        for event in _until(stream, self.stop, watcher):
-            pod = event["object"]
-            name = pod.metadata.name
-            self.recorder.pods[name] = pod.spec.node_name if pod.spec else None
-            if event["type"] == "DELETED":
-                self.recorder.pods.pop(name, None)
-            elif name not in self._following and pod.status and pod.status.phase != "Pending":
-                self._following.add(name)
-                self._start(f"{name} log", lambda name=name: self._follow_log(name))
+        try:
+            for event in _until(stream, self.stop, watcher):
+                self._pod_event(event["type"], event["object"])
+        except k8s.ApiException as err:
+            # 410 Gone: the version is too old to resume from; the next watch lists afresh.
+            self._pods_seen = None if err.status == 410 else watcher.resource_version
+            raise
+        self._pods_seen = watcher.resource_version
         return False
 
-    def _follow_log(self, pod: str) -> bool:
-        """Stream a pod's log from its start; done once the pod is gone and read to the end."""
+    def _pod_event(self, change: str, pod: Any) -> None:
+        """Record a pod's node; follow the log of each pod that runs, once per pod, a pod the
+        operator recreated under the same name included (a new uid)."""
+        name = pod.metadata.name
+        uid = pod.metadata.uid or name
+        self.recorder.place(name, pod.spec.node_name if pod.spec else None)
+        if change == "DELETED":
+            self.recorder.pods.pop(name, None)
+            if self._uids.get(name) == uid:
+                del self._uids[name]
+            return
+        self._uids[name] = uid
+        running = pod.status is not None and pod.status.phase != "Pending"
+        if running and (name, uid) not in self._following:
+            self._following.add((name, uid))
+            self._start(f"{name} log", lambda: self._follow_log(name, uid))
+
+    def _follow_log(self, pod: str, uid: str) -> bool:
+        """Stream a pod's log from its start; done once that pod (``uid``) is gone or replaced
+        and its log read to the end."""
         response = self.cluster.core.read_namespaced_pod_log(
             pod,
             self.cluster.target.namespace,
@@ -117,13 +154,14 @@ class JobWatcher:
                     self.recorder.log_line(pod, line.decode("utf-8", errors="replace"))
         finally:
             response.release_conn()
-        return pod not in self.recorder.pods
+        return self._uids.get(pod) != uid
 
-    def _watch_events(self) -> bool:
+    def _watch_events(self, namespace: str, field_selector: str = "") -> bool:
         watcher = k8s_watch.Watch()
         stream = watcher.stream(
             self.cluster.core.list_namespaced_event,
-            self.cluster.target.namespace,
+            namespace,
+            **({"field_selector": field_selector} if field_selector else {}),
             timeout_seconds=300,
         )
         for event in _until(stream, self.stop, watcher):
@@ -132,19 +170,6 @@ class JobWatcher:
 
     def _plain(self, obj: Any) -> dict[str, Any]:
         return self.cluster.api.sanitize_for_serialization(obj)
-
-    def _watch_node_events(self) -> bool:
-        # Node events (registered, removed, not ready) live in the default namespace.
-        watcher = k8s_watch.Watch()
-        stream = watcher.stream(
-            self.cluster.core.list_namespaced_event,
-            "default",
-            field_selector="involvedObject.kind=Node",
-            timeout_seconds=300,
-        )
-        for event in _until(stream, self.stop, watcher):
-            self.recorder.cluster_event(self._plain(event["object"]))
-        return False
 
     def close(self) -> None:
         self.stop.set()

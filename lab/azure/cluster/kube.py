@@ -2,7 +2,8 @@
 
 Built on the official ``kubernetes`` client. It signs in with the stack's own kubeconfig
 (``kubeconfig`` in the stack outputs: kubelogin with the Azure CLI's login, as ``pulumi up``
-uses it), and turns the client's failures into one line that says what to do. It only reads.
+uses it), and turns the client's failures into one line that says what to do. It only reads;
+``drain.py`` holds the writes of ``lab rebalance``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import MaxRetryError
+
+from infra.catalog.pool_labels import GPU_KINDS, POOL_LABEL
+from workloads.manifests.job import JOB_NAME_LABEL
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 
@@ -178,6 +182,26 @@ class Cluster:
                 f"signing in to the cluster failed ({'; '.join(said.lines)[:300]}){hint}"
             )
         return api
+
+    def _listed(self, what: str, call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """The items of a list call as plain dicts, or a ``ClusterError`` that says why not."""
+        try:
+            listed = call(*args, **kwargs)
+        except (k8s.ApiException, Urllib3Error, OSError) as err:
+            raise explain(err, what) from None
+        return [self.api.sanitize_for_serialization(item) for item in listed.items]
+
+    def gpu_nodes(self) -> list[dict[str, Any]]:
+        """The nodes of the GPU pools, Spot and on-demand."""
+        selector = f"{POOL_LABEL} in ({','.join(GPU_KINDS)})"
+        return self._listed("the GPU nodes", self.core.list_node, label_selector=selector)
+
+    def worker_pods(self) -> list[dict[str, Any]]:
+        """The job's pods."""
+        selector = f"{JOB_NAME_LABEL}={self.target.job}"
+        what = f"the pods of {self.target.job} in namespace {self.target.namespace}"
+        call = self.core.list_namespaced_pod
+        return self._listed(what, call, self.target.namespace, label_selector=selector)
 
     def job(self) -> dict[str, Any]:
         what = f"PyTorchJob {self.target.job} in namespace {self.target.namespace}"

@@ -1,25 +1,29 @@
-"""What ``lab watch`` and ``lab drill`` see, turned into records and written down as it arrives.
+"""What ``lab watch``, ``lab drill`` and ``lab rebalance`` see, turned into records and written
+down as it arrives.
 
-Each pod's log lines and each cluster event go to the run directory in the layout
-``lab.report.run_logs`` reads (``pods/<pod>.log`` as ``kubectl logs --timestamps`` prints it,
-``events.jsonl``), so ``lab watch``, ``lab drill`` and ``lab report --logs`` build one report
-the same way. The training's records also feed the live picture of the job and the status
-line.
+Each pod's log lines, each cluster event and each pod's placement on a node go to the run
+directory in the layout ``lab.report.run_logs`` reads (``pods/<pod>.log`` as ``kubectl logs
+--timestamps`` prints it, ``events.jsonl``, ``placements.jsonl``), so the commands and ``lab
+report --logs`` build one report the same way. The training's records also feed the live
+picture of the job and the status line; the autoscaler's capacity events become lines that
+stay (``capacity_lines.py``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.azure.cluster.capacity_lines import CapacityLines
 from lab.azure.cluster.event_lines import event_line
 from lab.azure.cluster.mount_failures import MountFailures
 from lab.live.job_view import JobView
 from lab.report.node_logs import parse_record
-from lab.report.run_logs import ClusterEvent, cluster_event, well_formed
+from lab.report.run_logs import PLACEMENTS, ClusterEvent, cluster_event, well_formed
 
 
 @dataclass
@@ -34,14 +38,27 @@ class Recorder:
     records: list[dict[str, Any]] = field(default_factory=list)
     mounts: MountFailures | None = None
     """Turns the job's FailedMount events into lines with the fix."""
-    _notices: list[str] = field(default_factory=list)
+    capacity: CapacityLines = field(default_factory=CapacityLines)
+    """The autoscaler's capacity events, as lines that stay on screen (``said``)."""
+    _said: list[str] = field(default_factory=list)
     _seen: dict[str, set[str]] = field(default_factory=dict)
     _newest: float = 0.0
     _events_seen: set[str] = field(default_factory=set)
+    _placed: set[tuple[str, str]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         (self.out / "pods").mkdir(parents=True, exist_ok=True)
+
+    def place(self, pod: str, node: str | None) -> None:
+        """A pod's node as the pod watch saw it; each new (pod, node) is written down once."""
+        with self._lock:
+            self.pods[pod] = node or ""
+            if node and (pod, node) not in self._placed:
+                self._placed.add((pod, node))
+                row = {"ts": round(time.time(), 3), "pod": pod, "node": node}
+                with open(self.out / PLACEMENTS, "a") as handle:
+                    handle.write(json.dumps(row) + "\n")
 
     def log_line(self, pod: str, line: str) -> bool:
         """Keep one line of a pod's log unless a reconnect delivered it before."""
@@ -77,18 +94,22 @@ class Recorder:
             self._events_seen.add(key)
             with open(self.out / "events.jsonl", "a") as handle:
                 handle.write(json.dumps(obj) + "\n")
-            line = event_line(event) if event is not None else None
+            said = self.capacity.line(event) if event is not None else None
+            if said is not None:
+                self._said.append(said)
+            line = said or (event_line(event) if event is not None else None)
             if line is not None:
                 self.last_cluster_event = line
             failed = self.mounts.line(event) if self.mounts and event else None
             if failed is not None:
-                self._notices.append(failed)
+                self._said.append(f"warning: {failed}")
         return event
 
-    def notices(self) -> list[str]:
-        """Lines that must stay on screen, since the last call: a pod's volume that fails."""
+    def said(self) -> list[str]:
+        """Lines that must stay on screen, since the last call, each once: the autoscaler's
+        capacity events and a pod's volume that fails to mount (the status line prints them)."""
         with self._lock:
-            taken, self._notices = self._notices, []
+            taken, self._said = self._said, []
         return taken
 
     def status(self, phase: str, max_steps: int | None) -> str:

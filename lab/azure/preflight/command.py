@@ -30,6 +30,7 @@ from lab.azure.preflight.context import (
     Runner,
     run_tool,
 )
+from lab.azure.preflight.fallback_quota import check_fallback_quota
 from lab.azure.preflight.identity import check_cluster_admin, check_permissions, check_sign_in
 from lab.azure.preflight.image_registry import Registry, registry_for
 from lab.azure.preflight.kubernetes_version import check_kubernetes_version
@@ -53,6 +54,7 @@ AZURE_CHECKS: tuple[tuple[str, Callable[[Context], Iterator[Check]]], ...] = (
     ("resource providers", check_providers),
     ("VM sizes", check_vm_sizes),
     ("quota", check_quota),
+    ("on-demand fallback quota", check_fallback_quota),
     ("Kubernetes version", check_kubernetes_version),
     ("permissions", check_permissions),
     ("ACR Tasks", check_acr_tasks),
@@ -93,8 +95,10 @@ def run_checks(ctx: Context) -> list[Check]:
 
 
 def _describe(cfg: LabConfig, settings: StackSettings) -> str:
+    fallback = f" (+{cfg.fallback.max_nodes} on demand)" if cfg.fallback.enabled else ""
     return (
-        f"stack {cfg.stack}: {cfg.gpu_max_nodes} × {cfg.gpu_pool.vm_size} Spot in {cfg.location}, "
+        f"stack {cfg.stack}: {cfg.gpu_max_nodes} × {cfg.gpu_pool.vm_size} Spot{fallback} in "
+        f"{cfg.location}, "
         f"{cfg.cluster.system_node_count} × {cfg.cluster.system_vm_size}, "
         f"imageBuilder {cfg.image_builder}"
     )

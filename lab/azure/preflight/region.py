@@ -8,6 +8,7 @@ from typing import Any
 
 from infra.node_pools import BOOTSTRAP_VM_SIZE
 from lab.azure.preflight.context import FAILS, OK, SKIPPED, WARNING, Check, Context, enum_text
+from stack_config.model import LabConfig
 
 QUOTA_PAGE = "https://portal.azure.com/#view/Microsoft_Azure_Capacity/QuotaMenuBlade/~/myQuotas"
 
@@ -50,7 +51,8 @@ def check_vm_sizes(ctx: Context) -> Iterator[Check]:
         yield Check(f"{role} {size}", OK, f"offered in {region} ({where})")
 
 
-def _vcpus(ctx: Context, size: str) -> int | None:
+def sku_vcpus(ctx: Context, size: str) -> int | None:
+    """The vCPUs of a size the VM size check found offered (None: not offered)."""
     sku = ctx.skus.get(size.lower())
     caps = {c.name: c.value for c in (sku.capabilities or [])} if sku else {}
     try:
@@ -70,7 +72,7 @@ def check_quota(ctx: Context) -> Iterator[Check]:
     with ctx.azure.compute(ctx.sub) as client:
         usages = {u.name.value: u for u in client.usage.list(region)}
     gpu = cfg.gpu_size
-    yield _quota(
+    yield quota_check(
         "Spot vCPU quota",
         usages.get("lowPriorityCores"),
         cfg.gpu_max_nodes * gpu.vcpus,
@@ -78,14 +80,11 @@ def check_quota(ctx: Context) -> Iterator[Check]:
         f"request 'Total Regional Spot vCPUs' in {region} at {QUOTA_PAGE}, or lower "
         f"{cfg.key('gpuMaxNodes')}/{cfg.key('workerMaxReplicas')}",
     )
-    pools = {BOOTSTRAP_VM_SIZE: 1}
-    pools[cfg.cluster.system_vm_size] = pools.get(cfg.cluster.system_vm_size, 0) + (
-        cfg.cluster.system_node_count
-    )
+    pools = cpu_pool_nodes(cfg)
     by_family: dict[str, tuple[int, list[str]]] = {}
     total = 0
     for size, count in pools.items():
-        sku, vcpus = ctx.skus.get(size.lower()), _vcpus(ctx, size)
+        sku, vcpus = ctx.skus.get(size.lower()), sku_vcpus(ctx, size)
         if sku is None or vcpus is None:
             yield Check("CPU vCPU quota", SKIPPED, f"{size} is not offered in {region}")
             return
@@ -93,14 +92,14 @@ def check_quota(ctx: Context) -> Iterator[Check]:
         by_family[sku.family] = (needed + count * vcpus, [*what, f"{count} × {size}"])
         total += count * vcpus
     for family, (needed, what) in by_family.items():
-        yield _quota(
+        yield quota_check(
             f"{family} quota",
             usages.get(family),
             needed,
             " + ".join(what),
             f"request more '{family}' vCPUs in {region} at {QUOTA_PAGE}",
         )
-    yield _quota(
+    yield quota_check(
         "regional vCPU quota",
         usages.get("cores"),
         total,
@@ -109,7 +108,16 @@ def check_quota(ctx: Context) -> Iterator[Check]:
     )
 
 
-def _quota(name: str, usage: Any, needed: int, what: str, fix: str) -> Check:
+def cpu_pool_nodes(cfg: LabConfig) -> dict[str, int]:
+    """Nodes per VM size of the CPU pools: the bootstrap pool and the pool for etcd."""
+    pools = {BOOTSTRAP_VM_SIZE: 1}
+    system = cfg.cluster.system_vm_size
+    pools[system] = pools.get(system, 0) + cfg.cluster.system_node_count
+    return pools
+
+
+def quota_check(name: str, usage: Any, needed: int, what: str, fix: str) -> Check:
+    """One quota's line: fails when what is used plus what is needed passes the limit."""
     if usage is None:
         return Check(name, WARNING, f"Azure reports no such quota; needs {needed} ({what})")
     used, limit = int(usage.current_value), int(usage.limit)

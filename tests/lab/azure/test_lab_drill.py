@@ -18,9 +18,10 @@ import pytest
 
 import lab.azure.simulate_eviction
 from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill
+from lab.azure.cluster.command import evictor
 from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices import build_parser as prices_parser
-from lab.cli import _evictor, build_parser
+from lab.cli import build_parser
 from lab.live.status_line import StatusLine
 from tests.lab.azure.test_lab_mount_failures import REFUSED_OLD
 from tests.lab.azure.test_lab_watch import _outputs
@@ -33,6 +34,17 @@ VICTIM_NODE = "aks-gpu-vmss000002"
 def _line(ts: float, **record: Any) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
     return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
+
+
+def metrics_record(step: int, world: int) -> dict[str, Any]:
+    """A training step's metrics line, as the training program logs it."""
+    return {
+        "kind": "metrics",
+        "step": step,
+        "world_size": world,
+        "loss": 1.0,
+        "samples_per_s": 400.0,
+    }
 
 
 class Job:
@@ -68,14 +80,7 @@ class Job:
         while not self.stop.wait(0.2):
             if self.world:
                 self.step += 1
-                self._log(
-                    W0,
-                    kind="metrics",
-                    step=self.step,
-                    world_size=self.world,
-                    loss=1.0,
-                    samples_per_s=400.0,
-                )
+                self._log(W0, **metrics_record(self.step, self.world))
 
     def _event(self, reason: str, kind: str, name: str, message: str = "") -> None:
         self.version += 1
@@ -250,7 +255,7 @@ def test_the_cli_evicts_through_simulate_eviction(
     calls: list[list[str]] = []
     monkeypatch.setattr(lab.azure.simulate_eviction, "main", lambda argv: calls.append(argv) or 0)
     args = Namespace(stack_outputs=tmp_path / "o.json", subscription="sub-1")
-    assert _evictor(args)("aks-gpu-vmss000002") == 0
+    assert evictor(args)("aks-gpu-vmss000002") == 0
     assert calls == [
         [
             "--stack-outputs",
@@ -268,12 +273,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     parsers = {"preflight": preflight_parser(), "prices": prices_parser()}
     for action in build_parser()._subparsers._group_actions:  # type: ignore[union-attr]
         if isinstance(action, argparse._SubParsersAction):
-            for name in ("watch", "drill", "report"):
+            for name in ("watch", "drill", "rebalance", "report"):
                 parsers[name] = action.choices[name]
     return parsers
 
 
-@pytest.mark.parametrize("command", ["preflight", "prices", "watch", "drill", "report"])
+@pytest.mark.parametrize(
+    "command", ["preflight", "prices", "watch", "drill", "rebalance", "report"]
+)
 def test_every_flag_is_explained_and_so_is_the_exit_status(command: str) -> None:
     parser = _parsers()[command]
     for action in parser._actions:
@@ -282,3 +289,15 @@ def test_every_flag_is_explained_and_so_is_the_exit_status(command: str) -> None
             shown = "%(default)" in action.help or "default" in action.help
             assert shown, f"{command} {action.option_strings}: its default is not said"
     assert "Exit status: 0" in (parser.description or "")
+
+
+def test_the_drill_evicts_a_worker_on_spot_never_one_on_the_on_demand_fallback() -> None:
+    from lab.azure.cluster.cloud_run import _victim
+
+    pods = {
+        "spotlab-train-worker-0": "aks-gpu244695ac-12345678-vmss000000",
+        "spotlab-train-worker-1": "aks-gpu244695ac-12345678-vmss000001",
+        "spotlab-train-worker-2": "aks-ondc0143d44-12345678-vmss000000",
+    }
+    assert _victim(pods) == ("spotlab-train-worker-1", "aks-gpu244695ac-12345678-vmss000001")
+    assert _victim({"spotlab-train-worker-2": "aks-ondc0143d44-12345678-vmss000000"}) is None

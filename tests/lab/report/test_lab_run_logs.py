@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lab.cli import main
+from lab.report.gpu_cost import cost_of_run
 from lab.report.run_logs import (
     RunLogsError,
     cluster_event,
@@ -19,7 +20,7 @@ from lab.report.run_logs import (
     parse_pod_log,
     parse_time,
 )
-from lab.report.run_report import cost_of_run, report_from_run
+from lab.report.run_report import report_from_run
 
 T0 = 1_790_000_000.0  # 2026-09-21, a time on the cluster's clock
 NS = "spot-lab"
@@ -193,7 +194,10 @@ def test_the_cost_of_a_run_is_its_pods_hours_at_each_price(tmp_path: Path) -> No
     hours = (412.0 + 0.0 + 99.2 + 0.0) / 3600
     assert cost["gpu_node_hours"] == pytest.approx(hours, abs=1e-4)
     assert cost["spot_usd"] == pytest.approx(hours * 0.0915, abs=1e-4)
-    assert cost["on_demand_usd"] == pytest.approx(hours * 0.526, abs=1e-4)
+    # No on-demand node in the story: all of it ran at Spot; all on demand it would cost:
+    assert (cost["spot_node_hours"], cost["on_demand_node_hours"]) == (cost["gpu_node_hours"], 0)
+    assert cost["on_demand_usd"] == 0 and cost["total_usd"] == cost["spot_usd"]
+    assert cost["all_on_demand_usd"] == pytest.approx(hours * 0.526, abs=1e-4)
 
 
 def test_report_command_writes_the_three_files(

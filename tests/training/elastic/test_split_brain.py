@@ -27,16 +27,19 @@ min_nodes = 1
 max_nodes = 3
 timeout_s = 540
 settle_timeout_s = 180
+# The run ends once the last fault settled: under this load each fault takes long to settle,
+# and a run to a fixed step count used to finish before its last fault (the join) was due.
+stop_when_settled = true
 
 [train]
-max_steps = 320
+max_steps = 100000
 global_batch_size = 32
 micro_batch_size = 16
 model_width = 8
 model_blocks = 1
 log_every = 1
 checkpoint_every_steps = 20
-min_step_time_s = 0.1   # a new node boots for ~70 steps under this load: room for it
+min_step_time_s = 0.1
 train_records = 1024
 test_records = 128
 

@@ -10,7 +10,9 @@ itself.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +22,7 @@ import pytest
 from tests.support.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
 from tests.support.trainer_harness import Harness, harness, sigterm_during
 from training.checkpoints.storage import FileStore
+from training.elastic.faults import StopRequest
 from training.loop import trainer_state
 from training.loop.emergency import EXIT_NOT_DURABLE
 from training.loop.metrics import Phases
@@ -73,7 +76,7 @@ def test_past_the_deadline_the_save_gives_up_keeps_the_local_copy_and_says_so(
     h = harness(
         tmp_path, data_dir, "--checkpoint-every-steps=0", "--stop-deadline-s=1", store=store
     )
-    stop = SimpleNamespace(requested=False)
+    stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)
     try:
         assert h.trainer.run(stop, Phases()) == EXIT_NOT_DURABLE
@@ -106,7 +109,7 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
 
     store = OnlyWritesAnswer(tmp_path / "durable")
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", store=store)
-    stop = SimpleNamespace(requested=False)
+    stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 2, stop)
     assert h.trainer.run(stop, Phases()) == EXIT_RESTART
     (save,) = h.events("emergency_save")
@@ -117,6 +120,43 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
     assert h.durable.head().step == 2
 
 
+def test_the_deadline_runs_from_the_signal_not_from_when_the_loop_saw_it(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    # In a plain run the loop sees the SIGTERM's flag only at the next step boundary: a long
+    # step later. The notice ran from the signal, so the deadline must too: here the signal
+    # came 6 s before the loop saw it, past the 5 s deadline, so the save has no time left.
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", "--stop-deadline-s=5")
+    stop = SimpleNamespace(requested=False, at=None)
+    real_step = h.trainer.train_step
+
+    def train_step() -> tuple[float, int]:
+        if h.trainer.state.step == 2:
+            stop.requested, stop.at = True, time.monotonic() - 6.0
+        return real_step()
+
+    h.trainer.train_step = train_step  # type: ignore[method-assign]
+    assert h.trainer.run(stop, Phases()) == EXIT_NOT_DURABLE
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["durable"], save["gave_up"]) == (3, False, "deadline")
+    assert h.durable.head() is None
+
+
+def test_a_stop_request_keeps_when_its_signal_came(monkeypatch: pytest.MonkeyPatch) -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop = StopRequest()
+        before = time.monotonic()
+        signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+        after = time.monotonic()
+        assert stop.requested and stop.at is not None and before <= stop.at <= after
+        first = stop.at
+        signal.raise_signal(signal.SIGTERM)  # a second signal does not move the first
+        assert stop.at == first
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # --- Item 4: a peer's loss, then this node's own SIGTERM --------------------------------------
 
 
@@ -125,7 +165,7 @@ def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
     tmp_path: Path, data_dir: Path, world_of_one: None, exits: list[int], when: str
 ) -> None:
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=2")
-    stop = SimpleNamespace(requested=False)
+    stop = SimpleNamespace(requested=False, at=None)
     _peer_lost_at(h, 3)  # the peer left: the node stays, its save is node-local only
     signals: list[threading.Thread] = []
     if when == "during the node-local save":
@@ -148,9 +188,9 @@ def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
 
         h.trainer.emergency_save = emergency_save  # type: ignore[method-assign]
     h.trainer.run(stop, Phases())
-    (signal,) = signals
-    signal.join(30)
-    assert not signal.is_alive() and exits == [EXIT_RESTART]
+    (sigterm,) = signals
+    sigterm.join(30)
+    assert not sigterm.is_alive() and exits == [EXIT_RESTART]
     assert h.durable.head().step == 3, "the last completed step is not durable"
     assert h.durable.load_latest().entry.step == 3
     assert {e["step"] for e in h.events("emergency_save")} == {3}
@@ -164,11 +204,11 @@ def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
     # before it restored anything. The node's disk goes with the pod.
     first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert first.trainer.saver.wait(30)
     assert (first.durable.head().step, first.local.load().entry.step) == (4, 5)
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _sigterm_thread(second, SimpleNamespace()).join(30)
+    _sigterm_thread(second, SimpleNamespace(at=None)).join(30)
     assert exits == [EXIT_RESTART]
     assert second.durable.head().step == 5 and second.durable.load_latest().entry.step == 5
 
@@ -178,7 +218,7 @@ def test_a_resume_from_a_node_local_save_is_committed_durably_at_once(
 ) -> None:
     first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert first.trainer.saver.wait(30)
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     assert second.trainer.restore().source == "local"
@@ -211,7 +251,7 @@ def test_a_failing_periodic_save_is_reported_and_escalates(
     h.trainer.maybe_save = maybe_save  # type: ignore[method-assign]
     caplog.set_level(logging.WARNING)
     # The final commit fails too: the steps stay on the node for the retry.
-    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     failed = h.events("checkpoint_failed")
     assert [(e["step"], e["failures_in_a_row"]) for e in failed] == [
         (4, 1),

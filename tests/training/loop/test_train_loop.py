@@ -45,7 +45,7 @@ def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
     tmp_path: Path, data_dir: Path, world_of_one: None, stop_requested: bool
 ) -> None:
     h = harness(tmp_path, data_dir, "--max-steps=6", "--checkpoint-every-steps=0")
-    stop = SimpleNamespace(requested=False)
+    stop = SimpleNamespace(requested=False, at=None)
     real_step = h.trainer.train_step
 
     def train_step() -> tuple[float, int]:
@@ -77,7 +77,7 @@ def test_the_sigterm_save_does_not_wait_for_a_stalled_periodic_save(
 
     store = StallsBackgroundWrites(tmp_path / "durable")
     h = harness(tmp_path, data_dir, "--max-steps=8", "--checkpoint-every-steps=2", store=store)
-    stop = SimpleNamespace(requested=False)
+    stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)  # the periodic save of step 2 is stuck by then
     try:
         assert h.trainer.run(stop, Phases()) == EXIT_RESTART
@@ -143,13 +143,13 @@ def test_a_run_started_again_over_an_emptied_store_never_resumes_an_old_node_loc
 ) -> None:
     env = DistEnv(run_id="job-1", max_restarts=3)  # the same runId both times
     first = harness(tmp_path, data_dir, "--max-steps=5", env=env)
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
     first.trainer.emergency_save("peer_failure")  # step 5, kept on this node only
     assert first.local.load().entry.step == 5
     for path in (tmp_path / "durable").iterdir():  # the checkpoint container emptied
         path.unlink()
     again = harness(tmp_path, data_dir, "--max-steps=3", env=env)
-    assert again.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert again.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
     (resumed,) = again.events("resumed")
     assert (resumed["source"], resumed["step"]) == ("fresh", 0)
     assert again.durable.head().step == 3  # its own saves count: none was dropped
@@ -159,7 +159,7 @@ def test_resuming_with_another_dataset_size_is_a_clear_error(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
     first = harness(tmp_path, data_dir, "--max-steps=1")
-    assert first.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
     smaller = tmp_path / "smaller"
     write_synthetic_cifar10(smaller, train_records=40, test_records=8, train_files=1)
     # The step -> sample mapping depends on the dataset size: step 1 would be other samples.
@@ -198,7 +198,7 @@ def test_resuming_under_another_optimiser_setting_is_a_clear_error(
 
 def _trained_to(root: Path, data_dir: Path, steps: int) -> None:
     done = harness(root, data_dir, f"--max-steps={steps}")
-    assert done.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert done.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
 
 
 def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
@@ -211,7 +211,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
         raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
 
     monkeypatch.setattr(trainer, "DistributedDataParallel", ddp)
-    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert [e["step"] for e in h.events("peer_failure")] == [3]
     assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]
     assert h.local.load().entry.step == 3
@@ -226,7 +226,7 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
         raise gloo_peer_closed()
 
     monkeypatch.setattr(dist, "barrier", barrier)
-    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert [e["step"] for e in h.events("peer_failure")] == [2]
     (save,) = h.events("emergency_save")
     assert (save["step"], save["durable"]) == (2, True)  # rank 0 had committed it already
@@ -242,7 +242,7 @@ def test_finish_commits_when_the_claimed_head_does_not_verify(
     assert head is not None and head.step == 3
     store.put(head.name, store.get(head.name)[:100])  # the object behind the claim is damaged
     h = harness(tmp_path, data_dir, "--max-steps=3")
-    assert h.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
     loaded = h.durable.load_latest()
     assert loaded is not None and loaded.entry.step == 3
 
@@ -362,7 +362,7 @@ def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
             env=env,
             group=new_checkpoint_group(60),
         )
-        results[rank] = h.trainer.run(SimpleNamespace(requested=False), Phases())
+        results[rank] = h.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
     finally:
         dist.destroy_process_group()
 
@@ -391,11 +391,11 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
     failing = harness(
         tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0", store=store
     )
-    assert failing.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_RESTART
+    assert failing.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert [e["step"] for e in failing.events("storage_failure")] == [3]
     assert failing.local.load().entry.step == 3
     retry = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
-    assert retry.trainer.run(SimpleNamespace(requested=False), Phases()) == EXIT_OK
+    assert retry.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
     (resumed,) = retry.events("resumed")
     assert (resumed["source"], resumed["step"]) == ("local", 3)
     assert retry.durable.head().step == 3

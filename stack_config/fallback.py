@@ -1,0 +1,76 @@
+"""The on-demand fallback's rules: its pool's bounds, the Spot wait, and what the first round's
+join timeout must outlast.
+
+With the fallback on, a job whose Spot pool cannot grow still starts: the cluster autoscaler
+gives the Spot pool ``fallbackAfterMinutes`` (its ``max-node-provision-time``: "After this
+time, if they are still unregistered, it stops considering them in simulations and may attempt
+to scale up a different group if the pods are still pending", kubernetes/autoscaler
+``cluster-autoscaler/FAQ.md``, "How does scale-up work?"), then scales the on-demand pool, whose
+VM must start, register, pull the image and join. The first rendezvous round waits
+``rdzvJoinTimeout`` for ``workerMinReplicas``; shorter than both, and the job fails for good
+with "too few nodes joined" before the fallback's node arrives.
+"""
+
+from __future__ import annotations
+
+from stack_config.model import LabConfig
+
+VM_START_S = 600
+"""Seconds from the autoscaler's scale-up of the on-demand pool to a worker that has joined:
+Azure creates the GPU VM, AKS provisions it (the NVIDIA driver install included) and registers
+it, the device plugin advertises its GPUs, the node pulls the multi-GB CUDA image and the agent
+starts. Microsoft's answer on AKS GPU scale-out (learn.microsoft.com/answers/a/12767836) puts
+5-10 minutes from the autoscaler's decision to a running pod as expected for GPU nodes, ~10
+observed; the autoscaler itself allows a registered node 15 minutes to become ready
+(``clusterstate.go``, ``MaxNodeStartupTime``). 10 minutes is the planning figure: the typical
+upper end, not the worst case."""
+MIN_AFTER_MINUTES = 5
+"""Below this, a Spot GPU node that is only slow to register (its driver is installed before
+the kubelet joins) is given up and the job moves to on-demand for nothing."""
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def fallback_problems(cfg: LabConfig) -> list[str]:
+    """Every broken rule of the fallback's keys, each naming its key and what is allowed."""
+    fallback, job = cfg.fallback, cfg.job
+    high = cfg.key("onDemandMaxNodes")
+    problems = []
+    if not _count(fallback.max_nodes) or fallback.max_nodes < 0:
+        problems.append(
+            f"{high} must be 0 (no on-demand fallback) or a count of on-demand GPU nodes >= 1, "
+            f"got {fallback.max_nodes!r}"
+        )
+    elif _count(job.max_replicas) and fallback.max_nodes > job.max_replicas:
+        problems.append(
+            f"{high} ({fallback.max_nodes}) must be 0..{cfg.key('workerMaxReplicas')} "
+            f"({job.max_replicas}): one worker per GPU node, so more on-demand nodes are never used"
+        )
+    after = fallback.after_minutes
+    if not _count(after) or after < MIN_AFTER_MINUTES:
+        problems.append(
+            f"{cfg.key('fallbackAfterMinutes')} must be a whole number of minutes >= "
+            f"{MIN_AFTER_MINUTES} (AKS takes max-node-provision-time in whole minutes, and a Spot "
+            f"GPU node given less is often dropped while it still registers), got {after!r}"
+        )
+    elif fallback.enabled:
+        problems += _join_timeout_problems(cfg)
+    return problems
+
+
+def _join_timeout_problems(cfg: LabConfig) -> list[str]:
+    """The first round must still be waiting when the fallback's first worker joins."""
+    join = cfg.job.rendezvous.join_timeout_s
+    wait_s = cfg.fallback.after_minutes * 60
+    needed = wait_s + VM_START_S
+    if not _count(join) or join >= needed:
+        return []
+    key, after = cfg.key("rdzvJoinTimeout"), cfg.key("fallbackAfterMinutes")
+    return [
+        f"{key} ({join} s) is shorter than the on-demand fallback needs: {after} "
+        f"({cfg.fallback.after_minutes} min = {wait_s} s) for the Spot pool, then {VM_START_S} s "
+        f"for an on-demand VM to start and its worker to join, {needed} s in all; set {key} to "
+        f"{needed} or more, or lower {after}"
+    ]

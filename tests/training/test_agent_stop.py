@@ -1,0 +1,105 @@
+"""How a node's agent ends: what it still does after its workers are gone.
+
+Real agents (``python -m training.agent`` with the operator's PET_* env) on a real etcd. Each
+test holds the agent in the state it is about (between rounds; in the exit barrier) by an
+event, not a delay: etcd stopped, so no round can form; a peer's agent stopped with its key
+kept alive, so it is never found dead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from tests.support.elastic_cluster import TINY, Cluster
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.storage import FileStore
+from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.launch import RendezvousSettings
+
+pytestmark = [pytest.mark.slow]
+
+ENDLESS = [*TINY, "--max-steps", "100000", "--log-every", "1", "--min-step-time-s", "0.05"]
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+    with EmbeddedEtcd(find_etcd_binary(), tmp_path / "etcd", tmp_path / "etcd.log") as server:
+        yield server
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    write_synthetic_cifar10(root, train_records=240, test_records=24, seed=1)
+    return root
+
+
+def _log(cluster: Cluster, name: str) -> str:
+    return (cluster.root / f"{name}.err").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
+    etcd_server: EmbeddedEtcd, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every node evicted at once, right after a peer's loss: each survivor's worker saved the
+    # last completed step on its node and exited 75, and its agent waits for the next round.
+    # No worker is left to commit that save durably; the pods' disks go with them.
+    monkeypatch.setenv("LOGLEVEL", "INFO")  # torch's agent says when it restarts its workers
+    cluster = Cluster(tmp_path, etcd_server.client_port, data, min_nodes=1)
+    args = [*ENDLESS, "--checkpoint-every-steps", "0"]  # no periodic save: only this one
+    try:
+        for name in ("a", "b", "c"):
+            cluster.start(name, args)
+        cluster.wait_until(lambda: cluster.steps_at(3) >= 3, 180, "training at world 3")
+        etcd_server.stop()  # the next round cannot form: the agents stay between rounds
+        cluster.kill("c")
+        for name in ("a", "b"):
+            cluster.wait_until(
+                lambda n=name: "will restart worker group" in _log(cluster, n),
+                60,
+                f"{name}'s worker to save and exit",
+            )
+        saved = {e["node"]: e["step"] for e in cluster.events("emergency_save")}
+        assert set(saved) == {"a", "b"} and len(set(saved.values())) == 1, saved
+        assert CheckpointRepository(FileStore(cluster.checkpoints)).head() is None
+        for name in ("a", "b"):
+            os.kill(cluster.nodes[name].pid, signal.SIGTERM)
+        for name in ("a", "b"):
+            assert cluster.wait_exit(name, 60) == 143, cluster.tail()
+        head = CheckpointRepository(FileStore(cluster.checkpoints)).load_latest()
+        assert head is not None and head.entry.step == saved["a"], cluster.tail()
+        by_agent = [e for e in cluster.events("emergency_save") if e["reason"] == "agent"]
+        assert by_agent and {e["step"] for e in by_agent} == {saved["a"]}
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_finished_node_does_not_wait_for_a_peer_that_died_after_finishing(
+    etcd_server: EmbeddedEtcd, data: Path, tmp_path: Path
+) -> None:
+    # b's agent stops (its workers train on) and never reaches the exit barrier; its key's
+    # TTL outlives the test, so a never finds it dead. torch's barrier waited 300 s for it.
+    never_expires = RendezvousSettings(join_timeout_s=60, keep_alive_max_attempt=900)
+    cluster = Cluster(
+        tmp_path, etcd_server.client_port, data, min_nodes=2, max_nodes=2, rendezvous=never_expires
+    )
+    args = [*TINY, "--max-steps", "40", "--log-every", "1", "--min-step-time-s", "0.05"]
+    try:
+        for name in ("a", "b"):
+            cluster.start(name, args)
+        cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "training at world 2")
+        os.kill(cluster.nodes["b"].pid, signal.SIGSTOP)  # the agent only
+        cluster.wait_until(lambda: bool(cluster.events("finished")), 180, "the end of training")
+        # Far below torch's 300 s, far above the bound (EXIT_BARRIER_TIMEOUT_S).
+        assert cluster.wait_exit("a", 150) == 0, cluster.tail()
+        assert "Error waiting on exit barrier" in _log(cluster, "a")  # b never came
+    finally:
+        cluster.close()
