@@ -15,6 +15,7 @@ threaded process must not fork; the server is single-threaded and never touches 
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -34,6 +35,8 @@ from training.loop.config import parse_config
 
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
+
+logger = logging.getLogger(__name__)
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
 PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
@@ -266,6 +269,20 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
     # None is torchrun's "not given": the agent's own default (30 s) then applies.
     shutdown = (
         {} if config.shutdown_timeout is None else {"shutdown_timeout": config.shutdown_timeout}
+    )
+    # What torch's launch_agent logs first: where the workers' logs go, among the rest.
+    logger.info(
+        "starting the agent: %s, nodes %s-%s, %s per node, run_id %s, rdzv %s at %s, "
+        "max_restarts %s\n  log_dir                  : %s",
+        TRAIN_MODULE,
+        config.min_nodes,
+        config.max_nodes,
+        config.nproc_per_node,
+        config.run_id,
+        config.rdzv_backend,
+        config.rdzv_endpoint,
+        config.max_restarts,
+        config.logs_specs.root_log_dir,  # type: ignore[union-attr]
     )
     agent = LocalElasticAgent(
         spec=spec,

@@ -19,7 +19,7 @@ from tests.lab.azure.test_lab_watch import _outputs
 from tests.lab.report.test_lab_run_logs import W0, W1
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 
-RECORDED = Path(__file__).parent / "recordings" / "kube" / "autoscaler_events.json"
+RECORDED = Path(__file__).parents[2] / "recordings" / "kube" / "autoscaler_events.json"
 
 
 def _recorded() -> list[dict[str, Any]]:
