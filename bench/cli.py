@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.commit_deadline import main as commit_deadline_main
 
         return commit_deadline_main(argv[1:])
+    if argv[:1] == ["chaos"]:
+        from bench.chaos.command import main as chaos_main
+
+        return chaos_main(argv[1:])
     args = build_parser().parse_args(argv)
     # Orphans of a killed agent re-parent to us, so the final sweep below finds them.
     process_tree.become_subreaper()

@@ -182,11 +182,22 @@ def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
 
 
 def open_store(uri: str) -> ObjectStore:
-    """A store for a checkpoint URI: ``http(s)://...`` is Azure Blob, anything else a path."""
+    """A store for a checkpoint URI: ``http(s)://...`` is Azure Blob, anything else a path.
+
+    Tests and the chaos bench only: ``TRAIN_FAULTY_STORE`` puts injected delays and failures
+    in front of it (``training/faulty_store.py``).
+    """
+    store: ObjectStore
     if uri.startswith(("https://", "http://")):
         from training.checkpoints.blob_store import (
             BlobStore,  # optional deps: only the blob backend needs them
         )
 
-        return BlobStore.from_uri(uri)
-    return FileStore(uri)
+        store = BlobStore.from_uri(uri)
+    else:
+        store = FileStore(uri)
+    if os.environ.get("TRAIN_FAULTY_STORE"):
+        from training.faulty_store import FaultyStore
+
+        return FaultyStore.from_env(store)
+    return store
