@@ -24,7 +24,7 @@ from bench.chaos.schedule import random_schedule
 from bench.chaos.session import final_state, run_schedule
 from lab.local.etcd_server import find_etcd_binary
 from lab.local.session import REPO_ROOT
-from training.data import write_synthetic_cifar10
+from training.data.cifar10 import write_synthetic_cifar10
 
 
 class ReferenceRunError(RuntimeError):

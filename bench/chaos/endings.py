@@ -11,7 +11,7 @@ import re
 import signal
 import time
 
-from training.exit_codes import ENDINGS, Ending
+from training.elastic.exit_codes import ENDINGS, Ending
 
 SIGTERM_ENDING = "eviction or pod deletion (SIGTERM), after the emergency save"
 SIGKILL_ENDING = "killed (SIGKILL, out of memory): the kernel's code"

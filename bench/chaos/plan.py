@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lab.local.scenario import Scenario, TrainSettings
-from training.launch import STOP_MARGIN_S
+from training.elastic.launch import STOP_MARGIN_S
 
 MAX_NODES = 6
 """Two cores run every node's agent and worker: more would measure the machine, not the job."""

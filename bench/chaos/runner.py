@@ -26,16 +26,16 @@ from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.node import wait_for_exit
 from lab.local.runner import FaultRunner, RunOutcome, _FollowUp
 from lab.report.node_logs import LogTail, Record
-from training.checkpoint import CheckpointRepository
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.storage import FileStore
 
 TOP_UP_AFTER_S = 3.0
 """After the last fault (and what it set off), how long before the capacity comes back."""
 
 
 class StoreControl:
-    """The windows of trouble the workers' durable store reads (training/faulty_store.py), and
-    the nodes' logs of the calls that met them."""
+    """The windows of trouble the workers' durable store reads (training/checkpoints/
+    faulty_store.py), and the nodes' logs of the calls that met them."""
 
     def __init__(self, control: Path, logs: Path) -> None:
         self.control, self.logs = control, logs

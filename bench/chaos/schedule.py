@@ -21,7 +21,7 @@ starting a new round (its restore, slowed down by the store), or a checkpoint up
 down too). One that finds no such moment within ``ARM_S`` is recorded as not landed."""
 STORE_FAULTS = ("store-slow", "store-fail")
 """The durable store answers every call ``delay_s`` late, or fails every call, for
-``seconds`` (training/faulty_store.py)."""
+``seconds`` (training/checkpoints/faulty_store.py)."""
 KINDS = (*NODE_FAULTS, "join", "etcd", "evict-all", *TRIGGERED, *STORE_FAULTS)
 """``join`` starts a new node; ``etcd`` stops etcd for ``seconds``; ``evict-all`` evicts every
 live node and starts ``nodes`` new ones ``seconds`` later."""

@@ -2,7 +2,7 @@
 
 The lab's own pieces (``lab/local/``: the workspace that always cleans up, the embedded etcd,
 the node set, the runner), with the workers' durable store behind the faulty store of
-``training/faulty_store.py`` and the campaign's runner (``bench/chaos/runner.py``).
+``training/checkpoints/faulty_store.py`` and the campaign's runner (``bench/chaos/runner.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from lab.local.node import TorchrunNode
 from lab.local.scenario import Scenario, validate_scenario
 from lab.local.session import NodeSet, lab_workspace
 from lab.report.node_logs import read_jsonl, read_records
-from training.checkpoint import CheckpointRepository
-from training.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
-from training.launch import ElasticPolicy
-from training.storage import FileStore
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
+from training.checkpoints.storage import FileStore
+from training.elastic.launch import ElasticPolicy
 
 
 class ChaosNodes(NodeSet):

@@ -179,25 +179,3 @@ def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
         if inside and len(mount_point) >= len(best) and after:
             best, fstype = mount_point, after[0]
     return fstype
-
-
-def open_store(uri: str) -> ObjectStore:
-    """A store for a checkpoint URI: ``http(s)://...`` is Azure Blob, anything else a path.
-
-    Tests and the chaos bench only: ``TRAIN_FAULTY_STORE`` puts injected delays and failures
-    in front of it (``training/faulty_store.py``).
-    """
-    store: ObjectStore
-    if uri.startswith(("https://", "http://")):
-        from training.checkpoints.blob_store import (
-            BlobStore,  # optional deps: only the blob backend needs them
-        )
-
-        store = BlobStore.from_uri(uri)
-    else:
-        store = FileStore(uri)
-    if os.environ.get("TRAIN_FAULTY_STORE"):
-        from training.faulty_store import FaultyStore
-
-        return FaultyStore.from_env(store)
-    return store

@@ -11,7 +11,7 @@ from typing import Any
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
-from training.checkpoints.storage import open_store
+from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError, ImageDataset, load_cifar10_binary
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.deadline import Deadline, DeadlineExceeded
-from training.storage import ObjectStore
+from training.checkpoints.deadline import Deadline, DeadlineExceeded
+from training.checkpoints.storage import ObjectStore
 
 FAULTY_STORE_ENV = "TRAIN_FAULTY_STORE"
 FAULTY_STORE_LOG_ENV = "TRAIN_FAULTY_STORE_LOG"
