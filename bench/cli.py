@@ -27,9 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Measure the lab against plain torchrun defaults plus a periodic "
-        "checkpoint: recovery per fault kind, steady-state step time, checkpoint stall.",
-        epilog="The rendezvous at scale and an eviction's commit with a large state are commands "
-        "of their own: python -m bench rendezvous-scale --help, python -m bench commit-deadline "
+        "checkpoint: recovery per fault kind, steady-state step time, checkpoint stall, an "
+        "eviction's commit; then the chaos campaign of overlapping faults.",
+        epilog="The rendezvous at scale, an eviction's commit with a large state and the chaos "
+        "campaign are also commands of their own: python -m bench rendezvous-scale --help, "
+        "python -m bench chaos --help, python -m bench commit-deadline "
         "--help",
     )
     parser.add_argument("--reps", type=int, help="repetitions per fault kind (default 3)")
@@ -43,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--steady-pairs", type=int, help="elastic/static run pairs for the step time (default 4)"
+    )
+    parser.add_argument(
+        "--chaos-schedules",
+        type=int,
+        help="schedules of the chaos campaign, 0 to leave it out (default 200; "
+        "python -m bench chaos runs it alone)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="one rep of one fault kind, tiny runs (for CI)"
@@ -66,6 +74,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         config = dataclasses.replace(config, recovery=recovery)
     if args.steady_pairs is not None:
         config = dataclasses.replace(config, steady_pairs=args.steady_pairs)
+    if args.chaos_schedules is not None:
+        config = dataclasses.replace(config, chaos_schedules=args.chaos_schedules)
     config.validate()
     return config
 
@@ -100,11 +110,15 @@ def _run(args: argparse.Namespace) -> int:
     errors = [r for r in results["recovery"]["runs"] if r["error"]]
     for run in errors:
         _say(f"error in {run['session_dir']}: {run['error']}")
-    return EXIT_FAILED if errors else EXIT_OK
+    violations = results.get("chaos", {}).get("summary", {}).get("violations", 0)
+    if violations:
+        _say(f"chaos: {violations} invariant violation(s); see {out / 'chaos' / 'chaos.json'}")
+    return EXIT_FAILED if errors or violations else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (1 when a session failed, not when a target missed)."""
+    """Entry point; returns the exit code (1 when a session failed or the chaos campaign found a
+    violation, not when a target missed)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["rendezvous-scale"]:
         # A command of its own; every other argv is the bench as before. Imported here: it
@@ -116,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.commit_deadline import main as commit_deadline_main
 
         return commit_deadline_main(argv[1:])
+    if argv[:1] == ["chaos"]:
+        from bench.chaos.command import main as chaos_main
+
+        return chaos_main(argv[1:])
     args = build_parser().parse_args(argv)
     # Orphans of a killed agent re-parent to us, so the final sweep below finds them.
     process_tree.become_subreaper()

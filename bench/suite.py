@@ -1,4 +1,5 @@
-"""The whole benchmark: checkpoint stall, steady state, then recovery; one results dict.
+"""The whole benchmark: checkpoint stall, steady state, recovery, then the chaos campaign; one
+results dict.
 
 ``BenchConfig`` says what to run (``default_config`` and ``smoke_config`` are the two
 presets); ``run_bench`` runs it and returns everything ``bench.json`` holds. ``report_text``
@@ -7,6 +8,7 @@ turns the results into the printed tables.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -19,6 +21,8 @@ from typing import Any
 
 import torch
 
+from bench.chaos.campaign import run_campaign, summary_table
+from bench.chaos.plan import ChaosPlan
 from bench.checkpoint_stall import StallModel, StallPlan, measure_checkpoint_stall
 from bench.commit_deadline import CommitPlan, commit_table, commit_targets, measure_commit_deadline
 from bench.profiles import PROFILE_NAMES, baseline_profile, lab_profile, profile
@@ -44,6 +48,10 @@ class BenchConfig:
     steady_pairs: int = 4
     stall: StallPlan = field(default_factory=StallPlan)
     commit: CommitPlan = field(default_factory=CommitPlan)
+    chaos: ChaosPlan = field(default_factory=ChaosPlan)
+    chaos_schedules: int = 200
+    """Schedules of the chaos campaign (``python -m bench chaos``); 0 leaves it out."""
+    chaos_seed: int = 1
     smoke: bool = False
 
     def validate(self) -> None:
@@ -62,10 +70,14 @@ class BenchConfig:
         self.steady.validate()
         self.stall.validate()
         self.commit.validate()
+        if self.chaos_schedules < 0:
+            raise ValueError(f"--chaos-schedules must be >= 0, got {self.chaos_schedules}")
+        self.chaos.validate()
 
 
 def default_config() -> BenchConfig:
-    """The full benchmark: about 25 minutes on two cores."""
+    """The full benchmark: about 25 minutes on two cores, and the chaos campaign's 200
+    schedules about two hours more (``--chaos-schedules`` sets how many)."""
     return BenchConfig()
 
 
@@ -91,6 +103,8 @@ def smoke_config() -> BenchConfig:
         steady_pairs=1,
         stall=StallPlan(models=(StallModel("lab default", 16, 2),), steps=2, saves=2),
         commit=CommitPlan(state_mb=16, reps=1),
+        chaos=ChaosPlan(faults=(2, 3), max_steps=80),
+        chaos_schedules=1,
         smoke=True,
     )
 
@@ -148,6 +162,19 @@ def run_bench(
             python=python,
             on_run=say,
         )
+    if config.chaos_schedules:
+        say(f"chaos: {config.chaos_schedules} schedule(s) of overlapping faults ...")
+        campaign = run_campaign(
+            config.chaos,
+            seed=config.chaos_seed,
+            schedules=config.chaos_schedules,
+            out=out_dir / "chaos",
+            python=python,
+            say=say,
+        )
+        (out_dir / "chaos" / "chaos.json").write_text(json.dumps(campaign, indent=1) + "\n")
+        # bench.json keeps the figures; every schedule's record stays in chaos/chaos.json.
+        results["chaos"] = {k: v for k, v in campaign.items() if k != "schedules"}
     results["targets"] = (
         recovery_targets(results["recovery"]["summary"], lab_profile())
         + [steady_target(results["steady_state"])]
@@ -207,4 +234,11 @@ def report_text(results: dict[str, Any]) -> str:
         "Targets",
         targets_table(results["targets"]),
     ]
+    if "chaos" in results:
+        chaos = results["chaos"]
+        sections += [
+            "",
+            "Chaos campaign",
+            summary_table(chaos["summary"], chaos["plan"], chaos["seed"]),
+        ]
     return "\n".join(sections)

@@ -25,7 +25,7 @@ from training.loop.dist import (
     init_process_group,
     new_checkpoint_group,
 )
-from training.loop.inputs import load_inputs
+from training.loop.inputs import StoreUnavailable, load_inputs
 from training.loop.metrics import EventLog, Phases, setup_logging
 from training.loop.step_guard import StepGuard
 from training.loop.trainer import Trainer
@@ -58,6 +58,9 @@ def run(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError) as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
+    except StoreUnavailable as exc:
+        logger.error("%s", exc)
+        return EXIT_RESTART
     phases.mark("inputs")
     logger.info("config %s", cfg.as_dict())
     if cfg.run.deterministic:  # before the device: cuBLAS reads its setting as CUDA starts

@@ -20,7 +20,7 @@ from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
 from lab.local.node import NodeProcess, wait_for_exit
 from lab.local.scenario import Fault, MembershipChange, Scenario
-from lab.report.node_logs import LogTail, parse_record
+from lab.report.node_logs import LogTail, Record, parse_record
 
 EXIT_BAD_INPUT = 2
 # A pod that keeps failing is in CrashLoopBackOff; the lab gives up instead of looping.
@@ -119,7 +119,7 @@ class FaultRunner:
             if self.scenario.stop_when_settled and self._all_faults_settled():
                 return self._outcome("settled", f"the last fault settled at step {self.view.step}")
             self._maybe_inject()
-            if not self.live and not any(f.action == "restart" for f in self._follow_ups):
+            if not self.live and not self._nodes_expected():
                 self._read_logs()  # the last lines may land just before the agents exit
                 if not self.view.finished:
                     return self._outcome("failed", "every node exited before training finished")
@@ -144,7 +144,11 @@ class FaultRunner:
             for line in tail.read_lines():
                 record = parse_record(line, self.nodes[number].name)
                 if record is not None:
-                    self.view.observe(record)
+                    self._observe(number, record)
+
+    def _observe(self, number: int, record: Record) -> None:
+        """One new record of node ``number``, as it arrives."""
+        self.view.observe(record)
 
     def _check_nodes(self) -> str | None:
         """React to nodes that exited on their own; a message when the run cannot go on."""
@@ -172,6 +176,10 @@ class FaultRunner:
             due = time.monotonic() + self.scenario.restart_delay_s
             self._follow_ups.append(_FollowUp(due, "restart", number))
         return None
+
+    def _nodes_expected(self) -> bool:
+        """Whether a node will start again although none runs now (a restart is due)."""
+        return any(f.action == "restart" for f in self._follow_ups)
 
     def _run_follow_ups(self) -> None:
         now = time.monotonic()

@@ -84,6 +84,10 @@ class TrainSettings:
     train_records: int = 2048
     """Synthetic dataset size (records)."""
     test_records: int = 256
+    dtype: str = "float32"
+    """float64 makes a resume's exactness measurable (reduction order moves it by ~1e-15)."""
+    stop_deadline_s: float = 25.0
+    """The eviction save's deadline from SIGTERM: keep it inside an evict fault's grace_s."""
 
     def args(self, data_dir: str) -> list[str]:
         """The training program's command-line flags."""
@@ -103,6 +107,8 @@ class TrainSettings:
             f"--collective-timeout-s={self.collective_timeout_s}",
             f"--emergency-saves={'true' if self.emergency_saves else 'false'}",
             f"--min-step-time-s={self.min_step_time_s:g}",
+            f"--dtype={self.dtype}",
+            f"--stop-deadline-s={self.stop_deadline_s:g}",
         ]
 
 

@@ -401,6 +401,8 @@ def test_smoke_preset_and_overrides() -> None:
     full = config_from_args(_args("--reps", "5", "--kinds", "kill,join", "--recovery-cap-s", "90"))
     assert (full.reps, full.kinds, full.recovery.recovery_cap_s) == (5, ("kill", "join"), 90.0)
     assert config_from_args(_args()).kinds == ("kill", "evict", "freeze", "join", "etcd")
+    assert (smoke.chaos_schedules, config_from_args(_args()).chaos_schedules) == (1, 200)
+    assert config_from_args(_args("--chaos-schedules", "0")).chaos_schedules == 0
 
 
 @pytest.mark.parametrize(
@@ -410,6 +412,7 @@ def test_smoke_preset_and_overrides() -> None:
         (("--reps", "0"), "--reps must be >= 1"),
         (("--steady-pairs", "0"), "--steady-pairs must be >= 1"),
         (("--recovery-cap-s", "0"), "recovery_cap_s must be > 0"),
+        (("--chaos-schedules", "-1"), "--chaos-schedules must be >= 0"),
     ],
 )
 def test_bad_flags_are_named(argv: tuple[str, ...], message: str) -> None:

@@ -179,14 +179,3 @@ def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
         if inside and len(mount_point) >= len(best) and after:
             best, fstype = mount_point, after[0]
     return fstype
-
-
-def open_store(uri: str) -> ObjectStore:
-    """A store for a checkpoint URI: ``http(s)://...`` is Azure Blob, anything else a path."""
-    if uri.startswith(("https://", "http://")):
-        from training.checkpoints.blob_store import (
-            BlobStore,  # optional deps: only the blob backend needs them
-        )
-
-        return BlobStore.from_uri(uri)
-    return FileStore(uri)

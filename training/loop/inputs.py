@@ -1,20 +1,37 @@
 """What a worker checks before its first collective: config, data and checkpoint stores.
 
 A mistake here is the same on every rank and no restart fixes it, so it ends the worker with
-an error that names the setting (exit 2) before any rank waits on another.
+an error that names the setting (exit 2) before any rank waits on another. One exception: a
+checkpoint store that fails in a later round of the run answered before, so it is down for a
+while, not misconfigured; the worker tries it again, then leaves the round to be restarted.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
-from training.checkpoints.storage import open_store
+from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError, ImageDataset, load_cifar10_binary
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv
+
+logger = logging.getLogger(__name__)
+
+STORE_RETRY_S = 20.0
+"""How long a worker of a later round keeps trying a failing checkpoint store before it ends
+the round (exit 75): below the cluster's 30 s collective timeout, so its peers wait for it."""
+NOT_TRANSIENT = (PermissionError, NotADirectoryError, IsADirectoryError)
+"""Store errors no retry fixes (denied, a path through a file): a setting, in any round."""
+
+
+class StoreUnavailable(OSError):
+    """The checkpoint store, which answered earlier in this run, still fails: restart later."""
+
 
 # Not compared when resuming from a durable checkpoint, which may be moved to another URI
 # (a Blob CSI mount and the https URL of the same container); it only keys node-local saves.
@@ -47,20 +64,40 @@ def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
     return identity
 
 
-def open_durable(cfg: TrainConfig) -> tuple[CheckpointRepository, str]:
+def open_durable(cfg: TrainConfig, retry_s: float = 0.0) -> tuple[CheckpointRepository, str]:
     """The durable checkpoints and their lineage id (created in a new or emptied store), read
-    once here so a bad store fails before any collective."""
+    once here so a bad store fails before any collective.
+
+    ``retry_s`` > 0 (a later round): a store that fails is tried again for that long, then
+    StoreUnavailable. Otherwise, or for an error no retry fixes, ConfigError at once.
+    """
     uri = cfg.checkpoint.checkpoint_uri
-    try:
-        durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
-        durable.head()
-        lineage = store_lineage(durable.store, durable.prefix)
-    except (OSError, ValueError, CheckpointError) as exc:
-        raise ConfigError(
-            f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint "
-            f"store: {exc}"
-        ) from exc
-    return durable, lineage
+    give_up, pause = time.monotonic() + retry_s, 0.1
+    while True:
+        try:
+            durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
+            durable.head()
+            return durable, store_lineage(durable.store, durable.prefix)
+        except (ValueError, CheckpointError, *NOT_TRANSIENT) as exc:
+            raise _unreadable(uri, exc) from exc
+        except OSError as exc:  # a timeout, a refused connection, a 5xx
+            if not retry_s:
+                raise _unreadable(uri, exc) from exc
+            if time.monotonic() + pause > give_up:
+                raise StoreUnavailable(
+                    f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: the checkpoint store, "
+                    f"which answered earlier in this run, still fails after {retry_s:g} s: "
+                    f"{exc}; the round is restarted"
+                ) from exc
+            logger.warning("the checkpoint store failed (%s); trying again in %.1f s", exc, pause)
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+
+
+def _unreadable(uri: str, exc: Exception) -> ConfigError:
+    return ConfigError(
+        f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint store: {exc}"
+    )
 
 
 def open_node_local(
@@ -85,7 +122,9 @@ def load_inputs(
 ) -> tuple[TrainConfig, ImageDataset, CheckpointRepository, NodeLocalState]:
     """Config, data and checkpoint stores, all checked before any collective.
 
-    Raises ConfigError or DatasetError, naming the setting, on what a restart cannot fix.
+    Raises ConfigError or DatasetError, naming the setting, on what a restart cannot fix;
+    StoreUnavailable when the store failed in a later round (the restart count or the round
+    says the run got past its first start) and kept failing for ``STORE_RETRY_S``.
     """
     cfg = parse_config(argv)
     try:
@@ -95,5 +134,6 @@ def load_inputs(
             f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}: cannot read it: {exc}"
         ) from exc
     check_batch_fits(cfg, len(dataset), env.world_size)
-    durable, lineage = open_durable(cfg)
+    later = env.restart_count > 0 or env.rdzv_round > 1
+    durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
     return cfg, dataset, durable, open_node_local(cfg, env, dataset, lineage)

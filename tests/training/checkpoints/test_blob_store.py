@@ -26,7 +26,8 @@ from training.checkpoints.blob_store import (
     parse_blob_uri,
 )
 from training.checkpoints.deadline import Deadline
-from training.checkpoints.storage import ObjectStore, open_store
+from training.checkpoints.storage import ObjectStore
+from training.checkpoints.stores import open_store
 
 AZURE_URI = "https://acct01.blob.core.windows.net/checkpoints/runs/r1"
 

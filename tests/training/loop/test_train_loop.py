@@ -31,7 +31,7 @@ from training import train
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
-from training.loop import trainer
+from training.loop import inputs, trainer
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
@@ -303,6 +303,28 @@ def test_an_unreachable_blob_store_names_the_setting_and_the_reason(
     err = capsys.readouterr().err
     assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
     assert "cannot reach the blob endpoint" in err and "Traceback" not in err
+
+
+def test_an_unreachable_blob_store_in_a_later_round_is_a_restart_not_bad_input(
+    tmp_path: Path,
+    data_dir: Path,
+    clean_main: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    unused_loopback_port: int,
+) -> None:
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", "AccountName=devstoreaccount1;AccountKey=a2V5"
+    )
+    # A worker torchrun restarted once: the store answered earlier in this run.
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(inputs, "STORE_RETRY_S", 0.3)
+    uri = f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/ckpt/run"
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_RESTART
+    err = capsys.readouterr().err
+    assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
+    assert "still fails after 0.3 s" in err and "Traceback" not in err
 
 
 def test_a_global_batch_larger_than_the_dataset_is_exit_2(

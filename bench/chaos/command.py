@@ -1,0 +1,120 @@
+"""``python -m bench chaos --schedules N --seed S --nodes K --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from bench.chaos.campaign import ReferenceRunError, run_campaign, summary_table
+from bench.chaos.plan import ChaosPlan
+from lab.local import process_tree
+from lab.local.etcd_server import EtcdError
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_SCHEDULES = 200
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench chaos",
+        description="Random schedules of overlapping faults (evict, kill, freeze, join, etcd "
+        "outage, evict-all then new nodes, SIGTERM during a restore or an upload, a slow or "
+        "failing store), 0-3 s apart, on real agents; every schedule is checked against the "
+        "job's invariants. Exit 1 when any is violated.",
+    )
+    parser.add_argument(
+        "--schedules", type=int, default=DEFAULT_SCHEDULES, help=f"(default {DEFAULT_SCHEDULES})"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="schedule i uses seed S+i; --seed S --schedules 1 "
+        "replays the one a line names (default 1)",
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=3, help="nodes, and the job's most (default 3)"
+    )
+    parser.add_argument(
+        "--faults", default="3-6", help="faults per schedule, MIN-MAX (default 3-6)"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=240, help="steps per schedule (default 240)"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="output dir (default bench-results/chaos-<timestamp>); must be new"
+    )
+    return parser
+
+
+def plan_from_args(args: argparse.Namespace) -> ChaosPlan:
+    try:
+        low, high = (int(x) for x in args.faults.split("-"))
+    except ValueError:
+        raise ValueError(f"--faults must be MIN-MAX, e.g. 3-6, got {args.faults!r}") from None
+    plan = dataclasses.replace(
+        ChaosPlan(), nodes=args.nodes, faults=(low, high), max_steps=args.max_steps
+    )
+    plan.validate()
+    return plan
+
+
+def _out_dir(path: Path | None) -> Path:
+    out = path or Path("bench-results") / time.strftime("chaos-%Y%m%d-%H%M%S")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out: {out} already exists and is not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    if args.schedules < 1:
+        raise ValueError(f"--schedules must be >= 1, got {args.schedules}")
+    out = _out_dir(args.out)
+    results = run_campaign(plan, seed=args.seed, schedules=args.schedules, out=out, say=_say)
+    results["command"] = ["python", "-m", "bench", "chaos", *sys.argv[2:]]
+    (out / "chaos.json").write_text(json.dumps(results, indent=1) + "\n")
+    table = summary_table(results["summary"], results["plan"], args.seed)
+    (out / "chaos.txt").write_text(table + "\n")
+    print("\n" + table)
+    print(f"\nresults: {out / 'chaos.json'}")
+    return EXIT_VIOLATIONS if results["summary"]["violations"] else EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    """Entry point; the exit code (1 when an invariant was violated)."""
+    args = build_parser().parse_args(argv)
+    process_tree.become_subreaper()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        return run(args)
+    except (ValueError, EtcdError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ReferenceRunError as err:
+        print(f"chaos failed: {err}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    except KeyboardInterrupt:
+        print("\ninterrupted; everything the campaign started is stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for pid in process_tree.descendants(os.getpid()):
+            process_tree.kill_tree(pid)
+        process_tree.reap_orphans(keep=set())

@@ -1,0 +1,293 @@
+"""The invariants a chaos schedule must keep, checked on what it left behind (pure).
+
+- **finished**: the job trained to ``max_steps``; no agent ended for good (a code the operator
+  does not retry) while the job could run (the runner always brings the capacity back).
+- **no lost step**: every round resumed at or after the newest step any group completed
+  before it, unless every node that held that step lost it: killed or frozen with no notice
+  (a SIGKILL takes the node's disk, the state in memory and the steps since the last durable
+  save with it), or evicted while the store refused every write for the whole deadline.
+  Those are listed as excused, with the reason, never silently.
+- **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``).
+- **durable not behind**: at every acknowledgement of a durable step (a periodic save, an
+  eviction's commit, the final one), the store's newest checkpoint that verifies was at least
+  that step; and at the end too.
+- **trajectory**: the final parameters equal an uninterrupted run's (float64, within
+  ``TOLERANCE``).
+- **exit codes**: every agent's code is the one ENDINGS gives for its ending: SIGKILL for a
+  node the campaign killed or froze, SIGTERM's for one it evicted, else what the agent says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.chaos.endings import (
+    FINISHED_ENDING,
+    SIGKILL_ENDING,
+    SIGTERM_ENDING,
+    ending,
+    exit_code,
+    log_lines_between,
+    reported,
+    signal_name,
+)
+from lab.report.node_logs import Record
+from lab.report.outcomes import groups_at_once
+
+TOLERANCE = 1e-9
+"""float64 runs at world sizes 1-3 agree to ~1e-15; one step more or less moves ~1e-3 (the
+end-to-end tests' bound, tests/test_elastic_training.py)."""
+TERM, KILL, STOP = "SIGTERM", "SIGKILL", "SIGSTOP"
+SIGNALS_OF = {
+    "evict": TERM,
+    "evict-all": TERM,
+    "sigterm-restore": TERM,
+    "sigterm-upload": TERM,
+    "kill": KILL,
+    "freeze": STOP,
+}
+INVARIANTS = (
+    "finished",
+    "no lost step",
+    "one group",
+    "durable not behind",
+    "trajectory",
+    "exit codes",
+)
+
+
+@dataclass
+class Process:
+    """One agent process of one node (a node restarted in place has several)."""
+
+    node: str
+    started: float
+    ended: float | None = None
+    code: int | None = None
+    signals: list[tuple[float, str]] = field(default_factory=list)
+    """What the campaign sent it: (time, SIGTERM | SIGKILL | SIGSTOP)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything a schedule left behind."""
+
+    records: list[Record]
+    lab_events: list[dict[str, Any]]
+    actions: list[dict[str, Any]]
+    final_codes: dict[str, int | None]
+    agent_logs: dict[str, str]
+    ack_checks: list[dict[str, Any]]
+    newest_verified: int | None
+    parameter_difference: float | None
+    status: str
+    max_steps: int
+    stop_deadline_s: float
+
+
+@dataclass
+class Verdict:
+    violations: list[dict[str, str]] = field(default_factory=list)
+    excused: list[dict[str, str]] = field(default_factory=list)
+
+    def violate(self, invariant: str, detail: str) -> None:
+        self.violations.append({"invariant": invariant, "detail": detail})
+
+    def excuse(self, invariant: str, detail: str) -> None:
+        self.excused.append({"invariant": invariant, "detail": detail})
+
+
+def signals_by_node(actions: list[dict[str, Any]]) -> dict[str, list[tuple[float, str]]]:
+    """Each node's signals from the campaign, in time order."""
+    found: dict[str, list[tuple[float, str]]] = {}
+    for action in actions:
+        sig = SIGNALS_OF.get(action["kind"])
+        if sig is None or action.get("landed") is False or action.get("armed"):
+            continue
+        for node in action["nodes"]:
+            found.setdefault(node, []).append((action["ts"], sig))
+    return {node: sorted(sigs) for node, sigs in found.items()}
+
+
+def processes(evidence: Evidence) -> list[Process]:
+    """Every agent process, from the lab's event log; the last one's code from the end."""
+    by_node: dict[str, list[Process]] = {}
+    for event in sorted(evidence.lab_events, key=lambda e: e["ts"]):
+        mine = by_node.setdefault(event.get("node", ""), [])
+        if event["event"] == "node_started":
+            mine.append(Process(event["node"], event["ts"]))
+        elif event["event"] == "node_exited" and mine and mine[-1].ended is None:
+            mine[-1].ended, mine[-1].code = event["ts"], event["code"]
+    signals = signals_by_node(evidence.actions)
+    found = []
+    for node, procs in by_node.items():
+        for i, proc in enumerate(procs):
+            if proc.ended is None and i == len(procs) - 1:
+                proc.code = evidence.final_codes.get(node)
+            until = proc.ended if proc.ended is not None else float("inf")
+            proc.signals = [s for s in signals.get(node, []) if proc.started <= s[0] <= until]
+            found.append(proc)
+    return found
+
+
+def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
+    finished = any(r.get("event") == "finished" for r in evidence.records)
+    for proc in processes(evidence):
+        if proc.code is None:
+            verdict.violate("exit codes", f"{proc.node} had not exited when the run ended")
+            continue
+        code = exit_code(proc.code)
+        sent = [sig for _, sig in proc.signals]
+        if sent and sent[0] in (KILL, STOP):
+            how: str | None = SIGKILL_ENDING
+        elif sent:  # evicted: its own code, or SIGKILL when its grace ran out
+            how = SIGKILL_ENDING if code == 137 else SIGTERM_ENDING
+        elif code == 0:
+            how = FINISHED_ENDING
+            if not finished:
+                verdict.violate("exit codes", f"{proc.node} exited 0 before training finished")
+        else:
+            text = evidence.agent_logs.get(proc.node, "")
+            until = proc.ended if proc.ended is not None else float("inf")
+            how = reported(log_lines_between(text, proc.started, until))
+        if how is None:
+            verdict.violate(
+                "exit codes", f"{proc.node} exited {code} ({signal_name(code)}) saying no ending"
+            )
+            continue
+        row = ending(how)
+        if row.code != code:
+            verdict.violate(
+                "exit codes", f"{proc.node}: {how!r} exited {code}, the table says {row.code}"
+            )
+        if not sent and not row.retried and how != FINISHED_ENDING:
+            verdict.violate("finished", f"{proc.node} ended for good ({how}, {code})")
+
+
+def _completions(records: list[Record]) -> list[Record]:
+    """Records that show a step completed: metrics lines and saves."""
+    return [
+        r
+        for r in records
+        if r["kind"] == "metrics" or r.get("event") in ("checkpoint_saved", "emergency_save")
+    ]
+
+
+def _holders(records: list[Record], first: Record) -> dict[str, float]:
+    """The nodes of the group that completed the step ``first`` shows, each with when its
+    worker started in that group."""
+    group, found = first.get("rdzv_round"), {}
+    for r in records:
+        if group and r.get("rdzv_round") == group:
+            found.setdefault(r["node"], r["ts"])
+    return found
+
+
+def _fate(node: str, since: float, until: float, evidence: Evidence, sigs: list) -> str | None:
+    """How ``node`` lost its copy of a step between ``since`` and ``until``, or None if not."""
+    mine = [(ts, sig) for ts, sig in sigs if since <= ts <= until]
+    if not mine:
+        return None
+    ts, sig = mine[0]
+    if sig in (KILL, STOP):
+        return f"{node} got {sig} with no notice"
+    if _store_refused(ts, ts + evidence.stop_deadline_s, evidence.actions):
+        return f"{node} was evicted while the store failed every call for its whole deadline"
+    return None
+
+
+def _store_refused(start: float, end: float, actions: list[dict[str, Any]]) -> bool:
+    """Whether store-fail windows covered [start, end] whole."""
+    windows = sorted(
+        (a["ts"], a["ts"] + a["seconds"]) for a in actions if a["kind"] == "store-fail"
+    )
+    covered = start
+    for begin, finish in windows:
+        if begin <= covered < finish:
+            covered = finish
+    return covered >= end
+
+
+def _trained(records: list[Record], resumed: Record) -> bool:
+    """Whether the round that ``resumed`` started trained a step (else it redid nothing)."""
+    group = resumed.get("rdzv_round")
+    return any(r["kind"] == "metrics" and r.get("rdzv_round") == group for r in records)
+
+
+def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]) -> int:
+    """The no-lost-step invariant; the steps lost in all (excused ones included)."""
+    records, lost_total = evidence.records, 0
+    completions = _completions(records)
+    for resumed in (r for r in records if r.get("event") == "resumed"):
+        before = [c for c in completions if c["ts"] < resumed["ts"]]
+        best = max((int(c["step"]) for c in before), default=-1)
+        if int(resumed["step"]) >= best or not _trained(records, resumed):
+            continue
+        lost_total += best - int(resumed["step"])
+        first = next(c for c in before if int(c["step"]) == best)
+        fates = {
+            node: _fate(node, since, resumed["ts"], evidence, sigs.get(node, []))
+            for node, since in _holders(records, first).items()
+        }
+        what = (
+            f"round {resumed.get('rdzv_round')} resumed at step {resumed['step']} "
+            f"({resumed['source']}) after step {best} was completed"
+        )
+        if fates and all(fates.values()):
+            lost = "; ".join(str(f) for f in fates.values())
+            verdict.excuse("no lost step", f"{what}; every node that held it was lost: {lost}")
+        else:
+            kept = sorted(n for n, f in fates.items() if f is None) or ["no node known"]
+            verdict.violate("no lost step", f"{what}; held by {', '.join(kept)}")
+    return lost_total
+
+
+def check_durable(evidence: Evidence, verdict: Verdict) -> None:
+    for check in evidence.ack_checks:
+        if check["verified"] is None or check["verified"] < check["acked"]:
+            verdict.violate(
+                "durable not behind",
+                f"step {check['acked']} acknowledged ({check['node']}), newest that verifies: "
+                f"{check['verified']}",
+            )
+    acked = [
+        int(r["step"])
+        for r in evidence.records
+        if r.get("event") in ("checkpoint_saved", "finished")
+        or (r.get("event") == "emergency_save" and r.get("durable"))
+    ]
+    if acked and (evidence.newest_verified is None or evidence.newest_verified < max(acked)):
+        verdict.violate(
+            "durable not behind",
+            f"at the end: step {max(acked)} acknowledged, newest that verifies: "
+            f"{evidence.newest_verified}",
+        )
+
+
+def check(evidence: Evidence) -> tuple[Verdict, dict[str, Any]]:
+    """Every invariant; the verdict and the schedule's figures."""
+    verdict = Verdict()
+    if evidence.status != "finished":
+        verdict.violate("finished", f"the run ended {evidence.status}")
+    check_exit_codes(evidence, verdict)
+    sigs = signals_by_node(evidence.actions)
+    lost = check_lost_steps(evidence, verdict, sigs)
+    for pair in groups_at_once(evidence.records):
+        verdict.violate("one group", f"rounds {pair['rounds']} trained at once from {pair['from']}")
+    check_durable(evidence, verdict)
+    if evidence.status == "finished":
+        diff = evidence.parameter_difference
+        if diff is None or diff > TOLERANCE:
+            verdict.violate("trajectory", f"final parameters differ by {diff} (> {TOLERANCE})")
+    return verdict, {"steps_lost": lost, "worst_pause_s": worst_pause(evidence)}
+
+
+def worst_pause(evidence: Evidence) -> float | None:
+    """The longest time without an optimiser step from the first fault to the end."""
+    start = next((a["ts"] for a in evidence.actions if a["kind"] == "warm"), None)
+    if start is None:
+        return None
+    times = sorted(r["ts"] for r in evidence.records if r["kind"] == "metrics" and r["ts"] >= start)
+    times = [start, *times]
+    return round(max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0), 2)

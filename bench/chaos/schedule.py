@@ -1,0 +1,125 @@
+"""A chaos schedule: faults that overlap, drawn at random from a seed (pure, no I/O).
+
+Each fault waits ``gap_s`` (0 to 3 s) after the previous one, whether or not the job settled,
+so faults land while the group re-forms, saves and restores. A schedule is a function of its
+seed and the plan alone: ``--seed S --schedules 1`` draws it again. Which node a fault hits is
+drawn too (``pick``, a fraction of the live nodes in name order), and resolved when it runs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NODE_FAULTS = ("evict", "kill", "freeze")
+"""Hit one live node: SIGTERM (then SIGKILL after the grace), SIGKILL, SIGSTOP (a VM gone
+without an RST; it is deleted, SIGKILL, ``seconds`` later)."""
+TRIGGERED = ("sigterm-restore", "sigterm-upload")
+"""Armed at their turn, they SIGTERM a node when it reaches the moment they name: a worker
+starting a new round (its restore, slowed down by the store), or a checkpoint upload (slowed
+down too). One that finds no such moment within ``ARM_S`` is recorded as not landed."""
+STORE_FAULTS = ("store-slow", "store-fail")
+"""The durable store answers every call ``delay_s`` late, or fails every call, for
+``seconds`` (training/checkpoints/faulty_store.py)."""
+KINDS = (*NODE_FAULTS, "join", "etcd", "evict-all", *TRIGGERED, *STORE_FAULTS)
+"""``join`` starts a new node; ``etcd`` stops etcd for ``seconds``; ``evict-all`` evicts every
+live node and starts ``nodes`` new ones ``seconds`` later."""
+MAX_GAP_S = 3.0
+ARM_S = 12.0
+
+
+@dataclass(frozen=True)
+class ChaosFault:
+    """One fault of a schedule."""
+
+    kind: str
+    gap_s: float
+    """Seconds after the previous fault (0 to MAX_GAP_S)."""
+    pick: float = 0.0
+    """Which live node, as a fraction of the live nodes in name order."""
+    seconds: float = 0.0
+    """etcd: down; freeze: frozen until deleted; evict-all: until the new nodes start; store
+    faults and the triggered ones: how long the store misbehaves."""
+    delay_s: float = 0.0
+    """store-slow and the triggered faults: the store's delay per call."""
+    nodes: int = 0
+    """evict-all: new nodes that start after it."""
+
+    def describe(self) -> str:
+        """Short text, e.g. ``+1.2s evict`` or ``+0.0s store-slow 0.4s/call for 5.0s``."""
+        detail = {
+            "freeze": f" for {self.seconds:.1f}s",
+            "etcd": f" down {self.seconds:.1f}s",
+            "evict-all": f", {self.nodes} new after {self.seconds:.1f}s",
+            "store-slow": f" {self.delay_s:.1f}s/call for {self.seconds:.1f}s",
+            "store-fail": f" for {self.seconds:.1f}s",
+            "sigterm-restore": f" (store {self.delay_s:.1f}s/read)",
+            "sigterm-upload": f" (store {self.delay_s:.1f}s/upload)",
+        }.get(self.kind, "")
+        return f"+{self.gap_s:.1f}s {self.kind}{detail}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    faults: tuple[ChaosFault, ...]
+
+    def describe(self) -> str:
+        return ", ".join(f.describe() for f in self.faults)
+
+
+def _kinds_for(live: int, max_nodes: int) -> list[str]:
+    """The kinds that make sense with ``live`` nodes expected to run."""
+    if live == 0:
+        return ["join"]  # nothing to hit: capacity comes back first
+    kinds = [k for k in KINDS if k != "join" or live < max_nodes]
+    return kinds
+
+
+def draw_fault(rng: random.Random, kind: str, max_nodes: int, gap_s: float) -> ChaosFault:
+    """One fault of ``kind`` with its parameters drawn from ``rng``."""
+    pick = rng.random()
+    if kind == "freeze":
+        return ChaosFault(kind, gap_s, pick, seconds=rng.uniform(2.0, 8.0))
+    if kind == "etcd":
+        return ChaosFault(kind, gap_s, pick, seconds=rng.uniform(0.5, 5.0))
+    if kind == "evict-all":
+        new = rng.randint(1, max_nodes)
+        return ChaosFault(kind, gap_s, pick, seconds=rng.uniform(0.0, MAX_GAP_S), nodes=new)
+    if kind == "store-slow":
+        return ChaosFault(
+            kind, gap_s, pick, seconds=rng.uniform(2.0, 8.0), delay_s=rng.uniform(0.1, 1.0)
+        )
+    if kind == "store-fail":
+        return ChaosFault(kind, gap_s, pick, seconds=rng.uniform(0.5, 6.0))
+    if kind in TRIGGERED:
+        return ChaosFault(kind, gap_s, pick, seconds=ARM_S, delay_s=rng.uniform(0.5, 1.5))
+    return ChaosFault(kind, gap_s, pick)
+
+
+def _live_after(fault: ChaosFault, live: int) -> int:
+    if fault.kind in (*NODE_FAULTS, *TRIGGERED):
+        return live - 1
+    if fault.kind == "join":
+        return live + 1
+    if fault.kind == "evict-all":
+        return fault.nodes
+    return live
+
+
+def random_schedule(seed: int, nodes: int, faults: tuple[int, int]) -> Schedule:
+    """The schedule of ``seed``: between ``faults[0]`` and ``faults[1]`` faults on a job of
+    ``nodes`` nodes (also its most), each ``0 <= gap_s <= MAX_GAP_S`` after the last."""
+    rng = random.Random(seed)
+    count = rng.randint(*faults)
+    live, drawn = nodes, []
+    for _ in range(count):
+        kind = rng.choice(_kinds_for(live, nodes))
+        fault = draw_fault(rng, kind, nodes, round(rng.uniform(0.0, MAX_GAP_S), 2))
+        drawn.append(fault)
+        live = _live_after(fault, live)
+    return Schedule(seed, tuple(drawn))

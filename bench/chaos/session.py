@@ -1,0 +1,155 @@
+"""One schedule end to end, in a lab workspace: etcd, the nodes, the faults, the checks.
+
+The lab's own pieces (``lab/local/``: the workspace that always cleans up, the embedded etcd,
+the node set, the runner), with the workers' durable store behind the faulty store of
+``training/checkpoints/faulty_store.py`` and the campaign's runner (``bench/chaos/runner.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.chaos.invariants import Evidence, check
+from bench.chaos.plan import ChaosPlan
+from bench.chaos.runner import ChaosRunner, StoreControl
+from bench.chaos.schedule import Schedule
+from lab.live.event_log import LabEventLog
+from lab.local.etcd_server import EmbeddedEtcd
+from lab.local.node import TorchrunNode
+from lab.local.scenario import Scenario, validate_scenario
+from lab.local.session import NodeSet, lab_workspace
+from lab.report.node_logs import read_jsonl, read_records
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
+from training.checkpoints.storage import FileStore
+from training.elastic.launch import ElasticPolicy
+
+
+class ChaosNodes(NodeSet):
+    """The lab's nodes, each with its durable store behind the campaign's faulty store."""
+
+    def __init__(self, *args: Any, store: StoreControl, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store = store
+
+    def make(self, number: int) -> TorchrunNode:
+        node = super().make(number)
+        env = {
+            **node.launch.env,
+            FAULTY_STORE_ENV: str(self.store.control),
+            FAULTY_STORE_LOG_ENV: str(self.store.log_of(number)),
+        }
+        node.launch = dataclasses.replace(node.launch, env=env)
+        return node
+
+
+def final_state(checkpoints: Path) -> tuple[int | None, dict[str, torch.Tensor] | None]:
+    """(step, model parameters) of the newest checkpoint that verifies, or (None, None)."""
+    loaded = CheckpointRepository(FileStore(checkpoints)).load_latest(parse=True)
+    if loaded is None or loaded.state is None:
+        return None, None
+    return loaded.entry.step, loaded.state["model"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if a.keys() != b.keys():
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def _policy(scenario: Scenario, port: int) -> ElasticPolicy:
+    return ElasticPolicy(
+        rdzv_host="127.0.0.1",
+        rdzv_port=port,
+        rdzv_id=f"chaos-{uuid.uuid4().hex[:12]}",  # a closed rendezvous stays closed
+        min_nodes=scenario.min_nodes,
+        max_nodes=scenario.max_nodes,
+        max_restarts=scenario.max_restarts,
+        nproc_per_node=scenario.nproc_per_node,
+        rendezvous=scenario.rendezvous,
+    )
+
+
+def run_schedule(
+    schedule: Schedule,
+    plan: ChaosPlan,
+    *,
+    data_dir: Path,
+    out: Path,
+    reference: dict[str, torch.Tensor],
+    etcd_binary: Path,
+    python: str,
+) -> dict[str, Any]:
+    """Run ``schedule``, check every invariant; the result (also ``out/schedule.json``)."""
+    scenario = plan.scenario(f"chaos-{schedule.seed}")
+    validate_scenario(scenario)
+    out.mkdir(parents=True, exist_ok=False)
+    with lab_workspace() as work, ExitStack() as stack:
+        etcd = stack.enter_context(EmbeddedEtcd(etcd_binary, work / "etcd", out / "etcd.log"))
+        store = StoreControl(work / "store-control.jsonl", out / "store")
+        nodes = stack.enter_context(
+            ChaosNodes(
+                scenario,
+                _policy(scenario, etcd.client_port),
+                work,
+                out / "nodes",
+                data_dir,
+                python,
+                store=store,
+            )
+        )
+        lab_log = LabEventLog(out / "lab-events.jsonl")
+        runner = ChaosRunner(
+            scenario,
+            [],
+            nodes.make,
+            etcd,
+            lab_log,
+            poll_s=0.05,
+            schedule=schedule,
+            etcd=etcd,
+            store=store,
+            checkpoints=work / "checkpoints",
+            grace_s=plan.grace_s,
+        )
+        outcome = runner.run()
+        final_codes = {node.name: node.poll() for node in nodes.nodes}
+        newest, params = final_state(work / "checkpoints")
+    evidence = Evidence(
+        records=read_records(out / "nodes"),
+        lab_events=read_jsonl(out / "lab-events.jsonl"),
+        actions=runner.actions,
+        final_codes=final_codes,
+        agent_logs={p.stem: p.read_text(errors="replace") for p in (out / "nodes").glob("*.log")},
+        ack_checks=runner.ack_checks,
+        newest_verified=newest,
+        parameter_difference=max_difference(params, reference) if params else None,
+        status=outcome.status,
+        max_steps=plan.max_steps,
+        stop_deadline_s=plan.stop_deadline_s,
+    )
+    verdict, figures = check(evidence)
+    result = {
+        "seed": schedule.seed,
+        "faults": [f.as_dict() for f in schedule.faults],
+        "described": schedule.describe(),
+        "status": outcome.status,
+        "message": outcome.message,
+        "actions": runner.actions,
+        "exit_codes": final_codes,
+        "newest_verified": newest,
+        "parameter_difference": evidence.parameter_difference,
+        "violations": verdict.violations,
+        "excused": verdict.excused,
+        **figures,
+        "out": str(out),
+    }
+    (out / "schedule.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -1,0 +1,85 @@
+"""``python -m bench chaos`` end to end, two schedules: real etcd, real agents, real faults.
+
+Seeds 1004 and 1005 draw between them every kind of fault but a SIGTERM during a restore
+(tests/bench/test_chaos_schedule.py draws that one): kill, freeze, evict, evict-all then new
+nodes, join, an etcd outage, a SIGTERM during an upload, a slow store and a failing store,
+0-3 s apart. The campaign itself checks the invariants; this test holds it to 0 violations
+and to the shape of what it writes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.chaos.invariants import INVARIANTS, TOLERANCE
+from bench.chaos.schedule import random_schedule
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SEED = 1004
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("chaos") / "smoke"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "chaos", "--schedules", "2", "--seed", str(SEED)]
+        + ["--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return {
+        "out": out,
+        "code": result.returncode,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "results": json.loads((out / "chaos.json").read_text()),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_two_schedules_of_overlapping_faults_keep_every_invariant(campaign: dict) -> None:
+    results = campaign["results"]
+    lines = [
+        f"{r['seed']}: {v['invariant']}: {v['detail']}"
+        for r in results["schedules"]
+        for v in r["violations"]
+    ]
+    assert lines == [], campaign["stdout"][-4000:]
+    assert campaign["code"] == 0, campaign["stderr"][-3000:]
+    summary = results["summary"]
+    assert summary["schedules"] == 2
+    assert summary["violations_by_invariant"] == dict.fromkeys(INVARIANTS, 0)
+    for schedule in results["schedules"]:
+        assert schedule["status"] == "finished"
+        assert schedule["newest_verified"] == results["plan"]["max_steps"]
+        assert schedule["parameter_difference"] <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_every_drawn_fault_ran_and_each_line_names_its_seed(campaign: dict) -> None:
+    results = campaign["results"]
+    for index, schedule in enumerate(results["schedules"]):
+        seed = SEED + index
+        drawn = random_schedule(seed, 3, (3, 6))
+        assert schedule["seed"] == seed
+        assert schedule["described"] == drawn.describe()
+        assert (
+            f"seed {seed}: {len(drawn.faults)} faults, finished, 0 violations"
+            in (campaign["stdout"])
+        )
+        ran = {a["index"] for a in schedule["actions"] if a["index"] >= 0}
+        assert ran == set(range(len(drawn.faults)))
+        assert json.loads((Path(schedule["out"]) / "schedule.json").read_text())["seed"] == seed
+    kinds = {f["kind"] for r in results["schedules"] for f in r["faults"]}
+    assert kinds >= {"kill", "freeze", "evict", "evict-all", "etcd", "store-slow", "store-fail"}
+    assert (campaign["out"] / "chaos.txt").read_text().strip() in campaign["stdout"]

@@ -1,0 +1,95 @@
+"""Which store failures before the first collective are a setting (exit 2) and which are a
+store down for a while (tried again, then exit 75), by the round the worker is in.
+
+Found by the chaos campaign (seed 3): a store that failed for 3 s while a worker of a later
+round opened it ended the job for good, as if its URI were wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.checkpoints.storage import FileStore
+from training.loop import inputs
+from training.loop.config import ConfigError
+from training.loop.dist import DistEnv
+from training.loop.inputs import StoreUnavailable, load_inputs
+
+FIRST = DistEnv(rank=0, world_size=1, run_id="job", rdzv_round=1)
+LATER = DistEnv(rank=0, world_size=1, run_id="job", rdzv_round=2)
+RESTARTED = DistEnv(rank=0, world_size=1, run_id="job", restart_count=1)
+
+
+class FailingFirst(FileStore):
+    """A directory store whose first ``failures`` listings raise ``error``."""
+
+    def __init__(self, root: Path, failures: float, error: OSError) -> None:
+        super().__init__(root)
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def list(self, prefix: str = "") -> list[str]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return super().list(prefix)
+
+
+@pytest.fixture
+def argv(tmp_path: Path, data_dir: Path) -> list[str]:
+    return [
+        f"--data-dir={data_dir}",
+        f"--checkpoint-uri={tmp_path / 'durable'}",
+        f"--local-dir={tmp_path / 'local'}",
+        "--global-batch-size=8",
+        "--micro-batch-size=8",
+    ]
+
+
+def _store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: object) -> FailingFirst:
+    store = FailingFirst(tmp_path / "durable", *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(inputs, "open_store", lambda uri: store)
+    monkeypatch.setattr(inputs.time, "sleep", lambda s: None)  # the retries' pauses
+    return store
+
+
+@pytest.mark.parametrize("env", [LATER, RESTARTED], ids=["later round", "restarted worker"])
+def test_a_store_down_for_a_while_in_a_later_round_is_tried_again(
+    env: DistEnv, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(monkeypatch, tmp_path, 3, OSError("list: injected store failure"))
+    _, _, durable, _ = load_inputs(argv, env)
+    assert store.calls > 3 and durable.store is store
+
+
+def test_a_store_that_stays_down_ends_the_round_for_a_restart_naming_the_setting(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _store(monkeypatch, tmp_path, float("inf"), TimeoutError("the endpoint did not answer"))
+    clock = iter(range(0, 10_000, 1))  # each look at the clock: one second later
+    monkeypatch.setattr(inputs.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(StoreUnavailable) as raised:
+        load_inputs(argv, LATER)
+    message = str(raised.value)
+    assert "--checkpoint-uri (or TRAIN_CHECKPOINT_URI)" in message
+    assert f"still fails after {inputs.STORE_RETRY_S:g} s" in message
+    assert not isinstance(raised.value, ConfigError)
+
+
+def test_at_the_first_start_a_failing_store_is_a_setting_at_once(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(monkeypatch, tmp_path, 1, ConnectionError("cannot reach the blob endpoint"))
+    with pytest.raises(ConfigError, match="cannot read the checkpoint store"):
+        load_inputs(argv, FIRST)
+    assert store.calls == 1
+
+
+def test_a_denied_store_is_a_setting_in_any_round(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(monkeypatch, tmp_path, 1, PermissionError("access denied"))
+    with pytest.raises(ConfigError, match="access denied"):
+        load_inputs(argv, LATER)
+    assert store.calls == 1

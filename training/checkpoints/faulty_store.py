@@ -1,0 +1,150 @@
+"""A checkpoint store that is slow or fails on cue: for tests and the chaos bench only.
+
+``open_store`` wraps the durable store in ``FaultyStore`` when ``TRAIN_FAULTY_STORE`` names a
+control file; nothing in the cluster sets it, and without it this module is never imported.
+The control file holds JSON lines, each a window of trouble the bench appends while the job
+runs (``python -m bench chaos``):
+
+    {"from": <epoch s>, "until": <epoch s>, "delay_s": 0.5, "fail": false, "ops": ["put"]}
+
+Every store call inside a window waits ``delay_s`` (the most of the windows it falls in), then
+fails with an ``OSError`` if any says ``fail``; ``ops`` limits a window to those calls (all
+when absent). A delay longer than a bounded view's deadline ends as ``DeadlineExceeded``, as a
+real store's per-call timeout would. When ``TRAIN_FAULTY_STORE_LOG`` names a file, each call
+that met trouble, and the start of each checkpoint upload, is appended to it as a JSON line:
+the bench lands a SIGTERM in an upload by it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.checkpoints.deadline import Deadline, DeadlineExceeded
+from training.checkpoints.storage import ObjectStore
+
+FAULTY_STORE_ENV = "TRAIN_FAULTY_STORE"
+FAULTY_STORE_LOG_ENV = "TRAIN_FAULTY_STORE_LOG"
+OPS = ("put", "put_new", "get", "delete", "list", "list_modified")
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """What the windows open at one moment ask of one call."""
+
+    delay_s: float = 0.0
+    fail: bool = False
+
+
+class Windows:
+    """The control file's windows, read again whenever the file grew."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._size = -1
+        self._windows: list[dict] = []
+        self._lock = threading.Lock()
+
+    def trouble(self, op: str, now: float) -> Trouble:
+        with self._lock:
+            self._reload()
+            open_ = [
+                w
+                for w in self._windows
+                if w["from"] <= now < w["until"] and (w.get("ops") is None or op in w["ops"])
+            ]
+        return Trouble(
+            max((float(w.get("delay_s", 0.0)) for w in open_), default=0.0),
+            any(w.get("fail", False) for w in open_),
+        )
+
+    def _reload(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size == self._size:
+            return
+        data = self.path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]  # the bench may be appending the last line
+        self._windows = [json.loads(line) for line in complete.decode().splitlines() if line]
+        self._size = len(complete)
+
+
+class FaultyStore:
+    """``inner`` with the control file's delays and failures in front of every call."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        windows: Windows,
+        log: Path | None = None,
+        deadline: Deadline | None = None,
+    ) -> None:
+        self.inner, self.windows, self.log, self._deadline = inner, windows, log, deadline
+
+    @classmethod
+    def from_env(cls, inner: ObjectStore) -> FaultyStore:
+        log = os.environ.get(FAULTY_STORE_LOG_ENV)
+        return cls(inner, Windows(Path(os.environ[FAULTY_STORE_ENV])), Path(log) if log else None)
+
+    def _before(self, op: str, name: str = "") -> None:
+        trouble = self.windows.trouble(op, time.time())
+        if op == "put" and name.endswith(".pt"):
+            self._note(op, name, "upload", trouble)
+        if trouble.delay_s:
+            left = self._deadline.remaining() if self._deadline else trouble.delay_s
+            time.sleep(min(trouble.delay_s, left))
+            if trouble.delay_s > left:
+                self._note(op, name, "timed out", trouble)
+                raise DeadlineExceeded(f"{op} {name!r}: injected delay past the deadline")
+        if trouble.fail:
+            self._note(op, name, "failed", trouble)
+            raise OSError(f"{op} {name!r}: injected store failure")
+        if trouble.delay_s:
+            self._note(op, name, "delayed", trouble)
+
+    def _note(self, op: str, name: str, what: str, trouble: Trouble) -> None:
+        if self.log is None:
+            return
+        line = {"ts": round(time.time(), 3), "op": op, "name": name, "what": what}
+        line["pid"], line["delay_s"] = os.getpid(), trouble.delay_s
+        with open(self.log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def put(self, name: str, data: bytes | Path) -> int:
+        self._before("put", name)
+        return self.inner.put(name, data)
+
+    def put_new(self, name: str, data: bytes) -> None:
+        self._before("put_new", name)
+        self.inner.put_new(name, data)
+
+    def get(self, name: str) -> bytes:
+        self._before("get", name)
+        return self.inner.get(name)
+
+    def delete(self, name: str) -> None:
+        self._before("delete", name)
+        self.inner.delete(name)
+
+    def list(self, prefix: str = "") -> list[str]:
+        self._before("list", prefix)
+        return self.inner.list(prefix)
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        self._before("list_modified", prefix)
+        return self.inner.list_modified(prefix)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} (with injected faults)"
+
+    def bounded(self, deadline: Deadline) -> FaultyStore:
+        return FaultyStore(self.inner.bounded(deadline), self.windows, self.log, deadline)
