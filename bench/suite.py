@@ -239,6 +239,11 @@ def report_text(results: dict[str, Any]) -> str:
         sections += [
             "",
             "Chaos campaign",
-            summary_table(chaos["summary"], chaos["plan"], chaos["seed"]),
+            summary_table(
+                chaos["summary"],
+                chaos["plan"],
+                chaos["seed"],
+                chaos["schedules_planned"] if chaos["interrupted"] else None,
+            ),
         ]
     return "\n".join(sections)

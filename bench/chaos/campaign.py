@@ -124,21 +124,28 @@ def run_campaign(
     )
     say("the uninterrupted run (the reference trajectory) ...")
     reference = reference_parameters(plan, data_dir, work, python)
-    results = []
-    for index in range(schedules):
-        schedule = random_schedule(seed + index, plan.nodes, plan.faults)
-        result = run_schedule(
-            schedule,
-            plan,
-            data_dir=data_dir,
-            out=out / "schedules" / f"seed-{schedule.seed}",
-            reference=reference,
-            etcd_binary=binary,
-            python=python,
-        )
-        results.append(result)
-        say(describe(result, index, schedules))
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for index in range(schedules):
+            schedule = random_schedule(seed + index, plan.nodes, plan.faults)
+            result = run_schedule(
+                schedule,
+                plan,
+                data_dir=data_dir,
+                out=out / "schedules" / f"seed-{schedule.seed}",
+                reference=reference,
+                etcd_binary=binary,
+                python=python,
+            )
+            results.append(result)
+            say(describe(result, index, schedules))
+    except KeyboardInterrupt:  # a long campaign stopped early still reports what it ran
+        interrupted = True
+        say(f"interrupted after {len(results)} of {schedules} schedules")
     return {
+        "interrupted": interrupted,
+        "schedules_planned": schedules,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "plan": plan.as_dict(),
         "seed": seed,
@@ -148,13 +155,17 @@ def run_campaign(
     }
 
 
-def summary_table(summary: dict[str, Any], plan: dict[str, Any], seed: int) -> str:
-    """The campaign's table, as docs/benchmarks.md shows it."""
+def summary_table(
+    summary: dict[str, Any], plan: dict[str, Any], seed: int, planned: int | None = None
+) -> str:
+    """The campaign's table, as docs/benchmarks.md shows it; ``planned``: the schedules asked
+    for, when the campaign was interrupted before all of them ran."""
+    stopped = f" (interrupted: {planned} planned)" if planned else ""
     per = summary["faults_per_schedule"]
     pause = summary["worst_pause_s"]
     low, high = plan["faults"]
     header = (
-        f"{summary['schedules']} schedules from seed {seed}: {plan['nodes']} nodes (min "
+        f"{summary['schedules']} schedules from seed {seed}{stopped}: {plan['nodes']} nodes (min "
         f"{plan['min_nodes']}), {low}-{high} faults each, 0-3 s apart, {plan['max_steps']} "
         f"steps in float64, stop deadline {plan['stop_deadline_s']:g} s, "
         f"grace {plan['grace_s']:g} s"

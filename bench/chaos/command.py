@@ -90,11 +90,14 @@ def run(args: argparse.Namespace) -> int:
     results = run_campaign(plan, seed=args.seed, schedules=args.schedules, out=out, say=_say)
     results["command"] = ["python", "-m", "bench", "chaos", *sys.argv[2:]]
     (out / "chaos.json").write_text(json.dumps(results, indent=1) + "\n")
-    table = summary_table(results["summary"], results["plan"], args.seed)
+    planned = results["schedules_planned"] if results["interrupted"] else None
+    table = summary_table(results["summary"], results["plan"], args.seed, planned)
     (out / "chaos.txt").write_text(table + "\n")
     print("\n" + table)
     print(f"\nresults: {out / 'chaos.json'}")
-    return EXIT_VIOLATIONS if results["summary"]["violations"] else EXIT_OK
+    if results["summary"]["violations"]:
+        return EXIT_VIOLATIONS
+    return EXIT_INTERRUPTED if results["interrupted"] else EXIT_OK
 
 
 def main(argv: list[str]) -> int:

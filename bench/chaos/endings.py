@@ -16,6 +16,7 @@ from training.elastic.exit_codes import ENDINGS, Ending
 SIGTERM_ENDING = "eviction or pod deletion (SIGTERM), after the emergency save"
 SIGKILL_ENDING = "killed (SIGKILL, out of memory): the kernel's code"
 FINISHED_ENDING = "training finished"
+CLOSED_ENDING = "rendezvous closed for this id (the run finished, or failed for good)"
 
 AGENT_SAYS: tuple[tuple[str, str], ...] = (
     ("stopped by signal 15:", SIGTERM_ENDING),
@@ -40,10 +41,7 @@ AGENT_SAYS: tuple[tuple[str, str], ...] = (
         "rendezvous failed (",
         "etcd unreachable, or the rendezvous state broken (RendezvousConnectionError)",
     ),
-    (
-        "the rendezvous is closed for this id",
-        "rendezvous closed for this id (the run finished, or failed for good)",
-    ),
+    ("the rendezvous is closed for this id", CLOSED_ENDING),
     (
         "stopping without another restart",
         "bad input a worker found after joining (another run's checkpoint)",

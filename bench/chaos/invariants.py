@@ -1,7 +1,8 @@
 """The invariants a chaos schedule must keep, checked on what it left behind (pure).
 
 - **finished**: the job trained to ``max_steps``; no agent ended for good (a code the operator
-  does not retry) while the job could run (the runner always brings the capacity back).
+  does not retry) while the job could run (the runner always brings the capacity back). A
+  node that started as training finished and found the rendezvous closed ends as the run did.
 - **no lost step**: every round resumed at or after the newest step any group completed
   before it, unless every node that held that step lost it: killed or frozen with no notice
   (a SIGKILL takes the node's disk, the state in memory and the steps since the last durable
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.chaos.endings import (
+    CLOSED_ENDING,
     FINISHED_ENDING,
     SIGKILL_ENDING,
     SIGTERM_ENDING,
@@ -132,7 +134,10 @@ def processes(evidence: Evidence) -> list[Process]:
 
 
 def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
-    finished = any(r.get("event") == "finished" for r in evidence.records)
+    finished_at = min(
+        (r["ts"] for r in evidence.records if r.get("event") == "finished"), default=None
+    )
+    finished = finished_at is not None
     for proc in processes(evidence):
         if proc.code is None:
             verdict.violate("exit codes", f"{proc.node} had not exited when the run ended")
@@ -161,7 +166,9 @@ def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
             verdict.violate(
                 "exit codes", f"{proc.node}: {how!r} exited {code}, the table says {row.code}"
             )
-        if not sent and not row.retried and how != FINISHED_ENDING:
+        # A node that came as training finished finds the run over: the job's end, not its.
+        late = how == CLOSED_ENDING and finished_at is not None and (proc.ended or 0) >= finished_at
+        if not sent and not row.retried and how != FINISHED_ENDING and not late:
             verdict.violate("finished", f"{proc.node} ended for good ({how}, {code})")
 
 

@@ -176,7 +176,10 @@ class ChaosRunner(FaultRunner):
             self._run_other(index, fault)
 
     def _run_other(self, index: int, fault: ChaosFault) -> None:
+        """etcd and store faults; their windows (``seconds``, ``delay_s``) go in the action:
+        the invariants read them (a store that refused a whole deadline excuses a loss)."""
         assert self.store is not None
+        window = {"seconds": fault.seconds, "delay_s": fault.delay_s}
         if fault.kind == "etcd":
             back = time.monotonic() + fault.seconds
             if self._etcd_back is None and self.etcd is not None:
@@ -194,7 +197,7 @@ class ChaosRunner(FaultRunner):
             self.store.open(fault.seconds, delay_s=fault.delay_s, ops=("put",))
             self._arm(index, fault)
             return
-        self._act(index, fault.kind, [])
+        self._act(index, fault.kind, [], **window)
 
     def _pick(self, fault: ChaosFault) -> int | None:
         live = sorted(self.live)

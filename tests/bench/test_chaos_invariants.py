@@ -167,11 +167,37 @@ def test_exit_codes_follow_the_table_for_each_ending() -> None:
     assert "exit codes" in _violated(silent)
 
 
-def _local(line: str) -> str:
-    """``line`` with its UTC stamp as the local time the agent's log uses."""
+def test_a_node_that_finds_the_run_over_is_no_failure_but_one_before_the_end_is() -> None:
+    closed = "2027-01-15 08:00:13,000 the rendezvous is closed for this id (the run finished)"
+    late = _evidence(
+        lab_events=[
+            _node(0, "node_started", "node-0"),
+            _node(0, "node_started", "node-1"),
+            _node(15.5, "node_started", "node-2"),
+            _node(17, "node_exited", "node-0", code=0),
+            _node(17, "node_exited", "node-2", code=1),
+        ],
+        final_codes={"node-0": 0, "node-1": -9, "node-2": 1},
+        agent_logs={"node-2": _local(closed, 16.5)},
+    )
+    assert _violated(late) == set()
+    early = replace(
+        late,
+        lab_events=[*late.lab_events[:2], _node(12, "node_started", "node-2")]
+        + [
+            _node(17, "node_exited", "node-0", code=0),
+            _node(13.5, "node_exited", "node-2", code=1),
+        ],
+        agent_logs={"node-2": _local(closed, 13)},
+    )
+    assert _violated(early) == {"finished"}
+
+
+def _local(line: str, at: float = 13) -> str:
+    """``line`` stamped ``at`` s after T0, in the local time the agent's log uses."""
     import time
 
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(T0 + 13))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(T0 + at))
     return re.sub(r"^\S+ \S+,", stamp + ",", line)
 
 

@@ -1,13 +1,25 @@
-"""The chaos campaign's schedules: random, overlapping, and drawn again from their seed."""
+"""The chaos campaign's schedules: random, overlapping, and drawn again from their seed; a
+campaign stopped early still reports what it ran."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.chaos import campaign
 from bench.chaos.command import build_parser, plan_from_args
-from bench.chaos.schedule import KINDS, MAX_GAP_S, NODE_FAULTS, TRIGGERED, random_schedule
+from bench.chaos.plan import ChaosPlan
+from bench.chaos.schedule import (
+    KINDS,
+    MAX_GAP_S,
+    NODE_FAULTS,
+    TRIGGERED,
+    Schedule,
+    random_schedule,
+)
 
 
 def test_a_seed_draws_the_same_schedule_again() -> None:
@@ -53,3 +65,32 @@ def test_every_kind_of_fault_is_drawn() -> None:
 def test_bad_flags_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan_from_args(build_parser().parse_args(argv))
+
+
+def test_an_interrupted_campaign_reports_the_schedules_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def one_then_interrupt(schedule: Schedule, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if schedule.seed > 7:
+            raise KeyboardInterrupt
+        return {
+            "seed": schedule.seed,
+            "faults": [f.as_dict() for f in schedule.faults],
+            "described": schedule.describe(),
+            "status": "finished",
+            "actions": [],
+            "violations": [],
+            "excused": [],
+            "steps_lost": 0,
+            "worst_pause_s": 1.5,
+        }
+
+    monkeypatch.setattr(campaign, "find_etcd_binary", lambda: Path("etcd"))
+    monkeypatch.setattr(campaign, "reference_parameters", lambda *args: {})
+    monkeypatch.setattr(campaign, "run_schedule", one_then_interrupt)
+    said: list[str] = []
+    results = campaign.run_campaign(ChaosPlan(), seed=7, schedules=3, out=tmp_path, say=said.append)
+    assert results["interrupted"] and results["summary"]["schedules"] == 1
+    assert said[-1] == "interrupted after 1 of 3 schedules"
+    table = campaign.summary_table(results["summary"], results["plan"], 7, 3)
+    assert table.startswith("1 schedules from seed 7 (interrupted: 3 planned):")
