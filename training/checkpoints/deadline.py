@@ -9,6 +9,7 @@ store call, so the work also gives up by itself rather than wait out an SDK defa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+NOT_TRANSIENT: tuple[type[OSError], ...] = (PermissionError, NotADirectoryError, IsADirectoryError)
+"""Store errors no retry fixes (denied, a path through a file)."""
 
 
 class DeadlineExceeded(TimeoutError):
@@ -68,3 +73,22 @@ def within(deadline: Deadline, work: Callable[[], T], what: str) -> T:
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["result"]  # type: ignore[return-value]
+
+
+def retrying(deadline: Deadline, work: Callable[[], T], what: str, pause_s: float = 0.1) -> T:
+    """``work()``, tried again after a store error a retry may fix (a timeout, a refused
+    connection, a 5xx) while ``deadline`` leaves time for it: a store that fails for a moment
+    must not cost an eviction its durable commit. The pause doubles up to 1 s; the last error
+    is raised when no time is left, or at once for DeadlineExceeded and ``NOT_TRANSIENT``.
+    """
+    while True:
+        try:
+            return work()
+        except (DeadlineExceeded, *NOT_TRANSIENT):
+            raise
+        except OSError as exc:
+            if deadline.remaining() <= pause_s:
+                raise
+            logger.warning("%s failed (%s); trying again in %.1f s", what, exc, pause_s)
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 1.0)

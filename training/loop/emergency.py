@@ -31,7 +31,7 @@ from training.checkpoints.checkpoint import (
     StaleCheckpoint,
     serialize,
 )
-from training.checkpoints.deadline import Deadline, DeadlineExceeded, within
+from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
 from training.checkpoints.resume import NONE, NodeLocalState, node_local_key
 from training.elastic.exit_codes import RETRY_ME
 from training.loop.config import ConfigError, TrainConfig
@@ -204,8 +204,9 @@ class EmergencySave:
         try:
             if deadline is None:
                 commit()
-            else:
-                within(deadline, commit, "durable emergency commit")
+            else:  # a store failing for a moment gets tried again within the deadline
+                what = "durable emergency commit"
+                within(deadline, lambda: retrying(deadline, commit, what), what)
         except StaleCheckpoint as exc:  # a newer step is durable already: nothing is lost
             logger.info("durable emergency commit not needed: %s", exc)
             return True, None
@@ -230,8 +231,9 @@ class EmergencySave:
         if self.env.local_rank != 0 or self.local is None:
             return None
         deadline = self.note_stop()
+        what = "durable commit of the node-local save"
         try:
-            found = within(deadline, self._leftover, "durable commit of the node-local save")
+            found = within(deadline, lambda: retrying(deadline, self._leftover, what), what)
         except (OSError, CheckpointError) as exc:
             logger.error("could not make the node-local save durable before exiting: %s", exc)
             return Outcome(NONE, True, False, str(exc)[:200])
@@ -280,9 +282,11 @@ def commit_node_save(cfg: TrainConfig, run_id: str, stopped_at: float | None) ->
     )
 
     def commit() -> int | None:
-        durable, lineage = open_durable(cfg)
+        durable, lineage = open_durable(cfg, retry_s=deadline.remaining())
         key = node_local_key(run_id, cfg.checkpoint.checkpoint_uri, lineage)
-        return commit_if_newer(NodeLocalState(cfg.checkpoint.local_dir, key), durable, deadline)
+        local = NodeLocalState(cfg.checkpoint.local_dir, key)
+        what = "the agent's durable commit of the node's save"
+        return retrying(deadline, lambda: commit_if_newer(local, durable, deadline), what)
 
     try:
         step = within(deadline, commit, "the agent's durable commit of the node's save")

@@ -8,11 +8,10 @@ while, not misconfigured; the worker tries it again, then leaves the round to be
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
 from training.checkpoints.stores import open_store
@@ -20,13 +19,9 @@ from training.data.cifar10 import DatasetError, ImageDataset, load_cifar10_binar
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv
 
-logger = logging.getLogger(__name__)
-
 STORE_RETRY_S = 20.0
 """How long a worker of a later round keeps trying a failing checkpoint store before it ends
 the round (exit 75): below the cluster's 30 s collective timeout, so its peers wait for it."""
-NOT_TRANSIENT = (PermissionError, NotADirectoryError, IsADirectoryError)
-"""Store errors no retry fixes (denied, a path through a file): a setting, in any round."""
 
 
 class StoreUnavailable(OSError):
@@ -68,30 +63,31 @@ def open_durable(cfg: TrainConfig, retry_s: float = 0.0) -> tuple[CheckpointRepo
     """The durable checkpoints and their lineage id (created in a new or emptied store), read
     once here so a bad store fails before any collective.
 
-    ``retry_s`` > 0 (a later round): a store that fails is tried again for that long, then
-    StoreUnavailable. Otherwise, or for an error no retry fixes, ConfigError at once.
+    ``retry_s`` > 0 (a later round, an eviction's commit): a store that fails is tried again
+    for that long, then StoreUnavailable. Otherwise, or for an error no retry fixes,
+    ConfigError at once.
     """
     uri = cfg.checkpoint.checkpoint_uri
-    give_up, pause = time.monotonic() + retry_s, 0.1
-    while True:
-        try:
-            durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
-            durable.head()
-            return durable, store_lineage(durable.store, durable.prefix)
-        except (ValueError, CheckpointError, *NOT_TRANSIENT) as exc:
+
+    def attempt() -> tuple[CheckpointRepository, str]:
+        durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
+        durable.head()
+        return durable, store_lineage(durable.store, durable.prefix)
+
+    try:
+        if not retry_s:
+            return attempt()
+        return retrying(Deadline.after(retry_s), attempt, "reading the checkpoint store")
+    except (ValueError, CheckpointError, *NOT_TRANSIENT) as exc:
+        raise _unreadable(uri, exc) from exc
+    except OSError as exc:  # a timeout, a refused connection, a 5xx
+        if not retry_s:
             raise _unreadable(uri, exc) from exc
-        except OSError as exc:  # a timeout, a refused connection, a 5xx
-            if not retry_s:
-                raise _unreadable(uri, exc) from exc
-            if time.monotonic() + pause > give_up:
-                raise StoreUnavailable(
-                    f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: the checkpoint store, "
-                    f"which answered earlier in this run, still fails after {retry_s:g} s: "
-                    f"{exc}; the round is restarted"
-                ) from exc
-            logger.warning("the checkpoint store failed (%s); trying again in %.1f s", exc, pause)
-            time.sleep(pause)
-            pause = min(2 * pause, 2.0)
+        raise StoreUnavailable(
+            f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: the checkpoint store, which "
+            f"answered earlier in this run, still fails after {retry_s:g} s: {exc}; the round "
+            f"is restarted"
+        ) from exc
 
 
 def _unreadable(uri: str, exc: Exception) -> ConfigError:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from training.checkpoints.deadline import Deadline, DeadlineExceeded, within
+from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
 
 
 def test_within_returns_the_result_or_the_error_of_the_work() -> None:
@@ -34,3 +34,39 @@ def test_a_deadline_counts_down_on_its_clock() -> None:
     with pytest.raises(DeadlineExceeded, match="no time left for the manifest"):
         deadline.check("the manifest")
     assert isinstance(DeadlineExceeded(), TimeoutError)  # callers handle it as a store timeout
+
+
+def _failing(errors: list[Exception]) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def work() -> str:
+        calls.append(1)
+        if errors:
+            raise errors.pop(0)
+        return "done"
+
+    return calls, work
+
+
+def test_retrying_outlasts_errors_a_retry_may_fix() -> None:
+    calls, work = _failing([TimeoutError("slow"), ConnectionError("refused"), OSError("503")])
+    assert retrying(Deadline.after(60), work, "a commit", pause_s=0.01) == "done"  # type: ignore[arg-type]
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize(
+    "error",
+    [PermissionError("denied"), NotADirectoryError("a file"), DeadlineExceeded("too late")],
+)
+def test_retrying_gives_up_at_once_on_what_no_retry_fixes(error: Exception) -> None:
+    calls, work = _failing([error])
+    with pytest.raises(type(error)):
+        retrying(Deadline.after(60), work, "a commit", pause_s=0.01)  # type: ignore[arg-type]
+    assert len(calls) == 1
+
+
+def test_retrying_raises_the_last_error_when_no_time_is_left() -> None:
+    calls, work = _failing([OSError("503")] * 3)
+    with pytest.raises(OSError, match="503"):
+        retrying(Deadline.after(0.0), work, "a commit")  # type: ignore[arg-type]
+    assert len(calls) == 1

@@ -23,8 +23,8 @@ from tests.support.peer_failures import gloo_peer_closed  # what gloo raises whe
 from tests.support.trainer_harness import Harness, harness, sigterm_during
 from training.checkpoints.storage import FileStore
 from training.elastic.faults import StopRequest
-from training.loop import trainer_state
-from training.loop.emergency import EXIT_NOT_DURABLE
+from training.loop import inputs, trainer_state
+from training.loop.emergency import EXIT_NOT_DURABLE, commit_node_save
 from training.loop.metrics import Phases
 from training.loop.trainer_state import EXIT_RESTART
 
@@ -264,3 +264,58 @@ def test_a_failing_periodic_save_is_reported_and_escalates(
     escalated = [m for m in errors if "periodic checkpoints in a row failed" in m]
     assert [m.split(" ")[0] for m in escalated] == ["3", "4"]
     assert "the newest durable one is step 2, 8 steps behind" in escalated[-1]
+
+
+# --- A store that fails for a moment during the eviction's commit ------------------------------
+
+
+class FailsFirst(FileStore):
+    """A directory store whose first ``failures`` writes fail, as a store briefly refusing
+    calls (the chaos campaign's seed 9: 1.4 s of failures in the middle of an eviction)."""
+
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+
+    def _fail(self) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("the store refused the call")
+
+    def put(self, name: str, data: bytes | Path) -> int:
+        self._fail()
+        return super().put(name, data)
+
+    def put_new(self, name: str, data: bytes) -> None:
+        self._fail()
+        super().put_new(name, data)
+
+
+def test_a_store_failing_for_a_moment_does_not_cost_the_eviction_its_durable_commit(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    store = FailsFirst(tmp_path / "durable", failures=0)
+    h = harness(
+        tmp_path, data_dir, "--checkpoint-every-steps=0", "--stop-deadline-s=30", store=store
+    )
+    stop = SimpleNamespace(requested=False, at=None)
+    sigterm_during(h, 3, stop)
+    store.failures = 2  # the store refuses the next two calls, then answers again
+    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    (save,) = h.events("emergency_save")
+    assert (save["step"], save["durable"]) == (3, True)
+    assert h.durable.head().step == 3
+
+
+def test_the_agents_commit_of_the_nodes_save_outlasts_a_store_failing_for_a_moment(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    flaky = FailsFirst(tmp_path / "durable", failures=2)
+    monkeypatch.setattr(inputs, "open_store", lambda uri: flaky)
+    cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
+    assert commit_node_save(cfg, run_id, None) == 5
+    assert first.durable.head().step == 5
