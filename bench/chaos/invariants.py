@@ -6,7 +6,8 @@
 - **no lost step**: every round resumed at or after the newest step any group completed
   before it, unless every node that held that step lost it: killed or frozen with no notice
   (a SIGKILL takes the node's disk, the state in memory and the steps since the last durable
-  save with it), or evicted while the store refused every write for the whole deadline.
+  save with it), or evicted while the store left no room for a commit in the whole deadline
+  (failing, and between failures too slow for one).
   Those are listed as excused, with the reason, never silently.
 - **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``).
 - **durable not behind**: at every acknowledgement of a durable step (a periodic save, an
@@ -200,20 +201,63 @@ def _fate(node: str, since: float, until: float, evidence: Evidence, sigs: list)
     if sig in (KILL, STOP):
         return f"{node} got {sig} with no notice"
     if _store_refused(ts, ts + evidence.stop_deadline_s, evidence.actions):
-        return f"{node} was evicted while the store failed every call for its whole deadline"
+        return (
+            f"{node} was evicted while the store, failing and slowed, left no room for a "
+            "commit in its whole deadline"
+        )
     return None
 
 
-def _store_refused(start: float, end: float, actions: list[dict[str, Any]]) -> bool:
-    """Whether store-fail windows covered [start, end] whole."""
-    windows = sorted(
-        (a["ts"], a["ts"] + a["seconds"]) for a in actions if a["kind"] == "store-fail"
+READS, WRITES = ("get", "list", "list_modified"), ("put", "put_new")
+COMMIT_CALLS = {"read": 3, "write": 2}
+"""The store calls of an eviction's commit: the manifests listed and read, the lineage read;
+the object and the manifest written. Each waits a slowed store's delay for its kind."""
+MIN_COMMIT_S = 1.5
+"""The shortest stretch a commit of the campaign's tiny state needs between store failures:
+the retry's longest pause (1 s, training/checkpoints/deadline.py) and the commit itself."""
+
+
+SLOWED_CALLS = {"store-slow": READS + WRITES, "sigterm-restore": READS, "sigterm-upload": WRITES}
+"""Which calls each slowing fault delays (bench/chaos/runner.py opens their windows)."""
+
+
+def _delay(windows: list[dict[str, Any]], begin: float, end: float, kinds: tuple) -> float:
+    """The longest per-call delay that slowed windows give calls of ``kinds`` in [begin, end]."""
+    return max(
+        (
+            float(w["delay_s"])
+            for w in windows
+            if w["ts"] < end
+            and w["ts"] + w["seconds"] > begin
+            and set(kinds) & set(SLOWED_CALLS.get(w["kind"], ()))
+        ),
+        default=0.0,
     )
-    covered = start
-    for begin, finish in windows:
-        if begin <= covered < finish:
-            covered = finish
-    return covered >= end
+
+
+def _store_refused(start: float, end: float, actions: list[dict[str, Any]]) -> bool:
+    """Whether the store let no commit through in [start, end]: each stretch between its
+    failures was shorter than a commit at the delays the store then had (a store that failed
+    every call is the limit case)."""
+    fails = sorted((a["ts"], a["ts"] + a["seconds"]) for a in actions if a["kind"] == "store-fail")
+    slowed = [a for a in actions if a.get("delay_s") and "seconds" in a]
+    stretches, cursor = [], start
+    for begin, finish in fails:
+        if finish <= cursor:
+            continue
+        if begin > cursor:
+            stretches.append((cursor, min(begin, end)))
+        cursor = max(cursor, finish)
+    stretches.append((cursor, end))
+    for begin, finish in stretches:
+        needed = (
+            MIN_COMMIT_S
+            + COMMIT_CALLS["read"] * _delay(slowed, begin, finish, READS)
+            + COMMIT_CALLS["write"] * _delay(slowed, begin, finish, WRITES)
+        )
+        if finish - begin >= needed:
+            return False
+    return True
 
 
 def _trained(records: list[Record], resumed: Record) -> bool:

@@ -233,7 +233,8 @@ class ChaosRunner(FaultRunner):
     def _arm(self, index: int, fault: ChaosFault) -> None:
         until = time.monotonic() + fault.seconds
         self._armed.append(Armed(index, fault, time.time(), until))
-        self._act(index, fault.kind, [], armed=True)
+        # The window the store is slowed for: the checks read it (a loss with no room to commit).
+        self._act(index, fault.kind, [], armed=True, seconds=fault.seconds, delay_s=fault.delay_s)
 
     def _observe(self, number: int, record: Record) -> None:
         super()._observe(number, record)

@@ -119,7 +119,31 @@ def test_an_eviction_is_notice_unless_the_store_refused_the_whole_deadline() -> 
     assert "no lost step" in _violated(replace(evidence, records=records, actions=evicted))
     refused = [*evicted, _action(7.0, "store-fail", seconds=11.0)]
     verdict, _ = check(replace(evidence, records=records, actions=refused))
-    assert "store failed every call" in verdict.excused[0]["detail"]
+    assert "left no room for a commit" in verdict.excused[0]["detail"]
+
+
+def test_a_store_too_slow_between_its_failures_for_a_commit_excuses_the_loss_and_no_less() -> None:
+    # Seed 9: reads slowed 1.2 s each while the store failed twice in the 10 s deadline; the
+    # stretches between the failures (2 s each) were shorter than a commit at that speed.
+    evidence = _evidence()
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
+    evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
+    slow_reads = _action(7.0, "sigterm-restore", armed=True, seconds=12.0, delay_s=1.2)
+    fails = [
+        _action(9.6, "store-fail", seconds=1.4, delay_s=0.0),
+        _action(13.1, "store-fail", seconds=4.9, delay_s=0.0),
+    ]
+    verdict, _ = check(replace(evidence, records=records, actions=[*evicted, slow_reads, *fails]))
+    assert "left no room for a commit" in verdict.excused[0]["detail"]
+    assert "no lost step" not in {v["invariant"] for v in verdict.violations}
+    # The same failures with the store at full speed between them: a commit fitted.
+    fast = [*evicted, *fails]
+    assert "no lost step" in _violated(replace(evidence, records=records, actions=fast))
+    # Slowed alone, with no failure: a commit of 5 slow calls fits in 10 s.
+    assert "no lost step" in _violated(
+        replace(evidence, records=records, actions=[*evicted, slow_reads])
+    )
 
 
 def test_two_rounds_training_at_once_is_split_brain() -> None:

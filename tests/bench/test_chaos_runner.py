@@ -58,4 +58,4 @@ def test_the_checks_read_a_store_failure_as_the_runner_records_it(tmp_path: Path
         store_fail,
     ]
     verdict, _ = check(replace(evidence, records=records, actions=actions))
-    assert "store failed every call" in verdict.excused[0]["detail"]
+    assert "left no room for a commit" in verdict.excused[0]["detail"]
