@@ -287,18 +287,23 @@ def test_an_unusable_checkpoint_path_names_the_setting_and_the_reason(
     assert "Traceback" not in err
 
 
+@pytest.fixture
+def unreachable_blob(monkeypatch: pytest.MonkeyPatch, unused_loopback_port: int) -> str:
+    """A checkpoint URI on a loopback port nobody listens on, with Azurite's account."""
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", "AccountName=devstoreaccount1;AccountKey=a2V5"
+    )
+    return f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/ckpt/run"
+
+
 def test_an_unreachable_blob_store_names_the_setting_and_the_reason(
     tmp_path: Path,
     data_dir: Path,
     clean_main: None,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    unused_loopback_port: int,
+    unreachable_blob: str,
 ) -> None:
-    monkeypatch.setenv(
-        "AZURE_STORAGE_CONNECTION_STRING", "AccountName=devstoreaccount1;AccountKey=a2V5"
-    )
-    uri = f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/ckpt/run"
+    uri = unreachable_blob
     assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
@@ -311,16 +316,13 @@ def test_an_unreachable_blob_store_in_a_later_round_is_a_restart_not_bad_input(
     clean_main: None,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-    unused_loopback_port: int,
+    unreachable_blob: str,
 ) -> None:
-    monkeypatch.setenv(
-        "AZURE_STORAGE_CONNECTION_STRING", "AccountName=devstoreaccount1;AccountKey=a2V5"
-    )
     # A worker torchrun restarted once: the store answered earlier in this run.
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(inputs, "STORE_RETRY_S", 0.3)
-    uri = f"http://127.0.0.1:{unused_loopback_port}/devstoreaccount1/ckpt/run"
+    uri = unreachable_blob
     assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_RESTART
     err = capsys.readouterr().err
     assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
