@@ -37,8 +37,8 @@ from training.api import (
     keyed_seed,
     require_at_least,
 )
+from training.data.sources import CORPUS_FILE
 
-CORPUS_FILE = "input.txt"
 TRAIN_FRACTION = 0.9
 DROPOUT_STREAM = 1
 SAMPLE_STREAM = 2
