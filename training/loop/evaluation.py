@@ -1,6 +1,6 @@
 """The task's evaluation every ``--eval-every`` steps: every rank evaluates its share, the loop
-sums the shares, rank 0 logs the result (a metrics line with ``eval_loss``, and the task's
-line of text if it gave one).
+sums the shares, rank 0 logs the result (an ``evaluated`` event with ``eval_loss``, and the
+task's line of text as ``sample`` if it gave one; the lab's report shows them).
 
 In ``eval()`` mode and without gradients; it reads the state and changes none of it, so a run
 with evaluations follows the same trajectory as one without.

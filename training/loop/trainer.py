@@ -138,6 +138,7 @@ class Trainer(StatefulTrainer):
         try:
             if self.cfg.run.resume_check:
                 self.rehearse_resume()
+                phases.mark("resume_check")
             self._wrap_in_ddp(phases)
             if not self._train(stop):
                 return stop_exit_code(self._stopped)
@@ -249,7 +250,9 @@ class Trainer(StatefulTrainer):
         result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
         if result is not None and self.env.rank == 0:
             self.last_eval_loss = result["eval_loss"]
-            self.events.metrics(step=self.state.step, world_size=self.env.world_size, **result)
+            self.events.event(
+                "evaluated", step=self.state.step, world_size=self.env.world_size, **result
+            )
             logger.info(
                 "eval at step %d: loss %.4f%s",
                 self.state.step,

@@ -87,7 +87,7 @@ def test_evaluations_log_the_validation_loss_and_a_line_and_change_nothing(
     )
     assert code == EXIT_OK
     records = [json.loads(line) for line in evaluated.stream.getvalue().splitlines()]
-    evals = [r for r in records if "eval_loss" in r and r["kind"] == "metrics"]
+    evals = [r for r in records if r.get("event") == "evaluated"]
     assert [r["step"] for r in evals] == [2, 4]
     assert all(r["eval_loss"] > 0 and isinstance(r["sample"], str) for r in evals)
     (finished,) = [r for r in records if r.get("event") == "finished"]
