@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -133,7 +133,11 @@ class StatefulTrainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        theirs = {k: v for k, v in state["run"].items() if k != STORAGE_KEY}
+        # A state written before a task option existed holds no value for it: it was trained
+        # at that option's default, and matches a run that keeps the default.
+        defaults = {f.name: f.default for f in fields(self.cfg.options)}
+        theirs = {**defaults, **state["run"]}
+        theirs = {k: v for k, v in theirs.items() if k != STORAGE_KEY}
         mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
         if theirs != mine:
             differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
