@@ -30,9 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.checkpoints.checkpoint import CheckpointRepository, serialize, snapshot
 from training.checkpoints.storage import FileStore
-from training.data.cifar10 import load_cifar10_binary
 from training.loop.config import parse_config
 from training.loop.dist import DistEnv, destroy_process_group, init_process_group
+from training.loop.inputs import load_data
 from training.loop.metrics import EventLog
 from training.loop.trainer import Trainer
 
@@ -96,7 +96,7 @@ def _single_process_trainer(
     init_process_group(env, device, timeout_s=60)
     try:
         events = EventLog(env, stream=io.StringIO())  # the saver's events are not needed here
-        trainer = Trainer(cfg, env, device, load_cifar10_binary(data_dir), durable, None, events)
+        trainer = Trainer(cfg, env, device, load_data(cfg), durable, None, events)
         trainer.ddp = DistributedDataParallel(trainer.model)
         yield trainer
     finally:

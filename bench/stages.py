@@ -27,6 +27,7 @@ PHASES = (
     "process_group_s",
     "build_s",
     "restore_s",
+    "resume_check_s",
     "ddp_s",
 )
 

@@ -19,6 +19,7 @@ _PHASE_LABELS = {
     "process_group_s": "pg",
     "build_s": "build",
     "restore_s": "restore",
+    "resume_check_s": "check",
     "ddp_s": "ddp",
 }
 

@@ -30,7 +30,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--ci", action="store_true", help="shorthand for --scenario ci")
     run.add_argument("--out", type=Path, help="output dir (default lab-runs/<timestamp>)")
-    run.add_argument("--data-dir", type=Path, help="existing CIFAR-10 binary dir")
+    run.add_argument(
+        "--data-dir",
+        type=Path,
+        help="an existing data dir of the task (default: written for the run)",
+    )
     run.add_argument("--nodes", type=int, help="override the scenario's starting node count")
     run.add_argument("--max-steps", type=int, help="override train.max_steps")
     run.add_argument(

@@ -52,6 +52,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("globalBatchSize", "job.global_batch_size", int),
     Setting("runId", "job.run_id", str),
     Setting("activeDeadlineSeconds", "job.active_deadline_s", int, optional=True),
+    Setting("task", "task", str),
     Setting("dataSourceUrl", "data.source_url", str),
     Setting("dataSourceChecksum", "data.checksum", str),
     Setting("hpaCpuUtilization", "job.hpa_cpu_utilization", int),

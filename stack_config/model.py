@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra import gpu_sizes
+from training.data.sources import SOURCES, DataSource
 from training.elastic.launch import DEFAULT_TERMINATION_GRACE_S, RendezvousSettings
 
 
@@ -106,20 +107,24 @@ class JobConfig:
         return min(max(self.replicas, self.min_replicas), self.max_replicas)
 
 
-# The dataset's official source, and the MD5 its page publishes (binary version).
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
-CIFAR10_CHECKSUM = "md5:c32a1d4ab5d03f1284b67883e8d87530"
+# CIFAR-10's official source, and the MD5 its page publishes (binary version).
+CIFAR10_URL = SOURCES["cifar"].url
+CIFAR10_CHECKSUM = SOURCES["cifar"].checksum
 NO_STAGING = "none"
+TASKS = tuple(SOURCES)
+"""The tasks the image trains (training/tasks/), by the catalogue of their data sources."""
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where ``pulumi up`` stages the dataset from, before the job may start."""
 
-    source_url: str = CIFAR10_URL
-    """An https URL of CIFAR-10's binary .tar.gz (or a mirror); "none": the user uploads."""
-    checksum: str = CIFAR10_CHECKSUM
-    """md5:<hex> or sha256:<hex> of the archive."""
+    source_url: str = ""
+    """An https URL of the task's data (CIFAR-10's binary .tar.gz, a text corpus) or a
+    mirror; "": the task's own source (``training/data/sources.py``); "none": the user
+    uploads."""
+    checksum: str = ""
+    """md5:<hex> or sha256:<hex> of what ``source_url`` serves; "": the task's own source's."""
 
     @property
     def staged(self) -> bool:
@@ -147,6 +152,17 @@ class LabConfig:
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    task: str = "cifar"
+    """What the job trains: a task of training/tasks/ (``TASKS``)."""
+
+    @property
+    def data_source(self) -> DataSource:
+        """What staging downloads: the configured URL and checksum, or the task's own (the
+        format is the task's either way)."""
+        own = SOURCES.get(self.task, SOURCES["cifar"])
+        if not self.data.source_url:
+            return own
+        return DataSource(self.data.source_url, self.data.checksum, own.format)
 
     @property
     def gpu_size(self) -> gpu_sizes.GpuSize:

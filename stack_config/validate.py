@@ -11,7 +11,7 @@ import re
 from infra import gpu_sizes, naming
 from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
-from stack_config.model import CIFAR10_URL, NO_STAGING, ConfigError, LabConfig
+from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.stage_data import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
 
@@ -285,20 +285,28 @@ def _rendezvous_scale_problems(cfg: LabConfig) -> list[str]:
 
 
 def _data_problems(cfg: LabConfig) -> list[str]:
-    data = cfg.data
-    if not data.staged:
+    if cfg.task not in TASKS:
+        return [f"{cfg.key('task')} must be one of {', '.join(TASKS)}, got {cfg.task!r}"]
+    if not cfg.data.staged:
         return []
-    problems = []
-    if not re.match(r"^https://[^/\s]+/\S+$", data.source_url):
+    source, problems = cfg.data_source, []
+    if not cfg.data.source_url and cfg.data.checksum:
+        return [
+            f"{cfg.key('dataSourceChecksum')} is set but {cfg.key('dataSourceUrl')} is empty "
+            f"(the {cfg.task} task's own source, which has its own checksum): set both, or "
+            "neither"
+        ]
+    if not re.match(r"^https://[^/\s]+/\S+$", source.url):
         problems.append(
-            f"{cfg.key('dataSourceUrl')} must be an https:// URL of CIFAR-10's binary .tar.gz "
-            f"(default {CIFAR10_URL}) or {NO_STAGING!r} to upload the data yourself, "
-            f"got {data.source_url!r}"
+            f"{cfg.key('dataSourceUrl')} must be an https:// URL of the {cfg.task} task's data "
+            f"(empty: its own source, {cfg.key('task')}'s default), or {NO_STAGING!r} to upload "
+            f"the data yourself, got {source.url!r}"
         )
-    if not CHECKSUM.match(data.checksum.strip().lower()):
+    if not CHECKSUM.match(source.checksum.strip().lower()):
         problems.append(
             f"{cfg.key('dataSourceChecksum')} must be md5:<32 hex digits> or "
-            f"sha256:<64 hex digits> of the archive, got {data.checksum!r}"
+            f"sha256:<64 hex digits> of what {cfg.key('dataSourceUrl')} serves (required with "
+            f"a URL of your own), got {source.checksum!r}"
         )
     return problems
 

@@ -16,10 +16,18 @@ MAY_IMPORT = {
     "lab.live": ("lab.report",),
     "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
     "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
+    "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
-    "training.data": ("training.elastic", "training.checkpoints"),
-    "training.loop": ("training.elastic", "training.checkpoints", "training.data"),
+    "training.data": ("training.api", "training.elastic", "training.checkpoints"),
+    "training.tasks": ("training.api", "training.data"),
+    "training.loop": (
+        "training.api",
+        "training.tasks",
+        "training.elastic",
+        "training.checkpoints",
+        "training.data",
+    ),
 }
 """What each room of ``lab/`` and ``training/`` may import from its own package besides itself.
 The modules at the top (``lab.cli``; ``training.agent``, ``training.launcher``,

@@ -173,12 +173,14 @@ def launch(args: Sequence[str]) -> None:
         )
     # Every worker parses the same flags and env: a mistake there is the same on every rank
     # and no restart fixes it, so the node stops here (a ConfigError), before it joins.
-    from training.data.cifar10 import DatasetError, dataset_files
+    from training.data.cifar10 import DatasetError
+    from training.loop.inputs import load_data
 
     cfg = parse_config(parsed.training_script_args)
     # Missing data fails every worker the same way, restart after restart: stop before joining.
+    # The task reads it as its workers will (once per pod; the workers read it again).
     try:
-        dataset_files(cfg.data.data_dir)
+        load_data(cfg)
     except DatasetError as exc:
         raise ValueError(str(exc)) from None
     config.start_method = "forkserver"

@@ -13,6 +13,7 @@ import time
 
 import torch.distributed as dist
 
+from training.api import TaskContractError
 from training.checkpoints.checkpoint import CheckpointError
 from training.data.cifar10 import DatasetError
 from training.elastic.faults import StopRequest, is_peer_failure
@@ -54,7 +55,7 @@ def run(argv: list[str] | None = None) -> int:
     stop.until_then(lambda: exit_now(EXIT_RESTART))
     events = EventLog(env)
     try:
-        cfg, dataset, durable, local = load_inputs(argv, env)
+        cfg, data, durable, local = load_inputs(argv, env)
     except (ConfigError, DatasetError) as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
@@ -72,6 +73,7 @@ def run(argv: list[str] | None = None) -> int:
         local_rank=env.local_rank,
         group_rank=env.group_rank,
         max_steps=cfg.run.max_steps,
+        task=cfg.run.task,
         global_batch_size=cfg.optim.global_batch_size,
     )
     device = device_for(env)
@@ -89,11 +91,11 @@ def run(argv: list[str] | None = None) -> int:
     phases.mark("process_group")
     code = EXIT_OK
     try:
-        trainer = Trainer(cfg, env, device, dataset, durable, local, events, group, guard)
+        trainer = Trainer(cfg, env, device, data, durable, local, events, group, guard)
         stop.on_stop(lambda: trainer.stop_now(stop))
         phases.mark("build")
         code = trainer.run(stop, phases)
-    except ConfigError as exc:
+    except (ConfigError, TaskContractError) as exc:
         logger.error("%s", exc)
         code = EXIT_BAD_INPUT
     except CheckpointError as exc:  # e.g. the store unreadable from every rank: retry later

@@ -207,9 +207,10 @@ class LabWorkloads(pulumi.ComponentResource):
                 namespace=cfg.namespace,
                 image=values[0],
                 service_account=cfg.stager_service_account,
-                source_url=cfg.data.source_url,
-                checksum=cfg.data.checksum,
+                source_url=cfg.data_source.url,
+                checksum=cfg.data_source.checksum,
                 container_uri=f"{values[1].rstrip('/')}/{values[2]}",
+                data_format=cfg.data_source.format,
             )
         )
         return DataStaging(

@@ -9,6 +9,7 @@ node that takes part again under an old identity would not exercise the scale-up
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field, fields
 
 from training.elastic.launch import LAUNCHERS, RendezvousSettings
@@ -61,6 +62,14 @@ class Fault:
 class TrainSettings:
     """The training program's flags that a scenario sets (see ``training/loop/config.py``)."""
 
+    task: str = "cifar"
+    """What the nodes train (training/tasks/): cifar on a synthetic CIFAR-10, or charlm on the
+    Tiny Shakespeare excerpt in training/data/samples/."""
+    task_options: str = ""
+    """The task's own flags, e.g. ``"--n-layer=2 --n-embd=64"`` for charlm; cifar's model size
+    is ``model_width`` and ``model_blocks``."""
+    eval_every: int = 0
+    """Steps between the task's evaluations (0: none); the report shows the validation loss."""
     max_steps: int = 300
     global_batch_size: int = 32
     micro_batch_size: int = 16
@@ -91,13 +100,16 @@ class TrainSettings:
 
     def args(self, data_dir: str) -> list[str]:
         """The training program's command-line flags."""
+        model = [f"--model-width={self.model_width}", f"--model-blocks={self.model_blocks}"]
         return [
+            f"--task={self.task}",
             f"--data-dir={data_dir}",
             f"--max-steps={self.max_steps}",
             f"--global-batch-size={self.global_batch_size}",
             f"--micro-batch-size={self.micro_batch_size}",
-            f"--model-width={self.model_width}",
-            f"--model-blocks={self.model_blocks}",
+            *(model if self.task == "cifar" else []),
+            *shlex.split(self.task_options),
+            f"--eval-every={self.eval_every}",
             f"--lr={self.lr}",
             f"--seed={self.seed}",
             f"--checkpoint-every-steps={self.checkpoint_every_steps}",
@@ -256,6 +268,13 @@ def _validate_train(train: TrainSettings) -> None:
         parse_config([*train.args("<data-dir>"), "--checkpoint-uri=<checkpoints>"], env={})
     except ConfigError as err:
         raise _train_error(err) from None
+    except SystemExit:  # argparse: a flag the task does not have, its message on stderr
+        raise ScenarioError(
+            f"train.task_options: {train.task_options!r} holds a flag the {train.task} task "
+            f"does not have (python -m training.train --task={train.task} --help lists them)"
+        ) from None
+    if train.task != "cifar":
+        return
     least = max(train.global_batch_size, SYNTHETIC_TRAIN_FILES)
     _require(
         train.train_records >= least,

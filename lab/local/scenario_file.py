@@ -25,7 +25,7 @@ from lab.local.scenario import (
 from training.elastic.launch import RendezvousSettings
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-BUILTIN_SCENARIOS = ("default", "ci")
+BUILTIN_SCENARIOS = ("default", "ci", "charlm")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 

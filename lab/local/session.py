@@ -47,6 +47,8 @@ from lab.report.run_report import report_from_run, write_outputs
 from training.elastic.launch import ElasticPolicy, train_command
 
 REPO_ROOT = Path(training.__file__).resolve().parent.parent
+CORPUS_SAMPLE = REPO_ROOT / "training" / "data" / "samples" / "tinyshakespeare" / "input.txt"
+"""The character LM's data in the lab: an excerpt of Tiny Shakespeare shipped in the repo."""
 # Agents that did not exit on their own after training finished get this long on SIGTERM.
 STOP_GRACE_S = 10.0
 
@@ -67,8 +69,13 @@ class SessionOptions:
 
 
 def write_dataset(out: Path, scenario: Scenario, python: str) -> Path:
-    """A synthetic dataset from ``python -m training.data.cifar10``; raise LabError if it fails."""
+    """The task's dataset for the run: a synthetic CIFAR-10 from ``python -m
+    training.data.cifar10``, or the corpus excerpt shipped in the repo; LabError if it fails."""
     train = scenario.train
+    if train.task != "cifar":
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(CORPUS_SAMPLE, out / CORPUS_SAMPLE.name)
+        return out
     command = [
         python,
         "-m",
@@ -86,20 +93,25 @@ def write_dataset(out: Path, scenario: Scenario, python: str) -> Path:
 
 
 def check_data_dir(data_dir: Path, train: TrainSettings) -> Path:
-    """``data_dir`` resolved, once the training program's own loader read its train split;
-    LabError naming --data-dir otherwise: every worker would fail on it at start."""
+    """``data_dir`` resolved, once the task's own loader read its training samples; LabError
+    naming --data-dir otherwise: every worker would fail on it at start."""
     if not data_dir.is_dir():
         raise LabError(f"--data-dir: {data_dir} does not exist or is not a directory")
-    # Imported here: training.data.cifar10 imports torch, which the lab needs for this check only.
-    from training.data.cifar10 import DatasetError, load_cifar10_binary
+    # Imported here: the loaders import torch, which the lab needs for this check only.
+    from training.data.cifar10 import DatasetError
+    from training.loop.config import parse_config
+    from training.loop.inputs import load_data
 
+    cfg = parse_config([*train.args(str(data_dir)), "--checkpoint-uri=<checkpoints>"], env={})
     try:
-        records = len(load_cifar10_binary(data_dir, "train"))
-    except (DatasetError, OSError) as err:
-        raise LabError(f"--data-dir: {err}") from None
+        records = len(load_data(cfg).train)
+    except DatasetError as err:  # the task's loader names --data-dir, CIFAR-10's the file
+        message = str(err)
+        named = message if message.startswith("--data-dir") else f"--data-dir: {message}"
+        raise LabError(named) from None
     if records < train.global_batch_size:
         raise LabError(
-            f"--data-dir: {data_dir} holds {records} training records; allowed: >= "
+            f"--data-dir: {data_dir} holds {records} training samples; allowed: >= "
             f"train.global_batch_size ({train.global_batch_size})"
         )
     return data_dir.resolve()

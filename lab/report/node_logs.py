@@ -8,6 +8,7 @@ lines (a stray print, a line cut off by SIGKILL) are skipped, never fatal.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,8 @@ def read_jsonl(path: Path) -> list[Record]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def finite_number(value: Any) -> bool:
+    """A finite JSON number (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

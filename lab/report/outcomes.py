@@ -41,7 +41,7 @@ import math
 import statistics
 from typing import Any
 
-from lab.report.node_logs import Record
+from lab.report.node_logs import Record, finite_number
 
 _STEP_RECORDS = ("checkpoint_saved", "emergency_save")
 # A gap between metrics lines counts as a pause when it is this many typical gaps long (the
@@ -317,4 +317,28 @@ def _run_totals(
         "faults_recovered": sum(1 for f in faults if f["recovered"]),
         "all_recovered": len(faults) == planned_faults and all(f["recovered"] for f in faults),
         "two_groups_at_once": len(groups_at_once(records)),
+        **validation(records, end_ts),
+    }
+
+
+def validation(records: list[Record], end_ts: float) -> dict[str, Any]:
+    """The task's evaluations (``evaluated`` events): the first and last validation loss, at
+    which steps, and the last sampled line; None when the task logged none."""
+    evaluated = [
+        r
+        for r in records
+        if r.get("event") == "evaluated" and r["ts"] <= end_ts and finite_number(r.get("eval_loss"))
+    ]
+    if not evaluated:
+        return {"validation": None}
+    first, last = evaluated[0], evaluated[-1]
+    return {
+        "validation": {
+            "evaluations": len(evaluated),
+            "first_step": first["step"],
+            "first_loss": first["eval_loss"],
+            "last_step": last["step"],
+            "last_loss": last["eval_loss"],
+            "last_sample": last.get("sample"),
+        }
     }

@@ -21,7 +21,6 @@ tag: the pod's name on the cluster.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.report.inferred_faults import infer_faults
-from lab.report.node_logs import Record, parse_record, read_records
+from lab.report.node_logs import Record, finite_number, parse_record, read_records
 
 DRILL_EVENTS = "drill-events.jsonl"
 """What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""
@@ -89,13 +88,8 @@ _COUNTS = ("step", "world_size", "max_steps", "global_batch_size")
 _RATES = ("loss", "samples_per_s")
 
 
-def _number(value: Any) -> bool:
-    """A finite JSON number (a bool is not one)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _count(value: Any) -> bool:
-    return _number(value) and value == int(value) and value >= 0
+    return finite_number(value) and value == int(value) and value >= 0
 
 
 def well_formed(record: Record) -> bool:
@@ -105,7 +99,7 @@ def well_formed(record: Record) -> bool:
     line without its step) is skipped like any other stray line, never fatal. A loss may be
     NaN: training that diverged logs it so.
     """
-    if not _number(record.get("ts")):
+    if not finite_number(record.get("ts")):
         return False
     if any(key in record and not _count(record[key]) for key in _COUNTS):
         return False
@@ -164,7 +158,7 @@ def read_lab_events(path: Path) -> list[dict[str, Any]]:
             fields.update(_FAULT_FIELDS)
         for key, kind in fields.items():
             value = row.get(key)
-            valid = {str: isinstance(value, str), int: _count(value), float: _number(value)}
+            valid = {str: isinstance(value, str), int: _count(value), float: finite_number(value)}
             if not valid[kind]:
                 raise RunLogsError(
                     f"{path}: record {number} has no valid {key!r}: {json.dumps(row)[:80]}"
@@ -299,7 +293,7 @@ def read_placements(directory: Path, events: list[ClusterEvent]) -> dict[str, li
 
 def _placed(path: Path) -> list[dict[str, Any]]:
     rows = read_side_file(path)
-    bad = next((r for r in rows if not _number(r.get("ts"))), None)
+    bad = next((r for r in rows if not finite_number(r.get("ts"))), None)
     if bad is not None:
         raise RunLogsError(f"{path}: a placement without a valid 'ts': {json.dumps(bad)[:80]}")
     return rows

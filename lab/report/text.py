@@ -40,6 +40,13 @@ def format_table(report: dict[str, Any]) -> str:
         f"step) in {run['wall_s']:.0f} s, "
         f"{run['faults_recovered']}/{run['faults_planned']} faults recovered"
     )
+    if (seen := run.get("validation")) is not None:
+        lines.append(
+            f"validation loss {seen['first_loss']:.4f} at step {seen['first_step']} -> "
+            f"{seen['last_loss']:.4f} at step {seen['last_step']} "
+            f"({seen['evaluations']} evaluations)"
+            + (f"; sampled: {seen['last_sample']!r}" if seen.get("last_sample") else "")
+        )
     return "\n".join(lines)
 
 

@@ -39,7 +39,10 @@ def lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
             "--etcd-binary: /nonexistent/etcd is not an executable",
         ),
         (["--data-dir", "/nonexistent/cifar"], "--data-dir: /nonexistent/cifar does not exist"),
-        (["--scenario", "nope"], "--scenario: 'nope' is neither a built-in scenario (default, ci)"),
+        (
+            ["--scenario", "nope"],
+            "--scenario: 'nope' is neither a built-in scenario (default, ci, charlm)",
+        ),
         (["--nodes", "5"], "nodes: 5 must be within min_nodes..max_nodes (1..3)"),
         (
             ["--fault", "node=1,at_step=3"],
@@ -122,7 +125,7 @@ def test_a_bad_scenario_file_exits_2_and_names_the_key(
     [
         ({"readme.txt": b"hi"}, "--data-dir: no train batch files (data_batch_1.bin"),
         ({"data_batch_1.bin": b"\x00" * 100}, "not a multiple of the 3073-byte record"),
-        ({"data_batch_1.bin": b"\x00" * 3073}, "holds 1 training records; allowed: >= "),
+        ({"data_batch_1.bin": b"\x00" * 3073}, "holds 1 training samples; allowed: >= "),
     ],
 )
 def test_a_data_dir_the_loader_cannot_read_is_refused(

@@ -428,12 +428,37 @@ def test_active_deadline_is_optional_and_positive() -> None:
 
 
 def test_data_staging_defaults_to_the_official_archive_and_can_be_turned_off() -> None:
-    data = _cfg({}).data
-    assert data.source_url.startswith("https://www.cs.toronto.edu/")
-    assert data.checksum == "md5:c32a1d4ab5d03f1284b67883e8d87530"
-    assert data.staged
+    cfg = _cfg({})
+    assert cfg.data_source.url.startswith("https://www.cs.toronto.edu/")
+    assert cfg.data_source.checksum == "md5:c32a1d4ab5d03f1284b67883e8d87530"
+    assert cfg.data_source.format == "cifar10" and cfg.data.staged
     off = _cfg({"dataSourceUrl": "none", "dataSourceChecksum": "ignored"}).data
     assert not off.staged
+
+
+def test_the_charlm_task_stages_tiny_shakespeare_by_default_or_a_mirror() -> None:
+    source = _cfg({"task": "charlm"}).data_source
+    # The checksum was computed from karpathy/char-rnn's blob at the commit the URL pins.
+    assert source.url == (
+        "https://raw.githubusercontent.com/karpathy/char-rnn/"
+        "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt"
+    )
+    assert source.checksum == (
+        "sha256:86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    )
+    assert source.format == "text"
+    mirror = {
+        "dataSourceUrl": "https://mirror.example/input.txt",
+        "dataSourceChecksum": "md5:" + "a" * 32,
+    }
+    source = _cfg({"task": "charlm", **mirror}).data_source
+    assert (source.url, source.format) == ("https://mirror.example/input.txt", "text")
+
+
+def test_every_task_of_the_image_has_a_data_source_and_nothing_else() -> None:
+    from training.tasks import TASKS
+
+    assert set(stack_config.TASKS) == set(TASKS)
 
 
 @pytest.mark.parametrize(
@@ -443,7 +468,20 @@ def test_data_staging_defaults_to_the_official_archive_and_can_be_turned_off() -
             {"dataSourceUrl": "http://mirror/cifar.tgz"},
             "spot-lab:dataSourceUrl must be an https://",
         ),
-        ({"dataSourceChecksum": "c32a1d4a"}, "spot-lab:dataSourceChecksum must be md5:<32 hex"),
+        (
+            {"dataSourceUrl": "https://mirror.example/c.tgz", "dataSourceChecksum": "c32a1d4a"},
+            "spot-lab:dataSourceChecksum must be md5:<32 hex",
+        ),
+        (
+            {"dataSourceUrl": "https://mirror.example/c.tgz"},
+            "spot-lab:dataSourceChecksum must be md5:<32 hex digits> or sha256:<64 hex "
+            "digits> of what spot-lab:dataSourceUrl serves (required with a URL of your own)",
+        ),
+        (
+            {"dataSourceChecksum": "md5:" + "a" * 32},
+            "spot-lab:dataSourceChecksum is set but spot-lab:dataSourceUrl is empty",
+        ),
+        ({"task": "gpt"}, "spot-lab:task must be one of cifar, charlm, got 'gpt'"),
     ],
 )
 def test_data_staging_settings_are_checked(override: dict[str, str], message: str) -> None:

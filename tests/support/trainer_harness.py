@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +16,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from training.api import TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState
 from training.checkpoints.storage import FileStore, ObjectStore
-from training.data.cifar10 import load_cifar10_binary, write_synthetic_cifar10
+from training.data.cifar10 import write_synthetic_cifar10
 from training.loop.config import parse_config
 from training.loop.dist import DistEnv, destroy_process_group, init_process_group
-from training.loop.inputs import open_node_local
+from training.loop.inputs import load_data, open_node_local
 from training.loop.metrics import EventLog
 from training.loop.trainer import Trainer
 
@@ -67,25 +68,28 @@ def harness(
     store: ObjectStore | None = None,
     env: DistEnv | None = None,
     group: dist.ProcessGroup | None = None,
+    tiny: Sequence[str] = TINY,
+    spec: TrainSpec | None = None,
 ) -> Harness:
+    """A Trainer of the task the flags name (cifar by default), or of ``spec`` in its place."""
     cfg = parse_config(
         [
             f"--data-dir={data_dir}",
             f"--checkpoint-uri={root / 'durable'}",
             f"--local-dir={root / 'local'}",
-            *TINY,
+            *tiny,
             *flags,
         ],
         env={},
     )
     env = env or DistEnv()
-    dataset = load_cifar10_binary(data_dir)
+    data = load_data(cfg)
     durable = CheckpointRepository(store or FileStore(root / "durable"))
-    local = open_node_local(cfg, env, dataset, store_lineage(durable.store))
+    local = open_node_local(cfg, env, data.train, store_lineage(durable.store))
     stream = io.StringIO()
-    trainer = Trainer(
-        cfg, env, torch.device("cpu"), dataset, durable, local, EventLog(env, stream), group
-    )
+    events = EventLog(env, stream)
+    device = torch.device("cpu")
+    trainer = Trainer(cfg, env, device, data, durable, local, events, group, spec=spec)
     return Harness(trainer, durable, local, stream)
 
 

@@ -220,6 +220,25 @@ def test_dockerignore_keeps_caches_out(instructions: list[tuple[str, str]]) -> N
     assert "requirements.txt" not in patterns
 
 
+def test_the_image_holds_every_task_and_the_corpus_sample() -> None:
+    """The build context is training/ whole (``COPY . /app/training/``): each registered task's
+    module and the corpus excerpt the lab trains on are in it, and none is ignored."""
+    import fnmatch
+    import inspect
+
+    from training.tasks import TASKS
+
+    patterns = [
+        p.strip() for p in DOCKERIGNORE.read_text().splitlines() if p.strip()[:1] not in "#"
+    ]
+    sample = TRAINING / "data" / "samples" / "tinyshakespeare" / "input.txt"
+    files = [Path(inspect.getfile(spec.loss)) for spec in TASKS.values()] + [sample]
+    assert {"cifar", "charlm"} <= set(TASKS)
+    for path in files:
+        relative = path.resolve().relative_to(TRAINING).as_posix()
+        assert path.is_file() and not any(fnmatch.fnmatch(relative, p) for p in patterns)
+
+
 def test_parsers_reject_what_the_image_must_not_have() -> None:
     with pytest.raises(AssertionError, match="not pinned"):
         requirement_pins("azure-identity>=1.0\n")

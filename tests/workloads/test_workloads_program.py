@@ -127,6 +127,22 @@ def test_config_overrides_reach_the_job() -> None:
     )
 
 
+def test_a_charlm_stack_stages_the_corpus_and_the_job_trains_the_task() -> None:
+    run = run_program("dev", {"task": "charlm"})
+    staging = run.one("kubernetes:batch/v1:Job").inputs["spec"]["template"]["spec"]
+    command = staging["containers"][0]["command"]
+    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert flags["--source"].endswith("/data/tinyshakespeare/input.txt")
+    assert flags["--checksum"] == (
+        "sha256:86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    )
+    assert flags["--format"] == "text"
+    worker = _pod_spec(run.one(PYTORCHJOB))["containers"][0]
+    assert "--task=charlm" in worker["command"]
+    default = _pod_spec(run_program("dev").one(PYTORCHJOB))["containers"][0]
+    assert "--task=cifar" in default["command"]
+
+
 def test_run_id_gives_a_new_rendezvous_and_an_unchanged_config_keeps_it() -> None:
     first, again = run_program("dev"), run_program("dev")
     assert first.outputs["rdzvId"] == again.outputs["rdzvId"]

@@ -75,6 +75,10 @@ class ImageDataset:
     def __len__(self) -> int:
         return self.labels.shape[0]
 
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``index``: its (3, 32, 32) uint8 image and its label."""
+        return self.images[index], self.labels[index]
+
     @functools.cached_property
     def digest(self) -> str:
         """SHA-256 of the images and labels (about 0.1 s for CIFAR-10's 150 MB): two datasets
@@ -140,12 +144,6 @@ def _split_files(root: Path, split: str) -> list[Path]:
             f"{', '.join(present[:20]) or 'nothing'}{' ...' if len(present) > 20 else ''}"
         )
     return files
-
-
-def dataset_files(data_dir: str | Path) -> list[Path]:
-    """The train and test batch files in ``data_dir``; DatasetError when either is missing."""
-    root = _data_root(data_dir)
-    return [*_split_files(root, "train"), *_split_files(root, "test")]
 
 
 def _data_root(data_dir: str | Path) -> Path:
@@ -260,13 +258,25 @@ def batch_tensors(
     if indices.dim() != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
     idx = indices.to(torch.int64)
-    images = ds.images[idx]
+    return normalised_batch(ds.images[idx], ds.labels[idx], idx, seed, epoch, augment)
+
+
+def normalised_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    seed: int,
+    epoch: int,
+    augment: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_tensors`` of images already gathered: ``indices`` are their sample indices,
+    which key the augmentation."""
     if augment:
-        images = _flip_and_crop(images, counter_hash((_AUGMENT, seed, epoch), idx.numpy()))
+        images = _flip_and_crop(images, counter_hash((_AUGMENT, seed, epoch), indices.numpy()))
     mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
     x = (images.to(torch.float32) / 255.0 - mean) / std
-    return x.contiguous(), ds.labels[idx]
+    return x.contiguous(), labels
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.checkpoints.storage import ObjectStore
-from training.data.stage_data import BATCH_FILE
+from training.data.sources import CORPUS_FILE, DATA_FILE
 from training.elastic.launch import DATA_URI_ENV
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ def fetch_dataset(
     role_wait_s: float = ROLE_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[Path]:
-    """Copy every CIFAR-10 batch file under ``uri`` (a mounted directory or a Blob URL) into
-    ``dest``; the local paths.
+    """Copy every data file (CIFAR-10's batches, a corpus) under ``uri`` (a mounted directory
+    or a Blob URL) into ``dest``; the local paths.
 
     Raises DataFetchError (no retry helps) when the source holds no training batches, is not
     mounted, or the identity stays refused for ``role_wait_s``; OSError (ConnectionError, a
@@ -58,11 +58,11 @@ def fetch_dataset(
     """
     store = _source(uri)
     names = _listed(store, uri, role_wait_s, sleep)
-    if not any(name.startswith("data_batch_") for name in names):
+    if not any(name.startswith("data_batch_") or name == CORPUS_FILE for name in names):
         raise DataFetchError(
-            f"{DATA_URI_ENV} {uri} holds no data_batch_N.bin: stage CIFAR-10 with `pulumi up` "
-            "(dataSourceUrl), or upload the binary batches with `az storage blob upload-batch "
-            "--auth-mode login`"
+            f"{DATA_URI_ENV} {uri} holds no data_batch_N.bin nor {CORPUS_FILE}: stage the task's "
+            "data with `pulumi up` (dataSourceUrl), or upload it with `az storage blob "
+            "upload-batch --auth-mode login`"
         )
     root = Path(dest)
     root.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def _listed(
     deadline = time.monotonic() + role_wait_s
     while True:
         try:
-            return [name for name in store.list() if BATCH_FILE.match(name)]
+            return [name for name in store.list() if DATA_FILE.match(name)]
         except PermissionError as exc:
             if time.monotonic() >= deadline:
                 raise DataFetchError(

@@ -15,20 +15,14 @@ from functools import lru_cache
 
 import torch
 
+from training.api.keyed_random import splitmix64
+
 _MASK64 = (1 << 64) - 1
 
 
 def _require_int(name: str, value: int, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-
-
-def _splitmix64(x: int) -> int:
-    """One splitmix64 step on a Python int: spreads (seed, epoch) over all 64 bits."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
 
 
 def steps_per_epoch(num_samples: int, global_batch: int) -> int:
@@ -47,7 +41,7 @@ def steps_per_epoch(num_samples: int, global_batch: int) -> int:
 def _cached_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     generator = torch.Generator()
     # Mixing, not seed + epoch: run (seed=1, epoch=0) must not replay (seed=0, epoch=1).
-    generator.manual_seed(_splitmix64(_splitmix64(seed & _MASK64) ^ epoch))
+    generator.manual_seed(splitmix64(splitmix64(seed & _MASK64) ^ epoch))
     return torch.randperm(num_samples, generator=generator)
 
 

@@ -1,4 +1,7 @@
-"""Stage CIFAR-10 into the ``data`` container: download, check the published checksum, upload.
+"""Stage a task's data into the ``data`` container: download, check the checksum, upload.
+
+Two formats (training/data/sources.py): CIFAR-10's binary archive, whose batch files are
+checked and uploaded, and a UTF-8 text corpus (the character LM's), uploaded as ``input.txt``.
 
 ``pulumi up`` runs this in a Kubernetes Job on the system pool (``workloads/data_staging.py``)
 and creates the PyTorchJob only once it has succeeded, so GPU nodes never start on an empty
@@ -31,12 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
+from training.data.sources import CIFAR10, CORPUS_FILE, FORMATS, TEXT
 
 EXIT_BAD_INPUT = 2
 EXIT_RETRY = 1
 MARKER = ".staged.json"
 """The marker blob: its leading '.' keeps it out of the training loader's file pattern."""
-# The files the training loader reads (training/data/cifar10.py), at the container's root.
+# CIFAR-10's files in its archive (training/data/cifar10.py reads them).
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
 CHECKSUM = re.compile(r"^(md5:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
 CHUNK = 1 << 20
@@ -132,6 +136,24 @@ def extract_batches(archive: Path, out_dir: Path) -> list[Path]:
     return sorted(written)
 
 
+def check_corpus(download: Path, out_dir: Path) -> list[Path]:
+    """The downloaded text as ``CORPUS_FILE`` in ``out_dir``, checked to be UTF-8 text."""
+    raw = download.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StagingError(
+            f"the download is not UTF-8 text ({exc}): is dataSourceUrl the corpus's raw file, "
+            "not a web page or an archive?",
+            retry=False,
+        ) from None
+    if not text.strip():
+        raise StagingError("the downloaded corpus is empty", retry=False)
+    target = out_dir / CORPUS_FILE
+    target.write_bytes(raw)
+    return [target]
+
+
 def _container(container_uri: str) -> Any:
     """The SDK's ContainerClient: workload identity in the pod, a connection string in tests."""
     from azure.storage.blob import ContainerClient
@@ -158,8 +180,8 @@ def already_staged(container: Any, checksum: str) -> bool:
     return marker.get("checksum") == checksum and set(marker.get("files", [])) <= present
 
 
-def stage(source: str, checksum: str, container_uri: str) -> str:
-    """Stage ``source`` into the container; returns what happened, for the log."""
+def stage(source: str, checksum: str, container_uri: str, data_format: str = CIFAR10) -> str:
+    """Stage ``source`` (in ``data_format``) into the container; what happened, for the log."""
     from azure.core.exceptions import AzureError
 
     parse_checksum(checksum)  # bad syntax is refused before any I/O
@@ -172,11 +194,13 @@ def stage(source: str, checksum: str, container_uri: str) -> str:
             download(source, archive, checksum)
             batches = Path(tmp) / "batches"
             batches.mkdir()
-            files = extract_batches(archive, batches)
+            unpack = extract_batches if data_format == CIFAR10 else check_corpus
+            files = unpack(archive, batches)
             for path in files:
                 with open(path, "rb") as data:
                     container.upload_blob(path.name, data, overwrite=True)
             marker = {"source": source, "checksum": checksum.strip().lower()}
+            marker["format"] = data_format
             marker["files"] = [p.name for p in files]
             container.upload_blob(MARKER, json.dumps(marker), overwrite=True)
         return f"staged {len(files)} files from {source} into {container_uri}"
@@ -188,10 +212,16 @@ def stage(source: str, checksum: str, container_uri: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m training.data.stage_data",
-        description="Download CIFAR-10's binary archive, check its checksum and upload the "
-        "batch files to a Blob container (idempotent).",
+        description="Download a task's data (CIFAR-10's binary archive, or a text corpus), "
+        "check its checksum and upload it to a Blob container (idempotent).",
     )
-    parser.add_argument("--source", required=True, help="https URL of the .tar.gz archive")
+    parser.add_argument("--source", required=True, help="https URL of the archive or file")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=CIFAR10,
+        help=f"{CIFAR10}: the binary .tar.gz; {TEXT}: one UTF-8 file, staged as {CORPUS_FILE}",
+    )
     parser.add_argument(
         "--checksum", required=True, help="md5:<hex> or sha256:<hex> of the archive"
     )
@@ -202,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        print(stage(args.source, args.checksum, args.container_uri), flush=True)
+        print(stage(args.source, args.checksum, args.container_uri, args.format), flush=True)
     except StagingError as exc:
         print(f"stage-data: {exc}", file=sys.stderr, flush=True)
         return EXIT_RETRY if exc.retry else EXIT_BAD_INPUT

@@ -2,7 +2,9 @@
 
 One dataclass per section; every field has a default and a docstring. Each field is a flag
 (``--checkpoint-uri``) with an env fallback (``TRAIN_CHECKPOINT_URI``), so the PyTorchJob can set
-per-cluster values as env while the command line stays the same everywhere.
+per-cluster values as env while the command line stays the same everywhere. The task
+(``--task``, training/tasks/) adds its own options as one more section, and may change the
+loop's defaults (its ``TrainSpec.defaults``): defaults, the task's defaults, env, flags.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Any
+
+from training.api import TrainSpec
+from training.tasks import DEFAULT_TASK, TASKS
 
 ENV_PREFIX = "TRAIN_"
 DTYPES = ("float32", "float64")
@@ -34,21 +40,9 @@ class DataConfig:
 
 
 @dataclass
-class ModelSection:
-    model_width: int = 16
-    """Channels of the first ResNet stage (the others are 2x and 4x)."""
-    model_blocks: int = 2
-    """Residual blocks per stage."""
-
-
-@dataclass
 class OptimConfig:
     lr: float = 0.05
-    """SGD learning rate."""
-    momentum: float = 0.9
-    """SGD momentum."""
-    weight_decay: float = 5e-4
-    """L2 weight decay."""
+    """Learning rate (the peak of the task's schedule, if it has one)."""
     global_batch_size: int = 256
     """Samples per optimiser step, whatever the world size."""
     micro_batch_size: int = 64
@@ -81,6 +75,10 @@ class CheckpointConfig:
 
 @dataclass
 class RunConfig:
+    task: str = DEFAULT_TASK
+    """What to train: a task of training/tasks/ (docs/your-own-model.md)."""
+    eval_every: int = 0
+    """Steps between the task's evaluations (0 = none; a task without one ignores it)."""
     max_steps: int = 1000
     """Optimiser steps to train for."""
     seed: int = 0
@@ -95,6 +93,10 @@ class RunConfig:
     dtype: str = "float32"
     """Parameters and compute: float32, or float64 (on CPU: runs at different world sizes
     then agree to about 1e-15, the sharp test of exact resume)."""
+    resume_check: bool = True
+    """Before training, take one step twice: from the state in memory, and from that state
+    as a checkpoint restores it; stop with an error naming what differs (state the task
+    keeps outside the checkpoint: docs/your-own-model.md). Costs one local step per round."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
     benchmarking and TF32 off, CUBLAS_WORKSPACE_CONFIG (docs/training.md: what holds)."""
@@ -103,21 +105,28 @@ class RunConfig:
 @dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelSection = field(default_factory=ModelSection)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    options: Any = field(default_factory=TASKS[DEFAULT_TASK].options)
+    """The task's own options (its ``TrainSpec.options`` dataclass)."""
 
     def sections(self) -> list[Any]:
-        return [self.data, self.model, self.optim, self.checkpoint, self.run]
+        return [self.data, self.optim, self.checkpoint, self.run, self.options]
+
+    @property
+    def spec(self) -> TrainSpec:
+        """The task this config trains."""
+        return TASKS[self.run.task]
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(s, f.name) for s in self.sections() for f in fields(s)}
 
 
-def _field_docs() -> dict[str, str]:
-    """Every config field's docstring (the string under it), for ``--help``."""
-    module = ast.parse(inspect.getsource(sys.modules[__name__]))
+@cache
+def _field_docs(module_name: str) -> dict[str, str]:
+    """Every dataclass field's docstring (the string under it) in a module, for ``--help``."""
+    module = ast.parse(inspect.getsource(sys.modules[module_name]))
     docs: dict[str, str] = {}
     for section in (node for node in module.body if isinstance(node, ast.ClassDef)):
         for node, doc in itertools.pairwise(section.body):
@@ -134,7 +143,9 @@ def _field_docs() -> dict[str, str]:
 
 # Once, at import: the fork server imports this module, so a worker's restart does not pay
 # for reading the source again.
-FIELD_DOCS = _field_docs()
+FIELD_DOCS = _field_docs(__name__)
+for _spec in TASKS.values():
+    _field_docs(_spec.options.__module__)
 
 
 def _flag(name: str) -> str:
@@ -160,11 +171,12 @@ def parse_config(
 ) -> TrainConfig:
     """Build the config from defaults, ``TRAIN_*`` env and flags, then validate it."""
     env = os.environ if env is None else env
-    cfg = TrainConfig()
+    cfg = _task_config(argv, env)
     parser = argparse.ArgumentParser(prog="training.train", description=__doc__, allow_abbrev=False)
+    docs = {**_field_docs(type(cfg.options).__module__), **FIELD_DOCS}
     for section in cfg.sections():
         for f in fields(section):
-            about = FIELD_DOCS[f.name].replace("%", "%%")  # argparse %-formats help
+            about = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help
             default = getattr(section, f.name)
             parser.add_argument(
                 _flag(f.name),
@@ -185,6 +197,26 @@ def parse_config(
     return cfg
 
 
+def _task_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TrainConfig:
+    """The config of the task ``--task`` (or ``TRAIN_TASK``) names, with its defaults."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    probe.add_argument("--task", default=None)
+    name = probe.parse_known_args(argv)[0].task or env.get(ENV_PREFIX + "TASK") or DEFAULT_TASK
+    if name not in TASKS:
+        raise ConfigError(
+            f"--task (or {ENV_PREFIX}TASK) must be one of {', '.join(sorted(TASKS))}, got {name!r}"
+        )
+    spec = TASKS[name]
+    cfg = TrainConfig(options=spec.options())
+    cfg.run.task = name
+    for key, value in spec.defaults.items():
+        section = next((s for s in cfg.sections()[:-1] if hasattr(s, key)), None)
+        if section is None:
+            raise ConfigError(f"task {name!r} sets a default for {key!r}, which is no setting")
+        setattr(section, key, value)
+    return cfg
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the flag when a value is out of range."""
     required = {"data_dir": cfg.data.data_dir, "checkpoint_uri": cfg.checkpoint.checkpoint_uri}
@@ -192,8 +224,6 @@ def validate(cfg: TrainConfig) -> None:
         if not value:
             raise ConfigError(f"{_flag(name)} (or {ENV_PREFIX}{name.upper()}) is required")
     at_least = {
-        "model_width": (cfg.model.model_width, 1),
-        "model_blocks": (cfg.model.model_blocks, 1),
         "global_batch_size": (cfg.optim.global_batch_size, 1),
         "micro_batch_size": (cfg.optim.micro_batch_size, 1),
         "checkpoint_every_steps": (cfg.checkpoint.checkpoint_every_steps, 0),
@@ -205,6 +235,7 @@ def validate(cfg: TrainConfig) -> None:
         "restore_timeout_s": (cfg.checkpoint.restore_timeout_s, 1),
         "seed": (cfg.run.seed, 0),
         "min_step_time_s": (cfg.run.min_step_time_s, 0),
+        "eval_every": (cfg.run.eval_every, 0),
     }
     for name, (value, low) in at_least.items():
         if value < low:
@@ -221,6 +252,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--dtype (or TRAIN_DTYPE) must be one of {', '.join(DTYPES)}, got {cfg.run.dtype!r}"
         )
+    if cfg.spec.check is not None:
+        try:
+            cfg.spec.check(cfg.options)
+        except ValueError as exc:
+            raise ConfigError(f"task {cfg.run.task}: {exc}") from None
 
 
 def check_batch_fits(cfg: TrainConfig, num_samples: int, world_size: int) -> None:

@@ -8,14 +8,16 @@ while, not misconfigured; the worker tries it again, then leaves the round to be
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
+from training.api import Data, Samples
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
 from training.checkpoints.stores import open_store
-from training.data.cifar10 import DatasetError, ImageDataset, load_cifar10_binary
+from training.data.cifar10 import DatasetError
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv
 
@@ -33,27 +35,27 @@ class StoreUnavailable(OSError):
 STORAGE_KEY = "checkpoint_uri_sha256"
 
 
-def run_identity(cfg: TrainConfig, dataset: ImageDataset) -> dict[str, Any]:
+def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
     """What a saved state must match to be resumed: the settings that fix the trajectory.
 
     The optimiser's settings and the dataset's content belong here: resuming another run's
     state under a changed learning rate, or over other data of the same size, would go on
     silently from a trajectory this run never had. So does the dtype: a float64 state is not
-    resumed in float32, nor the other way round. float32, the default, is not named, so the
-    states written before the setting existed still match.
+    resumed in float32, nor the other way round. Every option of the task belongs here too.
+    float32 and the cifar task, the defaults, are not named, so the states written before
+    those settings existed still match.
     """
     identity: dict[str, Any] = {
         "global_batch_size": cfg.optim.global_batch_size,
         "lr": cfg.optim.lr,
-        "momentum": cfg.optim.momentum,
-        "weight_decay": cfg.optim.weight_decay,
         "seed": cfg.run.seed,
-        "model_width": cfg.model.model_width,
-        "model_blocks": cfg.model.model_blocks,
+        **asdict(cfg.options),
         "num_samples": len(dataset),
         "dataset_sha256": dataset.digest,
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
     }
+    if cfg.run.task != "cifar":
+        identity["task"] = cfg.run.task
     if cfg.run.dtype != "float32":
         identity["dtype"] = cfg.run.dtype
     return identity
@@ -97,7 +99,7 @@ def _unreadable(uri: str, exc: Exception) -> ConfigError:
 
 
 def open_node_local(
-    cfg: TrainConfig, env: DistEnv, dataset: ImageDataset, lineage: str
+    cfg: TrainConfig, env: DistEnv, dataset: Samples, lineage: str
 ) -> NodeLocalState:
     """This job's emergency saves on this node, keyed by run id, checkpoint URI and the
     durable store's lineage (a store emptied since is a new history)."""
@@ -113,9 +115,20 @@ def open_node_local(
         ) from exc
 
 
+def load_data(cfg: TrainConfig) -> Data:
+    """The task's data from ``--data-dir``; DatasetError naming the setting when unreadable."""
+    where = f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}"
+    try:
+        return cfg.spec.load_data(cfg.data.data_dir, cfg.options)
+    except OSError as exc:
+        raise DatasetError(f"{where}: cannot read it: {exc}") from exc
+    except ValueError as exc:
+        raise DatasetError(f"{where}: {exc}") from exc
+
+
 def load_inputs(
     argv: list[str] | None, env: DistEnv
-) -> tuple[TrainConfig, ImageDataset, CheckpointRepository, NodeLocalState]:
+) -> tuple[TrainConfig, Data, CheckpointRepository, NodeLocalState]:
     """Config, data and checkpoint stores, all checked before any collective.
 
     Raises ConfigError or DatasetError, naming the setting, on what a restart cannot fix;
@@ -123,13 +136,8 @@ def load_inputs(
     says the run got past its first start) and kept failing for ``STORE_RETRY_S``.
     """
     cfg = parse_config(argv)
-    try:
-        dataset = load_cifar10_binary(cfg.data.data_dir)
-    except OSError as exc:
-        raise DatasetError(
-            f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}: cannot read it: {exc}"
-        ) from exc
-    check_batch_fits(cfg, len(dataset), env.world_size)
+    data = load_data(cfg)
+    check_batch_fits(cfg, len(data.train), env.world_size)
     later = env.restart_count > 0 or env.rdzv_round > 1
     durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
-    return cfg, dataset, durable, open_node_local(cfg, env, dataset, lineage)
+    return cfg, data, durable, open_node_local(cfg, env, data.train, lineage)

@@ -15,23 +15,26 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from training.api import EvalContext, MicroBatch
 from training.checkpoints.checkpoint import CheckpointError, serialize
-from training.data.cifar10 import batch_tensors
 from training.data.sampler import loss_scale, micro_batches
 from training.elastic.faults import StopRequest, is_peer_failure
 from training.loop.emergency import Outcome
+from training.loop.evaluation import evaluate
 from training.loop.metrics import Phases, progress_line
 from training.loop.step_guard import (
     EmulatedStream,
     abort_collectives,
     stream_ordered_allreduce_hook,
 )
+from training.loop.task_checks import checked_loss, rehearse_resume
 from training.loop.trainer_state import EXIT_OK, EXIT_RESTART, StatefulTrainer, stop_exit_code
 
 logger = logging.getLogger("training")
@@ -45,6 +48,8 @@ class Trainer(StatefulTrainer):
     """The model wrapped in DDP, once the state is restored."""
     last_loss: float | None = None
     """The global mean loss at the last log step (rank 0)."""
+    last_eval_loss: float | None = None
+    """The validation loss of the last evaluation (rank 0)."""
     _stopped: Outcome | None = None
     """The loop's emergency save when a stop ended it."""
 
@@ -57,29 +62,68 @@ class Trainer(StatefulTrainer):
         indices = self.sampler.rank_indices(step, world, rank)
         scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
         chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)
-        epoch = self.sampler.epoch_of(step)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for i, (offset, size) in enumerate(chunks):
-            x, y = batch_tensors(
-                self.dataset, indices[offset : offset + size], seed=self.cfg.run.seed, epoch=epoch
-            )
             # Gradients are all-reduced once per step, on the last micro-batch only.
             with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
-                loss = F.cross_entropy(
-                    self.ddp(x.to(self.device, self.dtype)), y.to(self.device), reduction="sum"
-                )
-                (loss * scale).backward()
-            loss_sum += float(loss.detach())
+                loss_sum += self._backward(self.ddp, indices[offset : offset + size], scale)
         # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
         # a half-reduced gradient changes the state every rank must agree on.
         self.guard.check()
         with self._state_lock:
-            self.optimizer.step()
+            self._apply_gradients()
             self.state.step += 1
             if self.local is not None and self.env.local_rank == 0:
                 self.local.mark_progress(self.state.step)
         return loss_sum, len(indices)
+
+    def micro_batch(self, indices: torch.Tensor) -> MicroBatch:
+        step = self.state.step
+        return MicroBatch(
+            indices, step, self.sampler.epoch_of(step), self.cfg.run.seed, self.device
+        )
+
+    def _backward(self, model: nn.Module, indices: torch.Tensor, scale: float) -> float:
+        """The task's loss of one micro-batch, backward; its value (the sum over samples)."""
+        where = self.micro_batch(indices)
+        items = [self.dataset[i] for i in indices.tolist()]
+        batch = _to_device(self.spec.collate(items, where), self.device, self.dtype)
+        loss = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
+        (loss * scale).backward()
+        return float(loss.detach())
+
+    def _apply_gradients(self) -> None:
+        """Clip (the gradients are the global batch's, the same on every rank), step, schedule."""
+        if self.parts.max_grad_norm:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.parts.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def rehearse_resume(self) -> None:
+        """The API's check that the task keeps no state outside the checkpoint
+        (training/loop/task_checks.py): this rank's first micro-batch, locally, twice."""
+        indices = self.sampler.rank_indices(self.state.step, self.env.world_size, self.env.rank)
+        first = indices[: self.cfg.optim.micro_batch_size]
+        scale = loss_scale(len(indices), self.env.world_size, self.cfg.optim.global_batch_size)
+
+        def one_step() -> float:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self._backward(self.model, first, scale)
+            self._apply_gradients()
+            return loss
+
+        with self._state_lock:
+            rehearse_resume(
+                self.spec.name,
+                self.state_dict,
+                self.load_state_dict,
+                one_step,
+                self.model,
+                self.optimizer,
+            )
+            self.optimizer.zero_grad(set_to_none=True)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:
@@ -92,6 +136,9 @@ class Trainer(StatefulTrainer):
                 raise
             return self._after_failure("peer_failure", exc, stop, restored=False)
         try:
+            if self.cfg.run.resume_check:
+                self.rehearse_resume()
+                phases.mark("resume_check")
             self._wrap_in_ddp(phases)
             if not self._train(stop):
                 return stop_exit_code(self._stopped)
@@ -155,6 +202,8 @@ class Trainer(StatefulTrainer):
             if self.state.step % log_every == 0 or self.state.step == max_steps:
                 self._log(window_loss, window_steps, time.monotonic() - window_start)
                 window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
+            if self._eval_due():
+                self.evaluate()
             self.maybe_save(last_save)
             # Lab pacing: a fault schedule in steps then means the same on a fast machine.
             time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))
@@ -184,6 +233,33 @@ class Trainer(StatefulTrainer):
             )
         )
 
+    def _eval_due(self) -> bool:
+        every = self.cfg.run.eval_every
+        return bool(every) and self.spec.evaluate is not None and self.state.step % every == 0
+
+    def evaluate(self) -> None:
+        """The task's evaluation, summed over the ranks; rank 0 logs it."""
+        ctx = EvalContext(
+            self.state.step,
+            self.cfg.run.seed,
+            self.device,
+            self.env.rank,
+            self.env.world_size,
+            self.cfg.options,
+        )
+        result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
+        if result is not None and self.env.rank == 0:
+            self.last_eval_loss = result["eval_loss"]
+            self.events.event(
+                "evaluated", step=self.state.step, world_size=self.env.world_size, **result
+            )
+            logger.info(
+                "eval at step %d: loss %.4f%s",
+                self.state.step,
+                result["eval_loss"],
+                f" | {result['sample']!r}" if "sample" in result else "",
+            )
+
     def finish(self) -> None:
         """Rank 0 commits the final state; every rank waits so none exits while others save.
 
@@ -197,5 +273,20 @@ class Trainer(StatefulTrainer):
             if durable is None or durable.step < self.state.step:
                 self.durable.commit(self.state.step, serialize(self.state_dict()))
             self.committed.advance(self.state.step)
-            self.events.event("finished", step=self.state.step, loss=self.last_loss)
+            self.events.event(
+                "finished", step=self.state.step, loss=self.last_loss, eval_loss=self.last_eval_loss
+            )
         dist.barrier(group=self.checkpoint_group)
+
+
+def _to_device(batch: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """A collated batch on the device: floating tensors in the run's dtype, others as they are."""
+    if isinstance(batch, torch.Tensor):
+        if batch.is_floating_point():
+            return batch.to(device, dtype)
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device, dtype) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_to_device(v, device, dtype) for v in batch)
+    return batch

@@ -1,7 +1,9 @@
 """A trainer's state and how it is kept: what a checkpoint holds, restore, saves and the stop.
 
-The state is the model (unwrapped from DDP), the optimiser, the step (the data position derives
-from it), the run's identity and the RNG. Rank 0 saves it in the background while the loop
+The state is the task's model (unwrapped from DDP), its optimiser and LR scheduler, the step
+and epoch (the data position derives from the step), the run's identity and torch's RNG
+streams (the task's own randomness is keyed by step and sample: training/api/keyed_random.py).
+Rank 0 saves it in the background while the loop
 trains (training/loop/periodic_save.py); a stop or a lost peer saves the last completed step
 (training/loop/emergency.py), on the SIGTERM's own thread when the loop may be stuck in a
 collective. A state lock keeps every save to the state of a completed step.
@@ -14,15 +16,15 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from training.api import BuildContext, Data, TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
 from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
-from training.data.cifar10 import ImageDataset
 from training.data.sampler import ElasticSampler
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
@@ -31,7 +33,6 @@ from training.loop.dist import DistEnv
 from training.loop.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
 from training.loop.inputs import STORAGE_KEY, run_identity
 from training.loop.metrics import EventLog
-from training.loop.model import ModelConfig, build_model
 from training.loop.periodic_save import BackgroundSaver, SavePolicy, report_failure
 from training.loop.step_guard import StepGuard, cpu_state
 
@@ -62,33 +63,35 @@ class StatefulTrainer:
         cfg: TrainConfig,
         env: DistEnv,
         device: torch.device,
-        dataset: ImageDataset,
+        data: Data,
         durable: CheckpointRepository,
         local: NodeLocalState | None,
         events: EventLog,
         checkpoint_group: dist.ProcessGroup | None = None,
         guard: StepGuard | None = None,
+        spec: TrainSpec | None = None,
     ) -> None:
         """``checkpoint_group`` carries the collectives that wait on storage (restore, finish);
         None uses the default group. ``guard`` checks every step before ``optimizer.step()``
-        where the gradient all-reduce may complete without a lost peer (NCCL)."""
-        self.cfg, self.env, self.device, self.dataset = cfg, env, device, dataset
+        where the gradient all-reduce may complete without a lost peer (NCCL). ``spec`` is
+        the task (None: the one ``cfg`` names)."""
+        self.cfg, self.env, self.device, self.data = cfg, env, device, data
+        self.dataset = data.train
+        self.spec = spec or cfg.spec
         self.durable, self.local, self.events = durable, local, events
         self.checkpoint_group = checkpoint_group
         self.guard = guard or StepGuard(None)
-        self.identity = run_identity(cfg, dataset)
+        self.identity = run_identity(cfg, self.dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
-        self.model = build_model(ModelConfig(cfg.model.model_width, cfg.model.model_blocks)).to(
-            device=device, dtype=self.dtype
+        self.parts = self.spec.build(
+            cfg.options, data, BuildContext(cfg.optim.lr, cfg.optim.global_batch_size)
         )
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=cfg.optim.lr,
-            momentum=cfg.optim.momentum,
-            weight_decay=cfg.optim.weight_decay,
-        )
-        self.sampler = ElasticSampler(len(dataset), cfg.optim.global_batch_size, cfg.run.seed)
+        # In place: the optimizer's references to the parameters stay valid.
+        self.model = self.parts.model.to(device=device, dtype=self.dtype)
+        self.optimizer = self.parts.optimizer
+        self.scheduler = self.parts.scheduler
+        self.sampler = ElasticSampler(len(self.dataset), cfg.optim.global_batch_size, cfg.run.seed)
         self.state = TrainerState()
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
@@ -114,7 +117,7 @@ class StatefulTrainer:
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         step = self.state.step
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "trainer": {
@@ -123,11 +126,18 @@ class StatefulTrainer:
                 "consumed_samples": self.sampler.consumed_samples(step),
             },
             "run": dict(self.identity),
-            "rng": {"torch": torch.get_rng_state()},
+            "rng": rng_state(self.device),
         }
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        theirs = {k: v for k, v in state["run"].items() if k != STORAGE_KEY}
+        # A state written before a task option existed holds no value for it: it was trained
+        # at that option's default, and matches a run that keeps the default.
+        defaults = {f.name: f.default for f in fields(self.cfg.options)}
+        theirs = {**defaults, **state["run"]}
+        theirs = {k: v for k, v in theirs.items() if k != STORAGE_KEY}
         mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
         if theirs != mine:
             differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
@@ -141,8 +151,10 @@ class StatefulTrainer:
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.state.step = int(state["trainer"]["step"])
-        torch.set_rng_state(state["rng"]["torch"])
+        set_rng_state(state["rng"], self.device)
 
     def restore(self) -> Resume:
         """The newest state any rank holds, loaded on every rank (``agree_on_resume``)."""
@@ -246,6 +258,20 @@ class StatefulTrainer:
                 code = stop_exit_code(outcome)
             finally:  # whatever happened, the process ends: the agent is waiting for it
                 exit_now(code)
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """torch's RNG streams this worker uses: the CPU generator's, and its GPU's."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def stop_exit_code(outcome: Outcome | None) -> int:

@@ -1,4 +1,5 @@
-"""The data-staging Job: CIFAR-10 into the ``data`` container before the training job exists.
+"""The data-staging Job: the task's data into the ``data`` container before the training job
+exists (CIFAR-10's archive, or the character LM's corpus: training/data/sources.py).
 
 It runs ``python -m training.data.stage_data`` from the staging image
 (``training/Dockerfile.stager``: the training package with a CPU-only torch, no CUDA) on the
@@ -17,6 +18,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from training.data.sources import FORMATS
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
 from workloads.manifests.scheduling import ROLE_LABEL, SYSTEM_POOL
 
@@ -43,6 +45,8 @@ class DataStagingSpec:
     checksum: str
     container_uri: str
     """``https://<account>.blob.core.windows.net/data``."""
+    data_format: str = "cifar10"
+    """How ``stage_data`` checks and unpacks it (``training.data.sources.FORMATS``)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field when it cannot work."""
@@ -50,6 +54,10 @@ class DataStagingSpec:
             raise ValueError(f"container_uri must be an https:// URL, got {self.container_uri!r}")
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1]:
             raise ValueError(f"image must carry an explicit tag, got {self.image!r}")
+        if self.data_format not in FORMATS:
+            raise ValueError(
+                f"data_format must be one of {', '.join(FORMATS)}, got {self.data_format!r}"
+            )
 
 
 def staging_job_name(spec: DataStagingSpec) -> str:
@@ -70,6 +78,8 @@ def staging_command(spec: DataStagingSpec) -> list[str]:
         spec.checksum,
         "--container-uri",
         spec.container_uri,
+        "--format",
+        spec.data_format,
     ]
 
 

@@ -92,6 +92,8 @@ class ElasticJobSpec:
     termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
     """The pods' terminationGracePeriodSeconds; the workers' stop deadline derives from it."""
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
+    task: str = "cifar"
+    """What the workers train (``--task``: training/tasks/)."""
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
     workers prefer the Spot one (``spot_preference``)."""
@@ -187,6 +189,7 @@ def elastic_policy_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
 def training_args(spec: ElasticJobSpec) -> list[str]:
     """Flags of ``training.train``; checkpoint location and timeouts come as env."""
     return [
+        f"--task={spec.task}",
         f"--max-steps={spec.max_steps}",
         f"--global-batch-size={spec.global_batch_size}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
@@ -379,6 +382,7 @@ def elastic_job_spec(
         termination_grace_s=job.termination_grace_s,
         node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
         prefer_spot=fallback,
+        task=config.task,
     )
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lab.local.scenario import plan_membership
 from lab.local.scenario_file import load_scenario
+from tests.support.lab_runs import run_lab
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = REPO_ROOT / "lab" / "local" / "scenarios" / "multi-gpu.toml"
@@ -25,16 +23,7 @@ def test_the_plan_counts_ranks_not_nodes() -> None:
 
 @pytest.mark.slow
 def test_two_processes_per_node_recover_from_a_kill_with_no_lost_step(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "lab", "run", "--scenario", str(SCENARIO), "--out", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    report = run_lab(SCENARIO, tmp_path / "run")
     (fault,) = report["faults"]
     assert fault["recovered"] and fault["steps_lost"] == 0
     assert (fault["world_size_before"], fault["world_size_after"]) == (4, 2)

@@ -169,7 +169,7 @@ def test_toml_and_json_files_load_the_same(tmp_path: Path) -> None:
 
 def test_missing_scenario_file_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(
-        ScenarioError, match=r"--scenario: .*neither a built-in scenario \(default, ci\)"
+        ScenarioError, match=r"--scenario: .*neither a built-in scenario \(default, ci, charlm\)"
     ):
         load_scenario(str(tmp_path / "nope.toml"))
 
@@ -210,6 +210,31 @@ def test_train_args_are_the_training_programs_flags() -> None:
     assert "--data-dir=/data" in args
     assert "--log-every=1" in args
     assert all(a.startswith("--") and "=" in a for a in args)
+
+
+def test_the_charlm_scenario_runs_the_task_with_its_own_options_and_evaluations() -> None:
+    train = load_scenario("charlm").train
+    args = train.args("/data")
+    assert "--task=charlm" in args and "--n-layer=2" in args and "--eval-every=25" in args
+    assert not [a for a in args if a.startswith("--model-width")]  # cifar's, not the LM's
+    assert "--task=cifar" in load_scenario("ci").train.args("/data")
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        (
+            {"task": "charlm", "task_options": "--model-width=4"},
+            r"^train\.task_options: '--model-width=4' holds a flag the charlm task does not have",
+        ),
+        ({"task": "charlm", "task_options": "--n-embd=30"}, r"--n-embd \(30\) must be a multiple"),
+        ({"task": "gpt"}, r"^train\.task: \(or TRAIN_TASK\) must be one of charlm, cifar"),
+        ({"eval_every": -1}, r"^train\.eval_every: must be >= 0"),
+    ],
+)
+def test_a_tasks_settings_are_checked_up_front(train: dict, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        validate_scenario(_scenario(train=TrainSettings(**train)))
 
 
 @pytest.mark.parametrize(

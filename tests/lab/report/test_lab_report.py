@@ -401,3 +401,27 @@ def test_two_groups_training_at_once_fail_the_fault() -> None:
     )
     assert report["run"]["two_groups_at_once"] == 1 and not report["run"]["all_recovered"]
     assert format_table(report).splitlines()[2].endswith("SPLIT")
+
+
+def test_the_tasks_evaluations_are_the_reports_validation_loss() -> None:
+    assert _report(_kill_story())["run"]["validation"] is None  # a task without evaluations
+    records = _kill_story() + [
+        event(5.0, "evaluated", step=4, world_size=3, eval_loss=4.25, sample="Frst Ctzn"),
+        event(
+            20.5, "evaluated", node="node-1", step=14, world_size=2, eval_loss=2.5, sample="All:"
+        ),
+        event(21.0, "evaluated", step=15, eval_loss=float("nan")),  # diverged: not a number
+    ]
+    report = _report(sorted(records, key=lambda r: r["ts"]))
+    assert report["run"]["validation"] == {
+        "evaluations": 2,
+        "first_step": 4,
+        "first_loss": 4.25,
+        "last_step": 14,
+        "last_loss": 2.5,
+        "last_sample": "All:",
+    }
+    assert (
+        "validation loss 4.2500 at step 4 -> 2.5000 at step 14 (2 evaluations); sampled: 'All:'"
+        in format_table(report)
+    )

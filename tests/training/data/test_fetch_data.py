@@ -68,7 +68,7 @@ def test_an_empty_container_is_a_dataset_error_that_says_how_to_fill_it(
     azurite: str, blob_container_uri: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite)
-    with pytest.raises(DataFetchError, match="holds no data_batch_N.bin.*--auth-mode login"):
+    with pytest.raises(DataFetchError, match="no data_batch_N.bin nor input.txt.*--auth-mode"):
         fetch_dataset(f"{blob_container_uri}/cifar", tmp_path / "local")
 
 

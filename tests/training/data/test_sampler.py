@@ -15,7 +15,7 @@ from training.data.sampler import (
     rank_share,
     steps_per_epoch,
 )
-from training.loop.model import ModelConfig, build_model
+from training.tasks.resnet import ModelConfig, build_model
 
 
 def _sampler(**overrides: int) -> ElasticSampler:

@@ -173,3 +173,29 @@ def test_checksum_is_case_insensitive() -> None:
         "md5",
         "c32a1d4ab5d03f1284b67883e8d87530",
     )
+
+
+def test_a_text_corpus_is_staged_as_input_txt_and_the_task_reads_it(
+    tmp_path: Path, server: _Server, container: tuple[str, ContainerClient]
+) -> None:
+    from training.data.sources import CORPUS_FILE
+
+    uri, client = container
+    server.body = b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40
+    checksum = "sha256:" + hashlib.sha256(server.body).hexdigest()
+    args = ["--source", server.url, "--checksum", checksum, "--container-uri", uri]
+    assert main([*args, "--format", "text"]) == 0
+    assert sorted(b.name for b in client.list_blobs()) == [MARKER, CORPUS_FILE]
+    assert client.download_blob(CORPUS_FILE).readall() == server.body
+    assert main([*args, "--format", "text"]) == 0 and server.hits == 1  # staged once
+
+
+def test_a_corpus_that_is_not_utf8_text_uploads_nothing(
+    tmp_path: Path, server: _Server, container: tuple[str, ContainerClient], capsys: object
+) -> None:
+    uri, client = container
+    server.body = _archive(tmp_path)  # an archive where a text file was expected
+    args = ["--source", server.url, "--checksum", _md5(server.body), "--container-uri", uri]
+    assert main([*args, "--format", "text"]) == 2
+    assert list(client.list_blobs()) == []
+    assert "is not UTF-8 text" in capsys.readouterr().err  # type: ignore[attr-defined]

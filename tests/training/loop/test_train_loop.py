@@ -193,6 +193,17 @@ def test_resuming_under_another_optimiser_setting_is_a_clear_error(
         harness(tmp_path, data_dir, flag).trainer.restore()
 
 
+def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    first = harness(tmp_path, data_dir, "--max-steps=1")
+    state = first.trainer.state_dict()
+    del state["run"]["dropout"], state["run"]["warmup_steps"]  # as written before they existed
+    assert harness(tmp_path, data_dir).trainer.load_state_dict(state) is None
+    with pytest.raises(ConfigError, match="written with dropout=0.0; this run has dropout=0.5"):
+        harness(tmp_path, data_dir, "--dropout=0.5").trainer.load_state_dict(state)
+
+
 # --- Peer failures outside the loop -------------------------------------------------------------
 
 

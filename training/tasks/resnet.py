@@ -2,8 +2,9 @@
 depends on the other samples in its batch.
 
 GroupNorm instead of BatchNorm: batch statistics would come from each rank's micro-batch,
-whose size changes with the world size, and so would the trajectory. No dropout either:
-its mask would come from a per-rank RNG.
+whose size changes with the world size, and so would the trajectory. The optional dropout
+before the head draws each sample's mask from that sample's own seed (``keyed_dropout``), not
+from a per-rank RNG.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from training.api import keyed_dropout
 
 STAGES = 3
 """Stages of widths w, 2w, 4w; each later stage halves the resolution (32, 16, 8)."""
@@ -29,6 +32,8 @@ class ModelConfig:
     """BasicBlocks per stage (2 gives a ResNet-14-like depth)."""
     num_classes: int = 10
     """Outputs of the linear head."""
+    dropout: float = 0.0
+    """Dropout before the head (0 = off)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a size is out of range."""
@@ -82,10 +87,14 @@ class ResNet(nn.Module):
                 in_channels = out_channels
         self.stages = nn.Sequential(*blocks)
         self.head = nn.Linear(in_channels, cfg.num_classes)
+        self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = self.stages(self.stem(x))
-        return self.head(features.mean(dim=(2, 3)))
+    def forward(self, x: torch.Tensor, seeds: list[int] | None = None) -> torch.Tensor:
+        """Logits; ``seeds`` (one per sample, in training) turn the dropout on."""
+        features = self.stages(self.stem(x)).mean(dim=(2, 3))
+        if seeds is not None:
+            features = keyed_dropout(features, self.dropout, seeds, site=0)
+        return self.head(features)
 
 
 def _initialise(model: nn.Module) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from training.data.cifar10 import batch_tensors, load_cifar10_binary, write_synthetic_cifar10
 from training.data.sampler import ElasticSampler
-from training.loop.model import ModelConfig, build_model, parameter_count
+from training.tasks.resnet import ModelConfig, build_model, parameter_count
 
 
 def _model(seed: int = 0, **overrides: int) -> torch.nn.Module:

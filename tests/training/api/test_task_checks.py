@@ -1,0 +1,134 @@
+"""The API's checks catch a task that would break exact resume: state kept outside the
+checkpoint (a scheduler the loop was not given, a private RNG) and randomness from torch's
+per-rank global RNG. Each variant below is the character LM changed in one way a port
+commonly goes wrong; with the check off, the same variant's resumed run indeed leaves the
+uninterrupted one, so the check catches a real break, not a difference of its own making.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.support.elastic_cluster import final_parameters, max_abs_difference
+from tests.support.exactness import flags, make_data, run_here
+from training.api import TaskContractError, TrainParts, TrainSpec
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.storage import FileStore
+from training.loop.trainer_state import EXIT_OK
+from training.tasks import TASKS
+
+CHARLM = TASKS["charlm"]
+# The hidden scheduler steps before the optimizer, as torch warns: the port's mistake.
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
+
+
+def hidden_scheduler() -> TrainSpec:
+    """The scheduler is not handed to the loop; the task steps it once per step itself."""
+    held: dict[str, Any] = {"last": None}
+
+    def build(options: Any, data: Any, run: Any) -> TrainParts:
+        parts = CHARLM.build(options, data, run)
+        held["scheduler"], parts.scheduler = parts.scheduler, None
+        return parts
+
+    def loss(model: Any, batch: Any, where: Any) -> torch.Tensor:
+        if where.step != held["last"]:
+            held["last"] = where.step
+            held["scheduler"].step()
+        return CHARLM.loss(model, batch, where)
+
+    return replace(CHARLM, build=build, loss=loss)
+
+
+def private_generator() -> TrainSpec:
+    """Input noise drawn from a generator the task keeps: its position is not in the state."""
+    generator = torch.Generator().manual_seed(0)
+
+    def loss(model: Any, batch: torch.Tensor, where: Any) -> torch.Tensor:
+        noisy = torch.rand(batch.shape, generator=generator) < 0.1
+        return CHARLM.loss(model, torch.where(noisy, 0, batch), where)
+
+    return replace(CHARLM, loss=loss)
+
+
+def global_rng() -> TrainSpec:
+    """Dropout on the logits from torch's global RNG, as ``nn.Dropout`` draws it."""
+
+    def loss(model: Any, batch: torch.Tensor, where: Any) -> torch.Tensor:
+        logits = F.dropout(model(batch[:, :-1]), 0.1, training=True)
+        return F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="sum")
+
+    return replace(CHARLM, loss=loss)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data("charlm", tmp_path_factory.mktemp("data") / "charlm")
+
+
+@pytest.mark.parametrize(
+    ("variant", "seen"),
+    [(hidden_scheduler, "learning rates"), (private_generator, "loss")],
+)
+def test_state_kept_outside_the_checkpoint_is_refused_before_training(
+    variant: Callable[[], TrainSpec], seen: str, data: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(TaskContractError, match=f"keeps state outside the checkpoint.*{seen}"):
+        run_here(tmp_path, data, flags("charlm", "--max-steps=3"), spec=variant())
+    assert CheckpointRepository(FileStore(tmp_path / "durable")).head() is None
+
+
+@pytest.mark.parametrize("variant", [hidden_scheduler, private_generator])
+def test_unchecked_that_state_does_break_the_resumed_trajectory(
+    variant: Callable[[], TrainSpec], data: Path, tmp_path: Path
+) -> None:
+    unchecked = flags("charlm", "--resume-check=false")
+    whole, code = run_here(tmp_path / "whole", data, [*unchecked, "--max-steps=6"], spec=variant())
+    assert code == EXIT_OK
+    for steps in (3, 6):  # stopped at 3, resumed in a new process (a new task object)
+        _, code = run_here(
+            tmp_path / "split", data, [*unchecked, f"--max-steps={steps}"], spec=variant()
+        )
+        assert code == EXIT_OK
+    difference = max_abs_difference(
+        final_parameters(tmp_path / "split" / "durable"),
+        final_parameters(tmp_path / "whole" / "durable"),
+    )
+    assert difference > 1e-6
+
+
+def test_randomness_from_the_global_rng_is_refused_at_the_first_micro_batch(
+    data: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(TaskContractError, match="drew from torch's global RNG in its loss"):
+        run_here(tmp_path, data, flags("charlm", "--max-steps=3"), spec=global_rng())
+    # The same check guards every step, not only the rehearsal before the first.
+    with pytest.raises(TaskContractError, match="global RNG"):
+        run_here(
+            tmp_path,
+            data,
+            flags("charlm", "--max-steps=3", "--resume-check=false"),
+            spec=global_rng(),
+        )
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused(data: Path, tmp_path: Path) -> None:
+    def per_sample(model: Any, batch: Any, where: Any) -> torch.Tensor:
+        return CHARLM.loss(model, batch, where).expand(2)
+
+    with pytest.raises(TaskContractError, match="loss must return a scalar tensor"):
+        run_here(
+            tmp_path, data, flags("charlm", "--max-steps=1"), spec=replace(CHARLM, loss=per_sample)
+        )
+
+
+def test_the_real_tasks_pass_the_checks(data: Path, tmp_path: Path) -> None:
+    _, code = run_here(tmp_path, data, flags("charlm", "--max-steps=2", "--dropout=0.5"))
+    assert code == EXIT_OK

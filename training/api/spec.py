@@ -1,0 +1,168 @@
+"""The contract between a task (the user's model and data) and the elastic training loop.
+
+A task is a ``TrainSpec``: what it builds and computes. The loop owns the rest: which samples
+each rank takes at each step (by global sample index, training/data/sampler.py), gradient
+accumulation that keeps the global batch fixed at every world size, the state (model,
+optimizer, scheduler, RNG, step, epoch), its saves and restores, the step guard, faults,
+endings, exit codes and the log lines. docs/your-own-model.md walks through a port.
+
+Shaped after torchtitan's ``TrainSpec``: a frozen record of builders and functions, one per
+task, found by name in one registry (``training/tasks/__init__.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from training.api.keyed_random import keyed_seeds
+
+
+class TaskContractError(ValueError):
+    """The task breaks the contract in a way that would break exact resume; the message says
+    what was seen and the fix. Bad input: the same in every round, so no restart helps."""
+
+
+def require_at_least(options: Any, least: float, *names: str) -> None:
+    """ValueError naming the flag (``--n-layer``) of the first option below ``least``."""
+    for name in names:
+        if (value := getattr(options, name)) < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+
+
+class Samples(Protocol):
+    """A training or validation split: indexable by sample, with a digest of its content."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the content: a state is never resumed over other data of the same size."""
+        ...
+
+
+@dataclass(frozen=True)
+class Data:
+    """What ``TrainSpec.load_data`` returns."""
+
+    train: Samples
+    """The samples the loop draws global batches from."""
+    validation: Samples | None = None
+    """What ``TrainSpec.evaluate`` reads, if the task evaluates."""
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """The loop's settings a task's parts depend on."""
+
+    lr: float
+    """The learning rate (``--lr``): the peak of a schedule. Nothing here depends on
+    ``--max-steps``: a run may be extended, so a schedule's length is one of the task's
+    options."""
+    global_batch_size: int
+    """Samples per optimiser step, whatever the world size."""
+
+
+@dataclass
+class TrainParts:
+    """What ``TrainSpec.build`` returns: the objects whose state the loop keeps."""
+
+    model: nn.Module
+    """The network, on the CPU; the loop moves it to the device and dtype, wraps it in DDP."""
+    optimizer: torch.optim.Optimizer
+    """Over ``model``'s parameters; stepped by the loop once per global batch."""
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    """Stepped by the loop after each optimizer step, saved and restored with it."""
+    max_grad_norm: float | None = None
+    """Clip the global gradient's norm to this before each optimizer step (None: no clip)."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Where a micro-batch sits: what ``collate`` and ``loss`` may read, and nothing else."""
+
+    indices: torch.Tensor
+    """Global sample indices (int64): the same sample has the same index at any world size."""
+    step: int
+    """The optimiser step (0-based) this micro-batch belongs to."""
+    epoch: int
+    """The epoch ``step`` draws from."""
+    seed: int
+    """The run's seed (``--seed``)."""
+    device: torch.device
+    """Where the model is."""
+
+    def sample_seeds(self, stream: int) -> list[int]:
+        """One 63-bit seed per sample of this micro-batch, keyed by (seed, stream, step, sample
+        index): randomness drawn from it is the same at any world size and after any resume,
+        and needs no state. Use a distinct ``stream`` per use (dropout, augmentation, ...)."""
+        return keyed_seeds((self.seed, stream, self.step), self.indices.tolist())
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What ``evaluate`` may read: the step, the task's options, this rank's place."""
+
+    step: int
+    seed: int
+    device: torch.device
+    rank: int
+    world_size: int
+    options: Any
+    """The task's options (its ``TrainSpec.options`` dataclass, as configured)."""
+
+    def share(self, count: int) -> range:
+        """This rank's contiguous share of ``count`` evaluation items (every item once)."""
+        base, extra = divmod(count, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return range(start, start + base + (1 if self.rank < extra else 0))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One rank's part of an evaluation: the loop sums ``loss_sum`` and ``count`` over ranks."""
+
+    loss_sum: float
+    """Sum of the per-item losses of this rank's share."""
+    count: int
+    """Items in this rank's share."""
+    text: str | None = None
+    """A line for the log (rank 0's is logged), e.g. a sampled line of text."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A task: its settings, data, parts, and how a loss is computed from a micro-batch."""
+
+    name: str
+    """What ``--task`` (``TRAIN_TASK``) and the stack's ``task`` call it."""
+    options: type
+    """A dataclass of the task's own settings: every field has a default and a docstring
+    under it, and becomes a flag (``--field-name``, env ``TRAIN_FIELD_NAME``). Every field is
+    part of the run's identity: a state is never resumed under other values."""
+    load_data: Callable[[str, Any], Data]
+    """``load_data(data_dir, options)``: the samples, read before any collective. Raise
+    ``ValueError`` or ``OSError`` with a message naming the file and the fix."""
+    build: Callable[[Any, Data, BuildContext], TrainParts]
+    """``build(options, data, run)``: model, optimizer, scheduler. Called after the loop seeded
+    torch with ``--seed``: every rank builds the same initial weights."""
+    collate: Callable[[Sequence[Any], MicroBatch], Any]
+    """``collate(items, where)``: ``items[i]`` is ``train[where.indices[i]]``; returns the batch
+    (tensors, or tuples or dicts of them, on the CPU; the loop moves them)."""
+    loss: Callable[[nn.Module, Any, MicroBatch], torch.Tensor]
+    """``loss(model, batch, where)``: the SUM over the micro-batch's samples of each sample's
+    loss (the loop scales it so the gradient is the global batch's mean at any world size).
+    Randomness comes from ``where.sample_seeds``, never from torch's global RNG."""
+    evaluate: Callable[[nn.Module, Data, EvalContext], Evaluation] | None = None
+    """Run every ``--eval-every`` steps on every rank, in ``eval()`` mode without gradients."""
+    check: Callable[[Any], None] | None = None
+    """``check(options)``: raise ``ValueError`` naming the flag when an option is out of range;
+    run with the loop's own checks, before any collective."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """The task's own defaults for the loop's settings (``{"lr": 3e-4}``); flags and env win."""

@@ -1,0 +1,285 @@
+"""A small GPT-style character language model (after nanoGPT's shakespeare_char): AdamW, warmup
+then cosine learning rate, gradient clipping, dropout, autocast (bf16 on a GPU, off on the CPU),
+and an evaluation every N steps with the validation loss and a sampled line of text.
+
+One file written only against ``training.api``. Its dropout masks come from
+``keyed_dropout``, keyed by (seed, step, sample index), so they are the same at any world size
+and after any resume; the scheduler is handed to the loop, which keeps its state.
+
+The corpus is one UTF-8 text file, ``input.txt`` in ``--data-dir`` (Tiny Shakespeare by
+default, staged like CIFAR-10: its URL and SHA-256 are stack config). The first 90% trains,
+the rest validates; a sample is a window of ``block_size + 1`` characters at a multiple of
+``block_size``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.api import (
+    BuildContext,
+    Data,
+    EvalContext,
+    Evaluation,
+    MicroBatch,
+    TrainParts,
+    TrainSpec,
+    keyed_dropout,
+    keyed_seed,
+    require_at_least,
+)
+from training.data.sources import CORPUS_FILE
+
+TRAIN_FRACTION = 0.9
+DROPOUT_STREAM = 1
+SAMPLE_STREAM = 2
+
+
+@dataclass
+class CharLMOptions:
+    block_size: int = 64
+    """Characters of context per sample."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block."""
+    n_embd: int = 128
+    """Width of the residual stream (a multiple of --n-head)."""
+    dropout: float = 0.1
+    """Dropout after the embeddings, each attention and each MLP (0 = off)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay of the matrices (not of biases and norms)."""
+    warmup_steps: int = 100
+    """Steps of linear warmup to --lr, then a cosine decay to --min-lr-ratio x --lr."""
+    decay_steps: int = 5000
+    """The step at which the cosine decay reaches its floor (and stays)."""
+    min_lr_ratio: float = 0.1
+    """The cosine decay's floor, as a fraction of --lr."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    eval_chunks: int = 64
+    """Validation windows per evaluation, split over the ranks."""
+    sample_chars: int = 80
+    """Characters sampled for the log at each evaluation (at most one line)."""
+
+
+class CharChunks:
+    """Windows of ``block_size + 1`` token ids at multiples of ``block_size``."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int, digest: str) -> None:
+        self.tokens, self.block_size, self._digest = tokens, block_size, digest
+
+    def __len__(self) -> int:
+        return max((len(self.tokens) - 1) // self.block_size, 0)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        start = int(index) * self.block_size
+        return self.tokens[start : start + self.block_size + 1]
+
+    @property
+    def digest(self) -> str:
+        return self._digest
+
+
+@dataclass(frozen=True)
+class Corpus(Data):
+    vocabulary: str = ""
+    """Every character of the corpus, sorted: token id i is ``vocabulary[i]``."""
+
+
+def load_data(data_dir: str, options: CharLMOptions) -> Corpus:
+    """``input.txt`` in ``data_dir``, split 90/10 into training and validation windows."""
+    path = Path(data_dir) / CORPUS_FILE
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc}): is it the staged corpus?") from None
+    vocabulary = "".join(sorted(set(text)))
+    lookup = {c: i for i, c in enumerate(vocabulary)}
+    ids = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
+    split = int(len(ids) * TRAIN_FRACTION)
+    digest = hashlib.sha256(raw).hexdigest()
+    train = CharChunks(ids[:split], options.block_size, f"{digest}:train:{options.block_size}")
+    validation = CharChunks(ids[split:], options.block_size, f"{digest}:val")
+    if len(validation) == 0:
+        raise ValueError(
+            f"{path} has {len(text)} characters: too few for one validation window of "
+            f"--block-size {options.block_size} + 1 in its last {1 - TRAIN_FRACTION:.0%}"
+        )
+    return Corpus(train=train, validation=validation, vocabulary=vocabulary)
+
+
+def check(options: CharLMOptions) -> None:
+    require_at_least(options, 1, "block_size", "n_layer", "n_head", "n_embd", "eval_chunks")
+    require_at_least(options, 0, "warmup_steps", "grad_clip", "sample_chars")
+    if options.n_embd % options.n_head:
+        raise ValueError(
+            f"--n-embd ({options.n_embd}) must be a multiple of --n-head ({options.n_head})"
+        )
+    if not 0.0 <= options.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {options.dropout}")
+    if options.decay_steps < options.warmup_steps:
+        raise ValueError(
+            f"--decay-steps ({options.decay_steps}) must be >= --warmup-steps "
+            f"({options.warmup_steps})"
+        )
+    if not 0.0 <= options.min_lr_ratio <= 1.0:
+        raise ValueError(f"--min-lr-ratio must be in [0, 1], got {options.min_lr_ratio}")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then an MLP."""
+
+    def __init__(self, options: CharLMOptions, index: int) -> None:
+        super().__init__()
+        width = options.n_embd
+        self.n_head, self.p, self.index = options.n_head, options.dropout, index
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor, seeds: Sequence[int] | None) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # no attention dropout
+        y = self.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + _dropout(y, self.p, seeds, 2 * self.index + 1)
+        y = self.out(F.gelu(self.fc(self.norm2(x))))
+        return x + _dropout(y, self.p, seeds, 2 * self.index + 2)
+
+
+def _dropout(x: torch.Tensor, p: float, seeds: Sequence[int] | None, site: int) -> torch.Tensor:
+    return keyed_dropout(x, p, seeds, site) if seeds is not None else x
+
+
+class CharGPT(nn.Module):
+    """Token and position embeddings, transformer blocks, a tied linear head."""
+
+    def __init__(self, options: CharLMOptions, vocab_size: int) -> None:
+        super().__init__()
+        self.block_size, self.p = options.block_size, options.dropout
+        self.tokens = nn.Embedding(vocab_size, options.n_embd)
+        self.positions = nn.Embedding(options.block_size, options.n_embd)
+        self.blocks = nn.ModuleList(Block(options, i) for i in range(options.n_layer))
+        self.norm = nn.LayerNorm(options.n_embd)
+        self.head = nn.Linear(options.n_embd, vocab_size, bias=False)
+        self.head.weight = self.tokens.weight  # weight tying, as in GPT-2
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor, seeds: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits for each position; ``seeds`` (one per sample) turn dropout on."""
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = _dropout(self.tokens(idx) + self.positions(positions), self.p, seeds, 0)
+        for block in self.blocks:
+            x = block(x, seeds)
+        return self.head(self.norm(x))
+
+
+def warmup_cosine(warmup: int, total: int, floor: float) -> Any:
+    """The LR factor at step s: linear warmup over ``warmup`` steps, then cosine to ``floor``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build(options: CharLMOptions, data: Corpus, run: BuildContext) -> TrainParts:
+    model = CharGPT(options, len(data.vocabulary))
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": matrices, "weight_decay": options.weight_decay}, {"params": others}],
+        lr=run.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+    )
+    schedule = warmup_cosine(options.warmup_steps, options.decay_steps, options.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return TrainParts(model, optimizer, scheduler, options.grad_clip or None)
+
+
+def collate(items: Sequence[torch.Tensor], where: MicroBatch) -> torch.Tensor:
+    return torch.stack(list(items))
+
+
+def _autocast(device: torch.device) -> torch.autocast:
+    # bf16 on a GPU (tensor cores, no loss scaling needed); the CPU stays in its own dtype.
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def _sample_losses(model: nn.Module, windows: torch.Tensor, seeds: Any = None) -> torch.Tensor:
+    """Each window's mean next-character loss."""
+    x, y = windows[:, :-1], windows[:, 1:]
+    with _autocast(windows.device):
+        logits = model(x, seeds)
+    if logits.dtype in (torch.bfloat16, torch.float16):  # the loss in float32, as autocast does
+        logits = logits.float()
+    return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
+
+
+def loss(model: nn.Module, windows: torch.Tensor, where: MicroBatch) -> torch.Tensor:
+    return _sample_losses(model, windows, where.sample_seeds(DROPOUT_STREAM)).sum()
+
+
+def evaluate(model: nn.Module, data: Corpus, ctx: EvalContext) -> Evaluation:
+    """The validation loss of this rank's share of the first windows; rank 0 samples a line."""
+    assert data.validation is not None
+    options: CharLMOptions = ctx.options
+    share = ctx.share(min(options.eval_chunks, len(data.validation)))
+    windows = [data.validation[i] for i in share]
+    loss_sum = 0.0
+    if windows:
+        loss_sum = float(_sample_losses(model, torch.stack(windows).to(ctx.device)).sum())
+    text = sample_line(model, data, ctx, options.sample_chars) if ctx.rank == 0 else None
+    return Evaluation(loss_sum, len(windows), text)
+
+
+def sample_line(model: nn.Module, data: Corpus, ctx: EvalContext, chars: int = 80) -> str:
+    """Characters sampled after a newline, up to the next one; randomness keyed by the step."""
+    generator = torch.Generator(device=ctx.device)
+    generator.manual_seed(keyed_seed((ctx.seed, SAMPLE_STREAM, ctx.step)))
+    newline = data.vocabulary.find("\n")
+    idx = torch.tensor([[max(newline, 0)]], device=ctx.device)
+    out = []
+    for _ in range(chars):
+        with _autocast(ctx.device):
+            logits = model(idx[:, -model.block_size :])[:, -1].float()
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+        char = data.vocabulary[int(nxt)]
+        if char == "\n":
+            break
+        out.append(char)
+        idx = torch.cat([idx, nxt], dim=1)
+    return "".join(out)
+
+
+SPEC = TrainSpec(
+    name="charlm",
+    options=CharLMOptions,
+    load_data=load_data,
+    build=build,
+    collate=collate,
+    loss=loss,
+    evaluate=evaluate,
+    check=check,
+    defaults={"lr": 1e-3, "global_batch_size": 32, "micro_batch_size": 16, "eval_every": 50},
+)
