@@ -138,6 +138,8 @@ def run_campaign(
                 etcd_binary=binary,
                 python=python,
             )
+            if result["status"] == "interrupted":  # the lab's runner took the Ctrl-C: not a result
+                raise KeyboardInterrupt
             results.append(result)
             say(describe(result, index, schedules))
     except KeyboardInterrupt:  # a long campaign stopped early still reports what it ran
