@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
 from training.agent import check_rendezvous, etcd_v2_problem, main
@@ -15,21 +12,14 @@ from training.agent import check_rendezvous, etcd_v2_problem, main
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
-
-
 def _env(endpoint: str, backend: str = "etcd-v2") -> dict[str, str]:
     return {"PET_RDZV_BACKEND": backend, "PET_RDZV_ENDPOINT": endpoint}
 
 
-def test_a_healthy_etcd_passes_and_torchrun_replaces_the_process(etcd: EmbeddedEtcd) -> None:
+def test_a_healthy_etcd_passes_and_torchrun_replaces_the_process(etcd_server: EmbeddedEtcd) -> None:
     calls: list[tuple[str, list[str]]] = []
     env = {
-        **_env(f"127.0.0.1:{etcd.client_port}"),
+        **_env(f"127.0.0.1:{etcd_server.client_port}"),
         "TRAIN_RDZV_WAIT_S": "0",
         "TRAIN_LAUNCHER": "torchrun",
     }
@@ -128,16 +118,18 @@ def test_an_unknown_launcher_names_the_setting_and_the_choices() -> None:
     assert "TRAIN_LAUNCHER must be one of warm, torchrun, got 'fast'" in result.stderr
 
 
-def test_the_warm_launcher_runs_the_training_module_only(etcd: EmbeddedEtcd) -> None:
-    env = {**_env(f"127.0.0.1:{etcd.client_port}"), "TRAIN_LAUNCHER": "warm"}
+def test_the_warm_launcher_runs_the_training_module_only(etcd_server: EmbeddedEtcd) -> None:
+    env = {**_env(f"127.0.0.1:{etcd_server.client_port}"), "TRAIN_LAUNCHER": "warm"}
     result = _agent(["--nnodes=1", "--module", "other.module"], env)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "runs --module training.train only, got 'other.module'" in result.stderr
     assert "TRAIN_LAUNCHER=torchrun" in result.stderr
 
 
-def test_the_warm_launcher_refuses_bad_training_flags_before_it_joins(etcd: EmbeddedEtcd) -> None:
-    env = {**_env(f"127.0.0.1:{etcd.client_port}"), "TRAIN_LAUNCHER": "warm"}
+def test_the_warm_launcher_refuses_bad_training_flags_before_it_joins(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    env = {**_env(f"127.0.0.1:{etcd_server.client_port}"), "TRAIN_LAUNCHER": "warm"}
     args = ["--nnodes=1", "--module", "training.train", "--data-dir", "/d", "--max-steps", "ten"]
     result = _agent([*args, "--checkpoint-uri", "/c"], env)
     assert result.returncode == 2, result.stderr[-2000:]

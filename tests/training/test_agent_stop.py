@@ -29,6 +29,7 @@ ENDLESS = [*TINY, "--max-steps", "100000", "--log-every", "1", "--min-step-time-
 
 @pytest.fixture
 def etcd_server(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+    """Its own etcd per test (not the module's, tests/training/conftest.py): a test stops it."""
     with EmbeddedEtcd(find_etcd_binary(), tmp_path / "etcd", tmp_path / "etcd.log") as server:
         yield server
 

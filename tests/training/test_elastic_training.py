@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree
 from tests.support.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
 from training.checkpoints.checkpoint import CheckpointRepository
@@ -47,13 +47,6 @@ TOLERANCE = 1e-9
 
 
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
     write_synthetic_cifar10(root, train_records=480, test_records=48, seed=1)
@@ -61,13 +54,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cluster_factory(tmp_path: Path, etcd: EmbeddedEtcd, dataset: Path) -> Iterator:
+def cluster_factory(tmp_path: Path, etcd_server: EmbeddedEtcd, dataset: Path) -> Iterator:
     made: list[Cluster] = []
 
     def make(name: str, **kwargs) -> Cluster:
         root = tmp_path / name
         root.mkdir()
-        cluster = Cluster(root, etcd.client_port, dataset, **kwargs)
+        cluster = Cluster(root, etcd_server.client_port, dataset, **kwargs)
         made.append(cluster)
         return cluster
 
@@ -78,11 +71,15 @@ def cluster_factory(tmp_path: Path, etcd: EmbeddedEtcd, dataset: Path) -> Iterat
 
 @pytest.fixture(scope="module")
 def reference(
-    tmp_path_factory: pytest.TempPathFactory, etcd: EmbeddedEtcd, dataset: Path
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EmbeddedEtcd, dataset: Path
 ) -> dict[str, torch.Tensor]:
     """An uninterrupted run at world size 2."""
     cluster = Cluster(
-        tmp_path_factory.mktemp("reference"), etcd.client_port, dataset, min_nodes=2, max_nodes=2
+        tmp_path_factory.mktemp("reference"),
+        etcd_server.client_port,
+        dataset,
+        min_nodes=2,
+        max_nodes=2,
     )
     try:
         for node in ("r0", "r1"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree
 from tests.support.elastic_cluster import Cluster, final_parameters, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
@@ -42,24 +42,17 @@ ARGS = [
 
 
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_data("charlm", tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
 def reference(
-    tmp_path_factory: pytest.TempPathFactory, etcd: EmbeddedEtcd, corpus: Path
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EmbeddedEtcd, corpus: Path
 ) -> dict[str, torch.Tensor]:
     """An uninterrupted run at world size 2."""
     root = tmp_path_factory.mktemp("reference")
-    cluster = Cluster(root, etcd.client_port, corpus, min_nodes=2, max_nodes=2)
+    cluster = Cluster(root, etcd_server.client_port, corpus, min_nodes=2, max_nodes=2)
     try:
         for node in ("r0", "r1"):
             cluster.start(node, ARGS)
@@ -72,8 +65,8 @@ def reference(
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: EmbeddedEtcd, corpus: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, etcd.client_port, corpus)
+def cluster(tmp_path: Path, etcd_server: EmbeddedEtcd, corpus: Path) -> Iterator[Cluster]:
+    made = Cluster(tmp_path, etcd_server.client_port, corpus)
     yield made
     made.close()
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,14 +69,9 @@ def test_spent_restarts_end_by_what_spent_them(worker_codes: list[int], node_cod
     assert after_spent_restarts(worker_codes) == node_code
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
-
-
-def test_missing_data_stops_the_node_before_it_joins(etcd: EmbeddedEtcd, tmp_path: Path) -> None:
+def test_missing_data_stops_the_node_before_it_joins(
+    etcd_server: EmbeddedEtcd, tmp_path: Path
+) -> None:
     # Every worker would fail the same way on every restart, spending the whole budget on
     # billed GPU nodes; the agent checks the data first and exits 2, which fails the job.
     env = {
@@ -85,7 +79,7 @@ def test_missing_data_stops_the_node_before_it_joins(etcd: EmbeddedEtcd, tmp_pat
         "TRAIN_RDZV_WAIT_S": "0",
         "TRAIN_LAUNCHER": "warm",
         "PET_RDZV_BACKEND": "etcd-v2",
-        "PET_RDZV_ENDPOINT": f"127.0.0.1:{etcd.client_port}",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{etcd_server.client_port}",
     }
     args = ["--nnodes=1", "--rdzv-id=missing-data", "--module", "training.train"]
     args += ["--data-dir", str(tmp_path / "nothing"), "--checkpoint-uri", str(tmp_path / "c")]
@@ -103,13 +97,13 @@ def test_missing_data_stops_the_node_before_it_joins(etcd: EmbeddedEtcd, tmp_pat
 
 
 @pytest.mark.slow
-def test_an_eviction_ends_the_node_with_143(etcd: EmbeddedEtcd, tmp_path: Path) -> None:
+def test_an_eviction_ends_the_node_with_143(etcd_server: EmbeddedEtcd, tmp_path: Path) -> None:
     # Uncaught, torch's SignalException made the agent exit 1: under ExitCode the first
     # eviction would have failed the whole job for good. This also fails if a torch upgrade
     # stops raising SignalException (with its sigval) out of the elastic agent on SIGTERM.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
-    cluster = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=1)
+    cluster = Cluster(tmp_path, etcd_server.client_port, data, min_nodes=1, max_nodes=1)
     try:
         cluster.start("a", [*TINY, "--max-steps", "100000", "--log-every", "1"])
         cluster.wait_until(lambda: cluster.max_step() >= 2, 120, "training to run")
@@ -157,13 +151,15 @@ def _resumed(cluster: Cluster, node: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothing(
-    etcd: EmbeddedEtcd, tmp_path: Path
+    etcd_server: EmbeddedEtcd, tmp_path: Path
 ) -> None:
     # Every eviction costs the survivors' agent a restart. Once the budget is spent the agent
     # used to exit 1 and close the rendezvous: the first few evictions ended the whole job.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
-    cluster = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=2, max_restarts=1)
+    cluster = Cluster(
+        tmp_path, etcd_server.client_port, data, min_nodes=1, max_nodes=2, max_restarts=1
+    )
     args = [*TINY, "--max-steps", "100000", "--log-every", "1", "--checkpoint-every-steps", "0"]
     try:
         cluster.start("a", args)
@@ -192,20 +188,20 @@ def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothi
 
 @pytest.mark.slow
 def test_bad_input_found_after_joining_stops_the_node_without_restarts(
-    etcd: EmbeddedEtcd, tmp_path: Path
+    etcd_server: EmbeddedEtcd, tmp_path: Path
 ) -> None:
     # A checkpoint of another run is found only after joining (the ranks agree on it first).
     # It fails every round the same way: the node must stop at once with 2, not spend its
     # twenty restarts and then exit 1.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
-    first = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=1)
+    first = Cluster(tmp_path, etcd_server.client_port, data, min_nodes=1, max_nodes=1)
     try:
         first.start("a", [*TINY, "--max-steps", "2"])
         assert first.wait_exit("a", 120) == 0, first.tail()
     finally:
         first.close()
-    second = Cluster(tmp_path, etcd.client_port, data, min_nodes=1, max_nodes=1)
+    second = Cluster(tmp_path, etcd_server.client_port, data, min_nodes=1, max_nodes=1)
     try:
         second.start("b", [*TINY, "--max-steps", "4", "--lr", "0.5"])
         assert second.wait_exit("b", 120) == BAD_INPUT, second.tail()

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import etcd
 import pytest
 
-from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree, is_alive, kill_tree
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
@@ -29,13 +28,6 @@ from training.elastic.membership import ROOT
 # opens stays open (it expects the survivor) until the second fault has landed.
 SLOW_SURVIVOR = RendezvousSettings(join_timeout_s=60, keep_alive_max_attempt=5)
 MAX_STEPS = 60
-
-
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
 
 
 def _rendezvous(cluster: Cluster, client: etcd.Client) -> tuple[dict, dict[int, list[str]]]:

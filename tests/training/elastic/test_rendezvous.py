@@ -30,7 +30,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
+from lab.local.etcd_server import EmbeddedEtcd, free_port
 from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
 from training.elastic.rendezvous import (
     BACKEND,
@@ -41,13 +41,6 @@ from training.elastic.rendezvous import (
 )
 
 TIMING = Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2, join_timeout_s=30)
-
-
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
-    root = tmp_path_factory.mktemp("etcd")
-    with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
-        yield server
 
 
 class Nodes:
