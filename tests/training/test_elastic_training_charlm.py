@@ -96,10 +96,13 @@ def test_a_node_killed_mid_warmup_loses_no_step_and_keeps_the_trajectory(
 def test_a_new_node_joining_then_an_eviction_keep_the_trajectory(
     cluster: Cluster, reference: dict[str, torch.Tensor]
 ) -> None:
+    # Slower pacing (it changes no number): the 37 steps left must outlast a new node's cold
+    # start, which took 14 s on a machine loaded to 10 (the run had ended by then at 0.25 s).
+    paced = [*ARGS, "--min-step-time-s=0.75"]
     for node in ("a", "b"):
-        cluster.start(node, ARGS)
+        cluster.start(node, paced)
     cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "3 steps at world size 2")
-    cluster.start("d", ARGS)  # a node id that never took part: the scale-up path
+    cluster.start("d", paced)  # a node id that never took part: the scale-up path
     cluster.wait_until(lambda: cluster.steps_at(3) >= 2, 120, "2 steps at world size 3")
     evicted_ts = max(r["ts"] for r in cluster.records())
     cluster.evict("b")  # the Spot notice: SIGTERM, the grace, then SIGKILL

@@ -1,6 +1,8 @@
 """Durable checkpoints that stay correct with any number of writers: no rename, no overwrite.
 
-Commit protocol:
+Commit protocol, after one read of the manifest log (a checkpoint that cannot become the head
+is refused before anything is uploaded; the new manifest is built on what that read found, and
+a writer that published meanwhile took its number: step 3 then reads again):
 1. write the state to a new, uniquely named object ``ckpt-<step>-<nonce>.pt``;
 2. check the store's receipt for it: the size the store now holds under that name (on Blob
    also every request's Content-MD5, which the service checks before it keeps a byte:
@@ -235,30 +237,32 @@ class CheckpointRepository:
         *,
         deadline: Deadline | None = None,
         prune: bool = True,
+        newer_only: bool = False,
     ) -> Entry:
-        """Write, check, then publish a checkpoint; returns only once it is acknowledged.
+        """Check, write, then publish a checkpoint; returns only once it is acknowledged.
 
         Raises StaleCheckpoint, and acknowledges nothing, when a newer step that verifies is
         already the head (a stalled background save that finishes after the emergency save, or
-        the other half of a split rendezvous, must not replace it); CheckpointError when
-        publishing took so long that a concurrent prune may have removed the object; and
-        DeadlineExceeded when ``deadline`` passed first. Every store call is bounded by the
-        deadline. ``prune`` runs pruning once the commit is acknowledged (its errors are
-        logged, not raised: the checkpoint is committed).
+        the other half of a split rendezvous, must not replace it); with ``newer_only``, also
+        when the newest manifest names this very step or a newer one (another node's agent
+        made the same save durable first). CheckpointError when publishing took so long that a
+        concurrent prune may have removed the object, and DeadlineExceeded when ``deadline``
+        passed first. Every store call is bounded by the deadline. ``prune`` runs pruning once
+        the commit is acknowledged (its errors are logged, not raised: the checkpoint is
+        committed).
         """
         payload = data if isinstance(data, Payload) else Payload.of(data)
         entry = Entry(object_name(self.prefix, step), step, payload.sha256, payload.size)
         store = self.store.bounded(deadline) if deadline is not None else self.store
-        uploaded = self._write(entry, payload, store)
-        # An error from here on leaves the object for pruning: a manifest may name it already
-        # (a create whose answer was lost), and what a manifest names is never deleted.
-        published = self._publish_entry(entry, uploaded, store, deadline)
-        late = self._clock() - uploaded
-        if not published:
+        uploaded, newer = self._publish_entry(entry, payload, store, deadline, newer_only)
+        if newer is not None:
+            older = f"is older than step {newer}," if newer != step else "is"
             raise StaleCheckpoint(
-                f"checkpoint of step {step} is older than step {self._newest_published}, "
-                f"already committed to {self.store.describe()}; dropped"
+                f"checkpoint of step {step} {older} already committed to "
+                f"{self.store.describe()}; dropped"
             )
+        assert uploaded is not None  # published
+        late = self._clock() - uploaded
         with self._lock:
             self._newest_published = max(self._newest_published, step)
         if late >= self.grace_s / 2:
@@ -295,26 +299,37 @@ class CheckpointRepository:
             logger.warning("could not delete unpublished %s: %s", entry.name, exc)
 
     def _publish_entry(
-        self, entry: Entry, uploaded: float, store: ObjectStore, deadline: Deadline | None
-    ) -> bool:
-        """Publish ``entry`` as the head on top of the newest manifest; False when stale.
+        self,
+        entry: Entry,
+        payload: Payload,
+        store: ObjectStore,
+        deadline: Deadline | None,
+        newer_only: bool,
+    ) -> tuple[float | None, int | None]:
+        """Upload ``entry`` and publish it as the head on top of the newest manifest: (when the
+        upload returned, or None when there was none; the step that made it stale, or None).
 
-        Stale is older than this process's last commit, or than a head that verifies: the head
-        never goes back in time, not even when a second group writes to the same store. A
-        head that fails its checksum may be replaced by an older step.
+        The manifests are read once, before the upload: a stale checkpoint costs no upload,
+        and on a slow store a commit is one read of the log, the upload and the new manifest
+        (an eviction's deadline counts its round trips). Building on a log read before the
+        upload is safe: a manifest published meanwhile takes the next number, our create-only
+        write of it fails, and the log is read again. Stale is older than this process's last
+        commit, or than a head that verifies: the head never goes back in time, not even when
+        a second group writes to the same store. A head that fails its checksum may be
+        replaced by an older step.
         """
+        uploaded: float | None = None
+        top, manifests, whole = self._read_log(1, store)
         while True:
-            if entry.step < self._newest_published:
-                self._discard(entry, store)
-                return False
-            top, manifests, whole = self._read_log(1, store)
             base = manifests[0] if manifests else None
             head = base.entries[0] if base and base.entries else None
-            if head is not None and head.step > entry.step and self._verifies(head, store):
-                with self._lock:
-                    self._newest_published = max(self._newest_published, head.step)
-                self._discard(entry, store)
-                return False
+            newer = self._newer_than(entry, head, store, newer_only)
+            if newer is not None:
+                if uploaded is not None:
+                    self._discard(entry, store)
+                return uploaded, newer
+            if uploaded is None:
+                uploaded = self._write(entry, payload, store)
             if self._clock() - uploaded >= self.grace_s / 2:
                 self._discard(entry, store)
                 raise CheckpointError(
@@ -325,6 +340,7 @@ class CheckpointRepository:
                 deadline.check(f"publishing the checkpoint of step {entry.step}")
             if not whole:  # building on an older manifest could move the head back: wait
                 time.sleep(STALE_RETRY_S)
+                top, manifests, whole = self._read_log(1, store)
                 continue
             older = [e for e in base.entries if e.step < entry.step] if base else []
             manifest = Manifest(top + 1, (entry, *older[: self.keep - 1]), self.writer)
@@ -336,8 +352,26 @@ class CheckpointRepository:
                     manifest.seq,
                     store.describe(),
                 )
+                top, manifests, whole = self._read_log(1, store)
                 continue
-            return True
+            return uploaded, None
+
+    def _newer_than(
+        self, entry: Entry, head: Entry | None, store: ObjectStore, newer_only: bool
+    ) -> int | None:
+        """The committed step that makes ``entry`` stale, or None. A newer head counts once it
+        verifies (then this process remembers it); with ``newer_only``, as its manifest says."""
+        if entry.step < self._newest_published:
+            return self._newest_published
+        if head is None:
+            return None
+        if newer_only and head.step >= entry.step:
+            return head.step
+        if head.step > entry.step and self._verifies(head, store):
+            with self._lock:
+                self._newest_published = max(self._newest_published, head.step)
+            return head.step
+        return None
 
     def _verifies(self, entry: Entry, store: ObjectStore) -> bool:
         """True when ``entry``'s object is in the store and matches its checksum."""

@@ -253,16 +253,15 @@ def commit_if_newer(
     local: NodeLocalState, durable: CheckpointRepository, deadline: Deadline | None
 ) -> int | None:
     """Commit this node's newest save durably when it is newer than the durable head; the
-    step committed, or None. Its bytes are verified and streamed from the node's file."""
-    claimed, head = local.repository.head(), durable.head()  # manifests only: cheap
-    if claimed is None or (head is not None and head.step >= claimed.step):
-        return None
+    step committed, or None. Its bytes are verified and streamed from the node's file; the
+    durable manifests are read once, by the commit, before it uploads anything (on a slow
+    store every round trip counts against the eviction's deadline)."""
     newest = local.newest()
-    if newest is None or (head is not None and head.step >= newest[0]):
+    if newest is None:
         return None
     step, payload = newest
     try:
-        durable.commit(step, payload, deadline=deadline, prune=False)
+        durable.commit(step, payload, deadline=deadline, prune=False, newer_only=True)
     except StaleCheckpoint:
         return None
     return step
@@ -282,7 +281,7 @@ def commit_node_save(cfg: TrainConfig, run_id: str, stopped_at: float | None) ->
     )
 
     def commit() -> int | None:
-        durable, lineage = open_durable(cfg, retry_s=deadline.remaining())
+        durable, lineage = open_durable(cfg, retry_s=deadline.remaining(), read_head=False)
         key = node_local_key(run_id, cfg.checkpoint.checkpoint_uri, lineage)
         local = NodeLocalState(cfg.checkpoint.local_dir, key)
         what = "the agent's durable commit of the node's save"

@@ -61,9 +61,12 @@ def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
     return identity
 
 
-def open_durable(cfg: TrainConfig, retry_s: float = 0.0) -> tuple[CheckpointRepository, str]:
+def open_durable(
+    cfg: TrainConfig, retry_s: float = 0.0, read_head: bool = True
+) -> tuple[CheckpointRepository, str]:
     """The durable checkpoints and their lineage id (created in a new or emptied store), read
-    once here so a bad store fails before any collective.
+    once here so a bad store fails before any collective. ``read_head`` False: the lineage
+    only (the agent's commit after its SIGTERM reads the manifests in the commit itself).
 
     ``retry_s`` > 0 (a later round, an eviction's commit): a store that fails is tried again
     for that long, then StoreUnavailable. Otherwise, or for an error no retry fixes,
@@ -73,7 +76,8 @@ def open_durable(cfg: TrainConfig, retry_s: float = 0.0) -> tuple[CheckpointRepo
 
     def attempt() -> tuple[CheckpointRepository, str]:
         durable = CheckpointRepository(open_store(uri), keep=cfg.checkpoint.checkpoint_keep)
-        durable.head()
+        if read_head:
+            durable.head()
         return durable, store_lineage(durable.store, durable.prefix)
 
     try:

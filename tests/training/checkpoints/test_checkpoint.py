@@ -219,6 +219,27 @@ def test_a_commit_older_than_one_this_process_published_is_dropped(tmp_path) -> 
     assert [n for n in FileStore(tmp_path).list("ckpt-") if n.endswith(".pt")] == [repo.head().name]
 
 
+def test_a_commit_behind_the_stores_head_uploads_nothing(tmp_path) -> None:
+    # The log is read before the upload: on a slow store, or with gigabytes of state, a commit
+    # that cannot become the head costs no upload.
+    class Uploads(FileStore):
+        def __init__(self, root: Path) -> None:
+            super().__init__(root)
+            self.puts: list[str] = []
+
+        def put(self, name: str, data: bytes | Path) -> int:
+            self.puts.append(name)
+            return super().put(name, data)
+
+    _repo(FileStore(tmp_path)).commit(8, _state(8))
+    store = Uploads(tmp_path)
+    with pytest.raises(CheckpointError, match="step 6 is older than step 8"):
+        _repo(store).commit(6, _state(6))
+    with pytest.raises(CheckpointError, match="step 8 is already committed"):
+        _repo(store).commit(8, _state(8), newer_only=True)
+    assert store.puts == []
+
+
 def test_the_head_never_goes_back_when_another_group_writes_the_same_store(tmp_path) -> None:
     # A rendezvous that split in two: both groups commit to one store, one of them behind.
     ahead, behind = _repo(FileStore(tmp_path)), _repo(FileStore(tmp_path))
@@ -437,21 +458,33 @@ def test_a_lineage_record_that_is_not_one_is_a_clear_error(tmp_path) -> None:
 
 def test_a_manifest_that_cannot_be_published_in_time_is_not_published_at_all(tmp_path) -> None:
     # Half the grace after the upload, another writer's prune may already have seen the object
-    # unnamed and old: publishing it then could make the head a checkpoint that is gone.
+    # unnamed and old: publishing it then could make the head a checkpoint that is gone. Here
+    # another writer takes the manifest's number during the upload, and reading the log again
+    # stalls the writer between its upload and its manifest.
     now = [0.0]
+    other = CheckpointRepository(FileStore(tmp_path), grace_s=10.0, clock=lambda: now[0])
 
     class SlowBeforePublishing(FileStore):
+        uploaded = False
+
+        def put(self, name: str, data: bytes | Path) -> int:
+            written = super().put(name, data)
+            if name.endswith(".pt") and not self.uploaded:
+                self.uploaded = True
+                other.commit(0, _state(0))
+            return written
+
         def list_modified(self, prefix: str = "") -> dict[str, float]:
-            if prefix == "ckpt-manifest-":
-                now[0] += 6.0  # the writer stalls between its upload and its manifest
+            if prefix == "ckpt-manifest-" and self.uploaded:
+                now[0] += 6.0
             return super().list_modified(prefix)
 
     store = SlowBeforePublishing(tmp_path)
     repo = CheckpointRepository(store, grace_s=10.0, clock=lambda: now[0])
     with pytest.raises(CheckpointError, match="could not be published within half the 10 s"):
         repo.commit(1, _state(1))
-    assert store.list("ckpt-manifest-") == []
-    assert [n for n in store.list("ckpt-") if n.endswith(".pt")] == []  # and it cleaned up
+    assert [e.step for e in repo.entries()] == [0]  # only the other writer's
+    assert [n for n in store.list("ckpt-") if n.endswith(".pt")] == [repo.entries()[0].name]
 
 
 def test_a_manifest_remembered_as_missing_never_sends_the_head_back(tmp_path) -> None:

@@ -319,3 +319,68 @@ def test_the_agents_commit_of_the_nodes_save_outlasts_a_store_failing_for_a_mome
     cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
     assert commit_node_save(cfg, run_id, None) == 5
     assert first.durable.head().step == 5
+
+
+# --- The agent's commit makes one commit's store calls ------------------------------------------
+
+
+class Counting(FileStore):
+    """A directory store that records every call: on a slow store each one is a round trip."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.calls: list[tuple[str, str]] = []
+
+    def get(self, name: str) -> bytes:
+        self.calls.append(("get", name))
+        return super().get(name)
+
+    def list(self, prefix: str) -> list[str]:
+        self.calls.append(("list", prefix))
+        return super().list(prefix)
+
+    def put(self, name: str, data: bytes | Path) -> int:
+        self.calls.append(("put", name))
+        return super().put(name, data)
+
+    def put_new(self, name: str, data: bytes) -> None:
+        self.calls.append(("put_new", name))
+        super().put_new(name, data)
+
+
+def test_the_agents_commit_reads_the_manifests_once(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seed 170 of the chaos campaign: two nodes evicted in their restore while the store
+    # answered each call 1 s late. The agent read the manifests three times (opening the store,
+    # its "is the node's save newer" check, the publish): 12 calls, past the 10 s deadline, and
+    # 10 steps were lost. One read of the manifests, before the upload, is all a commit needs.
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    counting = Counting(tmp_path / "durable")
+    monkeypatch.setattr(inputs, "open_store", lambda uri: counting)
+    cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
+    assert commit_node_save(cfg, run_id, None) == 5
+    assert first.durable.head().step == 5
+    ops = [op for op, _ in counting.calls]
+    # the lineage; the manifest log (the listing, a look past its end, the head); the upload;
+    # the new manifest
+    assert ops == ["get", "list", "get", "get", "put", "put_new"], counting.calls
+    assert counting.calls[4][1].endswith(".pt") and ops.index("put") > ops.index("list")
+
+
+def test_the_agents_commit_uploads_nothing_when_the_store_holds_that_step(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
+    assert commit_node_save(cfg, run_id, None) == 5
+    counting = Counting(tmp_path / "durable")
+    monkeypatch.setattr(inputs, "open_store", lambda uri: counting)
+    assert commit_node_save(cfg, run_id, None) is None  # another node's agent was first
+    assert [op for op, _ in counting.calls if op.startswith("put")] == []
