@@ -56,6 +56,16 @@ def _peer_lost_at(h: Harness, step: int) -> None:
     h.trainer.train_step = train_step  # type: ignore[method-assign]
 
 
+def _node_save_of_step_5(tmp_path: Path, data_dir: Path) -> Harness:
+    """A worker that lost its peer at step 5: its save of step 5 is on the node, the durable
+    head is step 4 (the periodic save every 4 steps)."""
+    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
+    _peer_lost_at(first, 5)
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert first.trainer.saver.wait(30)
+    return first
+
+
 # --- Item 3: the commit fits the notice --------------------------------------------------------
 
 
@@ -202,10 +212,7 @@ def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
     # Every node evicted at once: this node's worker had saved step 5 on the node after a
     # peer's loss (the durable head is the periodic step 4); its next worker is stopped
     # before it restored anything. The node's disk goes with the pod.
-    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert first.trainer.saver.wait(30)
+    first = _node_save_of_step_5(tmp_path, data_dir)
     assert (first.durable.head().step, first.local.load().entry.step) == (4, 5)
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _sigterm_thread(second, SimpleNamespace(at=None)).join(30)
@@ -216,10 +223,7 @@ def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
 def test_a_resume_from_a_node_local_save_is_committed_durably_at_once(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert first.trainer.saver.wait(30)
+    _node_save_of_step_5(tmp_path, data_dir)
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     assert second.trainer.restore().source == "local"
     assert second.trainer.saver.wait(30)
@@ -310,10 +314,7 @@ def test_a_store_failing_for_a_moment_does_not_cost_the_eviction_its_durable_com
 def test_the_agents_commit_of_the_nodes_save_outlasts_a_store_failing_for_a_moment(
     tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert first.trainer.saver.wait(30)
+    first = _node_save_of_step_5(tmp_path, data_dir)
     flaky = FailsFirst(tmp_path / "durable", failures=2)
     monkeypatch.setattr(inputs, "open_store", lambda uri: flaky)
     cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
@@ -355,10 +356,7 @@ def test_the_agents_commit_reads_the_manifests_once(
     # answered each call 1 s late. The agent read the manifests three times (opening the store,
     # its "is the node's save newer" check, the publish): 12 calls, past the 10 s deadline, and
     # 10 steps were lost. One read of the manifests, before the upload, is all a commit needs.
-    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert first.trainer.saver.wait(30)
+    first = _node_save_of_step_5(tmp_path, data_dir)
     counting = Counting(tmp_path / "durable")
     monkeypatch.setattr(inputs, "open_store", lambda uri: counting)
     cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
@@ -374,10 +372,7 @@ def test_the_agents_commit_reads_the_manifests_once(
 def test_the_agents_commit_uploads_nothing_when_the_store_holds_that_step(
     tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
-    _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert first.trainer.saver.wait(30)
+    first = _node_save_of_step_5(tmp_path, data_dir)
     cfg, run_id = first.trainer.cfg, first.trainer.env.run_id
     assert commit_node_save(cfg, run_id, None) == 5
     counting = Counting(tmp_path / "durable")
