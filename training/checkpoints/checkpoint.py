@@ -1,8 +1,6 @@
 """Durable checkpoints that stay correct with any number of writers: no rename, no overwrite.
 
-Commit protocol, after one read of the manifest log (a checkpoint that cannot become the head
-is refused before anything is uploaded; the new manifest is built on what that read found, and
-a writer that published meanwhile took its number: step 3 then reads again):
+Commit protocol, after one read of the manifest log (a stale checkpoint uploads nothing):
 1. write the state to a new, uniquely named object ``ckpt-<step>-<nonce>.pt``;
 2. check the store's receipt for it: the size the store now holds under that name (on Blob
    also every request's Content-MD5, which the service checks before it keeps a byte:
@@ -127,7 +125,6 @@ class CheckpointRepository:
         self._lock = threading.Lock()
         self._newest_published = -1
 
-    # -- reading -------------------------------------------------------------------------------
     def manifest_name(self, seq: int) -> str:
         return manifest_name(self.prefix, seq)
 
@@ -138,7 +135,7 @@ class CheckpointRepository:
     def _get_manifest(self, seq: int, store: ObjectStore) -> Manifest | None:
         """Manifest ``seq``; None when it is torn or invalid. FileNotFoundError when absent."""
         manifest = Manifest.decode(store.get(self.manifest_name(seq)))
-        if manifest is None or manifest.seq != seq or _foreign(manifest, self.prefix):
+        if manifest is None or manifest.seq != seq or manifest.foreign(self.prefix):
             logger.warning(
                 "manifest %d in %s is torn, misnamed or names invalid entries; ignoring it",
                 seq,
@@ -242,15 +239,12 @@ class CheckpointRepository:
         """Check, write, then publish a checkpoint; returns only once it is acknowledged.
 
         Raises StaleCheckpoint, and acknowledges nothing, when a newer step that verifies is
-        already the head (a stalled background save that finishes after the emergency save, or
-        the other half of a split rendezvous, must not replace it); with ``newer_only``, also
-        when the newest manifest names this very step or a newer one (another node's agent
-        made the same save durable first). CheckpointError when publishing took so long that a
-        concurrent prune may have removed the object, and DeadlineExceeded when ``deadline``
-        passed first. Every store call is bounded by the deadline. ``prune`` runs pruning once
-        the commit is acknowledged (its errors are logged, not raised: the checkpoint is
-        committed).
-        """
+        already the head (a stalled background save, or the other half of a split rendezvous,
+        must not replace it); with ``newer_only`` also when the head is this step or newer as
+        its manifest says (another node's agent was first). CheckpointError when publishing
+        took so long that a concurrent prune may have removed the object; DeadlineExceeded
+        when ``deadline`` passed first (it bounds every store call). ``prune``: prune once
+        acknowledged."""
         payload = data if isinstance(data, Payload) else Payload.of(data)
         entry = Entry(object_name(self.prefix, step), step, payload.sha256, payload.size)
         store = self.store.bounded(deadline) if deadline is not None else self.store
@@ -306,17 +300,14 @@ class CheckpointRepository:
         deadline: Deadline | None,
         newer_only: bool,
     ) -> tuple[float | None, int | None]:
-        """Upload ``entry`` and publish it as the head on top of the newest manifest: (when the
-        upload returned, or None when there was none; the step that made it stale, or None).
+        """Upload ``entry``, publish it on top of the newest manifest: (when the upload
+        returned, or None; the step that made it stale, or None).
 
-        The manifests are read once, before the upload: a stale checkpoint costs no upload,
-        and on a slow store a commit is one read of the log, the upload and the new manifest
-        (an eviction's deadline counts its round trips). Building on a log read before the
-        upload is safe: a manifest published meanwhile takes the next number, our create-only
-        write of it fails, and the log is read again. Stale is older than this process's last
-        commit, or than a head that verifies: the head never goes back in time, not even when
-        a second group writes to the same store. A head that fails its checksum may be
-        replaced by an older step.
+        The log is read once, before the upload: on a slow store a commit is that read, the
+        upload and the manifest (an eviction's deadline counts round trips). Building on it is
+        safe: a manifest published meanwhile took the next number, our create-only write
+        fails, and the log is read again. The head never goes back, not even with a second
+        group writing; a head that fails its checksum may be replaced by an older step.
         """
         uploaded: float | None = None
         top, manifests, whole = self._read_log(1, store)
@@ -359,15 +350,12 @@ class CheckpointRepository:
     def _newer_than(
         self, entry: Entry, head: Entry | None, store: ObjectStore, newer_only: bool
     ) -> int | None:
-        """The committed step that makes ``entry`` stale, or None. A newer head counts once it
-        verifies (then this process remembers it); with ``newer_only``, as its manifest says."""
+        """The committed step that makes ``entry`` stale, or None (see ``commit``)."""
         if entry.step < self._newest_published:
             return self._newest_published
-        if head is None:
-            return None
-        if newer_only and head.step >= entry.step:
-            return head.step
-        if head.step > entry.step and self._verifies(head, store):
+        if head is not None and newer_only and head.step >= entry.step:
+            return head.step  # as its manifest says
+        if head is not None and head.step > entry.step and self._verifies(head, store):
             with self._lock:
                 self._newest_published = max(self._newest_published, head.step)
             return head.step
@@ -410,8 +398,3 @@ class CheckpointRepository:
             return True
         seq = manifest_seq(name, self.prefix)
         return seq is not None and seq <= newest_retired
-
-
-def _foreign(manifest: Manifest, prefix: str) -> bool:
-    """Whether a manifest names objects of another prefix (never ours to read or keep)."""
-    return any(e.prefix != prefix for e in manifest.entries)

@@ -101,6 +101,10 @@ class Manifest:
     writer: str = field(default="", compare=False)
     """Which repository wrote it: for logs when a race is lost."""
 
+    def foreign(self, prefix: str) -> bool:
+        """Whether it names objects of another prefix (never ours to read or keep)."""
+        return any(e.prefix != prefix for e in self.entries)
+
     def encode(self) -> bytes:
         body = {
             "seq": self.seq,

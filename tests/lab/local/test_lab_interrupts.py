@@ -13,6 +13,11 @@ from lab.local.interrupts import interrupt_guard
 @pytest.fixture(autouse=True)
 def _restore_handlers() -> Iterator[None]:
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # A shell's background job starts with SIGINT ignored, and the guard leaves an ignored
+    # signal alone: these tests start from Python's own handlers, as an interactive run does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)

@@ -321,7 +321,7 @@ def test_training_goes_on_through_an_etcd_outage(nodes: Nodes) -> None:
     # Back with every key expired: the probes answer, nobody is taken for dead, and both
     # register again.
     wait_until(lambda: training_on() and {a.node, b.node} <= set(a.keys.view.nodes), 20)
-    assert {a.node, b.node} <= _registered(a)
+    wait_until(lambda: {a.node, b.node} <= _registered(a), 20)  # a beat may lag on a busy core
 
 
 def test_a_round_that_cannot_reach_etcd_gives_up_for_a_new_pod() -> None:
