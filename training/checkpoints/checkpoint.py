@@ -11,8 +11,7 @@ Commit protocol, after one read of the manifest log (a stale checkpoint uploads 
    kept, with their checksums. A manifest is created once and never rewritten: the store's
    create-if-absent (Blob ``If-None-Match: *``; a hard link on a local filesystem) lets
    exactly one writer take each sequence number. A writer that loses the race reads the
-   winner's manifest and tries again on top of it, so every manifest extends the one before
-   it and two writers can never both believe they took sequence N+1.
+   winner's manifest and tries again on top of it: every manifest extends the one before it.
 
 Pruning runs after a commit is acknowledged, never between the upload and its manifest, and
 the eviction's commit skips it. Readers take the newest valid manifest and fall back, entry by
@@ -320,6 +319,7 @@ class CheckpointRepository:
                     self._discard(entry, store)
                 return uploaded, newer
             if uploaded is None:
+                # An error after this leaves the object to pruning: a manifest may name it.
                 uploaded = self._write(entry, payload, store)
             if self._clock() - uploaded >= self.grace_s / 2:
                 self._discard(entry, store)
