@@ -71,7 +71,10 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
         saves = [e for e in cluster.events("emergency_save") if e["ts"] > killed_ts]
         saved = {e["node"]: e["step"] for e in saves}
         assert set(saved) == {"a", "b"} and len(set(saved.values())) == 1, saved
-        assert CheckpointRepository(FileStore(cluster.checkpoints)).head() is None
+        # A late c's join re-forms the first round, and that restart's save may be durable:
+        # what matters is that no durable copy of the step saved after the kill exists yet.
+        before = CheckpointRepository(FileStore(cluster.checkpoints)).head()
+        assert before is None or before.step < saved["a"], (before, saved)
         for name in ("a", "b"):
             os.kill(cluster.nodes[name].pid, signal.SIGTERM)
         for name in ("a", "b"):
