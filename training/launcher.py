@@ -211,21 +211,32 @@ class AgentStop:
 
     The handler raises torch's public ``SignalException``, as torch's own does, so the agent
     stops its workers the same way; torch is told not to install its own for SIGTERM (it
-    would, at every worker start).
+    would, at every worker start). It raises wherever the signal lands, and Python drops an
+    exception raised in a finalizer (torch closing a worker's handles as it starts the next
+    group: chaos seed 147). So the stop is kept and raised again where the agent polls
+    (``raise_if_stopped``, called by the rendezvous handler), or it would form a new group
+    and train on until the kubelet's SIGKILL.
     """
 
     def __init__(self) -> None:
         self.at: float | None = None
+        self.signum: int | None = None
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
-        from torch.distributed.elastic.multiprocessing import SignalException
-
         if self.at is None:
             self.at = time.monotonic()
-        sigval = signal.Signals(signum)
+        self.signum = signum
+        self.raise_if_stopped()
+
+    def raise_if_stopped(self) -> None:
+        if self.signum is None:
+            return
+        from torch.distributed.elastic.multiprocessing import SignalException
+
+        sigval = signal.Signals(self.signum)
         raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 
 
@@ -247,6 +258,8 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
         rendezvous_handler_registry,
     )
 
+    from training.elastic.rendezvous import SpotRendezvousHandler
+
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -258,12 +271,15 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
     )
     signals = [s for s in config.signals_to_handle.split(",") if s.strip() != "SIGTERM"]
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(signals)  # SIGTERM: AgentStop
+    rdzv_handler = rendezvous_handler_registry.create_handler(params)
+    if isinstance(rdzv_handler, SpotRendezvousHandler):
+        rdzv_handler.check_stop = STOP.raise_if_stopped
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=worker,
         args=tuple(args),
-        rdzv_handler=rendezvous_handler_registry.create_handler(params),
+        rdzv_handler=rdzv_handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         local_addr=config.local_addr,

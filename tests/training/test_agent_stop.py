@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.support.elastic_cluster import TINY, Cluster
@@ -21,6 +24,8 @@ from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import RendezvousSettings
+from training.elastic.rendezvous import created, register
+from training.launcher import STOP, run_agent, torchrun_config
 
 pytestmark = [pytest.mark.slow]
 
@@ -85,6 +90,45 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
         assert by_agent and {e["step"] for e in by_agent} == {saved["a"]}
     finally:
         cluster.close()
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_whose_sigterm_exception_was_lost_forms_no_new_group(
+    etcd_server: EmbeddedEtcd, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chaos seed 147: the SIGTERM's exception was raised inside a finalizer as torch started a
+    # group, and Python drops those (test_launcher.py shows it). The agent re-formed as world 1
+    # and trained on until the kubelet's SIGKILL: its steps past the last save were lost, and
+    # no commit of its node's save ran. Here the handler has run and its exception is gone.
+    monkeypatch.setattr(STOP, "at", time.monotonic())
+    monkeypatch.setattr(STOP, "signum", signal.SIGTERM, raising=False)
+    monkeypatch.setenv("TRAIN_CHECKPOINT_URI", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("TRAIN_LOCAL_DIR", str(tmp_path / "local"))
+    # run_agent sets it for torch's agent, in this process: restored for the other tests.
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    args = [
+        "--nnodes=1",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--rdzv-backend=etcd-v2",
+        f"--rdzv-endpoint=127.0.0.1:{etcd_server.client_port}",
+        f"--rdzv-id=lost-stop-{uuid.uuid4().hex[:8]}",
+        "--module",
+        "training.train",
+        "--data-dir",
+        str(data),
+        *TINY,
+        "--max-steps",
+        "2",
+    ]
+    parsed, config = torchrun_config(args)
+    config.rdzv_backend = register()
+    try:
+        with pytest.raises(SignalException):
+            run_agent(config, parsed.training_script_args)
+        assert created()[-1].round == 0  # it never joined a round: no worker started
+    finally:
+        created()[-1].leave()
 
 
 @pytest.mark.timeout(300)

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import etcd
@@ -132,6 +133,9 @@ class SpotRendezvousHandler(RendezvousHandler):
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
         self.closed_by_us = False
+        self.check_stop: Callable[[], None] = _no_stop
+        """Raises when the agent was told to stop; called at each monitor poll and each step
+        of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
 
     # What a SIGKILL leaves behind, for tests and the scale bench: heartbeats stop, the port
     # refuses, the key stays until its TTL.
@@ -189,6 +193,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         changes nothing here, and the group trains on. Each call is the monitor loop's
         heartbeat (training/elastic/liveness.py: ``Progress``)."""
         self.progress.beat()
+        self.check_stop()
         view = self.keys.view
         if view.state_index < self._known_index:
             return 0
@@ -221,6 +226,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.detector.forget()
         while True:
             self.progress.beat()
+            self.check_stop()
             if self.keys.probe is not None and self.keys.probe.closed:
                 # Its port refuses: to every peer this node is gone, so it must not act.
                 raise RendezvousGracefulExitError(f"node {self.node} has left {self.run_id}")
@@ -318,6 +324,10 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)
+
+
+def _no_stop() -> None:
+    pass
 
 
 def _client(params: RendezvousParameters, read_timeout_s: float = ETCD_TIMEOUT_S) -> etcd.Client:
