@@ -101,7 +101,7 @@ def test_an_agent_whose_sigterm_exception_was_lost_forms_no_new_group(
     # and trained on until the kubelet's SIGKILL: its steps past the last save were lost, and
     # no commit of its node's save ran. Here the handler has run and its exception is gone.
     monkeypatch.setattr(STOP, "at", time.monotonic())
-    monkeypatch.setattr(STOP, "signum", signal.SIGTERM, raising=False)
+    monkeypatch.setattr(STOP, "signum", signal.SIGTERM)
     monkeypatch.setenv("TRAIN_CHECKPOINT_URI", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("TRAIN_LOCAL_DIR", str(tmp_path / "local"))
     # run_agent sets it for torch's agent, in this process: restored for the other tests.
