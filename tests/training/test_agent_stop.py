@@ -75,19 +75,23 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
             )
         saves = [e for e in cluster.events("emergency_save") if e["ts"] > killed_ts]
         saved = {e["node"]: e["step"] for e in saves}
-        assert set(saved) == {"a", "b"} and len(set(saved.values())) == 1, saved
+        # c's death can end the guard's all-reduce on one survivor and not the other, so the
+        # two may hold steps one apart (a CI run: a 35, b 36); the newer one must be kept.
+        assert set(saved) == {"a", "b"} and max(saved.values()) - min(saved.values()) <= 1, saved
+        newest = max(saved.values())
         # A late c's join re-forms the first round, and that restart's save may be durable:
-        # what matters is that no durable copy of the step saved after the kill exists yet.
+        # what matters is that no durable copy of the steps saved after the kill exists yet.
         before = CheckpointRepository(FileStore(cluster.checkpoints)).head()
-        assert before is None or before.step < saved["a"], (before, saved)
+        assert before is None or before.step < min(saved.values()), (before, saved)
         for name in ("a", "b"):
             os.kill(cluster.nodes[name].pid, signal.SIGTERM)
         for name in ("a", "b"):
             assert cluster.wait_exit(name, 60) == 143, cluster.tail()
         head = CheckpointRepository(FileStore(cluster.checkpoints)).load_latest()
-        assert head is not None and head.entry.step == saved["a"], cluster.tail()
-        by_agent = [e for e in cluster.events("emergency_save") if e["reason"] == "agent"]
-        assert by_agent and {e["step"] for e in by_agent} == {saved["a"]}
+        assert head is not None and head.entry.step == newest, cluster.tail()
+        by_agent = {e["step"] for e in cluster.events("emergency_save") if e["reason"] == "agent"}
+        # Each agent commits its node's save only if it is newer than the durable head then.
+        assert newest in by_agent and by_agent <= set(saved.values()), (by_agent, saved)
     finally:
         cluster.close()
 
