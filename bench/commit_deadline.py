@@ -17,11 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +29,9 @@ from typing import Any
 
 import torch
 
+from lab.local.azurite_server import ACCOUNT as AZURITE_ACCOUNT
+from lab.local.azurite_server import ACCOUNT_KEY as AZURITE_KEY
+from lab.local.azurite_server import serve as serve_azurite
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.resume import NodeLocalState
 from training.checkpoints.storage import FileStore, ObjectStore
@@ -42,13 +41,6 @@ from training.loop.emergency import DurableProgress, EmergencySave
 from training.loop.metrics import EventLog
 from training.loop.periodic_save import BackgroundSaver
 
-REPO = Path(__file__).resolve().parents[1]
-AZURITE_BLOB = REPO / "node_modules" / ".bin" / "azurite-blob"
-# Azurite's documented development account and key: public, not a secret.
-AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
 STORES = ("directory", "azurite")
 LOCAL_MAX_S = 2.0
 """SIGTERM -> the node-local copy saved, with 1 GB of state (issue 21)."""
@@ -89,40 +81,12 @@ def large_state(megabytes: int) -> dict[str, Any]:
     return {"model": tensors, "trainer": {"step": 1}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def azurite(workdir: Path) -> Iterator[str]:
     """Azurite's Blob service on a free loopback port, for as long as the block runs; yields
-    the account URL. Its process group is stopped however the block ends."""
-    if not AZURITE_BLOB.exists():
-        raise ValueError(f"Azurite is not installed ({AZURITE_BLOB}): run `npm ci` first")
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    log = workdir / "azurite.log"
-    args = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
-    args += ["--location", str(workdir), "--skipApiVersionCheck", "--loose"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > give_up:
-                    raise RuntimeError(f"Azurite did not start:\n{log.read_text()}") from None
-                time.sleep(0.1)
+    the account URL."""
+    with serve_azurite(workdir) as port:
         yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
 
 
 @contextmanager

@@ -3,99 +3,97 @@ a trainer's tests run on (a tiny dataset, a gloo group of one: tests/support/tra
 
 ``object_store`` runs a test once per backend (ids ``file`` and ``blob``), so the checkpoint
 protocol is proven on a directory and on the Blob API alike.
+
+The two tiers (tests/support/tiers.py): a test's markers follow from the fixtures it uses, and
+a test that starts a process without declaring it fails; ``make test-fast`` runs ``-m "not
+slow"``.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from lab.local import azurite_server as azurite_emulator
+
 # The fixtures of the lab's Azure tools' tests, each on loopback: a recorded subscription
 # (``azure``), the local tools faked on PATH (``tools``), Docker Hub's answers for the
 # Dockerfiles' bases (``hub``).
 from tests.support.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
+from tests.support.loopback import free_port
 from tests.support.registry_replay import hub_for_preflight  # noqa: F401
+from tests.support.tiers import MARKERS, mark_by_fixtures, no_undeclared_process
 from training.checkpoints.storage import FileStore, ObjectStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-AZURITE_BLOB = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
 # Azurite's documented development account; the key is public, not a secret.
-DEV_ACCOUNT = "devstoreaccount1"
-DEV_ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
-AZURITE_START_TIMEOUT_S = 30.0
+DEV_ACCOUNT, DEV_ACCOUNT_KEY = azurite_emulator.ACCOUNT, azurite_emulator.ACCOUNT_KEY
 
 
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        mark_by_fixtures(item)
 
 
-def _wait_until_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + AZURITE_START_TIMEOUT_S
-    while not _answers(port):
-        if proc.poll() is not None:
-            raise RuntimeError(f"azurite exited with {proc.returncode}:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"azurite did not listen on {port} in time:\n{log.read_text()}")
-        time.sleep(0.1)
+# Each phase of a test that is not marked ``processes``, its fixtures' setup and teardown included
+# (a module's fixture is set up in its first test's setup), may start no process.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with no_undeclared_process(item):
+        return (yield)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    # Azurite runs in its own session: signal its group so no node child outlives the tests.
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with no_undeclared_process(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with no_undeclared_process(item):
+        return (yield)
+
+
+# Declarations, session-scoped so a fixture of any scope can make them.
+@pytest.fixture(scope="session")
+def processes() -> None:
+    """Declares that the test starts real child processes (a CLI, a fake tool, spawned ranks):
+    it runs in ``make test``, not in ``make test-fast``."""
 
 
 @pytest.fixture(scope="session")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def torchrun(processes: None) -> None:
+    """Declares that the test runs real torchrun agents and their workers."""
+
+
+@pytest.fixture(scope="session")
+def etcd(processes: None) -> None:
+    """Declares that the test starts a real etcd."""
+
+
+@pytest.fixture(scope="session")
+def training() -> None:
+    """Declares that the test trains a real model for many steps (seconds of CPU each):
+    an exactness or a convergence test, in ``make test`` only."""
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory, processes: None) -> Iterator[str]:
     """A real Azurite Blob service on a free loopback port; yields its connection string."""
-    if not AZURITE_BLOB.exists():
-        pytest.fail(
-            f"Azurite is not installed ({AZURITE_BLOB} is missing): "
-            "run `make test`, or `npm install` in the repo root first"
-        )
-    workspace = tmp_path_factory.mktemp("azurite")
-    log = workspace / "azurite.log"
-    port = free_loopback_port()
-    args = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
-    args += ["--location", str(workspace), "--skipApiVersionCheck", "--loose"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=workspace
-        )
-    try:
-        _wait_until_listening(proc, port, log)
+    with azurite_emulator.serve(tmp_path_factory.mktemp("azurite")) as port:
         yield (
             f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};"
             f"AccountKey={DEV_ACCOUNT_KEY};BlobEndpoint={azurite_account_url(port)};"
         )
-    finally:
-        _stop(proc)
 
 
 def azurite_account_url(port: int) -> str:
@@ -119,7 +117,7 @@ def blob_container_uri(azurite_account: str) -> str:
 @pytest.fixture
 def unused_loopback_port() -> int:
     """A loopback port with nothing listening: an unreachable endpoint."""
-    return free_loopback_port()
+    return free_port()
 
 
 @pytest.fixture
@@ -139,7 +137,13 @@ def blob_store(
     return BlobStore.from_uri(f"{blob_container_uri}/ckpt")
 
 
-@pytest.fixture(params=["file", "blob"])
+# The blob run starts Azurite through getfixturevalue, which the tier hook cannot see.
+BLOB_RUN = pytest.param(
+    "blob", marks=[pytest.mark.azurite, pytest.mark.processes, pytest.mark.slow]
+)
+
+
+@pytest.fixture(params=["file", BLOB_RUN])
 def object_store(request: pytest.FixtureRequest) -> ObjectStore:
     """Each ObjectStore backend in turn; only the ``blob`` run starts Azurite."""
     return request.getfixturevalue(f"{request.param}_store")

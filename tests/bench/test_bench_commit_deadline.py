@@ -20,6 +20,7 @@ def test_the_large_state_has_the_size_asked_for() -> None:
     assert sum(t.numel() * 4 for t in state["model"].values()) == 3 * 2**20
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(180)
 def test_a_small_eviction_on_each_store_is_measured_and_durable() -> None:
     results = measure_commit_deadline(CommitPlan(state_mb=4, reps=1), say=lambda line: None)

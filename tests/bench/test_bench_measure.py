@@ -65,6 +65,7 @@ def test_processes_are_told_apart_by_command_line(cmdline: list[str], role: str)
     assert role_of(cmdline) == role
 
 
+@pytest.mark.usefixtures("processes")
 def test_cpu_time_of_a_child_is_attributed_to_its_role() -> None:
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
     with CpuProfile(interval_s=0.05) as cpu:

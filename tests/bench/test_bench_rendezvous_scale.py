@@ -160,7 +160,7 @@ def test_bad_flags_exit_2_before_anything_starts(
 
 
 # -- one real run --------------------------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.usefixtures("processes")
 def test_four_agents_in_two_processes_form_reform_and_die_no_false_death(
     tmp_path: Path, signals_restored: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def smoke(tmp_path_factory: pytest.TempPathFactory, torchrun: None) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "smoke"
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
@@ -46,7 +46,6 @@ def _non_negative(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_results_have_every_section(smoke: dict[str, Any]) -> None:
     results = smoke["results"]
@@ -67,7 +66,6 @@ def test_results_have_every_section(smoke: dict[str, Any]) -> None:
     assert (smoke["out"] / "bench.txt").read_text().strip() in smoke["stdout"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_every_recovery_run_is_a_figure_or_no_recovery(smoke: dict[str, Any]) -> None:
     recovery = smoke["results"]["recovery"]
@@ -94,7 +92,6 @@ def test_every_recovery_run_is_a_figure_or_no_recovery(smoke: dict[str, Any]) ->
             assert run["no_recovery_within_s"] == recovery["plan"]["recovery_cap_s"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_summaries_are_numbers_or_flagged_bounds(smoke: dict[str, Any]) -> None:
     summary = smoke["results"]["recovery"]["summary"]
@@ -113,7 +110,6 @@ def test_summaries_are_numbers_or_flagged_bounds(smoke: dict[str, Any]) -> None:
         )
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_steady_state_and_stall_are_positive(smoke: dict[str, Any]) -> None:
     steady = smoke["results"]["steady_state"]
@@ -128,7 +124,6 @@ def test_steady_state_and_stall_are_positive(smoke: dict[str, Any]) -> None:
             assert _positive(model[key]), (key, model)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_targets_are_judged_not_asserted(smoke: dict[str, Any]) -> None:
     targets = smoke["results"]["targets"]
@@ -140,7 +135,6 @@ def test_targets_are_judged_not_asserted(smoke: dict[str, Any]) -> None:
         assert target["target"] and target["value"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_the_chaos_campaign_is_part_of_the_bench(smoke: dict[str, Any]) -> None:
     chaos = smoke["results"]["chaos"]

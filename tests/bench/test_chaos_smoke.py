@@ -25,7 +25,7 @@ SEED = 1004
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def campaign(tmp_path_factory: pytest.TempPathFactory, torchrun: None) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("chaos") / "smoke"
     result = subprocess.run(
         [sys.executable, "-m", "bench", "chaos", "--schedules", "2", "--seed", str(SEED)]
@@ -44,7 +44,6 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_two_schedules_of_overlapping_faults_keep_every_invariant(campaign: dict) -> None:
     results = campaign["results"]
@@ -64,7 +63,6 @@ def test_two_schedules_of_overlapping_faults_keep_every_invariant(campaign: dict
         assert schedule["parameter_difference"] <= TOLERANCE
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_every_drawn_fault_ran_and_each_line_names_its_seed(campaign: dict) -> None:
     results = campaign["results"]

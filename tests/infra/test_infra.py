@@ -587,7 +587,7 @@ def test_stack_files_use_only_declared_keys() -> None:
 
 def test_global_names_are_stable_and_distinct_per_stack() -> None:
     dev, a100 = run_program("dev"), run_program("a100")
-    again = run_program("dev")
+    again = run_program("dev", fresh=True)
     assert dev.outputs["storageAccount"] == again.outputs["storageAccount"]
     assert dev.outputs["storageAccount"] != a100.outputs["storageAccount"]
     assert dev.outputs["registryLoginServer"] != a100.outputs["registryLoginServer"]
@@ -600,7 +600,7 @@ def test_global_names_are_unique_per_subscription() -> None:
     """Two people deploying the same defaults into their own subscriptions do not collide."""
     mine = run_program("dev")
     theirs = run_program("dev", answers=AzureAnswers(subscription_id=OTHER_SUBSCRIPTION))
-    again = run_program("dev", answers=AzureAnswers(subscription_id=OTHER_SUBSCRIPTION))
+    again = run_program("dev", answers=AzureAnswers(subscription_id=OTHER_SUBSCRIPTION), fresh=True)
     for output in ("storageAccount", "registryLoginServer"):
         assert mine.outputs[output] != theirs.outputs[output]
         assert theirs.outputs[output] == again.outputs[output]
@@ -774,13 +774,28 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
 
 
 def test_harness_runs_are_independent() -> None:
-    first = run_program("dev", {"gpuMaxNodes": "4"})
-    second = run_program("dev")
+    first = run_program("dev", {"gpuMaxNodes": "4"}, fresh=True)
+    second = run_program("dev", fresh=True)
     assert first.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] == 4
     assert second.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] == 3
     assert len(first.resources) == len(second.resources)
     assert len({r.urn for r in second.resources}) == len(second.resources)
     assert second.config["spot-lab:gpuMaxNodes"] == ""
+
+
+def test_harness_hands_each_caller_its_own_copy_of_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = run_program("dev")
+    first.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] = 99
+    first.outputs.clear()
+    again = run_program("dev")
+    assert again.one(AGENT_POOL, "gpu-spot").inputs["maxCount"] == 3
+    assert again.outputs["storageAccount"]
+    # The deployer's sign-in is read from ARM_*: another environment is another run.
+    monkeypatch.setenv("ARM_CLIENT_ID", "00000000-0000-0000-0000-00000000c1d0")
+    monkeypatch.setenv("ARM_CLIENT_SECRET", "not-a-real-secret")
+    as_principal = run_program("dev")
+    assert _role(as_principal, "deployer-data-writer").inputs["principalType"] == "ServicePrincipal"
+    assert _role(again, "deployer-data-writer").inputs["principalType"] == "User"
 
 
 def test_harness_keeps_registrations_of_a_failing_program() -> None:

@@ -53,6 +53,7 @@ def _wait(
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_it_returns_once_the_api_server_says_yes(tmp_path: Path) -> None:
     # Forbidden twice while the role propagates, then allowed.
     done = _wait(tmp_path, ["1 no", "1 no", "0 yes"], wait_s=3600)
@@ -64,6 +65,7 @@ def test_it_returns_once_the_api_server_says_yes(tmp_path: Path) -> None:
     assert (tmp_path / "state" / "kubeconfig").read_text() == "apiVersion: v1\nkind: Config\n"
 
 
+@pytest.mark.usefixtures("processes")
 def test_it_gives_up_with_the_last_answer_and_the_fix(tmp_path: Path) -> None:
     done = _wait(tmp_path, ["1 error: You must be logged in to the server (Unauthorized)"], 0)
     assert done.returncode == 1
@@ -71,6 +73,7 @@ def test_it_gives_up_with_the_last_answer_and_the_fix(tmp_path: Path) -> None:
     assert "Unauthorized" in done.stderr and "up to 5 minutes" in done.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_missing_tools_fail_at_once_with_how_to_install(tmp_path: Path) -> None:
     done = _wait(tmp_path, ["0 yes"], wait_s=3600, tools=("kubectl",))
     assert done.returncode == 1
@@ -101,6 +104,7 @@ def test_the_wait_is_a_resource_the_program_registers(run: ProgramRun) -> None:
             assert run.waits_for(obj, wait), obj.name
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_script_is_posix_shell() -> None:
     checked = subprocess.run(
         ["/bin/sh", "-n", "-c", access_wait_script("x")], capture_output=True, text=True

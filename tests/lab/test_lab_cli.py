@@ -53,6 +53,7 @@ def lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--fault", "kind=kill-all,nodes=4,at_step=3"], "more than max_nodes 3; allowed: 1..3"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_bad_input_exits_2_and_names_the_setting(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
@@ -63,6 +64,7 @@ def test_bad_input_exits_2_and_names_the_setting(
     assert not (tmp_path / "out").exists()  # refused before anything was started or written
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_existing_run_dir_is_not_reused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -73,6 +75,7 @@ def test_an_existing_run_dir_is_not_reused(tmp_path: Path) -> None:
     assert [p.name for p in out.iterdir()] == ["report.json"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_out_dir_that_cannot_be_created_names_the_flag(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     out = tmp_path / "file" / "out"
@@ -81,12 +84,14 @@ def test_an_out_dir_that_cannot_be_created_names_the_flag(tmp_path: Path) -> Non
     assert f"error: --out: cannot create {out}: Not a directory" in result.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_simulate_eviction_is_dispatched(tmp_path: Path) -> None:
     result = lab("simulate-eviction", "--help", cwd=tmp_path)
     assert result.returncode == 0
     assert "simulate-eviction" in result.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_scenarios_lists_both_builtins(tmp_path: Path) -> None:
     result = lab("scenarios", cwd=tmp_path)
     assert result.returncode == 0
@@ -94,6 +99,7 @@ def test_scenarios_lists_both_builtins(tmp_path: Path) -> None:
     assert "kill-all, start 2 new @ step 150" in result.stdout
 
 
+@pytest.mark.usefixtures("processes")
 def test_unknown_command_is_an_argparse_error(tmp_path: Path) -> None:
     result = lab("explode", cwd=tmp_path)
     assert result.returncode == 2
@@ -109,6 +115,7 @@ def test_unknown_command_is_an_argparse_error(tmp_path: Path) -> None:
         ("[train\n", "error: --scenario: "),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_bad_scenario_file_exits_2_and_names_the_key(
     tmp_path: Path, toml: str, message: str
 ) -> None:
@@ -128,6 +135,7 @@ def test_a_bad_scenario_file_exits_2_and_names_the_key(
         ({"data_batch_1.bin": b"\x00" * 3073}, "holds 1 training samples; allowed: >= "),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_data_dir_the_loader_cannot_read_is_refused(
     tmp_path: Path, files: dict[str, bytes], message: str
 ) -> None:
@@ -149,6 +157,7 @@ def test_a_data_dir_the_loader_cannot_read_is_refused(
         ("hello", "--version does not print an etcd version; allowed: etcd 3.4 or 3.5"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_an_etcd_without_the_v2_api_is_refused(tmp_path: Path, version: str, message: str) -> None:
     fake = tmp_path / "etcd"
     fake.write_text(f"#!/bin/sh\necho '{version}'\n")

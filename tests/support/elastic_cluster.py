@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from lab.local.process_tree import kill_tree, terminate_tree
+from tests.support.waiting import wait_until
 from training.checkpoints.checkpoint import CheckpointRepository, deserialize
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
@@ -109,13 +109,9 @@ class Cluster:
         return max((r["step"] for r in self.records() if r["kind"] == "metrics"), default=0)
 
     def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}; logs in {self.root}:\n{self.tail()}"
-                )
-            time.sleep(0.1)
+        wait_until(
+            condition, timeout_s, what, detail=lambda: f"logs in {self.root}:\n{self.tail()}"
+        )
 
     def wait_exit(self, name: str, timeout_s: float) -> int:
         try:

@@ -1,4 +1,5 @@
-"""A threaded HTTP server on a free loopback port, for the tests' fake APIs."""
+"""A threaded HTTP server on a free loopback port, for the tests' fake APIs; and the free port
+itself (``free_port``: the lab's own, so the lab, the bench and the tests pick ports one way)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from lab.local.etcd_server import free_port
+
+__all__ = ["free_port", "loopback_server", "reply"]
 
 
 @contextmanager

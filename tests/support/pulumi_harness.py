@@ -4,10 +4,17 @@
 the CLI would, applies overrides, runs ``__main__.py`` and returns every registered resource
 and the settled stack outputs. Each call starts from fresh runtime state, so one pytest
 session can run the program many times with different config.
+
+The program is a function of its config, the mocked Azure's answers and the ``ARM_*``
+environment (the deployer's sign-in), so ``run_program`` runs it once per such key in a
+session and hands each caller its own copy; ``fresh=True`` runs it again, for the tests
+that prove two runs agree.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import runpy
 import sys
 from collections.abc import Callable, Mapping
@@ -307,11 +314,16 @@ def run_program(
     project_dir: Path = PROJECT_DIR,
     stack_dir: Path | None = None,
     answers: AzureAnswers | None = None,
+    fresh: bool = False,
 ) -> ProgramRun:
     """Run ``__main__.py`` for a stack file with optional config overrides (see ``run_pulumi``).
 
-    ``stack_dir`` holds the stack file when it is not the project's (a modified copy)."""
+    ``stack_dir`` holds the stack file when it is not the project's (a modified copy).
+    A run with the same key as an earlier one is that run's copy unless ``fresh``."""
     project, config = stack_file_config(stack, overrides, project_dir, stack_dir)
+    key = _run_key(project_dir, stack, config, check, answers)
+    if not fresh and key in _RUNS:
+        return copy.deepcopy(_RUNS[key])
     main_file = project_dir / "__main__.py"
     if str(project_dir) not in sys.path:
         sys.path.insert(0, str(project_dir))
@@ -319,4 +331,31 @@ def run_program(
     def program() -> None:
         runpy.run_path(str(main_file), run_name="__main__")
 
-    return run_pulumi(program, config, project=project, stack=stack, check=check, answers=answers)
+    run = run_pulumi(program, config, project=project, stack=stack, check=check, answers=answers)
+    _RUNS[key] = copy.deepcopy(run)
+    return run
+
+
+_RUNS: dict[tuple[object, ...], ProgramRun] = {}
+"""This session's runs of the program, by ``_run_key``."""
+
+
+def _run_key(
+    project_dir: Path,
+    stack: str,
+    config: Mapping[str, str],
+    check: bool,
+    answers: AzureAnswers | None,
+) -> tuple[object, ...]:
+    # Everything the program reads: its config (the stack file's content, overrides applied),
+    # the mocked Azure and the ARM_* sign-in (infra/catalog/deployer.py). The project's own
+    # files do not change during a session.
+    sign_in = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("ARM_")))
+    return (
+        str(project_dir),
+        stack,
+        tuple(sorted(config.items())),
+        check,
+        repr(answers or AzureAnswers()),
+        sign_in,
+    )

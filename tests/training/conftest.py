@@ -11,7 +11,7 @@ from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 
 
 @pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+def etcd_server(tmp_path_factory: pytest.TempPathFactory, etcd: None) -> Iterator[EmbeddedEtcd]:
     root = tmp_path_factory.mktemp("etcd")
     with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
         yield server

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
 from training.agent import check_rendezvous, etcd_v2_problem, main
 
@@ -54,6 +56,7 @@ def test_it_waits_for_an_etcd_that_is_still_starting() -> None:
     assert sleeps == [1.0, 1.0]
 
 
+@pytest.mark.usefixtures("torchrun")
 def test_an_etcd_without_the_v2_api_fails_at_once(tmp_path: Path) -> None:
     port, peer = free_port(), free_port()
     etcd = subprocess.Popen(
@@ -87,6 +90,7 @@ def test_other_backends_are_not_checked() -> None:
     assert check_rendezvous({}, wait_s=0) is None
 
 
+@pytest.mark.usefixtures("torchrun")
 def test_the_command_line_exits_2_with_the_message() -> None:
     env = {**_env(f"127.0.0.1:{free_port()}"), "TRAIN_RDZV_WAIT_S": "0", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
@@ -112,6 +116,7 @@ def _agent(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.usefixtures("torchrun")
 def test_an_unknown_launcher_names_the_setting_and_the_choices() -> None:
     result = _agent(["--module", "training.train"], {"TRAIN_LAUNCHER": "fast"})
     assert result.returncode == 2

@@ -27,7 +27,7 @@ from training.elastic.launch import RendezvousSettings
 from training.elastic.rendezvous import created, register
 from training.launcher import STOP, run_agent, torchrun_config
 
-pytestmark = [pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("torchrun")
 
 ENDLESS = [*TINY, "--max-steps", "100000", "--log-every", "1", "--min-step-time-s", "0.05"]
 

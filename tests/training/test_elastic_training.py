@@ -25,7 +25,7 @@ from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 
-pytestmark = [pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("torchrun")
 
 MAX_STEPS = 28
 STEPS_PER_EPOCH = 20

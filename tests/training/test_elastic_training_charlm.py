@@ -18,7 +18,7 @@ from lab.local.process_tree import freeze_tree
 from tests.support.elastic_cluster import Cluster, final_parameters, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
 
-pytestmark = [pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("torchrun")
 
 MAX_STEPS = 40
 ARGS = [

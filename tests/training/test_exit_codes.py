@@ -96,7 +96,6 @@ def test_missing_data_stops_the_node_before_it_joins(
     assert "Starting elastic_operator" not in result.stderr  # it never joined a rendezvous
 
 
-@pytest.mark.slow
 def test_an_eviction_ends_the_node_with_143(etcd_server: EmbeddedEtcd, tmp_path: Path) -> None:
     # Uncaught, torch's SignalException made the agent exit 1: under ExitCode the first
     # eviction would have failed the whole job for good. This also fails if a torch upgrade
@@ -113,7 +112,7 @@ def test_an_eviction_ends_the_node_with_143(etcd_server: EmbeddedEtcd, tmp_path:
         cluster.close()
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("torchrun")
 def test_training_rides_out_an_etcd_outage_without_a_restart(tmp_path: Path) -> None:
     # torch's handler raised a RendezvousConnectionError out of the agent's monitor loop as
     # soon as a heartbeat failed: every agent exited and came back cold (12-17 s paused).
@@ -149,7 +148,6 @@ def _resumed(cluster: Cluster, node: str) -> list[dict]:
     return [r for r in cluster.records(node) if r.get("event") == "resumed"]
 
 
-@pytest.mark.slow
 def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothing(
     etcd_server: EmbeddedEtcd, tmp_path: Path
 ) -> None:
@@ -186,7 +184,6 @@ def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothi
         cluster.close()
 
 
-@pytest.mark.slow
 def test_bad_input_found_after_joining_stops_the_node_without_restarts(
     etcd_server: EmbeddedEtcd, tmp_path: Path
 ) -> None:

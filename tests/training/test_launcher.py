@@ -45,6 +45,7 @@ torch.cuda._device_count_nvml = lambda: 1
 """
 
 
+@pytest.mark.usefixtures("torchrun")
 @pytest.mark.parametrize("nvml_check", ["1", "0"])
 def test_what_the_fork_server_preloads_never_initialises_cuda(nvml_check: str) -> None:
     # A process that forks must not have initialised CUDA: its children could not use it. The
@@ -65,6 +66,7 @@ def test_what_the_fork_server_preloads_never_initialises_cuda(nvml_check: str) -
         assert "the CUDA runtime was initialised: torch._C._cuda_getDeviceCount" in result.stderr
 
 
+@pytest.mark.usefixtures("torchrun")
 def test_a_preload_that_fails_to_import_stops_the_node_with_its_error(tmp_path: Path) -> None:
     # Python's fork server swallows an ImportError of a preload and then forks cold workers,
     # each failing or importing on its own: the readiness check must say which and why.

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS, EtcdSpec, etcd_command
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
@@ -33,12 +35,14 @@ def _import_without_pulumi(modules: list[str]) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_manifest_builders_import_without_pulumi() -> None:
     assert "workloads.manifests.etcd" in MANIFESTS
     result = _import_without_pulumi(["workloads", *MANIFESTS])
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_check_does_catch_a_pulumi_import() -> None:
     result = _import_without_pulumi(["workloads.etcd"])
     assert result.returncode != 0

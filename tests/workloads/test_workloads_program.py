@@ -144,7 +144,7 @@ def test_a_charlm_stack_stages_the_corpus_and_the_job_trains_the_task() -> None:
 
 
 def test_run_id_gives_a_new_rendezvous_and_an_unchanged_config_keeps_it() -> None:
-    first, again = run_program("dev"), run_program("dev")
+    first, again = run_program("dev"), run_program("dev", fresh=True)
     assert first.outputs["rdzvId"] == again.outputs["rdzvId"]
     rerun = run_program("dev", {"runId": "2"})
     assert rerun.outputs["rdzvId"] != first.outputs["rdzvId"]

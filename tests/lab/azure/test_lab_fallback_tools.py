@@ -58,6 +58,7 @@ def _usages(**limits: int) -> dict[str, Any]:
     return usages
 
 
+@pytest.mark.usefixtures("processes")
 def test_preflight_checks_the_fallbacks_family_quota_named_by_the_sku(
     azure: FakeAzure, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -79,6 +80,7 @@ def test_preflight_checks_the_fallbacks_family_quota_named_by_the_sku(
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_with_the_family_quota_granted_the_fallback_passes_and_the_regional_total_counts_it(
     azure: FakeAzure, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -93,6 +95,7 @@ def test_with_the_family_quota_granted_the_fallback_passes_and_the_regional_tota
     assert "(+2 on demand)" in checks["stack config"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_without_the_fallback_no_regular_gpu_quota_is_asked_for(
     azure: FakeAzure, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,6 +64,7 @@ def _statuses(checks: dict[str, Any]) -> dict[str, str]:
 # ---- all clear ------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_subscription_where_the_stack_fits_passes_every_check(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_subscription_where_the_stack_fits_passes_every_check(
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_it_only_reads_and_follows_every_page(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -113,6 +115,7 @@ def test_it_only_reads_and_follows_every_page(
     assert all(s.authorization and s.authorization.startswith("Bearer ") for s in azure.seen)
 
 
+@pytest.mark.usefixtures("processes")
 def test_human_output_is_one_line_per_check_and_a_verdict(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -158,6 +161,7 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- no Azure -------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("processes")
 def test_not_signed_in_is_one_failure_and_the_rest_is_skipped(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -170,6 +174,7 @@ def test_not_signed_in_is_one_failure_and_the_rest_is_skipped(
     assert azure.seen == []
 
 
+@pytest.mark.usefixtures("processes")
 def test_unreachable_azure_fails_in_one_line(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -214,6 +219,7 @@ def _can_unshare() -> bool:
         (["prices", "--stack", "dev"], ["error: cannot reach Azure (prices.azure.com)"]),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_with_no_network_each_command_says_it_cannot_reach_azure(
     argv: list[str], messages: list[str], tmp_path: Path
 ) -> None:
@@ -230,6 +236,7 @@ def test_with_no_network_each_command_says_it_cannot_reach_azure(
 # ---- each check failing ---------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_service_principal_configured_by_env_signs_in_and_names_the_subscription(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -243,6 +250,7 @@ def test_a_service_principal_configured_by_env_signs_in_and_names_the_subscripti
     assert sub["fix"] == f"az account set --subscription {SUB}"
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_subscription_az_cannot_use_fails(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -258,6 +266,7 @@ def test_a_subscription_az_cannot_use_fails(
     ("state", "status", "code"),
     [("Disabled", "fails", 1), ("PastDue", "fails", 1), ("Warned", "warning", 0)],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_subscription_that_is_not_enabled(
     state: str,
     status: str,
@@ -279,6 +288,7 @@ def test_a_subscription_that_is_not_enabled(
     assert checks["ACR Tasks"]["status"] == ("skipped" if status == "fails" else "ok")
 
 
+@pytest.mark.usefixtures("processes")
 def test_az_not_signed_in_fails_the_az_check(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -292,6 +302,7 @@ def test_az_not_signed_in_fails_the_az_check(
     assert checks["subscription"]["detail"] == "no subscription configured and no az default"
 
 
+@pytest.mark.usefixtures("processes")
 def test_missing_tools_fail_and_kubectl_only_warns(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -307,6 +318,7 @@ def test_missing_tools_fail_and_kubectl_only_warns(
     assert checks["tool kubectl"]["status"] == "warning"
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_unregistered_provider_fails_with_its_register_line(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -322,6 +334,7 @@ def test_an_unregistered_provider_fails_with_its_register_line(
     assert "resource providers" not in checks
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_size_withheld_from_the_subscription_fails(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,6 +350,7 @@ def test_a_size_withheld_from_the_subscription_fails(
     assert "python -m lab prices" in check["fix"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_size_the_region_lacks_fails_and_quota_still_checks_the_rest(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -348,6 +362,7 @@ def test_a_size_the_region_lacks_fails_and_quota_still_checks_the_rest(
     assert checks["Spot vCPU quota"]["status"] == "ok"
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_size_not_offered_as_spot_fails(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -363,6 +378,7 @@ def test_a_size_not_offered_as_spot_fails(
     assert checks["GPU Spot size Standard_NC4as_T4_v3"]["detail"] == "offered, but not as Spot"
 
 
+@pytest.mark.usefixtures("processes")
 def test_short_spot_and_family_quota_fail_with_used_limit_and_needed(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -379,6 +395,7 @@ def test_short_spot_and_family_quota_fail_with_used_limit_and_needed(
     assert checks["regional vCPU quota"]["status"] == "ok"
 
 
+@pytest.mark.usefixtures("processes")
 def test_zero_spot_quota_fails(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -404,6 +421,7 @@ def _assignments(*roles: tuple[str, str | None]) -> dict[str, Any]:
     return {"value": value}
 
 
+@pytest.mark.usefixtures("processes")
 def test_contributor_alone_may_not_create_role_assignments(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -419,6 +437,7 @@ def test_contributor_alone_may_not_create_role_assignments(
     assert checks["may create resource groups"]["status"] == "ok"
 
 
+@pytest.mark.usefixtures("processes")
 def test_owner_may_do_both_and_a_condition_only_warns(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -436,6 +455,7 @@ def test_owner_may_do_both_and_a_condition_only_warns(
     assert "only under a condition" in checks["may create role assignments"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_reader_cannot_and_a_403_says_what_to_ask_for(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -466,6 +486,7 @@ def test_a_reader_cannot_and_a_403_says_what_to_ask_for(
         ("EnterpriseAgreement_2014-09-01", "ok"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_acr_tasks_by_offer(
     offer: str, status: str, azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -481,6 +502,7 @@ def test_acr_tasks_by_offer(
         )
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_docker_builder_needs_no_acr_tasks_but_a_docker_daemon(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -497,6 +519,7 @@ def test_the_docker_builder_needs_no_acr_tasks_but_a_docker_daemon(
     assert code == 1 and checks["tool docker"]["status"] == "fails"
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_throttled_answer_is_retried(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -33,6 +33,7 @@ def _principal(app_id: str = SP) -> StaticToken:
     return StaticToken({"oid": SP_OID, "tid": TENANT, "appid": app_id})
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_user_of_az_login_is_the_admin_and_kubelogin_keeps_the_tenant(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -44,6 +45,7 @@ def test_a_user_of_az_login_is_the_admin_and_kubelogin_keeps_the_tenant(
     assert "via the Azure CLI's login" in checks["sign-in"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_service_principal_needs_its_secret_where_kubelogin_reads_it(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -62,6 +64,7 @@ def test_a_service_principal_needs_its_secret_where_kubelogin_reads_it(
     assert code == 0 and checks["cluster admin"]["status"] == "ok"
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_certificate_needs_its_path_for_kubelogin(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,6 +74,7 @@ def test_a_certificate_needs_its_path_for_kubelogin(
     assert checks["cluster admin"]["detail"].endswith("AZURE_CLIENT_CERTIFICATE_PATH is not set")
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_principal_signed_in_to_az_is_a_service_principal_without_a_tenant_flag(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,6 +85,7 @@ def test_a_principal_signed_in_to_az_is_a_service_principal_without_a_tenant_fla
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_managed_identity_signs_in_with_msi(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,6 +96,7 @@ def test_a_managed_identity_signs_in_with_msi(
     assert "managed identity, user-assigned" in checks["sign-in"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_stacks_own_sign_in_settings_count_like_pulumi_ups(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,6 +111,7 @@ def test_the_stacks_own_sign_in_settings_count_like_pulumi_ups(
     assert "--login spn --client-id" in checks["cluster admin"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_client_id_without_a_visible_secret_warns(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -115,6 +122,7 @@ def test_a_client_id_without_a_visible_secret_warns(
     assert "encrypted azure-native:clientSecret" in check["fix"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_oidc_sign_in_is_refused_before_anything_is_asked(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,6 +133,7 @@ def test_oidc_sign_in_is_refused_before_anything_is_asked(
     assert azure.seen == []
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_token_that_names_no_client_only_warns(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

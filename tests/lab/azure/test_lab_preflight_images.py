@@ -50,6 +50,7 @@ def _check(fake: FakeRegistry, text: str = TORCH_REF) -> Any:
     return resolve(client, "base image Dockerfile", "Dockerfile", parse_image_ref(text))
 
 
+@pytest.mark.usefixtures("processes")
 def test_both_bases_resolve_anonymously_by_head_alone(
     azure: FakeAzure, hub: FakeRegistry, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -76,6 +77,7 @@ def test_both_bases_resolve_anonymously_by_head_alone(
     assert [s.path for s in hub.requests("GET")] == ["/token", "/token"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_missing_tag_fails_with_where_to_pick_another(
     azure: FakeAzure, hub: FakeRegistry, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,6 +156,7 @@ def test_an_unpinned_base_warns_with_the_digest_to_pin(registry: FakeRegistry) -
         (503, "Docker Hub answered 503 for pytorch/pytorch"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_refusing_registry_is_one_line_for_that_base(
     status: int,
     message: str,
@@ -171,6 +174,7 @@ def test_a_refusing_registry_is_one_line_for_that_base(
     assert checks["base image Dockerfile.stager"]["status"] == "ok"
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_unreachable_registry_is_one_line_naming_what_was_not_checked(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

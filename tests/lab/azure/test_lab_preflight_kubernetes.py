@@ -28,6 +28,7 @@ def _with_version(
     return _preflight(azure, capsys, "--stack", "test", project=project)
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_empty_version_reports_aks_default_and_its_driver(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -52,6 +53,7 @@ def test_an_empty_version_reports_aks_default_and_its_driver(
     ("version", "driver"),
     [("1.33", "v1.26 on AKS 1.33 (never refreshes"), ("1.33.5", "v1.26 on AKS 1.33.5 (never")],
 )
+@pytest.mark.usefixtures("processes")
 def test_an_offered_version_passes_and_names_its_driver_line(
     version: str,
     driver: str,
@@ -74,6 +76,7 @@ def test_an_offered_version_passes_and_names_its_driver_line(
         ("1.31", "1.31 is offered only with long-term support (Premium tier)"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_version_the_region_does_not_offer_fails_with_the_offered_list(
     version: str,
     detail: str,
@@ -93,6 +96,7 @@ def test_a_version_the_region_does_not_offer_fails_with_the_offered_list(
     assert "Blob CSI driver" not in checks
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_preview_version_only_warns(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,6 +106,7 @@ def test_a_preview_version_only_warns(
     assert "1.36 is a preview version in westus3" in checks["Kubernetes version"]["detail"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_provider_that_is_not_registered_is_azures_own_line(
     azure: FakeAzure, tools: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

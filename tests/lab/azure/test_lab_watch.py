@@ -216,6 +216,7 @@ def test_a_sign_in_plugin_that_is_not_installed_is_named(
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_failed_sign_in_is_one_clear_line_and_logs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -347,6 +348,7 @@ def _stack_outputs(tmp_path: Path, user: dict[str, Any]) -> Path:
         ),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_with_no_network_watch_and_drill_say_so_in_one_line(
     command: str,
     user: dict[str, Any],

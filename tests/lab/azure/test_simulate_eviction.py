@@ -295,6 +295,7 @@ def _fake_kubectl(directory: Path, script: str) -> None:
     kubectl.chmod(0o755)
 
 
+@pytest.mark.usefixtures("processes")
 def test_kubectl_resolver_asks_for_the_pods_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,6 +306,7 @@ def test_kubectl_resolver_asks_for_the_pods_node(
     assert argv == ["get", "pod", "w-1", "-n", "spot-lab", "-o", "jsonpath={.spec.nodeName}"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_kubectl_resolver_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EvictionError, match="needs a working kubectl on PATH"):
@@ -317,6 +319,7 @@ def test_kubectl_resolver_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         kubectl_pod_node("w-1", "spot-lab")
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")
 def test_with_no_sign_in_and_no_network_it_says_so_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -42,7 +42,7 @@ at_step = 40
 """
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("torchrun")
 @pytest.mark.timeout(400)
 def test_the_lm_task_recovers_a_kill_and_a_join_with_no_step_lost(tmp_path: Path) -> None:
     options = load_scenario("charlm").train.task_options

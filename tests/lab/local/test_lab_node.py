@@ -69,7 +69,7 @@ def _node(tmp_path: Path, name: str = "node-0", agent: str = AGENT) -> TorchrunN
 
 
 @pytest.fixture
-def node(tmp_path: Path):
+def node(tmp_path: Path, processes: None):
     node = _node(tmp_path)
     yield node
     node.terminate(grace_s=1.0)
@@ -170,6 +170,7 @@ def test_restart_in_place_appends_to_the_same_log(node: TorchrunNode) -> None:
     assert [r["event"] for r in records] == ["started", "started"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_stop_nodes_gives_every_stuck_node_one_shared_grace_period(tmp_path: Path) -> None:
     nodes = [_node(tmp_path, f"node-{n}", STUCK_AGENT) for n in range(3)]
     try:

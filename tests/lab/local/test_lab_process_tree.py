@@ -12,13 +12,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab.local import process_tree
+from tests.support.waiting import wait_until
 
 # A stand-in agent: starts one "worker" in a new session, writes its pid, then waits.
 # On SIGTERM it forwards the signal to the worker and exits, as torchrun does.
@@ -42,25 +42,16 @@ while True:
 """
 
 
-def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 @pytest.fixture
 def agent_tree(
-    tmp_path: Path, request: pytest.FixtureRequest
+    tmp_path: Path, request: pytest.FixtureRequest, processes: None
 ) -> Iterator[tuple[subprocess.Popen, int]]:
     mode = getattr(request, "param", "forward")
     pid_file = tmp_path / "worker.pid"
     agent = subprocess.Popen(
         [sys.executable, "-c", AGENT, str(pid_file), mode], start_new_session=True
     )
-    assert _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 10.0)
     worker = int(pid_file.read_text())
     yield agent, worker
     for pid in (worker, agent.pid):  # never leave a stray process behind a failed test
@@ -89,17 +80,17 @@ def test_kill_tree_kills_agent_and_worker(agent_tree) -> None:
     killed = process_tree.kill_tree(agent.pid)
     assert sorted(killed) == sorted([agent.pid, worker])
     assert agent.wait(timeout=5) == -signal.SIGKILL
-    assert _wait_for(lambda: not process_tree.is_alive(worker))
+    wait_until(lambda: not process_tree.is_alive(worker), 10.0)
 
 
 def test_freeze_tree_stops_every_process(agent_tree) -> None:
     agent, worker = agent_tree
     process_tree.freeze_tree(agent.pid)
-    assert _wait_for(lambda: process_tree.is_stopped(agent.pid))
-    assert _wait_for(lambda: process_tree.is_stopped(worker))
+    wait_until(lambda: process_tree.is_stopped(agent.pid), 10.0)
+    wait_until(lambda: process_tree.is_stopped(worker), 10.0)
     process_tree.kill_tree(agent.pid)  # a stopped process still dies of SIGKILL
     assert agent.wait(timeout=5) == -signal.SIGKILL
-    assert _wait_for(lambda: not process_tree.is_alive(worker))
+    wait_until(lambda: not process_tree.is_alive(worker), 10.0)
 
 
 def test_terminate_tree_lets_the_agent_drain(agent_tree) -> None:
@@ -116,7 +107,7 @@ def test_terminate_tree_kills_what_ignores_sigterm(agent_tree) -> None:
     leftovers = process_tree.terminate_tree(agent.pid, grace_s=0.5)
     assert sorted(leftovers) == sorted([agent.pid, worker])
     assert agent.wait(timeout=5) == -signal.SIGKILL
-    assert _wait_for(lambda: not process_tree.is_alive(worker))
+    wait_until(lambda: not process_tree.is_alive(worker), 10.0)
 
 
 def test_signals_to_gone_processes_are_harmless(agent_tree) -> None:

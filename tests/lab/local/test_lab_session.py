@@ -28,6 +28,7 @@ def _script(path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_failed_dataset_write_removes_the_out_dir_it_created(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "one"
     failing_python = _script(tmp_path / "python", "echo 'no space left' >&2\nexit 1\n")
@@ -38,6 +39,7 @@ def test_a_failed_dataset_write_removes_the_out_dir_it_created(tmp_path: Path) -
         assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.usefixtures("processes")
 def test_an_etcd_that_does_not_start_leaves_an_empty_out_dir_empty(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -76,6 +78,7 @@ bystander.wait()
 """
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(60)
 def test_the_workspace_goes_only_after_the_processes_that_use_it(tmp_path: Path) -> None:
     result = subprocess.run(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.lab.local.test_lab_e2e import _processes_of_the_run
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Writing the dataset, etcd, three agents, import torch and the first round, on 2 busy cores.
@@ -35,19 +36,18 @@ def _start_lab(out: Path) -> subprocess.Popen[bytes]:
 
 def _wait_until_training(out: Path, lab: subprocess.Popen[bytes]) -> dict[str, Any]:
     """The session_started event, once a node logged its first step."""
-    deadline = time.monotonic() + TRAINING_STARTS_WITHIN_S
-    while time.monotonic() < deadline:
+
+    def trained() -> bool:
         assert lab.poll() is None, (out.parent / "lab.log").read_text()[-3000:]
-        lines = [
-            line
+        return any(
+            '"kind": "metrics"' in line
             for path in (out / "nodes").glob("*.jsonl")
             for line in path.read_text(errors="replace").splitlines()
-        ]
-        if any('"kind": "metrics"' in line for line in lines):
-            events = [json.loads(x) for x in (out / "lab-events.jsonl").read_text().splitlines()]
-            return next(e for e in events if e["event"] == "session_started")
-        time.sleep(0.2)
-    raise AssertionError("training did not start in time")
+        )
+
+    wait_until(trained, TRAINING_STARTS_WITHIN_S, "a node's first step")
+    events = [json.loads(x) for x in (out / "lab-events.jsonl").read_text().splitlines()]
+    return next(e for e in events if e["event"] == "session_started")
 
 
 def _stop_and_check(
@@ -74,13 +74,13 @@ def _stop_and_check(
     return report
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("torchrun")
 @pytest.mark.timeout(300)
 def test_sigterm_stops_everything_and_exits_143(tmp_path: Path) -> None:
     _stop_and_check(tmp_path, [signal.SIGTERM], 143)
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("torchrun")
 @pytest.mark.timeout(300)
 def test_a_second_ctrl_c_does_not_cut_the_cleanup_short(tmp_path: Path) -> None:
     _stop_and_check(tmp_path, [signal.SIGINT, signal.SIGINT], 130)

@@ -41,7 +41,7 @@ MAX_STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def data(tmp_path_factory: pytest.TempPathFactory, training: None) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data")
     return {task: make_data(task, root / task) for task in TASK_NAMES}
 
@@ -51,6 +51,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("references")
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_killed_everywhere_then_restored_from_the_durable_store_at_another_world_size(
     task: str, data: dict[str, Path], references: Path, tmp_path: Path
@@ -105,6 +106,7 @@ def test_a_fault_in_the_middle_of_gradient_accumulation_loses_no_step(
     assert matches(tmp_path, expected) < TOLERANCE
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_with_dropout_on_a_resume_at_another_world_size_matches_uninterrupted(
     task: str, data: dict[str, Path], references: Path, tmp_path: Path
@@ -121,6 +123,7 @@ def test_with_dropout_on_a_resume_at_another_world_size_matches_uninterrupted(
     assert matches(tmp_path, expected) < TOLERANCE
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_the_lr_scheduler_stopped_mid_warmup_resumes_where_it_was(
     task: str, data: dict[str, Path], references: Path, tmp_path: Path

@@ -12,7 +12,6 @@ import base64
 import datetime
 import ipaddress
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,13 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.conftest import (
-    AZURITE_BLOB,
-    DEV_ACCOUNT,
-    _stop,
-    _wait_until_listening,
-    free_loopback_port,
-)
+from lab.local import azurite_server as azurite_emulator
+from tests.conftest import DEV_ACCOUNT
 from training.checkpoints.blob_store import BlobStore, parse_blob_uri
 from training.checkpoints.checkpoint import CheckpointRepository
 
@@ -97,22 +91,15 @@ def _self_signed(root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def azurite_oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def azurite_oauth(
+    tmp_path_factory: pytest.TempPathFactory, processes: None
+) -> Iterator[tuple[str, Path]]:
     """Azurite over HTTPS with bearer-token checks; yields (account URL, its certificate)."""
     workspace = tmp_path_factory.mktemp("azurite-oauth")
     cert, key = _self_signed(workspace)
-    port = free_loopback_port()
-    log = workspace / "azurite.log"
-    args = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
-    args += ["--location", str(workspace), "--skipApiVersionCheck", "--loose"]
-    args += ["--oauth", "basic", "--cert", str(cert), "--key", str(key)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_until_listening(proc, port, log)
+    tls = ["--oauth", "basic", "--cert", str(cert), "--key", str(key)]
+    with azurite_emulator.serve(workspace, tls) as port:
         yield f"https://127.0.0.1:{port}/{DEV_ACCOUNT}", cert
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture

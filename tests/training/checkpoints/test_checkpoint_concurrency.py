@@ -182,6 +182,7 @@ def _blob_opener(uri: str) -> Callable[[], ObjectStore]:
     return open_blob
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("seed", range(12))
 def test_concurrent_writers_on_a_directory_lose_nothing(tmp_path: Path, seed: int) -> None:
     opener = _file_opener(tmp_path / "store")
@@ -203,6 +204,7 @@ def test_concurrent_writers_on_blob_storage_lose_nothing(
     _assert_nothing_acknowledged_is_lost(opener(), acknowledged)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.parametrize("seed", range(6))
 def test_writers_with_stale_listings_and_lookups_lose_nothing(tmp_path: Path, seed: int) -> None:
     # Staleness well under half the grace period: the bound the protocol states.
@@ -211,6 +213,7 @@ def test_writers_with_stale_listings_and_lookups_lose_nothing(tmp_path: Path, se
     _assert_nothing_acknowledged_is_lost(opener(), acknowledged)
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_writers_really_race_for_manifests(tmp_path: Path) -> None:
     # The tests above prove something only if writers contend for the same sequence number.
     _, races = _run(_file_opener(tmp_path / "store"), tmp_path, seed=99)

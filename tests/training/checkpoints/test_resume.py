@@ -100,12 +100,14 @@ def _local(tmp_path: Path, rank: int) -> NodeLocalState:
     return NodeLocalState(tmp_path / f"local-{rank}", RUN)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_fresh_start_when_nothing_is_saved(tmp_path: Path) -> None:
     results = _agree(tmp_path, 2)
     assert {r[:2] for r in results.values()} == {(0, "fresh")}
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_newest_local_save_wins_and_is_broadcast(tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
@@ -118,6 +120,7 @@ def test_newest_local_save_wins_and_is_broadcast(tmp_path: Path) -> None:
         assert w == [9.0] * 8
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_durable_wins_over_older_local_and_reports_lost_steps(tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "durable")).commit(12, _state(12))
@@ -129,6 +132,7 @@ def test_durable_wins_over_older_local_and_reports_lost_steps(tmp_path: Path) ->
         assert w == [12.0] * 8
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_a_stale_cached_manifest_on_one_node_cannot_desync_the_group(tmp_path: Path) -> None:
     durable = CheckpointRepository(FileStore(tmp_path / "durable"))
@@ -140,6 +144,7 @@ def test_a_stale_cached_manifest_on_one_node_cannot_desync_the_group(tmp_path: P
     assert all(r[4] == [20.0] * 8 for r in results.values())
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_torn_durable_head_falls_back_everywhere(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "durable")
@@ -152,6 +157,7 @@ def test_torn_durable_head_falls_back_everywhere(tmp_path: Path) -> None:
     assert all(r[4] == [6.0] * 8 for r in results.values())
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_a_torn_durable_head_is_read_once_then_every_rank_lowers_its_claim(
     tmp_path: Path,
@@ -167,6 +173,7 @@ def test_a_torn_durable_head_is_read_once_then_every_rank_lowers_its_claim(
     assert _object_reads(tmp_path, torn.name) == 1
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_an_unreachable_durable_store_does_not_stop_a_local_resume(tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
@@ -177,6 +184,7 @@ def test_an_unreachable_durable_store_does_not_stop_a_local_resume(tmp_path: Pat
         assert w == [9.0] * 8
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_a_holder_that_cannot_read_the_checkpoint_lets_the_next_rank_serve_it(
     tmp_path: Path,
@@ -188,6 +196,7 @@ def test_a_holder_that_cannot_read_the_checkpoint_lets_the_next_rank_serve_it(
         assert w == [5.0] * 8
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_nothing_readable_anywhere_refuses_to_start_from_step_zero(tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
@@ -196,6 +205,7 @@ def test_nothing_readable_anywhere_refuses_to_start_from_step_zero(tmp_path: Pat
     assert all("refusing to start from step 0" in r[1] for r in results.values())
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_a_slow_store_is_waited_for_on_the_checkpoint_group(tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "durable")).commit(5, _state(5))
@@ -232,6 +242,7 @@ def test_a_local_save_of_another_run_identity_is_no_claim(
     assert "ignoring the emergency save of step 7" in caplog.text
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_bad_manifest_entries_and_unreadable_bytes_fall_back_instead_of_crashing(
     tmp_path: Path,

@@ -203,6 +203,7 @@ def test_counter_hash_is_keyed_by_every_input() -> None:
     assert np.mean(base & np.uint64(1)) == pytest.approx(0.5, abs=0.06)
 
 
+@pytest.mark.usefixtures("processes")
 def test_cli_writes_a_loadable_dataset(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     result = subprocess.run(

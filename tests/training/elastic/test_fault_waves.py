@@ -49,7 +49,6 @@ def _node_of(cluster: Cluster, name: str) -> str:
     return f"-{cluster.nodes[name].pid}-"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("second", ["sigterm", "sigkill"])
 def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
     etcd_server: EmbeddedEtcd, tmp_path: Path, second: str

@@ -31,6 +31,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from lab.local.etcd_server import EmbeddedEtcd, free_port
+from tests.support.waiting import wait_until
 from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
 from training.elastic.rendezvous import (
     BACKEND,
@@ -109,14 +110,6 @@ def freeze(handler: SpotRendezvousHandler) -> socket.socket:
 
 def ranks(infos: list[RendezvousInfo]) -> list[tuple[int, int]]:
     return sorted((i.rank, i.world_size) for i in infos)
-
-
-def wait_until(predicate: object, timeout_s: float) -> float:
-    started = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() - started < timeout_s, "condition not reached in time"
-        time.sleep(0.02)
-    return time.monotonic() - started
 
 
 def _joiners(handler: SpotRendezvousHandler, round_: int) -> list[str]:

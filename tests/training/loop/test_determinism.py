@@ -35,6 +35,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.usefixtures("processes")
 def test_deterministic_mode_applies_every_setting() -> None:
     result = _python(
         "import json\n"
@@ -52,6 +53,7 @@ def test_deterministic_mode_applies_every_setting() -> None:
     }
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_users_deterministic_cublas_workspace_is_kept() -> None:
     code = "from training.loop.determinism import use_deterministic_algorithms as u; print(u())"
     result = _python(code, CUBLAS_WORKSPACE_CONFIG=":16:8")
@@ -70,6 +72,7 @@ def _train(data_dir: Path, root: Path, *flags: str) -> dict[str, torch.Tensor]:
     return deserialize(loaded.data)["model"]
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(300)
 def test_a_deterministic_cpu_run_repeats_bitwise(data_dir: Path, tmp_path: Path) -> None:
     first = _train(data_dir, tmp_path / "a", "--deterministic=true")
@@ -78,6 +81,7 @@ def test_a_deterministic_cpu_run_repeats_bitwise(data_dir: Path, tmp_path: Path)
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(300)
 def test_float64_trains_in_float64_and_is_its_own_run(data_dir: Path, tmp_path: Path) -> None:
     params = _train(data_dir, tmp_path, "--dtype=float64")

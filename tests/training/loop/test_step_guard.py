@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.waiting import holds_within
 from training.loop.step_guard import (
     EMULATE_ENV,
     StepGuard,
@@ -66,12 +67,6 @@ def test_the_cpu_copy_keeps_the_state_tree() -> None:
     )
 
 
-def _wait_for(path: Path, up_to_s: float) -> None:
-    give_up = time.monotonic() + up_to_s
-    while not path.exists() and time.monotonic() < give_up:
-        time.sleep(0.01)
-
-
 def _window_rank(rank: int, root: str, results: dict) -> None:
     os.environ[EMULATE_ENV] = "1"
     store = dist.FileStore(f"{root}/init", 2)
@@ -86,7 +81,7 @@ def _window_rank(rank: int, root: str, results: dict) -> None:
         if rank == 0:
             # Rank 0's stream is busy with earlier work until rank 1 passed its guard (or a
             # while: the guard must not let rank 1 pass before this rank's all-reduce ran).
-            guard.stream.enqueue(lambda: _wait_for(passed, 3.0))
+            guard.stream.enqueue(lambda: holds_within(passed.exists, 3.0))
         ddp(torch.full((1, 64), float(rank + 1))).sum().backward()
         results[f"backward-{rank}"] = float(model.weight.grad[0, 0])
         guard.check()
@@ -97,6 +92,7 @@ def _window_rank(rank: int, root: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(120)
 def test_no_rank_passes_the_guard_before_every_all_reduce_finished(tmp_path: Path) -> None:
     # d(sum(Wx + b))/dW is x: 1 on rank 0, 2 on rank 1; the reduced gradient is their mean.
@@ -169,10 +165,10 @@ def _nccl_rank(rank: int, port: int, results: dict) -> None:
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
 )
 def test_on_nccl_a_vanished_peer_raises_before_the_step_and_the_save_does_not_hang() -> None:
-    from tests.conftest import free_loopback_port
+    from tests.support.loopback import free_port
 
     results = mp.Manager().dict()
-    mp.spawn(_nccl_rank, args=(free_loopback_port(), results), nprocs=2, join=True)
+    mp.spawn(_nccl_rank, args=(free_port(), results), nprocs=2, join=True)
     assert results["step"] == 3
     assert results["caught_after_s"] < 5 + 2
     assert results["saved_after_s"] < 10 and results["on_cpu"]

@@ -402,6 +402,7 @@ def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(180)
 def test_the_final_save_may_take_longer_than_the_collective_timeout(
     tmp_path: Path, data_dir: Path

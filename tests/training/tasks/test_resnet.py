@@ -64,6 +64,7 @@ def test_initial_weights_come_from_the_seed() -> None:
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.usefixtures("training")
 def test_loss_falls_on_synthetic_data(tmp_path: Path) -> None:
     write_synthetic_cifar10(tmp_path, train_records=1000, test_records=10, seed=0)
     ds = load_cifar10_binary(tmp_path)
