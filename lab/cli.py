@@ -9,16 +9,17 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+# Only what the parsers need, at import: ``--help`` answers at once. What a command runs
+# (etcd, the nodes, the report, the Azure and Kubernetes clients, torch) loads when it runs.
 from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.live.status_line import StatusLine
-from lab.local.etcd_server import EtcdError
-from lab.local.interrupts import InterruptGuard, interrupt_guard
-from lab.local.scenario import FAULT_KINDS, ScenarioError
-from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
-from lab.local.session import LabError, SessionOptions, run_session
-from lab.report.text import format_report
+from lab.local.scenario import FAULT_KINDS
+from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario
+
+if TYPE_CHECKING:
+    from lab.local.interrupts import InterruptGuard
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -102,6 +103,7 @@ def _report(args: argparse.Namespace) -> int:
     from lab.report.gpu_cost import cost_of_run
     from lab.report.run_logs import RunLogsError, load_run
     from lab.report.run_report import report_from_run, write_outputs
+    from lab.report.text import format_report
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)
@@ -165,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, guard: InterruptGuard) -> int:
+    from lab.live.status_line import StatusLine
+    from lab.local.scenario_file import with_overrides
+    from lab.local.session import SessionOptions, run_session
+    from lab.report.text import format_report
+
     scenario = with_overrides(
         load_scenario("ci" if args.ci else args.scenario),
         nodes=args.nodes,
@@ -207,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return simulate_eviction(argv[1:])
     if argv[:1] == ["preflight"]:
+        from lab.azure.preflight.flags import build_parser as preflight_parser
+
+        preflight_parser().parse_args(argv[1:])  # --help, a wrong flag: before the SDKs load
         from lab.azure.preflight.command import main as preflight
 
         return preflight(argv[1:])
@@ -221,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command in CLUSTER_COMMANDS:
         return run_cluster_command(args, lambda: _run_prices(args))
+    from lab.local.etcd_server import EtcdError
+    from lab.local.interrupts import interrupt_guard
+    from lab.local.scenario import ScenarioError
+    from lab.local.session import LabError
+
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
     # The session stops and sweeps everything it started, however it ends.
     with interrupt_guard(take_ignored=True) as guard:

@@ -13,18 +13,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra import gpu_sizes
 from lab.azure.api_cache import ApiCache, cache_dir
-from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
-from lab.azure.price_report import build_report
-from lab.azure.price_table import format_report
-from lab.azure.retail_prices import RetailPrices
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
+
+if TYPE_CHECKING:  # the Azure SDKs load when the command asks Azure, not for --help
+    from lab.azure.clients import Azure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,6 +110,10 @@ def main(
     except ConfigError as err:
         print(f"error: {'; '.join(err.problems)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from lab.azure.clients import Azure, AzureError
+    from lab.azure.price_report import build_report
+    from lab.azure.price_table import format_report
+
     cache = ApiCache(cache_dir(), refresh=args.refresh)
     try:
         report = build_report(azure or Azure(), cache, cfg, vm_size, regions, args.hours)
@@ -123,6 +127,8 @@ def main(
 def cached_vm_price(vm_size: str, region: str) -> tuple[float | None, float | None] | None:
     """(Spot, on-demand) $/h of a size in a region from the cache of an earlier ``lab prices``
     run, never from the network (a report is built offline); None when not cached."""
+    from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
+    from lab.azure.retail_prices import RetailPrices
 
     def offline() -> None:
         raise AzureError("not in the cache")
