@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from lab.exit_status import HelpFormatter
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m lab preflight`` argument parser."""
@@ -22,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(or a certificate) and ARM_TENANT_ID, ARM_USE_MSI, else az login.\n"
             "Exit status: 0 pulumi up can go ahead, 1 a check fails, 2 bad input."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--stack",
