@@ -44,3 +44,25 @@ def test_train_help_lists_the_tasks_by_name() -> None:
     # The option's own help, however argparse wraps it.
     text = " ".join(result.stdout.split())
     assert re.search(rf"--task {{{names}}} What to train: .* One of: charlm, cifar\.", text)
+
+
+def test_the_fork_servers_preload_holds_every_task() -> None:
+    """The warm launcher's fork server imports torch, then training.train: the tasks and their
+    options' docs are loaded there once, not again by every forked worker after a restart."""
+    code = (
+        "import sys, torch, training.train\n"
+        "from training.loop.config import _field_docs\n"
+        "from training.tasks import TASK_NAMES\n"
+        "print(all(f'training.tasks.{name}' in sys.modules for name in TASK_NAMES))\n"
+        "print(_field_docs.cache_info().currsize)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(1 + len(TASK_NAMES))]  # the config's, each task's
