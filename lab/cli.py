@@ -29,8 +29,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         description="Run a scenario on this machine: an embedded etcd, torchrun nodes that "
         "train, the scenario's faults at their steps; then report.json, report.txt and "
         "timeline.png in --out.\n"
-        "Exit status: 0 every fault recovered, 1 the run failed, 2 a bad flag or scenario "
-        "(nothing started).",
+        "Exit status: 0 trained with every fault recovered, 1 the run failed, 2 a bad flag or "
+        "scenario (nothing started), 130 or 143 stopped by Ctrl-C or SIGTERM (all cleaned up).",
         formatter_class=HelpFormatter,
     )
     run.add_argument(
