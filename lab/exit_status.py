@@ -1,4 +1,11 @@
-"""The exit status of every ``python -m lab`` command: the same three meanings everywhere."""
+"""What every ``python -m lab`` command shares: the same three exit statuses, one help layout,
+and bad input said the same way."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
 
 EXIT_OK = 0
 """Done, or (preflight) ``pulumi up`` can go ahead."""
@@ -6,3 +13,32 @@ EXIT_FAILED = 1
 """The run or a check failed, or Azure could not be reached."""
 EXIT_BAD_INPUT = 2
 """A flag, a scenario or the stack config is wrong; nothing was started."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's layout, with a description's paragraphs (its lines) each wrapped on its own
+    (``Exit status: ...`` stays a paragraph), and never a break inside ``--a-flag`` or
+    ``spot-lab``."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(
+            textwrap.fill(
+                " ".join(paragraph.split()),
+                width,
+                initial_indent=indent,
+                subsequent_indent=indent,
+                break_on_hyphens=False,
+            )
+            for paragraph in text.splitlines()
+        )
+
+
+def bad_flag(flag: str, allowed: str, got: object) -> int:
+    """Say on stderr, in one line, which flag is wrong and what it allows; the exit status.
+
+    The training program's wording (``--lr must be > 0, got -1``), in every command."""
+    print(f"error: {flag} must be {allowed}, got {got}", file=sys.stderr)
+    return EXIT_BAD_INPUT

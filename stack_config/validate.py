@@ -12,7 +12,7 @@ from infra import gpu_sizes, naming
 from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
-from training.data.stage_data import CHECKSUM
+from training.data.sources import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")

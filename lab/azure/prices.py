@@ -13,18 +13,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra import gpu_sizes
 from lab.azure.api_cache import ApiCache, cache_dir
-from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
-from lab.azure.price_report import build_report
-from lab.azure.price_table import format_report
-from lab.azure.retail_prices import RetailPrices
 from lab.azure.stack_choice import resolve_stack
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
+
+if TYPE_CHECKING:  # the Azure SDKs load when the command asks Azure, not for --help
+    from lab.azure.clients import Azure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Answers are cached in $XDG_CACHE_HOME/spot-lab (12 h prices, 1 h bands).\n"
             "Exit status: 0 printed, 1 Azure cannot be reached or refuses, 2 bad input."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--stack",
@@ -77,7 +77,7 @@ def parse_regions(value: str) -> list[str] | None:
     bad = [r for r in regions if not REGION.match(r)]
     if not regions or bad:
         raise ConfigError(
-            [f"--regions must be 'all' or Azure region names such as westus3,eastus; got {value!r}"]
+            [f"--regions must be 'all' or Azure region names such as westus3,eastus, got {value!r}"]
         )
     return regions
 
@@ -103,13 +103,17 @@ def main(
         vm_size = args.vm_size or cfg.gpu_pool.vm_size
         if gpu_sizes.gpu_size(vm_size) is None:
             allowed = ", ".join(s.name for s in gpu_sizes.SIZES)
-            raise ConfigError([f"--vm-size must be one of {allowed}; got {vm_size!r}"])
+            raise ConfigError([f"--vm-size must be one of {allowed}, got {vm_size!r}"])
         if not args.hours > 0:
-            raise ConfigError([f"--hours must be a number of hours > 0; got {args.hours:g}"])
+            raise ConfigError([f"--hours must be a number of hours > 0, got {args.hours:g}"])
         regions = parse_regions(args.regions)
     except ConfigError as err:
         print(f"error: {'; '.join(err.problems)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from lab.azure.clients import Azure, AzureError
+    from lab.azure.price_report import build_report
+    from lab.azure.price_table import format_report
+
     cache = ApiCache(cache_dir(), refresh=args.refresh)
     try:
         report = build_report(azure or Azure(), cache, cfg, vm_size, regions, args.hours)
@@ -123,6 +127,8 @@ def main(
 def cached_vm_price(vm_size: str, region: str) -> tuple[float | None, float | None] | None:
     """(Spot, on-demand) $/h of a size in a region from the cache of an earlier ``lab prices``
     run, never from the network (a report is built offline); None when not cached."""
+    from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
+    from lab.azure.retail_prices import RetailPrices
 
     def offline() -> None:
         raise AzureError("not in the cache")

@@ -167,3 +167,55 @@ def test_an_etcd_without_the_v2_api_is_refused(tmp_path: Path, version: str, mes
     assert result.returncode == 2, result.stderr
     assert f"--etcd-binary: {fake} {message}" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+COMMANDS = ["run", "scenarios", "report", "watch", "drill", "rebalance", "preflight", "prices"]
+
+
+@pytest.mark.parametrize(
+    "command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "lab"
+)
+def test_every_help_has_one_layout(tmp_path: Path, command: list[str]) -> None:
+    """argparse's layout wrapped to the terminal, with the exit statuses as their own line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "lab", *command, "--help"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(" ".join(["usage: python -m lab", *command]))
+    assert [line for line in lines if line.startswith("Exit status: 0 ")], result.stdout
+    too_wide = [line for line in lines if len(line) > 80 and not line.startswith(" ")]
+    assert not too_wide  # an indented line may be a long choice list argparse does not wrap
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["report", "--logs", ".", "--spot-price", "-1"], "--spot-price must be > 0, got -1.0"),
+        (["report", "--logs", ".", "--max-steps", "0"], "--max-steps must be > 0, got 0"),
+        (["drill", "--evict", "0"], "--evict must be a count >= 1, got 0"),
+        (["drill", "--interval", "nan"], "--interval must be seconds >= 0, got nan"),
+        (["drill", "--recover-timeout", "0"], "--recover-timeout must be seconds > 0, got 0.0"),
+        (["rebalance", "--poll", "inf"], "--poll must be seconds > 0, got inf"),
+        (["watch", "--stack-outputs"], "argument --stack-outputs: expected one argument"),
+        (["prices", "--hours", "0"], "--hours must be a number of hours > 0, got 0"),
+        (["prices", "--vm-size", "x"], "--vm-size must be one of Standard_NC4as_T4_v3, "),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag_exit_2(
+    tmp_path: Path, args: list[str], line: str
+) -> None:
+    """The same wording in every command: the flag, what it allows, what it got."""
+    outputs = ["--stack-outputs", str(tmp_path / "none.json")]
+    cluster = args[0] in ("drill", "rebalance")
+    result = lab(*args, *(outputs if cluster else []), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    said = [text for text in result.stderr.splitlines() if "error: " in text]
+    assert len(said) == 1 and line in said[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "lab-runs").exists()  # refused before anything was written

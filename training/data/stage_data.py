@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
-from training.data.sources import CIFAR10, CORPUS_FILE, FORMATS, TEXT
+from training.data.sources import CHECKSUM, CIFAR10, CORPUS_FILE, FORMATS, TEXT
 
 EXIT_BAD_INPUT = 2
 EXIT_RETRY = 1
@@ -42,7 +42,6 @@ MARKER = ".staged.json"
 """The marker blob: its leading '.' keeps it out of the training loader's file pattern."""
 # CIFAR-10's files in its archive (training/data/cifar10.py reads them).
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
-CHECKSUM = re.compile(r"^(md5:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
 CHUNK = 1 << 20
 
 

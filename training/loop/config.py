@@ -18,10 +18,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from training.api import TrainSpec
-from training.tasks import DEFAULT_TASK, TASKS
+from training.tasks import DEFAULT_TASK, TASK_NAMES, TASKS
+
+if TYPE_CHECKING:
+    from training.api import TrainSpec
 
 ENV_PREFIX = "TRAIN_"
 DTYPES = ("float32", "float64")
@@ -76,7 +78,7 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     task: str = DEFAULT_TASK
-    """What to train: a task of training/tasks/ (docs/your-own-model.md)."""
+    """What to train: a task of training/tasks/, by name (docs/your-own-model.md)."""
     eval_every: int = 0
     """Steps between the task's evaluations (0 = none; a task without one ignores it)."""
     max_steps: int = 1000
@@ -108,7 +110,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    options: Any = field(default_factory=TASKS[DEFAULT_TASK].options)
+    options: Any = field(default_factory=lambda: TASKS[DEFAULT_TASK].options())
     """The task's own options (its ``TrainSpec.options`` dataclass)."""
 
     def sections(self) -> list[Any]:
@@ -142,10 +144,13 @@ def _field_docs(module_name: str) -> dict[str, str]:
 
 
 # Once, at import: the fork server imports this module, so a worker's restart does not pay
-# for reading the source again.
+# for reading the source again. The tasks too, where torch is loaded already (the fork server
+# imports it first): elsewhere (``python -m lab --help``, a scenario's check) they would import
+# torch for nothing, and a task loads on first use of its spec.
 FIELD_DOCS = _field_docs(__name__)
-for _spec in TASKS.values():
-    _field_docs(_spec.options.__module__)
+if "torch" in sys.modules:
+    for _spec in TASKS.values():
+        _field_docs(_spec.options.__module__)
 
 
 def _flag(name: str) -> str:
@@ -178,9 +183,12 @@ def parse_config(
         for f in fields(section):
             about = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help
             default = getattr(section, f.name)
+            if f.name == "task":  # the names, which the field's docstring cannot list
+                about = f"{about} One of: {', '.join(TASK_NAMES)}."
             parser.add_argument(
                 _flag(f.name),
                 default=None,
+                metavar="{" + ",".join(TASK_NAMES) + "}" if f.name == "task" else None,
                 help=f"{about} (env {ENV_PREFIX}{f.name.upper()}, default {default!r})",
             )
     args = parser.parse_args(argv)
@@ -204,7 +212,7 @@ def _task_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TrainCon
     name = probe.parse_known_args(argv)[0].task or env.get(ENV_PREFIX + "TASK") or DEFAULT_TASK
     if name not in TASKS:
         raise ConfigError(
-            f"--task (or {ENV_PREFIX}TASK) must be one of {', '.join(sorted(TASKS))}, got {name!r}"
+            f"--task (or {ENV_PREFIX}TASK) must be one of {', '.join(TASK_NAMES)}, got {name!r}"
         )
     spec = TASKS[name]
     cfg = TrainConfig(options=spec.options())

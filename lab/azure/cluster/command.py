@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lab.exit_status import EXIT_BAD_INPUT
+from lab.exit_status import HelpFormatter, bad_flag
 from lab.report.gpu_cost import Prices
 
 if TYPE_CHECKING:
@@ -53,9 +52,10 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "autoscaler's capacity events (no Spot capacity, falling back to on-demand, back on "
         "Spot) as a line of its own. Ctrl-C (or the job's end) "
         "stops watching and writes report.json, report.txt and timeline.png for the time "
-        "watched. It only reads: it never touches the job. Exit status: 0 report written, "
+        "watched. It only reads: it never touches the job.\nExit status: 0 report written, "
         "1 the cluster cannot be reached or refuses, or nothing was logged to report; 2 a bad "
         "--stack-outputs file.",
+        formatter_class=HelpFormatter,
     )
     drill = sub.add_parser(
         "drill",
@@ -65,9 +65,10 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "simulate-eviction, wait until training runs again and the replacement has joined; "
         "N times. Then write the same report as the local lab, with each replacement's "
         "arrival (scale-up, node, image, start, join) and the run's cost. Refuses a job that "
-        "is not training at full size. Exit status: 0 every eviction recovered, 1 the cluster "
+        "is not training at full size.\nExit status: 0 every eviction recovered, 1 the cluster "
         "cannot be reached or refuses, the job is not healthy, an eviction failed or did not "
         "recover in time, or Ctrl-C; 2 a bad flag or --stack-outputs file.",
+        formatter_class=HelpFormatter,
     )
     drill.add_argument(
         "--evict",
@@ -119,9 +120,10 @@ def _rebalance_parser(sub: argparse._SubParsersAction, common: argparse.Argument
         "trains at full size again, then the next. Stops when no worker is left on on-demand, "
         "or when no Spot node comes within --spot-timeout; with no Spot node Ready it changes "
         "nothing and says why. --watch keeps doing it until the job ends. The report records "
-        "each move and what it saved. Exit status: 0 done (or nothing to move), 1 the cluster "
+        "each move and what it saved.\nExit status: 0 done (or nothing to move), 1 the cluster "
         "cannot be reached or refuses, the job is not healthy, a move did not recover in time, "
         "or Ctrl-C; 2 a bad flag or --stack-outputs file.",
+        formatter_class=HelpFormatter,
     )
     rebalance.add_argument(
         "--spot-timeout",
@@ -161,8 +163,28 @@ def _rebalance_parser(sub: argparse._SubParsersAction, common: argparse.Argument
     )
 
 
+# The flags each command checks before it loads a client: (flag, what it allows, the check).
+_CHECKS: dict[str, tuple[tuple[str, str, Callable[[float], bool]], ...]] = {
+    "watch": (),
+    "drill": (
+        ("--evict", "a count >= 1", lambda v: v >= 1),
+        ("--interval", "seconds >= 0", lambda v: 0 <= v < math.inf),
+        ("--ready-timeout", "seconds > 0", lambda v: 0 < v < math.inf),
+        ("--recover-timeout", "seconds > 0", lambda v: 0 < v < math.inf),
+    ),
+    "rebalance": tuple(
+        (flag, "seconds > 0", lambda v: 0 < v < math.inf)
+        for flag in ("--spot-timeout", "--ready-timeout", "--recover-timeout", "--poll")
+    ),
+}
+
+
 def run_cluster_command(args: argparse.Namespace, prices: Prices) -> int:
     """Run ``watch``, ``drill`` or ``rebalance``; ``prices`` price the run's report."""
+    for flag, allowed, ok in _CHECKS[args.command]:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if not ok(value):  # nan too: every comparison with it is false
+            return bad_flag(flag, allowed, value)
     from lab.azure.cluster.cloud_run import DrillOptions, drill, watch
     from lab.azure.cluster.follow import CloudOptions
 
@@ -172,26 +194,16 @@ def run_cluster_command(args: argparse.Namespace, prices: Prices) -> int:
         return watch(options)
     if args.command == "rebalance":
         return _rebalance(args, options)
-    if args.evict < 1 or args.interval < 0 or args.ready_timeout <= 0 or args.recover_timeout <= 0:
-        print("error: --evict must be >= 1, --interval >= 0, the timeouts > 0", file=sys.stderr)
-        return EXIT_BAD_INPUT
     plan = DrillOptions(args.evict, args.interval, args.ready_timeout, args.recover_timeout)
     return drill(options, plan, evictor(args))
 
 
 def _rebalance(args: argparse.Namespace, options: CloudOptions) -> int:
-    """``lab rebalance`` with its flags checked."""
+    """``lab rebalance``, its flags checked."""
     from lab.azure.cluster.rebalance import RebalanceOptions, rebalance
 
-    timeouts = (args.spot_timeout, args.ready_timeout, args.recover_timeout, args.poll)
-    if not all(0 < value < math.inf for value in timeouts):
-        print(
-            "error: --spot-timeout, --ready-timeout, --recover-timeout and --poll must be "
-            "seconds > 0",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
-    plan = RebalanceOptions(*timeouts[:3], watch=args.watch, poll_s=args.poll)
+    timeouts = (args.spot_timeout, args.ready_timeout, args.recover_timeout)
+    plan = RebalanceOptions(*timeouts, watch=args.watch, poll_s=args.poll)
     return rebalance(options, plan)
 
 

@@ -11,7 +11,6 @@ Exit 0: ``pulumi up`` can go ahead (warnings allowed). 1: a check fails. 2: bad 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ from lab.azure.preflight.context import (
     run_tool,
 )
 from lab.azure.preflight.fallback_quota import check_fallback_quota
+from lab.azure.preflight.flags import build_parser
 from lab.azure.preflight.identity import check_cluster_admin, check_permissions, check_sign_in
 from lab.azure.preflight.image_registry import Registry, registry_for
 from lab.azure.preflight.kubernetes_version import check_kubernetes_version
@@ -120,31 +120,6 @@ def format_checks(checks: list[Check]) -> str:
         "pulumi up can go ahead." if not failed else f"{failed} check(s) fail: fix them first."
     )
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab preflight",
-        description=(
-            "Check, before it creates and bills anything, that `pulumi up` will work: the stack "
-            "config, the tools it runs (pulumi, az signed in, git, kubelogin; docker for "
-            "imageBuilder docker), who becomes the cluster's admin and whether kubelogin can "
-            "sign in as it, the subscription it deploys into, resource providers, the VM sizes "
-            "in the region, Spot and CPU quotas, the Kubernetes version (and its Blob CSI "
-            "driver), permission to create role assignments, ACR Tasks for the subscription's "
-            "offer, and the images' base tags and digests in their registry (anonymously). "
-            "Only reads. Signs in as `pulumi up` does: ARM_CLIENT_ID with ARM_CLIENT_SECRET "
-            "(or a certificate) and ARM_TENANT_ID, ARM_USE_MSI, else az login.\n"
-            "Exit status: 0 pulumi up can go ahead, 1 a check fails, 2 bad input."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--stack",
-        help="stack to check, as in Pulumi.<stack>.yaml (default: the selected Pulumi stack)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    return parser
 
 
 def main(

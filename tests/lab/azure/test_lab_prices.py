@@ -178,7 +178,7 @@ def test_a_failing_price_api_is_retried_then_reported_in_one_line(
     [
         (["--vm-size", "Standard_NC6s_v3"], "--vm-size must be one of Standard_NC4as_T4_v3, "),
         (["--regions", "West US"], "--regions must be 'all' or Azure region names"),
-        (["--hours", "0"], "--hours must be a number of hours > 0; got 0"),
+        (["--hours", "0"], "--hours must be a number of hours > 0, got 0"),
         (["--stack", "prod"], "no stack file Pulumi.prod.yaml"),
     ],
 )
