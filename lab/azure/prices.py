@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,11 +18,12 @@ from pathlib import Path
 from infra import gpu_sizes
 from lab.azure.api_cache import ApiCache, cache_dir
 from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
-from lab.azure.price_report import build_report
+from lab.azure.price_report import REPLACEMENT_MIN, HeadroomPlan, build_report, headroom_section
 from lab.azure.price_table import format_report
 from lab.azure.retail_prices import RetailPrices
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from lab.report.headroom import HeadroomError, check_inputs
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
@@ -62,11 +64,77 @@ def build_parser() -> argparse.ArgumentParser:
         default=24.0,
         help="hours of training to price, for the stack's workerMaxReplicas nodes (default: 24)",
     )
+    _headroom_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--refresh", action="store_true", help="ask the APIs again instead of the cache"
     )
     return parser
+
+
+def _headroom_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the headroom recommendation (docs/azure.md, "Headroom, not spares")."""
+    group = parser.add_argument_group(
+        "headroom",
+        "how many workers to ask for so that a target world size trains with a probability, "
+        "from the stack region's eviction rate and the time a replacement takes",
+    )
+    group.add_argument(
+        "--target-workers",
+        type=int,
+        metavar="N",
+        help="the world size (in workers) to keep training (default: the stack's "
+        "workerMaxReplicas)",
+    )
+    group.add_argument(
+        "--probability",
+        type=float,
+        default=0.95,
+        help="the share of time at least --target-workers should train, between 0 and 1 "
+        "(default: %(default)g)",
+    )
+    group.add_argument(
+        "--replacement-minutes",
+        type=float,
+        default=REPLACEMENT_MIN,
+        metavar="M",
+        help="minutes from an eviction to the replacement's first step: the last row of "
+        "`lab drill`'s table (default: %(default)g, the upper end of the documented 7-11 min)",
+    )
+    group.add_argument(
+        "--eviction-rate",
+        type=float,
+        metavar="PCT",
+        help="evictions per node-hour in percent, 0 to 100 (default: the upper end of the "
+        "stack region's band, e.g. 15 for 10-15 %%)",
+    )
+    group.add_argument(
+        "--step-seconds",
+        type=float,
+        metavar="S",
+        help="seconds per step at the target world size, to price 1,000 steps: a run's global "
+        "batch divided by its samples/s while training, from `lab report` (default: none, "
+        "no cost per step)",
+    )
+
+
+def headroom_plan(args: argparse.Namespace, cfg: LabConfig) -> HeadroomPlan:
+    """The headroom flags, checked before anything is asked (``HeadroomError`` names one)."""
+    target = cfg.job.max_replicas if args.target_workers is None else args.target_workers
+    rate = args.eviction_rate
+    check_inputs(
+        0.0 if rate is None else rate / 100.0,
+        args.replacement_minutes / 60.0,
+        target,
+        args.probability,
+    )
+    if args.step_seconds is not None and not 0 < args.step_seconds < math.inf:
+        raise HeadroomError(f"--step-seconds must be seconds > 0; got {args.step_seconds:g}")
+    given = args.replacement_minutes != REPLACEMENT_MIN
+    source = "--replacement-minutes" if given else "the documented estimate (docs/azure.md)"
+    return HeadroomPlan(
+        target, args.probability, args.replacement_minutes, source, rate, args.step_seconds
+    )
 
 
 def parse_regions(value: str) -> list[str] | None:
@@ -107,8 +175,12 @@ def main(
         if not args.hours > 0:
             raise ConfigError([f"--hours must be a number of hours > 0; got {args.hours:g}"])
         regions = parse_regions(args.regions)
+        plan = headroom_plan(args, cfg)
     except ConfigError as err:
         print(f"error: {'; '.join(err.problems)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except HeadroomError as err:
+        print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     cache = ApiCache(cache_dir(), refresh=args.refresh)
     try:
@@ -116,6 +188,11 @@ def main(
     except AzureError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    try:
+        report["headroom"] = headroom_section(report, plan)
+    except HeadroomError as err:  # the band's rate needs more workers than the model searches
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return EXIT_OK
 
