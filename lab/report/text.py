@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.report.replacement import format_steps
+
 
 def _cell(value: Any, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
@@ -73,6 +75,9 @@ def format_arrivals(report: dict[str, Any]) -> str:
     """One line per fault with a replacement: how long it took and where the time went."""
     lines = []
     for fault in report["faults"]:
+        if fault.get("replacement_steps"):
+            lines.append(format_steps(fault))
+            continue
         arrival = fault.get("arrival")
         if not arrival:
             continue
