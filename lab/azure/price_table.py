@@ -84,11 +84,12 @@ def headroom_lines(room: dict, region: str) -> list[str]:
     lines = [
         f"Headroom in {region} (eviction {room['eviction_rate_pct']:g} % a node-hour, "
         f"{room['rate_source']}; {replacement}):",
-        f"  a worker is missing {room['unavailability']:.1%} of the time; to keep {target} "
-        f"training {share} of the time ask for {workers}: workerMaxReplicas {workers} (the GPU "
-        f"pool follows it; or gpuMaxNodes {workers}). {room['expected_missing']:.2f} missing on "
-        f"average; {room['achieved']:.1%} of the time {target} or more train, "
-        f"{room['without_headroom']:.1%} with no headroom.",
+        f"  a worker is missing {room['unavailability']:.1%} of the time; with no headroom "
+        f"{target} train {room['without_headroom']:.1%} of the time.",
+        f"  To keep {target} training {share} of the time, ask for {workers}: workerMaxReplicas "
+        f"{workers} (the GPU pool follows it; or gpuMaxNodes {workers}).",
+        f"  With {workers}: {target} or more train {room['achieved']:.1%} of the time, "
+        f"{room['expected_missing']:.2f} missing on average.",
     ]
     if room.get("step_s") is not None:
         lines.append(

@@ -132,12 +132,16 @@ def _new_pod(path: _Path) -> tuple[str | None, tuple[float, str] | None]:
     return None, None
 
 
-def _container_started(path: _Path, pod: str | None) -> tuple[float, str] | None:
+def _container_started(path: _Path, pod: str | None, after: float) -> tuple[float, str] | None:
+    """The pod watch's start time, else the kubelet's event, else the new pod's first log
+    line after ``after`` (its image pulled: the old pod of the same name logs until then)."""
     for change in path.changes():
         started = _time(change.get("started"))
         if change["pod"] == pod and started is not None and started >= path.floor:
             return started, f"pod watch: {pod} state.running.startedAt"
-    return path.event(("Started",), pod) if pod else None
+    event = path.event(("Started",), pod) if pod else None
+    first = path.record(pod, after, lambda r: True) if event is None else None
+    return (first["ts"], f"job log: {pod}'s first line") if first else event
 
 
 def replacement_steps(
@@ -159,8 +163,10 @@ def replacement_steps(
         "node requested": path.event(("TriggeredScaleUp",), pod),
         "node Ready": path.event(("NodeReady",), node) or path.event(("RegisteredNode",), node),
         "image pulled": path.event(("Pulled",), pod),
-        "container started": _container_started(path, pod),
     }
+    before = [found[k] for k in ("image pulled", "node Ready", "node requested") if found[k]]
+    after_pull = before[0][0] if before else origin
+    found["container started"] = _container_started(path, pod, after_pull)
     after = (found["container started"] or (origin, ""))[0]
     joined = path.record(pod, after, lambda r: r.get("event") == "started")
     found["joined"] = _from_log(joined, "started", pod)

@@ -250,16 +250,20 @@ def test_the_headroom_lines_of_the_table(
         "Headroom in westus3 (eviction 15 % a node-hour, the upper end of the band 10-15 %; "
         "replacement 11 min, the documented estimate (docs/azure.md)):"
     )
-    assert lines[1].startswith(
-        "  a worker is missing 2.7% of the time; to keep 8 training 99% of the time ask for 10: "
-        "workerMaxReplicas 10 (the GPU pool follows it; or gpuMaxNodes 10). 0.27 missing on "
-        "average; "
+    assert (
+        lines[1]
+        == "  a worker is missing 2.7% of the time; with no headroom 8 train 80.5% of the time."
     )
     assert lines[2] == (
+        "  To keep 8 training 99% of the time, ask for 10: workerMaxReplicas 10 (the GPU pool "
+        "follows it; or gpuMaxNodes 10)."
+    )
+    assert lines[3].startswith("  With 10: 8 or more train 99.")
+    assert lines[4] == (
         "  1,000 steps (2 s a step at 8 workers): Spot with 10 $0.41 in 0.46 h; on demand with 8 "
         "$2.34 in 0.56 h."
     )
-    assert "a wave (many Spot VMs reclaimed at once) is not covered" in lines[3]
+    assert "a wave (many Spot VMs reclaimed at once) is not covered" in lines[5]
 
 
 def test_headroom_from_a_measured_replacement_and_a_given_rate(

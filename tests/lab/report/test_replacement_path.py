@@ -15,7 +15,7 @@ from lab.report.replacement import STEPS, pod_change
 from lab.report.run_logs import DRILL_EVENTS, POD_CHANGES, load_run
 from lab.report.run_report import report_from_run
 from lab.report.text import format_report
-from tests.lab.report.test_lab_run_logs import W0, W1, W2, stamp
+from tests.lab.report.test_lab_run_logs import W0, W1, W2, eviction_story, stamp
 
 RECORDING = Path(__file__).parents[2] / "recordings" / "kube" / "replacement_path.json"
 
@@ -160,3 +160,15 @@ def test_a_step_not_seen_says_so(tmp_path: Path) -> None:
     assert rows["node Ready"]["source"] == "not seen"
     # The next step seen counts from the last one seen.
     assert rows["container started"]["since_previous_s"] == 401.0 - 62.0
+
+
+def test_with_neither_pod_watch_nor_kubelet_start_the_new_pods_first_line_stands_in(
+    tmp_path: Path,
+) -> None:
+    (leave, _) = report_from_run(load_run(eviction_story(tmp_path)))["faults"]
+    rows = {row["step"]: row for row in leave["replacement_steps"]["steps"]}
+    assert (rows["container started"]["since_eviction_s"], rows["container started"]["source"]) == (
+        300.0,
+        f"job log: {W2}x's first line",
+    )
+    assert rows["new pod Pending"]["source"] == "not seen"  # no FailedScheduling was saved
