@@ -39,7 +39,9 @@ def recorded_drill(root: Path, with_pod_watch: bool = True) -> float:
     ]
     w2.append(_line(e + 1.2, kind="event", event="emergency_save", step=59, reason="sigterm"))
     logs[W0].append(_line(e + 1.9, kind="event", event="peer_failure", step=59))
-    logs[W0].append(_line(e + 2.5, kind="event", event="resumed", step=59, world_size=2))
+    logs[W0].append(
+        _line(e + 2.5, kind="event", event="resumed", step=59, source="local", world_size=2)
+    )
     logs[W0] += [
         _line(
             e + 3 + i, step=59 + i, world_size=2, samples_per_s=340.0, **metrics | {"rdzv_round": 4}
@@ -48,7 +50,9 @@ def recorded_drill(root: Path, with_pod_watch: bool = True) -> float:
     ]
     # The new pod's worker starts in round 5 with the others; its first step ends at +436.
     w2.append(_line(e + 428.4, **started, world_size=3, rdzv_round=5))
-    logs[W0].append(_line(e + 429.0, kind="event", event="resumed", step=483, world_size=3))
+    logs[W0].append(
+        _line(e + 429.0, kind="event", event="resumed", step=483, source="local", world_size=3)
+    )
     logs[W0] += [
         _line(
             e + 435 + i,
