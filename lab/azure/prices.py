@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from lab.azure.price_table import format_report
 from lab.azure.retail_prices import RetailPrices
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from lab.report.headroom import HeadroomError, check_inputs
+from lab.report.headroom import HeadroomError, check_inputs, measured_replacement_s
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
@@ -102,6 +103,13 @@ def _headroom_flags(parser: argparse.ArgumentParser) -> None:
         "`lab drill`'s table (default: %(default)g, the upper end of the documented 7-11 min)",
     )
     group.add_argument(
+        "--replacement-from",
+        type=Path,
+        metavar="REPORT",
+        help="take --replacement-minutes from a drill's report.json: the median of its "
+        "replacements' times to the first step at full size (default: not used)",
+    )
+    group.add_argument(
         "--eviction-rate",
         type=float,
         metavar="PCT",
@@ -121,20 +129,34 @@ def _headroom_flags(parser: argparse.ArgumentParser) -> None:
 def headroom_plan(args: argparse.Namespace, cfg: LabConfig) -> HeadroomPlan:
     """The headroom flags, checked before anything is asked (``HeadroomError`` names one)."""
     target = cfg.job.max_replicas if args.target_workers is None else args.target_workers
+    minutes = args.replacement_minutes
+    if args.replacement_from is not None:
+        minutes, source = _measured_minutes(args.replacement_from)
+    elif minutes != REPLACEMENT_MIN:
+        source = "--replacement-minutes"
+    else:
+        source = "the documented estimate (docs/azure.md)"
     rate = args.eviction_rate
-    check_inputs(
-        0.0 if rate is None else rate / 100.0,
-        args.replacement_minutes / 60.0,
-        target,
-        args.probability,
-    )
+    check_inputs(0.0 if rate is None else rate / 100.0, minutes / 60.0, target, args.probability)
     if args.step_seconds is not None and not 0 < args.step_seconds < math.inf:
         raise HeadroomError(f"--step-seconds must be seconds > 0; got {args.step_seconds:g}")
-    given = args.replacement_minutes != REPLACEMENT_MIN
-    source = "--replacement-minutes" if given else "the documented estimate (docs/azure.md)"
-    return HeadroomPlan(
-        target, args.probability, args.replacement_minutes, source, rate, args.step_seconds
-    )
+    return HeadroomPlan(target, args.probability, minutes, source, rate, args.step_seconds)
+
+
+def _measured_minutes(path: Path) -> tuple[float, str]:
+    """The median replacement time of a drill's report, in minutes, and where it came from."""
+    try:
+        report = json.loads(path.read_text())
+        times = measured_replacement_s(report) if isinstance(report, dict) else []
+    except (OSError, ValueError) as err:
+        raise HeadroomError(f"--replacement-from must be a drill's report.json: {err}") from None
+    if not times:
+        raise HeadroomError(
+            f"--replacement-from {path}: no replacement reached full size in that report "
+            "(a drill's report.json, from `lab drill` or `lab report --logs`)"
+        )
+    minutes = statistics.median(times) / 60.0
+    return minutes, f"the median of {len(times)} in {path.name}"
 
 
 def parse_regions(value: str) -> list[str] | None:

@@ -173,3 +173,15 @@ def cost_per_1000_steps(
 def hours_per_1000_steps(workers: float, step_s_at_target: float, target: int) -> float:
     """Wall hours per 1,000 steps at an average of ``workers`` training (linear scaling)."""
     return 1000.0 * step_s_at_target * target / max(workers, 1e-9) / 3600.0
+
+
+def measured_replacement_s(report: dict) -> list[float]:
+    """Each replacement's time, eviction to the first step at full size, in a run's report
+    (the last row of ``lab drill``'s table); only those that got there."""
+    times = []
+    for fault in report.get("faults") or []:
+        path = fault.get("replacement_steps") or {}
+        steps = path.get("steps") or []
+        if steps and steps[-1].get("since_eviction_s") is not None:
+            times.append(float(steps[-1]["since_eviction_s"]))
+    return times

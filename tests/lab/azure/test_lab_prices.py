@@ -287,3 +287,48 @@ def test_without_a_band_the_headroom_asks_for_a_rate(
         "Headroom in westus3 to keep 3 training 95% of the time: no eviction rate (needs az "
         "login): pass --eviction-rate." in capsys.readouterr().out
     )
+
+
+def test_the_replacement_time_from_a_drills_report(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two replacements took 5 and 7 minutes to a step at full size, a third never got there:
+    the median of those that did, 6 minutes."""
+
+    def fault(last: float | None) -> dict[str, Any]:
+        steps = [{"step": "eviction requested", "since_eviction_s": 0.0}]
+        steps.append({"step": "first step at full size", "since_eviction_s": last})
+        return {"kind": "evict", "replacement_steps": {"steps": steps}}
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"faults": [fault(300.0), fault(420.0), fault(None)]}))
+    room = _prices(azure, capsys, "--replacement-from", str(report))["headroom"]
+    assert room["replacement_min"] == 6.0
+    assert room["replacement_source"] == "the median of 2 in report.json"
+    p = 0.15 * 0.1 / (1 + 0.15 * 0.1)
+    assert room["unavailability"] == pytest.approx(p)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "--replacement-from must be a drill's report.json: "),
+        ("not json", "--replacement-from must be a drill's report.json: "),
+        ('{"faults": []}', "no replacement reached full size in that report"),
+    ],
+)
+def test_a_report_without_a_replacement_is_refused(
+    content: str | None,
+    message: str,
+    azure: FakeAzure,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    argv = ["--stack", "dev", "--replacement-from", str(path)]
+    assert main(argv, replay_azure(azure), PROJECT_DIR) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert azure.seen == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from lab.report.headroom import measured_replacement_s
 from lab.report.replacement import STEPS, pod_change
 from lab.report.run_logs import DRILL_EVENTS, POD_CHANGES, load_run
 from lab.report.run_report import report_from_run
@@ -176,3 +177,8 @@ def test_with_neither_pod_watch_nor_kubelet_start_the_new_pods_first_line_stands
         f"job log: {W2}x's first line",
     )
     assert rows["new pod Pending"]["source"] == "not seen"  # no FailedScheduling was saved
+
+
+def test_the_last_row_is_the_replacement_time_lab_prices_reads(tmp_path: Path) -> None:
+    recorded_drill(tmp_path)
+    assert measured_replacement_s(report_from_run(load_run(tmp_path))) == [436.0]
