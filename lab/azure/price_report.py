@@ -18,6 +18,13 @@ from lab.azure.api_cache import ApiCache
 from lab.azure.clients import RETAIL_PRICES, Azure, AzureError, NotSignedIn
 from lab.azure.eviction_rates import band_floor, eviction_bands
 from lab.azure.retail_prices import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
+from lab.report.headroom import (
+    HeadroomPlan,
+    band_rate,
+    cost_per_1000_steps,
+    hours_per_1000_steps,
+    recommend,
+)
 from stack_config.model import LabConfig
 
 
@@ -183,4 +190,48 @@ def build_report(
         "fallback": fallback,
         "prices_taken": _stamp(prices_taken),
         "bands_taken": _stamp(bands_taken),
+    }
+
+
+def headroom_section(report: dict, plan: HeadroomPlan) -> dict:
+    """The job's headroom in the stack's region: the model's answer (``lab.report.headroom``),
+    and with a step time, what 1,000 steps cost at Spot with it and on demand without."""
+    row = next((r for r in report["regions"] if r["region"] == report["stack_region"]), None)
+    band = row["eviction"] if row else None
+    if plan.rate_pct is not None:
+        rate, rate_source = plan.rate_pct / 100.0, "--eviction-rate"
+    else:
+        rate, rate_source = band_rate(band), f"the upper end of the band {band} %"
+    base = {
+        "target": plan.target,
+        "probability": plan.probability,
+        "replacement_min": plan.replacement_min,
+        "replacement_source": plan.replacement_source,
+    }
+    if rate is None:
+        why = report["eviction_note"] if row else "no data for the stack's region"
+        return base | {"note": f"no eviction rate ({why}): pass --eviction-rate"}
+    model = recommend(rate, plan.replacement_min / 60.0, plan.target, plan.probability)
+    section = base | {
+        "eviction_rate_pct": round(rate * 100.0, 6),
+        "rate_source": rate_source,
+        "unavailability": model.unavailability,
+        "workers": model.workers,
+        "expected_missing": model.expected_missing,
+        "achieved": model.achieved,
+        "without_headroom": model.without_headroom,
+        "step_s": plan.step_s,
+    }
+    if plan.step_s is None:
+        return section
+    spot = row["spot"] if row else None
+    on_demand = row["on_demand"] if row else None
+    training = model.workers - model.expected_missing
+    return section | {
+        "spot_usd_per_1000_steps": cost_per_1000_steps(spot, plan.step_s, plan.target),
+        "spot_hours_per_1000_steps": hours_per_1000_steps(training, plan.step_s, plan.target),
+        "on_demand_usd_per_1000_steps": cost_per_1000_steps(on_demand, plan.step_s, plan.target),
+        "on_demand_hours_per_1000_steps": hours_per_1000_steps(
+            plan.target, plan.step_s, plan.target
+        ),
     }

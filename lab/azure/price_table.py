@@ -66,8 +66,44 @@ def format_report(report: dict) -> str:
     total = _money(idle["total"], 2).rjust(10)
     lines.append(f"  {'total'.ljust(name_width)}  {''.ljust(what_width)}  {total}")
     lines.append(f"  not counted: {NOT_COUNTED}")
+    if report.get("headroom"):
+        lines += headroom_lines(report["headroom"], report["stack_region"])
     lines.append(f"Prices taken {report['prices_taken']}; eviction bands {report['bands_taken']}.")
     return "\n".join(lines)
+
+
+def headroom_lines(room: dict, region: str) -> list[str]:
+    """The headroom recommendation for the stack's region, and what 1,000 steps cost."""
+    target, share = room["target"], f"{room['probability']:.0%}"
+    replacement = f"replacement {room['replacement_min']:g} min, {room['replacement_source']}"
+    if "note" in room:
+        return [
+            f"Headroom in {region} to keep {target} training {share} of the time: {room['note']}."
+        ]
+    workers = room["workers"]
+    lines = [
+        f"Headroom in {region} (eviction {room['eviction_rate_pct']:g} % a node-hour, "
+        f"{room['rate_source']}; {replacement}):",
+        f"  a worker is missing {room['unavailability']:.1%} of the time; with no headroom "
+        f"{target} train {room['without_headroom']:.1%} of the time.",
+        f"  To keep {target} training {share} of the time, ask for {workers}: workerMaxReplicas "
+        f"{workers} (the GPU pool follows it; or gpuMaxNodes {workers}).",
+        f"  With {workers}: {target} or more train {room['achieved']:.1%} of the time, "
+        f"{room['expected_missing']:.2f} missing on average.",
+    ]
+    if room.get("step_s") is not None:
+        lines.append(
+            f"  1,000 steps ({room['step_s']:g} s a step at {target} workers): Spot with "
+            f"{workers} {_money(room['spot_usd_per_1000_steps'], 2)} in "
+            f"{room['spot_hours_per_1000_steps']:.2f} h; on demand with {target} "
+            f"{_money(room['on_demand_usd_per_1000_steps'], 2)} in "
+            f"{room['on_demand_hours_per_1000_steps']:.2f} h."
+        )
+    lines.append(
+        "  Assumes evictions independent of each other; a wave (many Spot VMs reclaimed at "
+        'once) is not covered: docs/azure.md, "Headroom, not spares".'
+    )
+    return lines
 
 
 def _headline(report: dict) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,13 @@ from infra import gpu_sizes
 from lab.azure.api_cache import ApiCache, cache_dir
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter
+from lab.report.headroom import (
+    REPLACEMENT_MIN,
+    HeadroomError,
+    HeadroomPlan,
+    check_inputs,
+    measured_replacement_s,
+)
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
@@ -62,11 +71,98 @@ def build_parser() -> argparse.ArgumentParser:
         default=24.0,
         help="hours of training to price, for the stack's workerMaxReplicas nodes (default: 24)",
     )
+    _headroom_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--refresh", action="store_true", help="ask the APIs again instead of the cache"
     )
     return parser
+
+
+def _headroom_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the headroom recommendation (docs/azure.md, "Headroom, not spares")."""
+    group = parser.add_argument_group(
+        "headroom",
+        "how many workers to ask for so that a target world size trains with a probability, "
+        "from the stack region's eviction rate and the time a replacement takes",
+    )
+    group.add_argument(
+        "--target-workers",
+        type=int,
+        metavar="N",
+        help="the world size (in workers) to keep training (default: the stack's "
+        "workerMaxReplicas)",
+    )
+    group.add_argument(
+        "--probability",
+        type=float,
+        default=0.95,
+        help="the share of time at least --target-workers should train, between 0 and 1 "
+        "(default: %(default)g)",
+    )
+    group.add_argument(
+        "--replacement-minutes",
+        type=float,
+        default=REPLACEMENT_MIN,
+        metavar="M",
+        help="minutes from an eviction to the replacement's first step: the last row of "
+        "`lab drill`'s table (default: %(default)g, the upper end of the documented 7-11 min)",
+    )
+    group.add_argument(
+        "--replacement-from",
+        type=Path,
+        metavar="REPORT",
+        help="take --replacement-minutes from a drill's report.json: the median of its "
+        "replacements' times to the first step at full size (default: not used)",
+    )
+    group.add_argument(
+        "--eviction-rate",
+        type=float,
+        metavar="PCT",
+        help="evictions per node-hour in percent, 0 to 100 (default: the upper end of the "
+        "stack region's band, e.g. 15 for 10-15 %%)",
+    )
+    group.add_argument(
+        "--step-seconds",
+        type=float,
+        metavar="S",
+        help="seconds per step at the target world size, to price 1,000 steps: a run's global "
+        "batch divided by its samples/s while training, from `lab report` (default: none, "
+        "no cost per step)",
+    )
+
+
+def headroom_plan(args: argparse.Namespace, cfg: LabConfig) -> HeadroomPlan:
+    """The headroom flags, checked before anything is asked (``HeadroomError`` names one)."""
+    target = cfg.job.max_replicas if args.target_workers is None else args.target_workers
+    minutes = args.replacement_minutes
+    if args.replacement_from is not None:
+        minutes, source = _measured_minutes(args.replacement_from)
+    elif minutes != REPLACEMENT_MIN:
+        source = "--replacement-minutes"
+    else:
+        source = "the documented estimate (docs/azure.md)"
+    rate = args.eviction_rate
+    check_inputs(0.0 if rate is None else rate / 100.0, minutes / 60.0, target, args.probability)
+    if args.step_seconds is not None and not 0 < args.step_seconds < math.inf:
+        raise HeadroomError(f"--step-seconds must be seconds > 0; got {args.step_seconds:g}")
+    return HeadroomPlan(target, args.probability, minutes, source, rate, args.step_seconds)
+
+
+def _measured_minutes(path: Path) -> tuple[float, str]:
+    """The median replacement time of a drill's report, in minutes, and where it came from."""
+    try:
+        report = json.loads(path.read_text())
+        times = measured_replacement_s(report) if isinstance(report, dict) else []
+    except (OSError, ValueError) as err:
+        raise HeadroomError(f"--replacement-from must be a drill's report.json: {err}") from None
+    if not times:
+        raise HeadroomError(
+            f"--replacement-from {path}: no replacement reached full size in that report "
+            "(a drill's report.json, from `lab drill` or `lab report --logs`)"
+        )
+    minutes = statistics.median(times) / 60.0
+    return minutes, f"the median of {len(times)} in {path.name}"
 
 
 def parse_regions(value: str) -> list[str] | None:
@@ -107,11 +203,15 @@ def main(
         if not args.hours > 0:
             raise ConfigError([f"--hours must be a number of hours > 0, got {args.hours:g}"])
         regions = parse_regions(args.regions)
+        plan = headroom_plan(args, cfg)
     except ConfigError as err:
         print(f"error: {'; '.join(err.problems)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except HeadroomError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from lab.azure.clients import Azure, AzureError
-    from lab.azure.price_report import build_report
+    from lab.azure.price_report import build_report, headroom_section
     from lab.azure.price_table import format_report
 
     cache = ApiCache(cache_dir(), refresh=args.refresh)
@@ -120,6 +220,11 @@ def main(
     except AzureError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    try:
+        report["headroom"] = headroom_section(report, plan)
+    except HeadroomError as err:  # the band's rate needs more workers than the model searches
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return EXIT_OK
 

@@ -35,6 +35,9 @@ DRILL_EVENTS = "drill-events.jsonl"
 PLACEMENTS = "placements.jsonl"
 """Where each worker pod was placed, as ``lab watch``, ``drill`` and ``rebalance`` saw it: one
 ``{"ts", "pod", "node"}`` a line (a pod recreated under its name gets a line per node)."""
+POD_CHANGES = "pod-changes.jsonl"
+"""Each new state of a worker pod as the commands' pod watch saw it (``pod_change``): when
+the API server created it, deleted it, and its container started, on the cluster's clock."""
 REBALANCE_EVENTS = "rebalance-events.jsonl"
 """What ``lab rebalance`` did: its span and each worker it moved from on-demand to Spot
 (``fault_injected`` of kind ``move``, then ``worker_moved``)."""
@@ -75,6 +78,8 @@ class RunLogs:
     lab_events: list[dict[str, Any]] = field(default_factory=list)
     placements: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     """pod -> (when, node) of each placement, in time order (a cluster run's)."""
+    pod_changes: list[dict[str, Any]] = field(default_factory=list)
+    """The rows of ``POD_CHANGES``, in the order seen."""
 
     def node_at(self, pod: str, ts: float) -> str | None:
         """The node ``pod`` ran on at ``ts``: its newest placement by then (None: unknown)."""
@@ -352,6 +357,7 @@ def load_cluster_run(
         cluster_events=events,
         lab_events=span,
         placements=read_placements(directory, events),
+        pod_changes=_placed(directory / POD_CHANGES),
     )
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.report.outcomes import build_report, seconds_since
+from lab.report.replacement import replacement_steps
 from lab.report.run_logs import RunLogs
 from lab.report.text import format_report
+from lab.report.world_sizes import world_size_time
 
 
 def report_from_run(run: RunLogs) -> dict[str, Any]:
@@ -30,6 +32,7 @@ def report_from_run(run: RunLogs) -> dict[str, Any]:
         end_ts=run.end_ts,
     )
     report["source"] = run.source
+    report["world_sizes"] = world_sizes(run, report)
     if run.source == "cluster":
         # A replacement belongs to the loss before it, up to the next loss: a join in
         # between is the replacement arriving.
@@ -38,7 +41,24 @@ def report_from_run(run: RunLogs) -> dict[str, Any]:
             if fault["kind"] != "join":
                 nxt = next((t for t in losses if t > fault["injected_at"]), math.inf)
                 fault["arrival"] = node_arrival(run, fault, nxt)
+        add_replacement_steps(run, report)
     return report
+
+
+def add_replacement_steps(run: RunLogs, report: dict[str, Any]) -> None:
+    """Each loss's replacement path, step by step (``replacement.py``), up to the next loss."""
+    losses = sorted(f["injected_at"] for f in report["faults"] if f["kind"] != "join")
+    for fault in report["faults"]:
+        if fault["kind"] != "join":
+            nxt = next((t for t in losses if t > fault["injected_at"]), math.inf)
+            fault["replacement_steps"] = replacement_steps(run, fault, nxt)
+
+
+def world_sizes(run: RunLogs, report: dict[str, Any]) -> dict[str, Any] | None:
+    """The time at each world size over the span the report measures, and what the missing
+    workers cost (``world_sizes.py``)."""
+    end = report["start_ts"] + report["run"]["wall_s"]
+    return world_size_time(run.records, report["start_ts"], end, report["pause_after_s"])
 
 
 def _first_event(run: RunLogs, after: float, reason: str, name: str | None = None) -> float | None:

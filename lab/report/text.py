@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.report.replacement import format_steps
+
 
 def _cell(value: Any, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
@@ -50,10 +52,32 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_world_sizes(report: dict[str, Any]) -> str:
+    """One line: the time at each world size, and the training the missing workers cost."""
+    sizes = report.get("world_sizes")
+    if not sizes:
+        return ""
+    total = sum(sizes["seconds"].values()) + sizes["no_step_s"]
+    parts = [
+        f"{world} for {spent:.1f} s ({spent / total:.0%})"
+        for world, spent in sorted(sizes["seconds"].items(), key=lambda item: -int(item[0]))
+    ]
+    parts.append(f"no step {sizes['no_step_s']:.1f} s ({sizes['no_step_s'] / total:.0%})")
+    lost = sizes["lost_to_missing_s"]
+    return (
+        f"world size: {', '.join(parts)}; missing workers cost {lost:.1f} s of training at "
+        f"full size {sizes['full_world_size']} ({_cell(sizes['lost_share'], '{:.0%}')} of the "
+        f"time with a step), {_cell(sizes['mean_missing'], '{:.2f}')} ranks missing on average"
+    )
+
+
 def format_arrivals(report: dict[str, Any]) -> str:
     """One line per fault with a replacement: how long it took and where the time went."""
     lines = []
     for fault in report["faults"]:
+        if fault.get("replacement_steps"):
+            lines.append(format_steps(fault))
+            continue
         arrival = fault.get("arrival")
         if not arrival:
             continue
@@ -96,7 +120,7 @@ def format_cost(cost: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """The table, then the replacements' arrivals and the cost when the report has them."""
-    parts = [format_table(report), format_arrivals(report)]
+    parts = [format_table(report), format_world_sizes(report), format_arrivals(report)]
     if report.get("cost"):
         parts.append(format_cost(report["cost"]))
     return "\n".join(p for p in parts if p)

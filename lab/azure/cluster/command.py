@@ -63,9 +63,11 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         help="evict Spot nodes one at a time and report the recovery (the cloud `make lab`)",
         description="Wait until the job trains at full size, evict one Spot node with "
         "simulate-eviction, wait until training runs again and the replacement has joined; "
-        "N times. Then write the same report as the local lab, with each replacement's "
-        "arrival (scale-up, node, image, start, join) and the run's cost. Refuses a job that "
-        "is not training at full size.\nExit status: 0 every eviction recovered, 1 the cluster "
+        "N times. Then write the same report as the local lab, with each replacement's path "
+        "step by step (pod deleted, new pod Pending, node requested, node Ready, image pulled, "
+        "container started, joined, first step at full size), the time at each world size "
+        "and the run's cost. Refuses a job that is not training at full size.\nExit status: "
+        "0 every eviction recovered, 1 the cluster "
         "cannot be reached or refuses, the job is not healthy, an eviction failed or did not "
         "recover in time, or Ctrl-C; 2 a bad flag or --stack-outputs file.",
         formatter_class=HelpFormatter,

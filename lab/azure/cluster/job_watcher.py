@@ -123,6 +123,7 @@ class JobWatcher:
         name = pod.metadata.name
         uid = pod.metadata.uid or name
         self.recorder.place(name, pod.spec.node_name if pod.spec else None)
+        self.recorder.pod_changed(change, self._plain(pod))
         if change == "DELETED":
             self.recorder.pods.pop(name, None)
             if self._uids.get(name) == uid:

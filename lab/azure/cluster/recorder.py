@@ -23,7 +23,8 @@ from lab.azure.cluster.event_lines import event_line
 from lab.azure.cluster.mount_failures import MountFailures
 from lab.live.job_view import JobView
 from lab.report.node_logs import parse_record
-from lab.report.run_logs import PLACEMENTS, ClusterEvent, cluster_event, well_formed
+from lab.report.replacement import pod_change
+from lab.report.run_logs import PLACEMENTS, POD_CHANGES, ClusterEvent, cluster_event, well_formed
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Recorder:
     _newest: float = 0.0
     _events_seen: set[str] = field(default_factory=set)
     _placed: set[tuple[str, str]] = field(default_factory=set)
+    _changes: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -59,6 +61,19 @@ class Recorder:
                 row = {"ts": round(time.time(), 3), "pod": pod, "node": node}
                 with open(self.out / PLACEMENTS, "a") as handle:
                     handle.write(json.dumps(row) + "\n")
+
+    def pod_changed(self, change: str, obj: dict[str, Any]) -> None:
+        """A worker pod as the pod watch saw it (a plain API object): each new state of its
+        lifecycle (created, placed, container started, deleted) is written down once, for the
+        drill's table of a replacement's steps."""
+        row = pod_change(change, obj)
+        key = json.dumps(row, sort_keys=True)
+        with self._lock:
+            if key in self._changes:
+                return
+            self._changes.add(key)
+            with open(self.out / POD_CHANGES, "a") as handle:
+                handle.write(json.dumps({"ts": round(time.time(), 3), **row}) + "\n")
 
     def log_line(self, pod: str, line: str) -> bool:
         """Keep one line of a pod's log unless a reconnect delivered it before."""

@@ -36,6 +36,11 @@ def _line(ts: float, **record: Any) -> str:
     return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
 
 
+def _api_time() -> str:
+    """Now, as the API server writes an object's times: whole seconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def metrics_record(step: int, world: int) -> dict[str, Any]:
     """A training step's metrics line, as the training program logs it."""
     return {
@@ -95,7 +100,7 @@ class Job:
         self.version += 1
         for manifest in self.kube.pods:
             if manifest["metadata"]["name"] == pod:
-                manifest["metadata"]["deletionTimestamp"] = "2026-11-24T00:00:00Z"
+                manifest["metadata"]["deletionTimestamp"] = _api_time()
                 manifest["metadata"]["resourceVersion"] = str(self.version)
         self._event("RemovingNode", "Node", VICTIM_NODE, f"Node {VICTIM_NODE} event: Removing")
 
@@ -122,14 +127,35 @@ class Job:
             time.sleep(0.1)
 
     def _replace(self) -> None:
+        self.version += 1
+        pod = pod_manifest(W2 + "x", NEW_NODE, phase="Pending", version=str(self.version))
+        pod["metadata"]["creationTimestamp"] = _api_time()
+        del pod["spec"]["nodeName"]
+        self.kube.pods.append(pod)
         self._event("TriggeredScaleUp", "Pod", W2 + "x", "pod triggered scale-up")
         self._event("RegisteredNode", "Node", NEW_NODE, f"Node {NEW_NODE} event: Registered")
+        self._event("NodeReady", "Node", NEW_NODE, f"Node {NEW_NODE} status is now: NodeReady")
         self._event("Scheduled", "Pod", W2 + "x", f"Successfully assigned {W2}x to {NEW_NODE}")
         if self.refused_mount_in is not None:
             self._refuse_mount(self.refused_mount_in / "events.jsonl")
         self._event("Pulled", "Pod", W2 + "x", "Successfully pulled image")
+        self._event("Started", "Pod", W2 + "x", "Started container pytorch")
+        # The pod as the watch sees it next: on its node, its container running (a new
+        # object in the list, so a watch that resumes gets both states, as from the server).
         self.version += 1
-        self.kube.pods.append(pod_manifest(W2 + "x", NEW_NODE, version=str(self.version)))
+        status = {
+            "name": "pytorch",
+            "image": "x",
+            "imageID": "",
+            "ready": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": _api_time()}},
+        }
+        running = json.loads(json.dumps(pod))
+        running["spec"]["nodeName"] = NEW_NODE
+        running["status"] = {"phase": "Running", "containerStatuses": [status]}
+        running["metadata"]["resourceVersion"] = str(self.version)
+        self.kube.pods.append(running)
         self._started(W2 + "x")
         self.world = 0
         time.sleep(0.3)
@@ -153,7 +179,7 @@ PLAN = DrillOptions(evictions=1, interval_s=0, ready_timeout_s=20, recover_timeo
 
 
 def test_a_drill_evicts_one_node_and_reports_the_recovery_and_the_arrival(
-    kube: FakeKube, tmp_path: Path
+    kube: FakeKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = Job(kube)
     evicted: list[str] = []
@@ -185,6 +211,20 @@ def test_a_drill_evicts_one_node_and_reports_the_recovery_and_the_arrival(
     # The evicted pod's log was read to its last line, its emergency save included.
     assert '"emergency_save"' in (out / "pods" / f"{W2}.log").read_text()
     assert fault["detected_at"] is not None
+    # Every step of the replacement, each from the pod watch, an event or the job's log.
+    steps = {row["step"]: row for row in fault["replacement_steps"]["steps"]}
+    assert [row["source"] for row in steps.values() if row["at"] is None] == []
+    assert steps["pod deleted"]["source"] == f"pod watch: {W2} deletionTimestamp"
+    assert steps["new pod Pending"]["source"] == f"pod watch: {W2}x creationTimestamp"
+    assert steps["node Ready"]["source"] == f"event NodeReady (Node {NEW_NODE})"
+    assert steps["container started"]["source"] == f"pod watch: {W2}x state.running.startedAt"
+    assert steps["joined"]["source"].startswith(f"job log: {W2}x started")
+    assert steps["first step at full size"]["at"] > steps["joined"]["at"] > fault["injected_at"]
+    changes = (out / "pod-changes.jsonl").read_text()
+    assert changes.count(f'"{W2}x"') == 2  # Pending, then Running on its node: each once
+    printed = capsys.readouterr().out
+    assert f"fault 0: replacement {W2}x on {NEW_NODE} in " in printed
+    assert "  first step at full size " in printed
 
 
 def test_a_replacement_whose_volume_is_refused_is_said_once_with_the_fix(

@@ -180,6 +180,11 @@ def test_a_failing_price_api_is_retried_then_reported_in_one_line(
         (["--regions", "West US"], "--regions must be 'all' or Azure region names"),
         (["--hours", "0"], "--hours must be a number of hours > 0, got 0"),
         (["--stack", "prod"], "no stack file Pulumi.prod.yaml"),
+        (["--eviction-rate", "120"], "--eviction-rate must be a percentage per node-hour from"),
+        (["--target-workers", "0"], "--target-workers must be a whole number from 1 to 1000"),
+        (["--probability", "1"], "--probability must be a number between 0 and 1 (exclusive)"),
+        (["--replacement-minutes", "0"], "--replacement-minutes must be minutes > 0"),
+        (["--step-seconds", "-2"], "--step-seconds must be seconds > 0; got -2"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(
@@ -214,3 +219,116 @@ def test_a_meter_priced_for_all_regions_counts_and_a_regional_price_wins(
     assert next(i for i in idle["items"] if i["name"] == "load balancer")["monthly"] == (
         pytest.approx(0.03 * 730)
     )
+
+
+def test_headroom_for_the_stacks_world_size_from_the_regions_band(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    room = _prices(azure, capsys, "--step-seconds", "2")["headroom"]
+    # westus3's band 10-15 % counts as 15 % a node-hour; 11 min to replace: p = 2.7 %.
+    p = 0.15 * 11 / 60 / (1 + 0.15 * 11 / 60)
+    assert room["eviction_rate_pct"] == 15 and room["unavailability"] == pytest.approx(p)
+    assert room["target"] == 3  # the dev stack's workerMaxReplicas
+    assert room["without_headroom"] == pytest.approx((1 - p) ** 3)  # 92 %: short of 95 %
+    assert room["workers"] == 4 and room["achieved"] >= 0.95
+    assert room["expected_missing"] == pytest.approx(4 * p)
+    # 2 s a step at 3 workers: 6 node-seconds a step at Spot's $0.0915 and on demand's $0.526.
+    assert room["spot_usd_per_1000_steps"] == pytest.approx(1000 * 6 / 3600 * 0.0915)
+    assert room["on_demand_usd_per_1000_steps"] == pytest.approx(1000 * 6 / 3600 * 0.526)
+    assert room["on_demand_hours_per_1000_steps"] == pytest.approx(2000 / 3600)
+    assert room["spot_hours_per_1000_steps"] == pytest.approx(6000 / (4 * (1 - p)) / 3600)
+
+
+def test_the_headroom_lines_of_the_table(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--stack", "dev", "--step-seconds", "2", "--target-workers", "8"]
+    assert main([*flags, "--probability", "0.99"], replay_azure(azure), PROJECT_DIR) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("Headroom in westus3") :].splitlines()
+    assert lines[0] == (
+        "Headroom in westus3 (eviction 15 % a node-hour, the upper end of the band 10-15 %; "
+        "replacement 11 min, the documented estimate (docs/azure.md)):"
+    )
+    assert (
+        lines[1]
+        == "  a worker is missing 2.7% of the time; with no headroom 8 train 80.5% of the time."
+    )
+    assert lines[2] == (
+        "  To keep 8 training 99% of the time, ask for 10: workerMaxReplicas 10 (the GPU pool "
+        "follows it; or gpuMaxNodes 10)."
+    )
+    assert lines[3].startswith("  With 10: 8 or more train 99.")
+    assert lines[4] == (
+        "  1,000 steps (2 s a step at 8 workers): Spot with 10 $0.41 in 0.46 h; on demand with 8 "
+        "$2.34 in 0.56 h."
+    )
+    assert "a wave (many Spot VMs reclaimed at once) is not covered" in lines[5]
+
+
+def test_headroom_from_a_measured_replacement_and_a_given_rate(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ("--eviction-rate", "5", "--replacement-minutes", "4", "--target-workers", "16")
+    room = _prices(azure, capsys, *flags)["headroom"]
+    assert (room["rate_source"], room["replacement_source"]) == (
+        "--eviction-rate",
+        "--replacement-minutes",
+    )
+    assert room["workers"] == 17 and "spot_usd_per_1000_steps" not in room
+
+
+def test_without_a_band_the_headroom_asks_for_a_rate(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--stack", "dev"], replay_azure(azure, NoSignIn()), PROJECT_DIR)
+    assert code == 0
+    assert (
+        "Headroom in westus3 to keep 3 training 95% of the time: no eviction rate (needs az "
+        "login): pass --eviction-rate." in capsys.readouterr().out
+    )
+
+
+def test_the_replacement_time_from_a_drills_report(
+    azure: FakeAzure, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two replacements took 5 and 7 minutes to a step at full size, a third never got there:
+    the median of those that did, 6 minutes."""
+
+    def fault(last: float | None) -> dict[str, Any]:
+        steps = [{"step": "eviction requested", "since_eviction_s": 0.0}]
+        steps.append({"step": "first step at full size", "since_eviction_s": last})
+        return {"kind": "evict", "replacement_steps": {"steps": steps}}
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"faults": [fault(300.0), fault(420.0), fault(None)]}))
+    room = _prices(azure, capsys, "--replacement-from", str(report))["headroom"]
+    assert room["replacement_min"] == 6.0
+    assert room["replacement_source"] == "the median of 2 in report.json"
+    p = 0.15 * 0.1 / (1 + 0.15 * 0.1)
+    assert room["unavailability"] == pytest.approx(p)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "--replacement-from must be a drill's report.json: "),
+        ("not json", "--replacement-from must be a drill's report.json: "),
+        ('{"faults": []}', "no replacement reached full size in that report"),
+    ],
+)
+def test_a_report_without_a_replacement_is_refused(
+    content: str | None,
+    message: str,
+    azure: FakeAzure,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    argv = ["--stack", "dev", "--replacement-from", str(path)]
+    assert main(argv, replay_azure(azure), PROJECT_DIR) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert azure.seen == []

@@ -21,6 +21,8 @@ from lab.report.run_logs import (
     parse_time,
 )
 from lab.report.run_report import report_from_run
+from lab.report.text import format_report
+from lab.report.world_sizes import world_size_time
 
 T0 = 1_790_000_000.0  # 2026-09-21, a time on the cluster's clock
 NS = "spot-lab"
@@ -306,3 +308,43 @@ def test_old_logs_take_the_target_from_flags(tmp_path: Path) -> None:
         load_cluster_run(tmp_path)
     run = load_cluster_run(tmp_path, max_steps=10, global_batch_size=64)
     assert (run.max_steps, run.injections) == (10, [])
+
+
+def test_the_time_at_each_world_size_and_what_the_missing_worker_cost(tmp_path: Path) -> None:
+    texts, events = eviction_logs()
+    # At two workers the logs say 340 samples/s, at three 500: a second at two trains 68 %.
+    texts[W0] = "\n".join(
+        line.replace('"samples_per_s": 500.0', '"samples_per_s": 340.0')
+        if '"world_size": 2' in line
+        else line
+        for line in texts[W0].splitlines()
+    )
+    (tmp_path / "pods").mkdir()
+    for pod, text in texts.items():
+        (tmp_path / "pods" / f"{pod}.log").write_text(text)
+    (tmp_path / "events.json").write_text(json.dumps({"kind": "List", "items": events}))
+    report = report_from_run(load_run(tmp_path))
+    sizes = report["world_sizes"]
+    # Three from t=3 to 99 and 409 to 412; two from 105 to 403; the two re-forms 6 s each.
+    assert sizes["seconds"] == {"2": 298.0, "3": 99.0}
+    assert sizes["no_step_s"] == 12.0
+    assert sizes["lost_to_missing_s"] == pytest.approx(298 * (1 - 340 / 500))
+    assert sizes["lost_share"] == pytest.approx(298 * 0.32 / 397, abs=1e-4)
+    assert sizes["mean_missing"] == pytest.approx(298 / 397, abs=1e-4)
+    text = format_report(report)
+    assert (
+        "world size: 3 for 99.0 s (24%), 2 for 298.0 s (73%), no step 12.0 s (3%); missing "
+        "workers cost 95.4 s of training at full size 3 (24% of the time with a step), 0.75 "
+        "ranks missing on average"
+    ) in text
+
+
+def test_a_size_that_logged_no_rate_counts_by_its_share_of_the_workers() -> None:
+    records = [
+        {"kind": "metrics", "ts": float(t), "world_size": 4 if t < 10 else 3, "step": t}
+        for t in range(20)
+    ]
+    sizes = world_size_time(records, 0.0, 19.0, pause_after=3.0)
+    assert sizes is not None and sizes["seconds"] == {"3": 10.0, "4": 9.0}
+    assert sizes["lost_to_missing_s"] == pytest.approx(10 * (1 - 3 / 4))
+    assert world_size_time(records[:1], 0.0, 19.0, pause_after=3.0) is None
