@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -129,6 +130,7 @@ def test_the_blocked_list_comes_from_the_requirements_files() -> None:
     assert "stack_config" in program_imports() and "pulumi" in program_imports()
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_refusal_refuses() -> None:
     """A blocked package fails to import in the subprocess: the next test can fail."""
     result = import_refusing(["lab.azure.clients"], blocked_imports())
@@ -136,6 +138,7 @@ def test_the_refusal_refuses() -> None:
     assert "is not in requirements.txt" in result.stderr
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_pulumi_program_imports_with_requirements_txt_alone() -> None:
     result = import_refusing(program_imports(), blocked_imports())
     assert result.returncode == 0, result.stderr

@@ -175,6 +175,7 @@ COMMANDS = ["run", "scenarios", "report", "watch", "drill", "rebalance", "prefli
 @pytest.mark.parametrize(
     "command", [[], *([c] for c in COMMANDS)], ids=lambda c: c[0] if c else "lab"
 )
+@pytest.mark.usefixtures("processes")
 def test_every_help_has_one_layout(tmp_path: Path, command: list[str]) -> None:
     """argparse's layout wrapped to the terminal, with the exit statuses as their own line."""
     result = subprocess.run(
@@ -207,6 +208,7 @@ def test_every_help_has_one_layout(tmp_path: Path, command: list[str]) -> None:
         (["prices", "--vm-size", "x"], "--vm-size must be one of Standard_NC4as_T4_v3, "),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_bad_input_is_one_line_naming_the_flag_exit_2(
     tmp_path: Path, args: list[str], line: str
 ) -> None:

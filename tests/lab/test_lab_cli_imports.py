@@ -51,6 +51,7 @@ def heavy_among(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_listing_sees_a_heavy_import() -> None:
     """A heavy import shows: the other tests can fail."""
     result, modules = run_python("-c", "import numpy")
@@ -72,6 +73,7 @@ def test_the_listing_sees_a_heavy_import() -> None:
     ],
     ids=lambda command: " ".join(command) or "lab",
 )
+@pytest.mark.usefixtures("processes")
 def test_help_loads_no_heavy_package(command: list[str]) -> None:
     result, modules = run_python("-m", "lab", *command, "--help")
     assert result.returncode == 0, result.stderr
@@ -89,6 +91,7 @@ def test_help_loads_no_heavy_package(command: list[str]) -> None:
         (["run", "--nodes", "x"], "argument --nodes: invalid int value: 'x'"),
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_bad_flags_are_refused_before_a_heavy_package_loads(
     command: list[str], message: str
 ) -> None:
@@ -98,6 +101,7 @@ def test_bad_flags_are_refused_before_a_heavy_package_loads(
     assert heavy_among(modules) == []
 
 
+@pytest.mark.usefixtures("processes")
 def test_a_command_that_needs_torch_still_loads_it() -> None:
     """The tasks load on first use: a check of the training flags imports what it checks."""
     code = (
@@ -110,6 +114,7 @@ def test_a_command_that_needs_torch_still_loads_it() -> None:
     assert "training.tasks.cifar" not in modules  # only the task named
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_training_config_loads_without_torch() -> None:
     result, modules = run_python("-c", "import training.loop.config, lab.local.scenario")
     assert result.returncode == 0, result.stderr

@@ -29,6 +29,7 @@ def test_an_unknown_task_is_a_key_error() -> None:
         TASKS["gpt5"]
 
 
+@pytest.mark.usefixtures("processes")
 def test_train_help_lists_the_tasks_by_name() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "training.train", "--help"],
@@ -46,6 +47,7 @@ def test_train_help_lists_the_tasks_by_name() -> None:
     assert re.search(rf"--task {{{names}}} What to train: .* One of: charlm, cifar\.", text)
 
 
+@pytest.mark.usefixtures("processes")
 def test_the_fork_servers_preload_holds_every_task() -> None:
     """The warm launcher's fork server imports torch, then training.train: the tasks and their
     options' docs are loaded there once, not again by every forked worker after a restart."""
