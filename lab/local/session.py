@@ -148,8 +148,9 @@ class NodeSet:
             launcher=self.scenario.launcher,
         )
         args = self.scenario.train.args(str(self.data_dir))
-        # Where the lab moves the end when faults fall behind (run_extension.py).
-        command = train_command([*args, f"--max-steps-file={self.max_steps_file}"], self.python)
+        if self.scenario.faults:  # where the lab moves the end when faults fall behind
+            args.append(f"--max-steps-file={self.max_steps_file}")
+        command = train_command(args, self.python)
         launch = NodeLaunch(name, command, env, REPO_ROOT, self.log_dir, local_dir, tmp_dir)
         node = TorchrunNode(launch)
         self.nodes.append(node)
