@@ -19,7 +19,7 @@ from lab.live.event_log import LabEventLog
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
 from lab.local.node import NodeProcess, wait_for_exit
-from lab.local.run_extension import extended_end
+from lab.local.run_extension import StepRate, extended_end, margin_steps
 from lab.local.scenario import Fault, MembershipChange, Scenario
 from lab.report.node_logs import LogTail, Record, parse_record
 
@@ -92,6 +92,7 @@ class FaultRunner:
     _start_ts: float = 0.0
     _late_from_step: int | None = None
     """The step at which the next fault was due while the job had not settled yet."""
+    _pace: StepRate = field(default_factory=StepRate)
     _end: int = 0
     """The step the training stops at: max_steps, or later once the lab extended the run."""
 
@@ -299,7 +300,9 @@ class FaultRunner:
         """Extend the run while faults remain and the job nears its end (run_extension.py)."""
         if self.extend_run is None:
             return
-        new_end = extended_end(self._end, self.view.step, self._faults_remain())
+        pace = self._pace.observe(self.clock(), self.view.step)
+        margin = margin_steps(pace)
+        new_end = extended_end(self._end, self.view.step, self._faults_remain(), margin)
         if new_end is None:
             return
         self.extend_run(new_end)
@@ -309,6 +312,7 @@ class FaultRunner:
             max_steps=new_end,
             previous_max_steps=self._end,
             step=self.view.step,
+            margin=margin,
             waiting_for=waiting_for,
         )
         self._message(f"the run is extended to step {new_end}: waiting for {waiting_for}")

@@ -33,7 +33,7 @@ def add_lab_run_details(report: dict[str, Any], run: RunLogs) -> None:
         {
             "index": e["index"],
             "description": e.get("description"),
-            "due_at_step": e["late_from_step"],
+            "waited_from_step": e["late_from_step"],
             "injected_at_step": e.get("step_at_injection"),
         }
         for e in run.injections

@@ -97,8 +97,9 @@ def format_cost(cost: dict[str, Any]) -> str:
 def format_extension(report: dict[str, Any]) -> str:
     """A lab run's faults that fired late, and the step its end was moved to."""
     lines = [
-        f"fault {late['index']} fired late: due at step {late['due_at_step']}, injected at "
-        f"step {late['injected_at_step']}, once the job had settled after the fault before"
+        f"fault {late['index']} ({late['description']}) fired late, at step "
+        f"{late['injected_at_step']}: from step {late['waited_from_step']} it waited for the "
+        "job to settle after the fault before"
         for late in report.get("late_faults") or []
     ]
     run = report["run"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.live.event_log import LabEventLog
-from lab.local.run_extension import EXTENSION_MARGIN_STEPS, extended_end
+from lab.local.run_extension import MIN_MARGIN_STEPS, StepRate, extended_end, margin_steps
 from lab.local.runner import FaultRunner
 from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from lab.report.node_logs import read_jsonl
@@ -365,11 +365,20 @@ def test_training_that_ends_before_a_fault_says_which_were_not_injected(tmp_path
 
 
 def test_the_end_moves_only_while_faults_remain_and_only_near_it() -> None:
-    margin = EXTENSION_MARGIN_STEPS
-    assert extended_end(400, 100, faults_remain=True) is None  # far from the end
-    assert extended_end(400, 400 - margin, faults_remain=True) is None
-    assert extended_end(400, 401 - margin, faults_remain=True) == 401 + margin
-    assert extended_end(400, 399, faults_remain=False) is None  # every fault settled
+    assert extended_end(400, 100, faults_remain=True, margin=50) is None  # far from the end
+    assert extended_end(400, 350, faults_remain=True, margin=50) is None
+    assert extended_end(400, 351, faults_remain=True, margin=50) == 451
+    assert extended_end(400, 399, faults_remain=False, margin=50) is None  # all settled
+
+
+def test_the_margin_is_what_the_job_runs_in_fifteen_seconds_at_its_recent_pace() -> None:
+    rate = StepRate()
+    assert rate.observe(100.0, 0) == 0.0
+    assert rate.observe(102.0, 20) == 10.0
+    assert margin_steps(10.0) == 150  # the CI scenario's pace: 0.1 s a step
+    assert margin_steps(0.5) == MIN_MARGIN_STEPS  # a loaded machine's
+    assert rate.observe(112.0, 40) == 2.0  # the window forgot t=100: 20 steps in 10 s
+    assert rate.observe(113.0, 10) == 0.0  # back to an older checkpoint: no progress
 
 
 def test_a_fault_that_falls_behind_still_fires_and_settles_before_the_end(
@@ -394,7 +403,9 @@ def test_a_fault_that_falls_behind_still_fires_and_settles_before_the_end(
     assert 110 <= injected[1]["late_from_step"] < 200 < injected[1]["step_at_injection"]
     extended = [e for e in events if e["event"] == "run_extended"]
     assert extended and extended[0]["previous_max_steps"] == 200
-    assert all(e["max_steps"] - e["step"] == 2 * EXTENSION_MARGIN_STEPS for e in extended)
+    # The fake job runs 10 steps in each fake second: the margin is 15 s of them.
+    assert len(extended) >= 2
+    assert all(e["max_steps"] - e["step"] == 2 * e["margin"] == 300 for e in extended[1:])
     # The end stops moving once the kill settled, and training ran to the last end set.
     last_settled = next(e for e in reversed(events) if e["event"] == "fault_settled")
     assert all(e["ts"] <= last_settled["ts"] for e in extended)

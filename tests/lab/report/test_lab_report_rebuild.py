@@ -76,9 +76,16 @@ def test_the_lab_runs_own_details_come_from_its_logs(
     assert report["run"]["lingering_nodes"] == ["node-0"]
     assert report["run"]["extended_to_step"] == 8
     assert report["late_faults"] == [
-        {"index": 0, "description": "kill node-1 @ step 2", "due_at_step": 2, "injected_at_step": 3}
+        {
+            "index": 0,
+            "description": "kill node-1 @ step 2",
+            "waited_from_step": 2,
+            "injected_at_step": 3,
+        }
     ]
-    assert "the run extended to step 8" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "fault 0 (kill node-1 @ step 2) fired late, at step 3: from step 2 it waited" in text
+    assert "the run extended to step 8 (max_steps 6)" in text
 
 
 def test_rebuilding_in_place_keeps_every_key_of_the_runs_report(tmp_path: Path) -> None:
