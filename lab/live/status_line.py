@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -20,6 +22,17 @@ def status_text(elapsed_s: float, view: JobView, max_steps: int, note: str = "")
     return f"{text} | {note}" if note else text
 
 
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to, asked at every call (it may have been
+    resized): ``COLUMNS`` when set, else the terminal itself, else what ``shutil`` finds."""
+    if (columns := os.environ.get("COLUMNS", "")).isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or shutil.get_terminal_size().columns
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or not a terminal
+        return shutil.get_terminal_size().columns
+
+
 class StatusLine:
     """Writes status updates: ``\\r``-rewritten on a TTY, every ``interval_s`` otherwise."""
 
@@ -34,7 +47,12 @@ class StatusLine:
         """Show ``text``; on a non-TTY only if ``interval_s`` passed since the last line."""
         now = time.monotonic() if now is None else now
         if self.is_tty:
-            padded = text.ljust(self._width)
+            # Never wider than the terminal: a line that wraps is no longer rewritten by
+            # "\r" but stacked, one broken line per update. The last column stays free, as
+            # some terminals wrap once it is written.
+            fits = max(terminal_columns(self.stream) - 1, 1)
+            text = text[:fits]
+            padded = text.ljust(min(self._width, fits))
             self._width = len(text)
             self.stream.write("\r" + padded)
         elif now - self._last_plain >= self.interval_s:

@@ -19,6 +19,7 @@ from lab.live.event_log import LabEventLog
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
 from lab.local.node import NodeProcess, wait_for_exit
+from lab.local.run_extension import StepRate, extended_end, margin_steps
 from lab.local.scenario import Fault, MembershipChange, Scenario
 from lab.report.node_logs import LogTail, Record, parse_record
 
@@ -69,6 +70,8 @@ class FaultRunner:
     rendezvous: Rendezvous
     lab_log: LabEventLog
     status: StatusLine | None = None
+    extend_run: Callable[[int], None] | None = None
+    """Moves the training's end to the given step (None: the end never moves)."""
     settle_lines: int = 3
     poll_s: float = 0.2
     finish_grace_s: float = 30.0
@@ -87,6 +90,11 @@ class FaultRunner:
     _injected_at: float = 0.0
     _quiet_until: float = 0.0
     _start_ts: float = 0.0
+    _late_from_step: int | None = None
+    """The step at which the next fault was due while the job had not settled yet."""
+    _pace: StepRate = field(default_factory=StepRate)
+    _end: int = 0
+    """The step the training stops at: max_steps, or later once the lab extended the run."""
 
     def run(self) -> RunOutcome:
         """Start the nodes, inject every fault, wait for the end; nodes still run after.
@@ -95,6 +103,7 @@ class FaultRunner:
         writes the report of what happened so far.
         """
         self._start_ts = self.clock()
+        self._end = self.scenario.train.max_steps
         try:
             return self._loop()
         except KeyboardInterrupt:
@@ -119,6 +128,7 @@ class FaultRunner:
             if self.scenario.stop_when_settled and self._all_faults_settled():
                 return self._outcome("settled", f"the last fault settled at step {self.view.step}")
             self._maybe_inject()
+            self._keep_the_end_ahead()
             if not self.live and not self._nodes_expected():
                 self._read_logs()  # the last lines may land just before the agents exit
                 if not self.view.finished:
@@ -239,10 +249,14 @@ class FaultRunner:
         return self.clock() - self._start_ts >= (fault.at_time or 0.0)
 
     def _maybe_inject(self) -> None:
-        if self._settle_world is not None or self._next_fault >= len(self.scenario.faults):
+        if self._next_fault >= len(self.scenario.faults):
             return
         fault = self.scenario.faults[self._next_fault]
         if not self._due(fault):
+            return
+        if self._settle_world is not None:  # due, but the job has not settled: it fires late
+            if self._late_from_step is None:
+                self._late_from_step = self.view.step
             return
         change = self.plan[self._next_fault]
         self._message(f"fault {self._next_fault}: {fault.describe()}")
@@ -259,15 +273,50 @@ class FaultRunner:
             description=fault.describe(),
             injected_at=injected_at,
             step_at_injection=self.view.step,
+            late_from_step=self._late_from_step,
             world_size_at_injection=self.view.world_size,
             planned_world_size=change.world_size,
             stopped=[self.nodes[n].name for n in change.stopped],
             started=[self.nodes[n].name for n in change.started],
         )
         self._next_fault += 1
-        self._settle_world = change.world_size
+        self._settle_world, self._late_from_step = change.world_size, None
         # Lines logged while the fault was still being injected prove nothing.
         self.view.reset(self.clock())
+
+    def _faults_remain(self) -> bool:
+        """A fault is still to be injected, or the last one injected is still to settle."""
+        injected_unsettled = self._next_fault > 0 and self._settle_world is not None
+        return self._next_fault < len(self.scenario.faults) or injected_unsettled
+
+    def _waiting_for(self) -> str:
+        if self._next_fault > 0 and self._settle_world is not None:
+            index = self._next_fault - 1
+            return f"fault {index} ({self.scenario.faults[index].describe()}) to settle"
+        index = self._next_fault
+        return f"fault {index} ({self.scenario.faults[index].describe()})"
+
+    def _keep_the_end_ahead(self) -> None:
+        """Extend the run while faults remain and the job nears its end (run_extension.py)."""
+        if self.extend_run is None:
+            return
+        pace = self._pace.observe(self.clock(), self.view.step)
+        margin = margin_steps(pace)
+        new_end = extended_end(self._end, self.view.step, self._faults_remain(), margin)
+        if new_end is None:
+            return
+        self.extend_run(new_end)
+        waiting_for = self._waiting_for()
+        self.lab_log.write(
+            "run_extended",
+            max_steps=new_end,
+            previous_max_steps=self._end,
+            step=self.view.step,
+            margin=margin,
+            waiting_for=waiting_for,
+        )
+        self._message(f"the run is extended to step {new_end}: waiting for {waiting_for}")
+        self._end = new_end
 
     def _inject(self, fault: Fault, change: MembershipChange) -> None:
         for number in change.stopped:
@@ -316,6 +365,10 @@ class FaultRunner:
         ]
         if missed:
             message += f" before these faults were injected: {', '.join(missed)}"
+        elif self._end > self.scenario.train.max_steps:
+            message += (
+                f" (extended from {self.scenario.train.max_steps}: faults fell behind the schedule)"
+            )
         return self._outcome("finished", message)
 
     def _outcome(self, status: str, message: str) -> RunOutcome:
@@ -337,4 +390,4 @@ class FaultRunner:
         else:
             note = "no more faults"
         elapsed = self.clock() - self._start_ts
-        self.status.update(status_text(elapsed, self.view, self.scenario.train.max_steps, note))
+        self.status.update(status_text(elapsed, self.view, self._end, note))

@@ -34,6 +34,7 @@ from lab.local import process_tree
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.local.interrupts import InterruptGuard, interrupt_guard
 from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
+from lab.local.run_extension import write_max_steps
 from lab.local.runner import FaultRunner, RunOutcome
 from lab.local.scenario import (
     SYNTHETIC_TRAIN_FILES,
@@ -132,6 +133,7 @@ class NodeSet:
         self.scenario, self.policy, self.work = scenario, policy, work
         self.log_dir, self.data_dir, self.python = log_dir, data_dir, python
         self.nodes: list[TorchrunNode] = []
+        self.max_steps_file = work / "max-steps"
 
     def make(self, number: int) -> TorchrunNode:
         """Node ``number``: fresh node-local and temp dirs, the shared durable checkpoint dir."""
@@ -145,7 +147,10 @@ class NodeSet:
             tmp_dir=tmp_dir,
             launcher=self.scenario.launcher,
         )
-        command = train_command(self.scenario.train.args(str(self.data_dir)), self.python)
+        args = self.scenario.train.args(str(self.data_dir))
+        if self.scenario.faults:  # where the lab moves the end when faults fall behind
+            args.append(f"--max-steps-file={self.max_steps_file}")
+        command = train_command(args, self.python)
         launch = NodeLaunch(name, command, env, REPO_ROOT, self.log_dir, local_dir, tmp_dir)
         node = TorchrunNode(launch)
         self.nodes.append(node)
@@ -238,7 +243,7 @@ def run_session(
     # redeliver: a library caller's own handler decides what a signal means, once we are done.
     with interrupt_guard(redeliver=True) as guard:
         outcome = _run_in_workspace(scenario, plan, options, binary, data_dir, status, guard)
-        return write_report(scenario, outcome, out)
+        return write_report(outcome, out)
 
 
 def _run_in_workspace(
@@ -271,7 +276,15 @@ def _run_in_workspace(
         nodes = stack.enter_context(
             NodeSet(scenario, policy, work, out / "nodes", data_dir, options.python)
         )
-        runner = FaultRunner(scenario, plan, nodes.make, etcd, lab_log, status)
+        runner = FaultRunner(
+            scenario,
+            plan,
+            nodes.make,
+            etcd,
+            lab_log,
+            status,
+            extend_run=lambda steps: write_max_steps(nodes.max_steps_file, steps),
+        )
         try:
             return runner.run()
         finally:
@@ -280,16 +293,11 @@ def _run_in_workspace(
                 status.close()
 
 
-def write_report(scenario: Scenario, outcome: RunOutcome, out: Path) -> dict[str, Any]:
+def write_report(outcome: RunOutcome, out: Path) -> dict[str, Any]:
     """Build the report from the logs in ``out`` (as ``lab report --logs`` would) and write
     report.json, report.txt and timeline.png."""
     run = load_lab_run(out)
-    report = report_from_run(run)
-    # Agents still in their exit barrier after training finished: a pod that never completes.
-    report["run"]["lingering_nodes"] = [
-        r["node"] for r in run.lab_events if r["event"] == "node_lingered"
-    ]
-    report["scenario"] = scenario.name
+    report = report_from_run(run)  # the lab's details too: lab report --logs gives the same
     report["outcome"] = {"status": outcome.status, "message": outcome.message}
     write_outputs(out, run, report)
     return report

@@ -80,6 +80,8 @@ class RunLogs:
     """pod -> (when, node) of each placement, in time order (a cluster run's)."""
     pod_changes: list[dict[str, Any]] = field(default_factory=list)
     """The rows of ``POD_CHANGES``, in the order seen."""
+    scenario: str | None = None
+    """The scenario's name (a lab run's)."""
 
     def node_at(self, pod: str, ts: float) -> str | None:
         """The node ``pod`` ran on at ``ts``: its newest placement by then (None: unknown)."""
@@ -188,6 +190,7 @@ def load_lab_run(directory: Path) -> RunLogs:
         train = scenario["train"]
         max_steps, batch = int(train["max_steps"]), int(train["global_batch_size"])
         planned = len(scenario["faults"])
+        name = scenario.get("name")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RunLogsError(f"{directory}/scenario.json is missing or unreadable: {err}") from None
     records = [r for r in read_records(directory / "nodes") if well_formed(r)]
@@ -201,6 +204,7 @@ def load_lab_run(directory: Path) -> RunLogs:
         planned_faults=planned,
         source="lab",
         lab_events=lab_events,
+        scenario=name if isinstance(name, str) else None,
     )
 
 

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lab.report.lab_run_details import add_lab_run_details, kept_with_earlier_report
 from lab.report.outcomes import build_report, seconds_since
 from lab.report.replacement import replacement_steps
 from lab.report.run_logs import RunLogs
@@ -33,6 +34,8 @@ def report_from_run(run: RunLogs) -> dict[str, Any]:
     )
     report["source"] = run.source
     report["world_sizes"] = world_sizes(run, report)
+    if run.source == "lab":
+        add_lab_run_details(report, run)
     if run.source == "cluster":
         # A replacement belongs to the loss before it, up to the next loss: a join in
         # between is the replacement arriving.
@@ -115,6 +118,8 @@ def write_outputs(out: Path, run: RunLogs, report: dict[str, Any]) -> None:
     from lab.report.timeline_plot import plot_timeline  # matplotlib: only when a plot is written
 
     out.mkdir(parents=True, exist_ok=True)
+    # A run's report is never lost to a rebuilt one: keys only it has stay.
+    report = kept_with_earlier_report(out / "report.json", report)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.txt").write_text(format_report(report) + "\n")
     plot_timeline(run.records, report, out / "timeline.png")

@@ -118,9 +118,31 @@ def format_cost(cost: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_extension(report: dict[str, Any]) -> str:
+    """A lab run's faults that fired late, and the step its end was moved to."""
+    lines = [
+        f"fault {late['index']} ({late['description']}) fired late, at step "
+        f"{late['injected_at_step']}: from step {late['waited_from_step']} it waited for the "
+        "job to settle after the fault before"
+        for late in report.get("late_faults") or []
+    ]
+    run = report["run"]
+    if run.get("extended_to_step") is not None:
+        lines.append(
+            f"the run extended to step {run['extended_to_step']} (max_steps {run['max_steps']}): "
+            "the lab keeps the end ahead while a fault is still to fire or to settle"
+        )
+    return "\n".join(lines)
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The table, then the replacements' arrivals and the cost when the report has them."""
-    parts = [format_table(report), format_world_sizes(report), format_arrivals(report)]
+    parts = [
+        format_table(report),
+        format_world_sizes(report),
+        format_extension(report),
+        format_arrivals(report),
+    ]
     if report.get("cost"):
         parts.append(format_cost(report["cost"]))
     return "\n".join(p for p in parts if p)

@@ -83,6 +83,9 @@ class RunConfig:
     """Steps between the task's evaluations (0 = none; a task without one ignores it)."""
     max_steps: int = 1000
     """Optimiser steps to train for."""
+    max_steps_file: str = ""
+    """A file holding a step count that raises max_steps while training runs (read every
+    step; never lowers it): the local lab extends a run whose faults fell behind."""
     seed: int = 0
     """Seeds the model init, the sample order and the augmentation."""
     log_every: int = 10

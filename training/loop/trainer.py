@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -186,10 +187,10 @@ class Trainer(StatefulTrainer):
 
     def _train(self, stop: StopRequest) -> bool:
         """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
-        max_steps, log_every = self.cfg.run.max_steps, self.cfg.run.log_every
+        log_every = self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
-        while self.state.step < max_steps:
+        while self.state.step < (max_steps := self._max_steps()):
             if stop.requested:
                 if self.cfg.checkpoint.emergency_saves:
                     self._stopped = self.emergency_save("sigterm", stop)
@@ -208,6 +209,19 @@ class Trainer(StatefulTrainer):
             # Lab pacing: a fault schedule in steps then means the same on a fast machine.
             time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))
         return True
+
+    def _max_steps(self) -> int:
+        """``--max-steps``, raised by the count in ``--max-steps-file`` when there is one. Read
+        every step: the ranks agree because the local lab only ever writes a count well ahead
+        of the step they are at, so each reads it before it could stop at the old end."""
+        path = self.cfg.run.max_steps_file
+        if path:
+            try:
+                raised = int(Path(path).read_text())
+            except (OSError, ValueError):  # not written yet: the flag's count holds
+                raised = 0
+            self.cfg.run.max_steps = max(self.cfg.run.max_steps, raised)
+        return self.cfg.run.max_steps
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
         # The global mean loss over the window, only at log steps; on the guard's gloo group

@@ -51,9 +51,11 @@ def test_the_lm_task_recovers_a_kill_and_a_join_with_no_step_lost(tmp_path: Path
     out = tmp_path / "run"
     report = run_lab(scenario, out, timeout_s=360)
     run = report["run"]
-    assert run["finished"] and run["all_recovered"] and run["final_step"] == 150
+    end = run["extended_to_step"] or 150  # moved when the join settles late (a busy machine)
+    assert run["finished"] and run["all_recovered"] and run["final_step"] == end
     assert [f["steps_lost"] for f in report["faults"]] == [0, 0]
     validation = run["validation"]
-    assert validation["last_step"] == 150 and validation["evaluations"] >= 6
+    # Evaluations run every eval_every (25) steps: the last at the end's last multiple.
+    assert validation["last_step"] == end - end % 25 and validation["evaluations"] >= 6
     assert validation["last_loss"] < validation["first_loss"]
     assert "validation loss" in (out / "report.txt").read_text()

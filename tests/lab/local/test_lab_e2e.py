@@ -88,9 +88,12 @@ def test_training_completes_and_every_fault_recovers(run: dict[str, Any]) -> Non
     assert run["result"].returncode == 0, run["result"].stderr[-3000:]
     report = run["report"]
     assert report["outcome"]["status"] == "finished"
-    assert report["run"]["final_step"] == CI.train.max_steps
+    # On a loaded machine faults fall behind the schedule and the lab moves the end.
+    end = report["run"]["extended_to_step"] or CI.train.max_steps
+    assert end >= CI.train.max_steps
+    assert report["run"]["final_step"] == end
     finished = [r for r in run["records"] if r.get("event") == "finished"]
-    assert [r["step"] for r in finished] == [CI.train.max_steps]
+    assert [r["step"] for r in finished] == [end]
     assert len(report["faults"]) == len(CI.faults) == report["run"]["faults_recovered"]
     for fault in report["faults"]:
         assert fault["recovered"], fault
@@ -341,10 +344,6 @@ def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
     return found
 
 
-# The report's own extras that only the running session knows.
-SESSION_ONLY = ("scenario", "outcome")
-
-
 def _report_from_logs(logs: Path, out: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "lab", "report", "--logs", str(logs), "--out", str(out)],
@@ -362,9 +361,7 @@ def test_the_report_rebuilt_from_the_saved_logs_is_the_runs_report(
     run: dict[str, Any], tmp_path: Path
 ) -> None:
     rebuilt = _report_from_logs(run["out"], tmp_path / "again")
-    original = {k: v for k, v in run["report"].items() if k not in SESSION_ONLY}
-    original["run"] = {k: v for k, v in original["run"].items() if k != "lingering_nodes"}
-    assert rebuilt == original
+    assert rebuilt == run["report"]  # the outcome, the scenario and lingering nodes too
     assert (tmp_path / "again" / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.live.event_log import LabEventLog
+from lab.local.run_extension import MIN_MARGIN_STEPS, StepRate, extended_end, margin_steps
 from lab.local.runner import FaultRunner
 from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
 from lab.report.node_logs import read_jsonl
@@ -131,7 +132,11 @@ def _scenario(*faults: Fault, **overrides) -> Scenario:
     return dataclasses.replace(base, **overrides)
 
 
-def _runner(tmp_path: Path, scenario: Scenario) -> tuple[FaultRunner, FakeJob]:
+def _runner(
+    tmp_path: Path, scenario: Scenario, extendable: bool = False
+) -> tuple[FaultRunner, FakeJob]:
+    """``extendable``: the fake job's end moves when the runner extends the run, as the
+    training's does through --max-steps-file."""
     job = FakeJob(tmp_path, scenario.train.max_steps)
 
     def make_node(number: int) -> FakeNode:
@@ -145,6 +150,7 @@ def _runner(tmp_path: Path, scenario: Scenario) -> tuple[FaultRunner, FakeJob]:
         FakeEtcd(job),
         LabEventLog(tmp_path / "lab-events.jsonl", clock=job.clock),
         status=None,
+        extend_run=(lambda steps: setattr(job, "max_steps", steps)) if extendable else None,
         settle_lines=2,
         poll_s=0.0,
         finish_grace_s=1.0,
@@ -356,3 +362,51 @@ def test_training_that_ends_before_a_fault_says_which_were_not_injected(tmp_path
         "training finished at step 40 before these faults were injected: 1 (join a new node @ "
         "t=15s)"
     )
+
+
+def test_the_end_moves_only_while_faults_remain_and_only_near_it() -> None:
+    assert extended_end(400, 100, faults_remain=True, margin=50) is None  # far from the end
+    assert extended_end(400, 350, faults_remain=True, margin=50) is None
+    assert extended_end(400, 351, faults_remain=True, margin=50) == 451
+    assert extended_end(400, 399, faults_remain=False, margin=50) is None  # all settled
+
+
+def test_the_margin_is_what_the_job_runs_in_fifteen_seconds_at_its_recent_pace() -> None:
+    rate = StepRate()
+    assert rate.observe(100.0, 0) == 0.0
+    assert rate.observe(102.0, 20) == 10.0
+    assert margin_steps(10.0) == 150  # the CI scenario's pace: 0.1 s a step
+    assert margin_steps(0.5) == MIN_MARGIN_STEPS  # a loaded machine's
+    assert rate.observe(112.0, 40) == 2.0  # the window forgot t=100: 20 steps in 10 s
+    assert rate.observe(113.0, 10) == 0.0  # back to an older checkpoint: no progress
+
+
+def test_a_fault_that_falls_behind_still_fires_and_settles_before_the_end(
+    tmp_path: Path,
+) -> None:
+    # The etcd restart settles only after the keep-alive bound (15 s, 150 fake steps): the
+    # kill due at step 110 fires late, after training's planned end at step 200.
+    scenario = _scenario(
+        Fault("etcd-restart", at_step=100),
+        Fault("kill", node=2, at_step=110),
+        rendezvous=RendezvousSettings(keep_alive_interval_s=5, keep_alive_max_attempt=3),
+    )
+    runner, job = _runner(tmp_path, scenario, extendable=True)
+    outcome = runner.run()
+    assert (outcome.status, outcome.injected) == ("finished", 2), outcome.message
+    assert "extended from 200" in outcome.message
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    settled = [e["index"] for e in events if e["event"] == "fault_settled"]
+    assert settled == [0, 1]
+    injected = [e for e in events if e["event"] == "fault_injected"]
+    assert injected[0]["late_from_step"] is None
+    assert 110 <= injected[1]["late_from_step"] < 200 < injected[1]["step_at_injection"]
+    extended = [e for e in events if e["event"] == "run_extended"]
+    assert extended and extended[0]["previous_max_steps"] == 200
+    # The fake job runs 10 steps in each fake second: the margin is 15 s of them.
+    assert len(extended) >= 2
+    assert all(e["max_steps"] - e["step"] == 2 * e["margin"] == 300 for e in extended[1:])
+    # The end stops moving once the kill settled, and training ran to the last end set.
+    last_settled = next(e for e in reversed(events) if e["event"] == "fault_settled")
+    assert all(e["ts"] <= last_settled["ts"] for e in extended)
+    assert job.step == extended[-1]["max_steps"]
