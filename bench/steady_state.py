@@ -29,18 +29,6 @@ from training.elastic.launch import TRAIN_MODULE
 
 STATIC_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
-# The static run's torchrun gets SIGTERM when the benchmark dies, even of SIGKILL: it drains
-# its workers. prctl(PR_SET_PDEATHSIG) is set by this trampoline, run after exec in a fresh
-# single-threaded process that then execs the command. Not by a preexec_fn: that runs between
-# fork and exec while CpuProfile's sampling thread runs, which CPython documents as unsafe
-# (a lock that thread held at the fork stays held in the child, and the child can hang).
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):  # the benchmark died before prctl took effect
-    sys.exit(128 + signal.SIGTERM)
-os.execvp(sys.argv[2], sys.argv[2:])
-"""
 
 
 class BenchRunError(RuntimeError):
@@ -61,11 +49,6 @@ def static_command(plan: SteadyPlan, train_args: list[str], python: str) -> list
     ]
 
 
-def dying_with_this_process(command: list[str], python: str) -> list[str]:
-    """``command`` run so that it gets SIGTERM when this process dies (``_DIE_WITH_PARENT``)."""
-    return [python, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
-
-
 def run_static(
     plan: SteadyPlan, profile: Profile, out: Path, data_dir: Path, python: str
 ) -> list[Record]:
@@ -80,7 +63,8 @@ def run_static(
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",  # as in a lab node: one thread per worker
         }
-        command = dying_with_this_process(
+        # SIGTERM when the benchmark dies, even of SIGKILL: torchrun drains its workers.
+        command = process_tree.dying_with_this_process(
             static_command(plan, train.args(str(data_dir)), python), python
         )
         with open(out / "static.jsonl", "wb") as stdout, open(out / "static.log", "wb") as stderr:

@@ -184,12 +184,11 @@ class EmbeddedEtcd:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         command = etcd_command(self.binary, self.data_dir, self.client_port, self.peer_port)
         self._process = subprocess.Popen(
-            command,
+            process_tree.dying_with_this_process(command),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=process_tree.die_with_parent,
         )
         self._wait_healthy()
 

@@ -125,7 +125,7 @@ class TorchrunNode:
         out, err = open(self.stdout_path, "ab"), open(self.stderr_path, "ab")  # noqa: SIM115
         self._files = [out, err]
         self._process = subprocess.Popen(
-            self.launch.command,
+            process_tree.dying_with_this_process(self.launch.command),
             env={**os.environ, **self.launch.env},
             cwd=self.launch.cwd,
             stdout=out,
@@ -133,7 +133,6 @@ class TorchrunNode:
             stdin=subprocess.DEVNULL,
             # torchrun is the pod's PID 1 stand-in: Ctrl-C in the lab's terminal must not reach it.
             start_new_session=True,
-            preexec_fn=process_tree.die_with_parent,
         )
         self.starts += 1
 

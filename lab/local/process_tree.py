@@ -11,14 +11,14 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 PROC = Path("/proc")
 # prctl(PR_SET_CHILD_SUBREAPER): orphans below us are re-parented to us, not to init.
 _PR_SET_CHILD_SUBREAPER = 36
-# prctl(PR_SET_PDEATHSIG): the kernel signals a child when its parent dies.
-_PR_SET_PDEATHSIG = 1
 
 
 def _stat_fields(pid: int) -> tuple[str, int] | None:
@@ -199,13 +199,26 @@ def become_subreaper() -> bool:
         return False
 
 
-def die_with_parent() -> None:
-    """A ``preexec_fn``: SIGTERM this child when the lab dies, even of SIGKILL.
+# prctl(PR_SET_PDEATHSIG) is set by this trampoline, run after exec in a fresh single-threaded
+# process that then execs the command in place (same pid). Not by a preexec_fn: that runs
+# between fork and exec while the lab's or the benchmark's threads run, which CPython documents
+# as unsafe (a lock another thread held at the fork stays held in the child, which can hang).
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+# prctl(PR_SET_PDEATHSIG = 1): the kernel signals this process when its parent dies.
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):  # the parent died before prctl took effect
+    sys.exit(128 + signal.SIGTERM)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def dying_with_this_process(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """``command`` run so that it gets SIGTERM when this process dies, even of SIGKILL.
 
     A torchrun agent drains its workers on SIGTERM, so a killed lab leaves no training behind.
     """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    return [python, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 def reap_orphans(keep: set[int]) -> None:

@@ -10,8 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from bench.steady_state import dying_with_this_process
+import pytest
+
+from lab.local.process_tree import dying_with_this_process
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("processes")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +35,7 @@ def test_the_command_gets_sigterm_when_the_process_that_started_it_is_killed() -
     bench = textwrap.dedent(
         """
         import subprocess, sys, threading
-        from bench.steady_state import dying_with_this_process
+        from lab.local.process_tree import dying_with_this_process
         threading.Thread(target=threading.Event().wait, daemon=True).start()
         command = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
         child = subprocess.Popen(
