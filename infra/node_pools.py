@@ -72,7 +72,10 @@ GPU_POOL_CREATE_ONLY = (
 # live changes to the recorded inputs), so change a pool with `pulumi up --refresh`: a count
 # that differs from the live one is a manual scale, which AKS refuses on an autoscaled pool
 # ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
-# terraform-provider-azurerm #4543).
+# terraform-provider-azurerm #4543). Ignoring the count only when nothing else changes cannot be
+# done: ignoreChanges is fixed when the resource registers, before an Output of the live pool
+# resolves, and reading the pool synchronously fails the whole program on a first up (the GET's
+# 404 is recorded as a failed RPC even when caught: pulumi's runtime/rpc_manager.py).
 AUTOSCALED_COUNT = ("count",)
 SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
 # The fallback pool's, plus the generation it belongs to (the Spot pool's name).
