@@ -195,9 +195,9 @@ NODE_DAEMONSETS: tuple[NodeDaemonSet, ...] = (
         "sidecar of 75m/225Mi",
     ),
 )
-# The reserve: the DaemonSets above (290m, 1130Mi) and room for those with no published
-# requests (ip-masq-agent, Microsoft Defender's sensor, konnectivity's node side) or added by a
-# newer AKS release. A worker that still does not fit is said plainly by `lab watch`
+# The reserve: the DaemonSets above (290m, 1130Mi) and room for what is not itemized for want
+# of a source (ip-masq-agent, Microsoft Defender's sensor, the CNS's CPU) or comes with a newer
+# AKS release. A worker that still does not fit is said plainly by `lab watch`
 # (lab/azure/cluster/capacity_lines.py), and workerCpu/workerMemory set a lower request.
 DAEMONSET_CPU_MILLIS = 800
 DAEMONSET_MEMORY_MIB = 2048
