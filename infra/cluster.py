@@ -30,22 +30,31 @@ from infra.catalog.deployer import DeployerSignIn
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.kubeconfig import deployer_kubeconfig
 from infra.node_pools import (
+    AUTOSCALED_COUNT,
     GPU_POOL_CREATE_ONLY,
     ON_DEMAND_POOL_CREATE_ONLY,
     SYSTEM_POOL_CREATE_ONLY,
     bootstrap_pool_profile,
     gpu_on_demand_pool_spec,
-    gpu_pool_count,
     gpu_spot_pool_spec,
-    live_pool_count,
     system_pool_spec,
 )
 from infra.roles import AKS_RBAC_CLUSTER_ADMIN, assign_role
 from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
+# The autoscaler's own floor for unready nodes it tolerates (AKS's default, upstream's too).
+OK_UNREADY_DEFAULT = 3
 
-def autoscaler_profile(fallback: FallbackConfig | None = None) -> dict[str, str]:
+
+def autoscaler_profile(
+    fallback: FallbackConfig | None = None, gpu_max_nodes: int = OK_UNREADY_DEFAULT
+) -> dict[str, str]:
     """Cluster autoscaler tuning for a pool that scales from zero and costs money per minute.
+
+    Each value against the upstream default, with its reason, is in docs/azure.md ("The
+    autoscaler's settings"); left at AKS's defaults: ``scan-interval`` (10s), the 30 s an
+    unschedulable GPU pod waits before it counts (fixed in the autoscaler, kubernetes/autoscaler
+    #9126, not in AKS's profile), ``new-pod-scale-up-delay`` (0s).
 
     With the on-demand fallback, the priority expander prefers the Spot pool, and
     ``max_node_provision_time`` is how long the Spot pool has to register a node before the
@@ -56,12 +65,17 @@ def autoscaler_profile(fallback: FallbackConfig | None = None) -> dict[str, str]
     that fails outright is quicker: AKS's autoscaler deletes nodes that fail to provision at
     once instead of waiting out this time (AKS CHANGELOG, release notes 2025-10-12).
     """
+    on_demand = fallback.max_nodes if fallback is not None and fallback.enabled else 0
     profile = {
         # Give back idle GPU nodes after 5 min instead of the default 10.
         "scale_down_unneeded_time": "5m",
         "scale_down_delay_after_add": "5m",
         # Workers keep /dev/shm and scratch in emptyDir; that must not pin a node.
         "skip_nodes_with_local_storage": "false",
+        # Past this many unready nodes (and 45 % of all), the autoscaler "stops all operations
+        # until the situation improves" (its FAQ, "How does CA deal with unready nodes?"): an
+        # eviction wave that takes every GPU node at once must not stop their replacement.
+        "ok_total_unready_count": str(max(OK_UNREADY_DEFAULT, gpu_max_nodes + on_demand)),
         "expander": "least-waste",
     }
     if fallback is not None and fallback.enabled:
@@ -92,6 +106,7 @@ def managed_cluster_spec(
     cluster: ClusterConfig,
     tags: dict[str, str],
     fallback: FallbackConfig | None = None,
+    gpu_max_nodes: int = OK_UNREADY_DEFAULT,
 ) -> dict[str, Any]:
     """The ``ManagedCluster`` arguments (without the resource group)."""
     spec: dict[str, Any] = {
@@ -103,7 +118,7 @@ def managed_cluster_spec(
         "enable_rbac": True,
         "agent_pool_profiles": [bootstrap_pool_profile(cluster.kubernetes_version)],
         "network_profile": network_profile(),
-        "auto_scaler_profile": autoscaler_profile(fallback),
+        "auto_scaler_profile": autoscaler_profile(fallback, gpu_max_nodes),
         # AKS's managed Blob CSI driver: the dataset's read-only volume mounts through it with
         # the pod's own workload identity (workloads/manifests/volume.py).
         "storage_profile": {"blob_csi_driver": {"enabled": True}},
@@ -193,7 +208,12 @@ class AksCluster(pulumi.ComponentResource):
             f"{name}-aks",
             resource_group_name=args.resource_group_name,
             **managed_cluster_spec(
-                args.cluster_name, args.location, args.cluster, args.tags, args.fallback
+                args.cluster_name,
+                args.location,
+                args.cluster,
+                args.tags,
+                args.fallback,
+                args.gpu_max_nodes,
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -249,28 +269,16 @@ class AksCluster(pulumi.ComponentResource):
         self, name: str, args: AksClusterArgs, cluster: azure_native.containerservice.ManagedCluster
     ) -> list[azure_native.containerservice.AgentPool]:
         """The GPU Spot pool and, with the fallback on, the on-demand pool of its generation."""
-        # The cluster as AKS has it now: the GET lists every pool with its current count.
-        live = azure_native.containerservice.get_managed_cluster_output(
-            resource_group_name=args.resource_group_name,
-            resource_name=cluster.name,
-            opts=pulumi.InvokeOutputOptions(parent=self),
-        )
         version = args.cluster.kubernetes_version
         spot = gpu_spot_pool_spec(args.gpu_pool, args.gpu_max_nodes, version)
-        pools = [self._autoscaled_pool(f"{name}-gpu-spot", args, cluster, live, spot)]
+        pools = [self._autoscaled_pool(f"{name}-gpu-spot", args, cluster, spot)]
         if args.fallback.enabled:
             on_demand = gpu_on_demand_pool_spec(
                 args.gpu_pool, args.fallback, spot["agent_pool_name"], version
             )
             pools.append(
                 self._autoscaled_pool(
-                    f"{name}-gpu-on-demand",
-                    args,
-                    cluster,
-                    live,
-                    on_demand,
-                    ON_DEMAND_POOL_CREATE_ONLY,
-                    min_nodes=0,
+                    f"{name}-gpu-on-demand", args, cluster, on_demand, ON_DEMAND_POOL_CREATE_ONLY
                 )
             )
         return pools
@@ -280,18 +288,10 @@ class AksCluster(pulumi.ComponentResource):
         resource_name: str,
         args: AksClusterArgs,
         cluster: azure_native.containerservice.ManagedCluster,
-        live: pulumi.Output[Any],
         spec: dict[str, Any],
         create_only: tuple[str, ...] = GPU_POOL_CREATE_ONLY,
-        min_nodes: int | None = None,
     ) -> azure_native.containerservice.AgentPool:
-        """An autoscaled pool; an update writes back the node count the pool has now."""
-        floor = args.gpu_pool.min_nodes if min_nodes is None else min_nodes
-        spec["count"] = live.agent_pool_profiles.apply(
-            lambda profiles: gpu_pool_count(
-                live_pool_count(profiles, spec["agent_pool_name"]), floor
-            )
-        )
+        """An autoscaled pool: its count is the autoscaler's once it exists (AUTOSCALED_COUNT)."""
         return azure_native.containerservice.AgentPool(
             resource_name,
             resource_group_name=args.resource_group_name,
@@ -303,6 +303,7 @@ class AksCluster(pulumi.ComponentResource):
                 # these properties (pulumi-azure-native #3655 made some replace, #2774 dropped
                 # others), a change to one replaces the pool instead of a refused update.
                 replace_on_changes=[_camel(key) for key in create_only],
+                ignore_changes=list(AUTOSCALED_COUNT),
             ),
         )
 

@@ -5,8 +5,9 @@ documents that the API server may take up to five minutes to honour it; until th
 Kubernetes call is refused with 403. The Kubernetes provider's own start proves nothing:
 ``/version`` answers anyone. So a local command asks the API server, as the deployer and
 through the same kubeconfig, whether it may create a namespace (``kubectl auth can-i``, a
-SelfSubjectAccessReview), every few seconds until it says yes, and fails with the last answer
-after a bound. Every Kubernetes object waits for it (``workloads/lab_workloads.py``).
+SelfSubjectAccessReview), every few seconds while it says no, and fails with the last answer
+after a bound, or at once on an error that is not a no. Every Kubernetes object waits for it
+(``workloads/lab_workloads.py``).
 """
 
 from __future__ import annotations
@@ -28,12 +29,23 @@ PROBE = 'kubectl --kubeconfig "$config" auth can-i create namespaces'
 
 def access_wait_script(who: str, wait_s: int = WAIT_S, interval_s: int = INTERVAL_S) -> str:
     """A POSIX shell script: exit 0 once the API server lets the deployer create a namespace;
-    exit 1 with the last answer once ``wait_s`` has passed, or at once without the tools."""
+    exit 1 with the last answer once ``wait_s`` has passed, or at once without the tools or on
+    an answer that is not a "no".
+
+    ``kubectl auth can-i`` prints ``no`` (then `` - <reason>``) on stdout when the authorizer
+    refused, which is what Azure RBAC says until the new role assignment applies; anything
+    else (no sign-in, kubelogin failing, an unreachable server) is an error on stderr that
+    asking again cannot fix (kubectl, pkg/cmd/auth/cani.go, ``RunAccessCheck``).
+    """
     hint = (
         f"the cluster still refuses {who} after {wait_s} s. "
-        "Azure RBAC can take up to 5 minutes to apply a new role assignment; if the answer is "
-        "Unauthorized (401), kubelogin signs in as someone else or in another tenant than the "
-        "one granted (docs/azure.md, Prerequisites). kubectl auth can-i create namespaces said:"
+        "Azure RBAC can take up to 5 minutes to apply a new role assignment. "
+        "kubectl auth can-i create namespaces said:"
+    )
+    failed = (
+        f"kubectl could not ask the cluster whether {who} may act, an error that waiting cannot "
+        "fix; if it is Unauthorized (401), kubelogin signs in as someone else or in another "
+        "tenant than the one granted (docs/azure.md, Prerequisites). kubectl said:"
     )
     return "\n".join(
         [
@@ -45,14 +57,19 @@ def access_wait_script(who: str, wait_s: int = WAIT_S, interval_s: int = INTERVA
             "  }",
             "done",
             "config=$(mktemp) || exit 1",
-            "trap 'rm -f \"$config\"' EXIT",
+            "errors=$(mktemp) || exit 1",
+            'trap \'rm -f "$config" "$errors"\' EXIT',
             f'printf \'%s\' "${KUBECONFIG_ENV}" > "$config"',
             f"deadline=$(( $(date +%s) + {int(wait_s)} ))",
             "while :; do",
-            f"  if answer=$({PROBE} 2>&1); then",
+            f'  if answer=$({PROBE} 2>"$errors"); then',
             '    echo "the API server lets the deployer act: $answer"',
             "    exit 0",
             "  fi",
+            '  case "$answer" in',
+            "    no|no\\ *) ;;",
+            f'    *) echo {shlex.quote(failed)} "$answer" "$(cat "$errors")" >&2; exit 1 ;;',
+            "  esac",
             '  if [ "$(date +%s)" -ge "$deadline" ]; then',
             f'    echo {shlex.quote(hint)} "$answer" >&2',
             "    exit 1",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from infra.catalog.gpu_pools import NAME_HASH, ON_DEMAND_PREFIX, SPOT_PREFIX
@@ -29,6 +28,11 @@ from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
 # AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.
 SPOT_TAINT = "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"
+# And this label, in the pool's own nodeLabels (AKS, "Add a Spot node pool": a Spot pool's
+# nodes get the label and the taint). Declared for the same reason, and because a pool update
+# replaces the whole label set: labels sent without it delete it from the pool's nodes
+# (Azure/AKS #3152), and with it every Spot-targeted affinity.
+SPOT_LABEL = {"kubernetes.azure.com/scalesetpriority": "spot"}
 # Only pods that ask for a GPU (and tolerate this) land on the expensive nodes.
 GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
 BOOTSTRAP_POOL_NAME = "bootstrap"
@@ -55,6 +59,24 @@ GPU_POOL_CREATE_ONLY = (
     "os_type",
     "type",
 )
+# An autoscaled pool's count is the autoscaler's: AKS, "Use the cluster autoscaler": "Let the
+# Kubernetes cluster autoscaler manage the required scale settings". A create carries the
+# program's count (AKS requires one, pulumi-azure-native #2943: "Required parameter
+# properties.count is missing"). After that Pulumi keeps the count its state holds ("Pulumi
+# ignores a property by using the old value from the state instead of the value provided by
+# the program", Pulumi docs, resource option ignoreChanges), so an `up` never plans a count of
+# its own: a PUT while the pool is Scaling is refused (OperationNotAllowed, Azure/AKS #1561),
+# and one that succeeds leaves the pool Updating for minutes, adding no Spot node meanwhile.
+# Terraform gives the same advice for node_count. An update for another property sends the
+# state's count; `pulumi refresh` writes the live count there (azure-native's Read applies the
+# live changes to the recorded inputs), so change a pool with `pulumi up --refresh`: a count
+# that differs from the live one is a manual scale, which AKS refuses on an autoscaled pool
+# ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
+# terraform-provider-azurerm #4543). Ignoring the count only when nothing else changes cannot be
+# done: ignoreChanges is fixed when the resource registers, before an Output of the live pool
+# resolves, and reading the pool synchronously fails the whole program on a first up (the GET's
+# 404 is recorded as a failed RPC even when caught: pulumi's runtime/rpc_manager.py).
+AUTOSCALED_COUNT = ("count",)
 SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
 # The fallback pool's, plus the generation it belongs to (the Spot pool's name).
 ON_DEMAND_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "gpu_profile", "os_type", "type")
@@ -117,7 +139,7 @@ def gpu_spot_pool_spec(
         "enable_auto_scaling": True,
         "min_count": pool.min_nodes,
         "max_count": max_nodes,
-        # The count a create carries; an update carries the pool's own (gpu_pool_count).
+        # The count a create carries; the autoscaler owns it after that (AUTOSCALED_COUNT).
         "count": pool.min_nodes,
         "node_taints": [SPOT_TAINT, GPU_TAINT],
         # AKS installs the NVIDIA driver only (the device plugin is ours); creation-time only.
@@ -130,7 +152,7 @@ def gpu_spot_pool_spec(
     # at gpuMinNodes, so the Spot quota is not held twice while the job moves over). Min/max
     # counts stay in-place updates. The name is also the generation label the job selects.
     spec["agent_pool_name"] = gpu_pool_name(spec)
-    spec["node_labels"] = pool_labels(GPU_SPOT, spec["agent_pool_name"])
+    spec["node_labels"] = {**pool_labels(GPU_SPOT, spec["agent_pool_name"]), **SPOT_LABEL}
     return spec
 
 
@@ -170,38 +192,6 @@ def gpu_on_demand_pool_spec(
     )
     spec["node_labels"] = pool_labels(GPU_ON_DEMAND, generation)
     return spec
-
-
-def gpu_pool_count(live_count: int | None, min_nodes: int) -> int:
-    """The node count the GPU pool's create or update carries.
-
-    A create carries ``gpuMinNodes``: AKS requires a count (pulumi-azure-native #2943:
-    "Required parameter properties.count is missing") and on creation refuses one outside
-    [minCount, maxCount] (its message, quoted in cluster-api-provider-azure #5947). An update
-    carries the count the pool has now, as ``az aks nodepool update --update-cluster-autoscaler``
-    does (it reads the pool and writes back the count it read, with the new bounds): a count
-    that differs from the current one on an autoscaled pool is a manual scale, which AKS
-    refuses ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
-    terraform-provider-azurerm #4543) or which would reset nodes in use; and a new minCount
-    above the current count is accepted, after which the autoscaler scales up to it
-    (Azure/AKS #1481 and #1758: the range check was the CLI's, removed in
-    azure-cli-extensions #1606, and unblocked in ARM; AKS release 2021-07-22: the autoscaler
-    enforces a raised minimum). A fixed count, as before, failed both ways: it was sent on every
-    update whatever the pool had scaled to.
-    """
-    return min_nodes if live_count is None else live_count
-
-
-def live_pool_count(profiles: Sequence[Any] | None, pool: str) -> int | None:
-    """The current node count of agent pool ``pool`` among a cluster's ``agentPoolProfiles``
-    (the managed cluster's GET lists every pool, also those made as separate AgentPools);
-    None when the pool does not exist yet."""
-    for profile in profiles or []:
-        name = profile.get("name") if isinstance(profile, dict) else getattr(profile, "name", None)
-        if name == pool:
-            count = profile.get("count") if isinstance(profile, dict) else profile.count
-            return int(count or 0)
-    return None
 
 
 def pool_name(prefix: str, spec: dict[str, Any], create_only: tuple[str, ...]) -> str:

@@ -8,10 +8,13 @@ to scale up a different group if the pods are still pending", kubernetes/autosca
 ``cluster-autoscaler/FAQ.md``, "How does scale-up work?"), then scales the on-demand pool, whose
 VM must start, register, pull the image and join. The first rendezvous round waits
 ``rdzvJoinTimeout`` for ``workerMinReplicas``; shorter than both, and the job fails for good
-with "too few nodes joined" before the fallback's node arrives.
+with "too few nodes joined" before the fallback's node arrives. So an unset ``rdzvJoinTimeout``
+follows the fallback (``join_timeout_default``), and one set explicitly is checked.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from stack_config.model import LabConfig
 
@@ -31,6 +34,19 @@ the kubelet joins) is given up and the job moves to on-demand for nothing."""
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def with_join_timeout_default(cfg: LabConfig) -> LabConfig:
+    """``cfg`` with the join timeout a stack that does not set ``rdzvJoinTimeout`` gets: the
+    rendezvous' own default, or with the fallback on, at least the Spot wait plus an on-demand
+    VM's start (what ``_join_timeout_problems`` asks of a set value)."""
+    rdzv = cfg.job.rendezvous
+    join = type(rdzv)().join_timeout_s
+    after = cfg.fallback.after_minutes
+    if cfg.fallback.enabled and _count(after) and after >= MIN_AFTER_MINUTES:
+        join = max(join, after * 60 + VM_START_S)
+    job = replace(cfg.job, rendezvous=replace(rdzv, join_timeout_s=join))
+    return replace(cfg, job=job)
 
 
 def fallback_problems(cfg: LabConfig) -> list[str]:

@@ -61,7 +61,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdzvLastCallTimeout", "job.rendezvous.last_call_timeout_s", int),
     Setting("rdzvKeepAliveInterval", "job.rendezvous.keep_alive_interval_s", int),
     Setting("rdzvKeepAliveMaxAttempt", "job.rendezvous.keep_alive_max_attempt", int),
-    Setting("rdzvJoinTimeout", "job.rendezvous.join_timeout_s", int),
+    # Optional: unset, it follows the on-demand fallback (stack_config/fallback.py).
+    Setting("rdzvJoinTimeout", "job.rendezvous.join_timeout_s", int, optional=True),
 )
 KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS)
 REMOVED: dict[str, str] = {

@@ -6,8 +6,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 
+from stack_config.fallback import with_join_timeout_default
 from stack_config.keys import KEYS, REMOVED, SETTINGS, Setting
 from stack_config.model import ConfigError, LabConfig
+
+JOIN_TIMEOUT_KEY = "rdzvJoinTimeout"
+"""Unset (absent or empty), the first round's join timeout follows the on-demand fallback."""
 
 
 def _parse(setting: Setting, raw: str, project: str) -> object:
@@ -53,7 +57,8 @@ def load(
 ) -> LabConfig:
     """Build a ``LabConfig`` from raw project config (keys without namespace, string values).
 
-    Missing keys keep the dataclass defaults (equal to Pulumi.yaml's). ``location`` is the
+    Missing keys keep the dataclass defaults (equal to Pulumi.yaml's); an unset
+    ``rdzvJoinTimeout`` follows the fallback (``with_join_timeout_default``). ``location`` is the
     ``azure-native:location`` value; when set it wins over the project's ``location`` key.
     Unknown keys and unparseable values raise ``ConfigError``, all problems at once.
     """
@@ -67,12 +72,17 @@ def load(
     ]
     cfg = LabConfig(project=project, stack=stack)
     for key, value in raw.items():
+        if key == JOIN_TIMEOUT_KEY and not value.strip():
+            continue  # unset: it follows the fallback, below
+
         if key not in by_key:
             continue
         try:
             cfg = _with(cfg, by_key[key].path.split("."), _parse(by_key[key], value, project))
         except ConfigError as err:
             problems.extend(err.problems)
+    if not raw.get(JOIN_TIMEOUT_KEY, "").strip():
+        cfg = with_join_timeout_default(cfg)
     if location:
         cfg = replace(cfg, location=location.strip())
     if problems:

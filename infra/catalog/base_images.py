@@ -5,14 +5,14 @@ created (a missing tag would otherwise fail ``pulumi up`` inside ``az acr build`
 in). The Dockerfiles are the one home of the pins; this module reads them. Pure: no pulumi
 import, no I/O beyond reading the Dockerfiles.
 
-Why the training base is ``pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime``:
+Why the training image is torch's CUDA 12.6 build on ``python:3.11-slim-bookworm``:
 
 - torch 2.13 publishes two stable CUDA builds, 12.6 (cuDNN 9.10.2.21, NCCL 2.29.3) and 13.0
   (cuDNN 9.20.0.48), and 13.2 as experimental (pytorch/pytorch ``RELEASE.md``, Release
   Compatibility Matrix). The default PyPI wheel is the 13.0 one: ``pip install torch==2.13.0``
-  resolves to a wheel that requires ``cuda-toolkit==13.0.3`` and ``nvidia-cudnn-cu13``.
-- PyTorch's release workflow builds a ``<torch>-cuda<X.Y>-cudnn<N>-runtime`` image for each CUDA
-  version of the release (``.github/scripts/generate_docker_release_matrix.py``).
+  resolves to a wheel that requires ``cuda-toolkit==13.0.3`` and ``nvidia-cudnn-cu13``. The 12.6
+  build is on PyTorch's index ``download.pytorch.org/whl/cu126``, with the CUDA libraries it
+  needs as ``nvidia-*-cu12`` wheels: the base needs no CUDA of its own.
 - AKS installs the NVIDIA 570 driver branch on GPU node pools (Azure/AKS #5207: the 550 branch
   reached end of life, 570 is the default from node image 20250806). CUDA 12.x runs on any
   driver from 525 (minor version compatibility); CUDA 13.0 needs 580 or later. So the 12.6

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from pulumi.runtime.sync_await import _sync_await
 
+from infra import cluster as aks_cluster
 from infra import node_pools as aks
 from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
 from infra.catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
@@ -25,7 +26,7 @@ from infra.roles import (
     STORAGE_BLOB_DATA_READER,
     role_definition_id,
 )
-from stack_config import ConfigError, LabConfig, validate
+from stack_config import ConfigError, FallbackConfig, LabConfig, validate
 from stack_config.files import stack_file_config
 from tests.support.pulumi_harness import (
     PROJECT_DIR,
@@ -144,19 +145,27 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     assert pool.inputs["maxCount"] == int(config["spot-lab:workerMaxReplicas"])
     # No pool of this name yet: it is created with gpuMinNodes nodes.
     assert pool.inputs["count"] == pool.inputs["minCount"]
-    assert pool.ignore_changes == []
+    # Once created, the count is the autoscaler's (infra.node_pools.AUTOSCALED_COUNT).
+    assert pool.ignore_changes == ["count"]
     assert pool.inputs["agentPoolName"] == run.outputs["gpuPoolName"]
 
 
-def test_gpu_pool_taints_and_our_label(run: ProgramRun) -> None:
+def test_gpu_pool_taints_and_labels(run: ProgramRun) -> None:
     pool = run.one(AGENT_POOL, "gpu-spot").inputs
     assert pool["nodeTaints"] == [
         "kubernetes.azure.com/scalesetpriority=spot:NoSchedule",
         "nvidia.com/gpu=present:NoSchedule",
     ]
-    # Each generation of the pool labels its nodes with its own name: the job selects it.
-    assert pool["nodeLabels"] == {POOL_LABEL: GPU_SPOT, GENERATION_LABEL: pool["agentPoolName"]}
-    for label in pool["nodeLabels"]:
+    # Each generation of the pool labels its nodes with its own name: the job selects it. And
+    # AKS's own Spot label is declared: a pool update sends the whole label set, and one sent
+    # without it deletes it from the pool's nodes (Azure/AKS #3152).
+    assert pool["nodeLabels"] == {
+        POOL_LABEL: GPU_SPOT,
+        GENERATION_LABEL: pool["agentPoolName"],
+        "kubernetes.azure.com/scalesetpriority": "spot",
+    }
+    ours = set(pool["nodeLabels"]) - {"kubernetes.azure.com/scalesetpriority"}
+    for label in ours:
         assert not label.startswith(("kubernetes.azure.com/", "kubernetes.io/"))
 
 
@@ -174,6 +183,23 @@ def test_cluster_features(run: ProgramRun) -> None:
     assert network["networkPolicy"] == network["networkDataplane"] == "cilium"
     assert cluster["autoScalerProfile"]["skipNodesWithLocalStorage"] == "false"
     assert "kubernetesVersion" not in cluster
+
+
+@pytest.mark.parametrize(
+    ("fallback", "expected"),
+    [(None, "6"), (FallbackConfig(max_nodes=2), "8"), (FallbackConfig(max_nodes=0), "6")],
+)
+def test_an_eviction_wave_does_not_halt_the_autoscaler(
+    fallback: FallbackConfig | None, expected: str
+) -> None:
+    """Past ok-total-unready-count (and 45 % of the nodes) unready nodes, the autoscaler "stops
+    all operations until the situation improves" (its FAQ, "How does CA deal with unready
+    nodes?"): a wave that takes every Spot node at once must not stop the scale-up that
+    replaces them. At least AKS's default, 3."""
+    assert aks_cluster.autoscaler_profile(fallback, 6)["ok_total_unready_count"] == expected
+    assert aks_cluster.autoscaler_profile(fallback, 2)["ok_total_unready_count"] == (
+        "4" if fallback and fallback.enabled else "3"
+    )
 
 
 def test_default_gpu_size_is_the_t4() -> None:
@@ -675,7 +701,11 @@ def test_pure_pool_specs_match_the_constants() -> None:
     spec = aks.gpu_spot_pool_spec(cfg.gpu_pool, cfg.gpu_max_nodes, None)
     assert aks.SPOT_TAINT in spec["node_taints"] and aks.GPU_TAINT in spec["node_taints"]
     assert spec["max_count"] == cfg.job.max_replicas
-    assert spec["node_labels"] == {POOL_LABEL: GPU_SPOT, GENERATION_LABEL: spec["agent_pool_name"]}
+    assert spec["node_labels"] == {
+        POOL_LABEL: GPU_SPOT,
+        GENERATION_LABEL: spec["agent_pool_name"],
+        **aks.SPOT_LABEL,
+    }
 
 
 # ---- create-only pool properties ---------------------------------------------------------------
@@ -766,7 +796,11 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
         pool = run.one(AGENT_POOL, "gpu-spot")
         job = run.one("kubernetes:kubeflow.org/v1:PyTorchJob")
         selector = job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-        assert selector["nodeSelector"] == pool.inputs["nodeLabels"]
+        # The pool's own labels (AKS's Spot label beside them, declared for AKS's sake).
+        labels = pool.inputs["nodeLabels"]
+        assert selector["nodeSelector"] == {
+            key: labels[key] for key in (POOL_LABEL, GENERATION_LABEL)
+        }
         assert run.waits_for(job, pool)
 
 

@@ -1,7 +1,11 @@
 """The wait for the deployer's role: the real script, run against a stand-in ``kubectl``.
 
-``kubectl auth can-i`` prints yes/no and exits 0/1 (a SelfSubjectAccessReview). The stand-in
-answers from a script of answers, one per call, so the tests follow events, not the clock.
+``kubectl auth can-i`` asks the API server with a SelfSubjectAccessReview and prints ``yes``
+(exit 0), or ``no``, then `` - <reason>`` when the authorizer gave one (exit 1), on stdout;
+an error that kept it from asking (no sign-in, a missing exec plugin, an unreachable server)
+goes to stderr, also with exit 1 (kubectl, pkg/cmd/auth/cani.go, ``RunAccessCheck``). The
+stand-in answers from a script of answers, one per call, so the tests follow events, not the
+clock.
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ echo "$@" >> "$STATE/args"
 cp "$2" "$STATE/kubeconfig"
 line=$(sed -n "${n}p" "$ANSWERS")
 [ -n "$line" ] || line=$(tail -n 1 "$ANSWERS")
-echo "${line#* }"
+text="${line#* }"
+case "$text" in
+  yes*|no*) echo "$text" ;;
+  *) echo "$text" >&2 ;;
+esac
 exit "${line%% *}"
 """
 
@@ -66,11 +74,31 @@ def test_it_returns_once_the_api_server_says_yes(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("processes")
-def test_it_gives_up_with_the_last_answer_and_the_fix(tmp_path: Path) -> None:
-    done = _wait(tmp_path, ["1 error: You must be logged in to the server (Unauthorized)"], 0)
+def test_it_gives_up_on_a_no_with_the_last_answer_and_the_fix(tmp_path: Path) -> None:
+    reason = "no - User does not have access to the resource in Azure."
+    done = _wait(tmp_path, [f"1 {reason}"], 0)
     assert done.returncode == 1
     assert "the cluster still refuses user ada@example.com after 0 s" in done.stderr
-    assert "Unauthorized" in done.stderr and "up to 5 minutes" in done.stderr
+    assert reason in done.stderr and "up to 5 minutes" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "error: You must be logged in to the server (Unauthorized)",
+        "error: exec: executable kubelogin failed with exit code 1: AADSTS50076: sign-in needed",
+        "Unable to connect to the server: dial tcp: lookup aks.example: no such host",
+    ],
+)
+def test_an_error_that_is_not_a_no_stops_at_once_and_is_quoted(tmp_path: Path, error: str) -> None:
+    """Only Azure RBAC's "no" can turn into a yes while the role propagates: a sign-in that
+    fails, a missing exec plugin or an unreachable server fails the same way for 600 s."""
+    done = _wait(tmp_path, [f"1 {error}", "0 yes"], wait_s=3600)
+    assert done.returncode == 1
+    assert (tmp_path / "state" / "calls").read_text().strip() == "1"
+    assert error in done.stderr
+    assert "user ada@example.com" in done.stderr
+    assert "waiting cannot fix" in done.stderr
 
 
 @pytest.mark.usefixtures("processes")

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.pulumi_harness import AzureAnswers, ProgramRun, run_program
+from tests.support.pulumi_harness import AzureAnswers, ProgramRun, planned_changes, run_program
 
 AGENT_POOL = "azure-native:containerservice:AgentPool"
 CLUSTER = "azure-native:containerservice:ManagedCluster"
@@ -217,11 +217,15 @@ def test_a_size_change_replaces_both_pools_and_the_job_follows_the_new_generatio
     assert priced[1]["agentPoolName"] != on_demand["agentPoolName"]
 
 
-def test_the_fallback_pools_count_is_kept_on_update(on: ProgramRun) -> None:
-    name = _pools(on)[1]["agentPoolName"]
-    answers = AzureAnswers(live_pool_counts={name: 2})
-    updated = _pools(run_program("dev", {**ON, "onDemandMaxNodes": "3"}, answers=answers))[1]
-    assert (updated["agentPoolName"], updated["count"], updated["maxCount"]) == (name, 2, 3)
+def test_the_fallback_pools_count_is_the_autoscalers(on: ProgramRun) -> None:
+    """Like the Spot pool's (tests/infra/test_infra_gpu_pool.py): a count the autoscaler moved
+    plans nothing, and a new ceiling updates only the ceiling."""
+    created = on.one(AGENT_POOL, "gpu-on-demand")
+    answers = AzureAnswers(live_pool_counts={created.inputs["agentPoolName"]: 2})
+    again = run_program("dev", ON, answers=answers).one(AGENT_POOL, "gpu-on-demand")
+    assert planned_changes(created, again) == []
+    raised = run_program("dev", {**ON, "onDemandMaxNodes": "3"}, answers=answers)
+    assert planned_changes(created, raised.one(AGENT_POOL, "gpu-on-demand")) == ["maxCount"]
 
 
 # ---- off: today's plan ----------------------------------------------------------------------
@@ -249,6 +253,8 @@ def test_off_the_plan_is_todays(off: ProgramRun) -> None:
         "scaleDownDelayAfterAdd": "5m",
         "scaleDownUnneededTime": "5m",
         "skipNodesWithLocalStorage": "false",
+        # Added with issue 37 for every stack, the fallback on or off (test_infra.py).
+        "okTotalUnreadyCount": "3",
     }
     pools = {r.inputs["agentPoolName"] for r in off.of_type(AGENT_POOL)}
     assert pools == {"gpu244695ac", "sys6c853e1f"}

@@ -1,32 +1,32 @@
-"""Changes to the GPU pool strand nothing: new bounds apply to the pool as it is, and a new pool
-generation takes the job with it before the old one goes.
+"""Changes to the GPU pool strand nothing: an `up` leaves the autoscaler's node count alone, new
+bounds apply to the pool as it is, and a new pool generation takes the job with it before the
+old one goes.
 
-What AKS and pulumi-azure-native do with an autoscaled pool's ``count``, from their sources:
+What AKS, Pulumi and pulumi-azure-native do with an autoscaled pool's ``count``, from their
+sources (``infra.node_pools.AUTOSCALED_COUNT``):
 
-- azure-native sends every input of an AgentPool on each create and update (a PUT of the whole
-  agent pool); ``count`` is required on create (pulumi-azure-native #2943, "Required parameter
-  properties.count is missing"), and on create AKS refuses a count outside [minCount, maxCount]
-  (its message, quoted in cluster-api-provider-azure #5947).
-- A count that differs from the pool's current one on an autoscaled pool is a manual scale,
-  which AKS refuses ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
-  terraform-provider-azurerm #4543, which therefore sends the count read from the pool).
-- ``az aks nodepool update --update-cluster-autoscaler`` reads the pool and writes it back with
-  its current count and the new bounds. Its check that the current count lies within the new
-  range (the error of Azure/AKS #1481) was the CLI's own and was removed (azure-cli-extensions
-  #1606: "minCount can be greater than the actual node count"); Azure/AKS #1758: unblocked in
-  ARM as well; AKS release 2021-07-22: the autoscaler then enforces a raised minimum.
-
-So the plan AKS accepts keeps the pool's current count and changes only the bounds
-(``infra.node_pools.gpu_pool_count``). Before, the count was fixed at the creation-time
-gpuMinNodes and sent on every update whatever the pool had scaled to.
+- ``count`` is required on create (pulumi-azure-native #2943), and AKS refuses one outside
+  [minCount, maxCount] then (its message, quoted in cluster-api-provider-azure #5947).
+- A PUT of the pool while the autoscaler scales it is refused ("Another operation (Scaling) is
+  in progress", Azure/AKS #1561), and one that succeeds leaves the pool Updating for minutes.
+  Reading the live count into the program made every `up` after a scale plan ``~ count``.
+- ``ignoreChanges``: the engine "replaces the values of input properties in the goal state with
+  old inputs for properties marked as ignoreChanges" (pulumi/pulumi #2657), and uses the
+  program's value when the state has none, "most importantly when creating the resource"
+  (Pulumi docs). ``planned_changes`` reproduces that comparison.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from infra.node_pools import gpu_pool_count, live_pool_count
-from tests.support.pulumi_harness import AzureAnswers, ProgramRun, Registered, run_program
+from tests.support.pulumi_harness import (
+    AzureAnswers,
+    ProgramRun,
+    Registered,
+    planned_changes,
+    run_program,
+)
 
 AGENT_POOL = "azure-native:containerservice:AgentPool"
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -40,38 +40,43 @@ def _current_name() -> str:
     return _pool(run_program("dev")).inputs["agentPoolName"]
 
 
-@pytest.mark.parametrize("running", [0, 3])
-def test_raising_gpu_min_nodes_keeps_the_pools_count_and_raises_the_floor(running: int) -> None:
-    """gpuMinNodes 0 -> 2, with the pool idle (0 nodes) or training on 3."""
-    answers = AzureAnswers(live_pool_counts={_current_name(): running})
-    before = _pool(run_program("dev", answers=answers)).inputs
-    after = _pool(run_program("dev", {"gpuMinNodes": "2"}, answers=answers)).inputs
-    assert after["agentPoolName"] == before["agentPoolName"]  # an update, not a new pool
-    assert (before["minCount"], after["minCount"]) == (0, 2)
-    # The PUT carries the count the pool has now: no manual scale, no node taken away; the
-    # autoscaler brings an idle pool up to the new floor.
-    assert before["count"] == after["count"] == running
-    assert after["enableAutoScaling"] is True
+@pytest.mark.parametrize("running", [0, 3, 5])
+def test_a_second_up_after_the_autoscaler_moved_the_pool_plans_no_pool_update(
+    running: int,
+) -> None:
+    """The first `up` created the pool at gpuMinNodes; the autoscaler then moved it."""
+    created = _pool(run_program("dev"))
+    answers = AzureAnswers(live_pool_counts={created.inputs["agentPoolName"]: running})
+    again = _pool(run_program("dev", answers=answers))
+    assert planned_changes(created, again) == []
 
 
-@pytest.mark.parametrize(("running", "new_max"), [(0, "5"), (3, "5"), (2, "3")])
-def test_changing_gpu_max_nodes_keeps_the_pools_count(running: int, new_max: str) -> None:
-    answers = AzureAnswers(live_pool_counts={_current_name(): running})
-    overrides = {"gpuMaxNodes": new_max}
-    after = _pool(run_program("dev", overrides, answers=answers)).inputs
-    assert after["maxCount"] == int(new_max)
-    assert after["count"] == running
-    assert after["minCount"] <= after["maxCount"]
+@pytest.mark.parametrize(
+    ("overrides", "changed"),
+    [
+        ({"gpuMinNodes": "2"}, ["minCount"]),
+        ({"gpuMaxNodes": "5"}, ["maxCount"]),
+        ({"gpuMaxNodes": "4"}, ["maxCount"]),
+    ],
+)
+def test_a_change_of_bounds_updates_the_bounds_and_never_the_count(
+    overrides: dict[str, str], changed: list[str]
+) -> None:
+    created = _pool(run_program("dev"))
+    answers = AzureAnswers(live_pool_counts={created.inputs["agentPoolName"]: 3})
+    updated = _pool(run_program("dev", overrides, answers=answers))
+    assert updated.inputs["agentPoolName"] == created.inputs["agentPoolName"]  # not a new pool
+    assert planned_changes(created, updated) == changed
+    assert updated.inputs["enableAutoScaling"] is True
 
 
 def test_a_new_pool_is_created_with_gpu_min_nodes() -> None:
     # No pool of that name in the cluster yet (first up, or a new generation).
     run = run_program("dev", {"gpuMinNodes": "1"})
-    pool = _pool(run).inputs
-    assert pool["count"] == pool["minCount"] == 1
-    (call,) = run.calls_to("azure-native:containerservice:getManagedCluster")
-    assert call.args["resourceName"] == run.outputs["clusterName"]
-    assert call.args["resourceGroupName"] == run.outputs["resourceGroup"]
+    pool = _pool(run)
+    assert pool.inputs["count"] == pool.inputs["minCount"] == 1
+    # The program's count is what a create carries; after that the state's is kept.
+    assert pool.ignore_changes == ["count"]
 
 
 def test_t4_to_a100_is_a_new_pool_the_job_follows_and_the_old_one_goes_last() -> None:
@@ -94,12 +99,3 @@ def test_t4_to_a100_is_a_new_pool_the_job_follows_and_the_old_one_goes_last() ->
     assert moved.waits_for(job, pool)
     # A new spec is a new job (same name: the old one is deleted first, with its workers).
     assert job.replace_on_changes == ["spec"] and job.delete_before_replace
-
-
-def test_the_live_count_is_read_from_the_clusters_pools() -> None:
-    profiles = [{"name": "bootstrap", "count": 1}, {"name": "gpu1a2b3c4d", "count": 3}]
-    assert live_pool_count(profiles, "gpu1a2b3c4d") == 3
-    assert live_pool_count(profiles, "gpu99999999") is None
-    assert live_pool_count(None, "gpu1a2b3c4d") is None
-    assert gpu_pool_count(None, 2) == 2
-    assert gpu_pool_count(0, 2) == 0

@@ -493,14 +493,36 @@ def test_a_multi_gpu_size_gives_a_process_and_a_gpu_per_gpu() -> None:
     assert cfg.gpus_per_node == 2
     # Empty requests take what the node leaves: far more than one T4 node's.
     cpu, memory = cfg.worker_requests
-    assert cpu == "46900m" and memory == "420Gi"
-    assert _cfg({}).worker_requests == ("3300m", "21Gi")
+    assert cpu == "46600m" and memory == "419Gi"
+    assert _cfg({}).worker_requests == ("3000m", "20Gi")
     assert _cfg({"workerCpu": "2", "workerMemory": "8Gi"}).worker_requests == ("2", "8Gi")
+
+
+def _millis(cpu: str) -> int:
+    return int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+
+
+@pytest.mark.parametrize("size", gpu_sizes.SIZES, ids=lambda size: size.name)
+def test_the_default_requests_leave_room_for_a_gpu_nodes_daemonsets(
+    size: gpu_sizes.GpuSize,
+) -> None:
+    """The worker's default requests, plus every DaemonSet a GPU node of this cluster runs with
+    Azure Monitor on, fit the node's allocatable as AKS computes it: otherwise the worker stays
+    Pending on a node that has its GPU free."""
+    cpu, memory = _cfg({"gpuVmSize": size.name}).worker_requests
+    daemonsets_cpu = sum(ds.cpu_millis for ds in gpu_sizes.NODE_DAEMONSETS)
+    daemonsets_memory = sum(ds.memory_mib for ds in gpu_sizes.NODE_DAEMONSETS)
+    cpu_allocatable, memory_allocatable = gpu_sizes.node_allocatable(size)
+    assert _millis(cpu) + daemonsets_cpu <= cpu_allocatable
+    assert int(memory.removesuffix("Gi")) * 1024 + daemonsets_memory <= memory_allocatable
+    # The reserve itself covers the DaemonSets listed, with room for what is not.
+    assert daemonsets_cpu <= gpu_sizes.DAEMONSET_CPU_MILLIS
+    assert daemonsets_memory <= gpu_sizes.DAEMONSET_MEMORY_MIB
 
 
 def test_requests_that_do_not_fit_the_node_are_refused() -> None:
     message = _problems({"workerCpu": "4", "workerMemory": "32Gi"})
-    assert "spot-lab:workerCpu (4) must fit on a Standard_NC4as_T4_v3 node, which leaves 3360m" in (
+    assert "spot-lab:workerCpu (4) must fit on a Standard_NC4as_T4_v3 node, which leaves 3060m" in (
         message
     )
     assert "spot-lab:workerMemory (32Gi) must fit on a Standard_NC4as_T4_v3 node" in message

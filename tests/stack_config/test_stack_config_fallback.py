@@ -45,10 +45,28 @@ def test_bad_values_name_the_key_and_what_is_allowed(raw: dict[str, str], messag
     assert message in _problems(raw)
 
 
+@pytest.mark.parametrize(
+    ("raw", "join_s"),
+    [
+        ({}, 900),
+        ({"rdzvJoinTimeout": ""}, 900),
+        ({"onDemandMaxNodes": "2"}, 1200),
+        ({"onDemandMaxNodes": "2", "rdzvJoinTimeout": ""}, 1200),
+        ({"onDemandMaxNodes": "2", "fallbackAfterMinutes": "15"}, 1500),
+        # The Spot wait plus a VM start is shorter than the default: the default stays.
+        ({"onDemandMaxNodes": "2", "fallbackAfterMinutes": "5"}, 900),
+    ],
+)
+def test_the_fallback_is_on_from_one_key(raw: dict[str, str], join_s: int) -> None:
+    """An unset join timeout follows the fallback: the first round outlasts the Spot wait and
+    an on-demand VM's start, so `onDemandMaxNodes: 2` alone is a valid stack."""
+    assert _cfg(raw).job.rendezvous.join_timeout_s == join_s
+
+
 def test_the_first_round_must_outlast_the_spot_wait_and_a_vm_start() -> None:
-    """The default join timeout (900 s) is shorter than 10 min for Spot + 600 s for an on-demand
+    """A join timeout set to 900 s is shorter than 10 min for Spot + 600 s for an on-demand
     VM: the job would fail "too few nodes joined" before its fallback node joined."""
-    message = _problems({"onDemandMaxNodes": "2"})
+    message = _problems({"onDemandMaxNodes": "2", "rdzvJoinTimeout": "900"})
     assert (
         "spot-lab:rdzvJoinTimeout (900 s) is shorter than the on-demand fallback needs: "
         "spot-lab:fallbackAfterMinutes (10 min = 600 s) for the Spot pool, then 600 s for an "

@@ -51,6 +51,7 @@ __all__ = [
     "Registered",
     "fake_kubeconfig",
     "fake_uuid",
+    "planned_changes",
     "run_program",
     "run_pulumi",
 ]
@@ -229,6 +230,20 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         )
         return response
+
+
+def planned_changes(before: Registered, after: Registered) -> list[str]:
+    """The top-level inputs an ``up`` would change, from the state ``before`` left to the
+    program's ``after``, with the engine's ``ignoreChanges``: "the engine simply replaces the
+    values of input properties in the goal state with old inputs for properties marked as
+    ignoreChanges" (pulumi/pulumi #2657); a property absent from the old inputs keeps the
+    program's value (Pulumi docs, Resource option: ignoreChanges). An empty list: no update."""
+    goal = dict(after.inputs)
+    for key in after.ignore_changes:
+        if key in before.inputs:
+            goal[key] = before.inputs[key]
+    keys = sorted(set(before.inputs) | set(goal))
+    return [key for key in keys if before.inputs.get(key) != goal.get(key)]
 
 
 def unwrap_secrets(value: Any, path: str, found: set[str]) -> Any:

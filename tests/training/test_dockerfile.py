@@ -28,9 +28,11 @@ DOCKERFILE = TRAINING / "Dockerfile"
 STAGER_DOCKERFILE = TRAINING / "Dockerfile.stager"
 REQUIREMENTS = TRAINING / "requirements.txt"
 DOCKERIGNORE = TRAINING / ".dockerignore"
-BASE_IMAGE = "pytorch/pytorch"
-# The distributions the image gets beyond its requirements: torch ships in the base image.
+BASE_IMAGE = "library/python"
+# The distributions the image gets beyond its requirements: torch, installed by the Dockerfile
+# from PyTorch's own index.
 BASE_DISTRIBUTIONS = ("torch",)
+CUDA_INDEX = re.compile(r"--index-url https://download\.pytorch\.org/whl/cu(\d+)(\d) torch==(\S+)")
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -119,35 +121,42 @@ def _args(instructions: list[tuple[str, str]], keyword: str) -> list[str]:
     return [args for kw, args in instructions if kw == keyword]
 
 
-def test_base_image_is_a_pytorch_cuda12_runtime_of_our_torch_pinned_by_digest(
-    instructions: list[tuple[str, str]],
+def test_the_base_is_the_stagers_slim_python_and_torch_its_cuda12_build(
+    instructions: list[tuple[str, str]], stager: list[tuple[str, str]]
 ) -> None:
-    """pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime: torch 2.13's CUDA builds are 12.6 and 13.0
-    (RELEASE.md; the default PyPI wheel, resolved with pip, requires cuda-toolkit 13.0.3), and
-    AKS's GPU driver branch (570, Azure/AKS #5207) runs CUDA 12.x only (13.x needs 580). The
-    digest is the one independent public projects pin for this tag; lab preflight resolves it
-    against Docker Hub before anything is created (infra/catalog/base_images.py)."""
+    """torch's CUDA wheels bring the CUDA libraries (nvidia-*-cu12), so the base needs none: the
+    slim Python the tests run, pinned by digest, the staging image's. torch 2.13's CUDA builds
+    are 12.6 and 13.0 (RELEASE.md; the default PyPI wheel requires cuda-toolkit 13.0.3), and
+    AKS's GPU driver branch (570, Azure/AKS #5207) runs CUDA 12.x only (13.x needs 580). lab
+    preflight resolves the base against Docker Hub before anything is created
+    (infra/catalog/base_images.py)."""
     (base,) = _args(instructions, "FROM")
     ref = parse_image_ref(base)
     assert (ref.registry, ref.repository) == (DOCKER_HUB, BASE_IMAGE)
-    assert ref.digest.startswith("sha256:") and ref.tag != "latest"
-    match = re.fullmatch(r"(\d+\.\d+\.\d+)-cuda(\d+\.\d+)-cudnn\d+-runtime", ref.tag)
-    assert match, f"base tag {ref.tag!r} is not an exact <torch>-cuda<x.y>-cudnn<n>-runtime tag"
-    torch_version = metadata.version("torch").split("+")[0]
-    assert match[1] == torch_version
-    assert match[2] in TORCH_CUDA_BUILDS[torch_version]
-    assert runs_on_aks_driver(match[2], AKS_GPU_DRIVER_BRANCH)
+    assert ref.tag.startswith(f"{sys.version_info.major}.{sys.version_info.minor}-slim")
+    assert ref.digest.startswith("sha256:")
+    assert _args(stager, "FROM") == [base]
+    (install,) = [m for run in _args(instructions, "RUN") if (m := CUDA_INDEX.search(run))]
+    cuda, torch_version = f"{install[1]}.{install[2]}", install[3]
+    assert torch_version == metadata.version("torch").split("+")[0]
+    assert cuda in TORCH_CUDA_BUILDS[torch_version]
+    assert runs_on_aks_driver(cuda, AKS_GPU_DRIVER_BRANCH)
     assert not runs_on_aks_driver("13.0", AKS_GPU_DRIVER_BRANCH)
 
 
-def test_the_build_checks_the_base_holds_the_pinned_torch_and_cuda(
+def test_the_build_checks_the_pinned_torch_and_cuda_and_the_driver_is_mounted(
     instructions: list[tuple[str, str]],
 ) -> None:
-    (check,) = [run for run in _args(instructions, "RUN") if "torch.version.cuda" in run]
+    runs = _args(instructions, "RUN")
+    (check,) = [run for run in runs if "torch.version.cuda" in run]
     assert "'2.13.0'" in check and "['12', '6']" in check
-    # The base's Python is externally managed (PEP 668): pip must be allowed to install.
+    # The check runs on what the install put there, before anything else is added.
+    install = next(i for i, run in enumerate(runs) if CUDA_INDEX.search(run))
+    assert runs.index(check) == install + 1
+    # The container runtime mounts the driver's compute libraries only when asked (NVIDIA
+    # Container Toolkit, NVIDIA_DRIVER_CAPABILITIES); PyTorch's own images set the same.
     (env,) = _args(instructions, "ENV")
-    assert "PIP_BREAK_SYSTEM_PACKAGES=1" in env
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env
 
 
 def test_runs_as_a_numeric_non_root_user(instructions: list[tuple[str, str]]) -> None:
@@ -175,7 +184,7 @@ def test_requirements_are_installed_and_pinned_to_what_the_tests_run(
     assert "requirements.txt /tmp/requirements.txt" in _args(instructions, "COPY")
     assert any("pip install -r /tmp/requirements.txt" in run for run in _args(instructions, "RUN"))
     assert {"python-etcd", "azure-storage-blob", "azure-identity"} <= pins.keys()
-    assert "torch" not in pins, "torch comes from the base image; pinning it again reinstalls it"
+    assert "torch" not in pins, "torch comes from PyTorch's CUDA index; PyPI's would be CUDA 13"
     for name, version in pins.items():
         assert metadata.version(name) == version, f"{name}: image {version}, tests run another"
 
@@ -318,7 +327,7 @@ def test_every_base_is_listed_for_preflight() -> None:
     bases = training_base_images(TRAINING)
     assert sorted(bases) == ["Dockerfile", "Dockerfile.stager"]
     assert [b.repository for b in bases["Dockerfile"]] == [BASE_IMAGE]
-    assert [b.repository for b in bases["Dockerfile.stager"]] == ["library/python"]
+    assert bases["Dockerfile.stager"] == bases["Dockerfile"]
     for images in bases.values():
         assert all(image.digest and image.tag for image in images)
 

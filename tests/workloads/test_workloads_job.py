@@ -290,6 +290,21 @@ def test_scheduled_on_the_gpu_spot_pool_as_preemptible_workload() -> None:
     assert pod["terminationGracePeriodSeconds"] == 28
 
 
+def test_a_worker_on_a_lost_node_is_replaced_after_30_s_not_300() -> None:
+    """Without these, the DefaultTolerationSeconds admission plugin gives every pod 300 s on a
+    not-ready or unreachable node before it is evicted (Kubernetes, Taints and Tolerations,
+    "Taint based Evictions"): a worker on an evicted Spot VM would hold its replacement back
+    for five minutes (Azure/AKS #3528)."""
+    tolerations = _pod(pytorchjob_manifest(_job_spec()))["tolerations"]
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        assert {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        } in tolerations
+
+
 @pytest.mark.parametrize(("grace", "deadline"), [(28, 25), (20, 17), (4, 1)])
 def test_the_workers_deadline_sits_inside_the_pods_termination_grace(
     grace: int, deadline: int

@@ -156,7 +156,7 @@ def test_a_multi_gpu_size_runs_a_process_per_gpu() -> None:
     pod = job["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     resources = _containers(pod)["pytorch"]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "2"
-    assert resources["requests"] == {"cpu": "46900m", "memory": "420Gi"}
+    assert resources["requests"] == {"cpu": "46600m", "memory": "419Gi"}
     env = {e["name"]: e["value"] for e in _containers(pod)["pytorch"]["env"]}
     assert "PET_NPROC_PER_NODE" not in env  # the operator sets it from nprocPerNode
     dev = run_program("dev").one(PYTORCHJOB).inputs["spec"]

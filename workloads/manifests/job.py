@@ -32,6 +32,7 @@ from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
     TRAINER_LABELS,
     gpu_spot_tolerations,
+    node_loss_tolerations,
     spot_preference,
 )
 
@@ -258,7 +259,7 @@ def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
             "nodeSelector": dict(spec.node_selector),
             **({"affinity": spot_preference()} if spec.prefer_spot else {}),
             # The Spot taint's toleration is harmless on the on-demand pool, which lacks it.
-            "tolerations": gpu_spot_tolerations(),
+            "tolerations": [*gpu_spot_tolerations(), *node_loss_tolerations()],
             "containers": [_worker_container(spec)],
             "volumes": _worker_volumes(spec),
         },

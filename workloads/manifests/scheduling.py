@@ -47,6 +47,30 @@ CRITICAL_ADDONS_TOLERATION: dict[str, Any] = {
 }
 
 
+# How long a worker stays bound to a node that stopped reporting (not-ready) or cannot be
+# reached. Without a toleration of its own, the DefaultTolerationSeconds admission plugin gives
+# every pod 300 s before the taint evicts it (Kubernetes docs, Taints and Tolerations, "Taint
+# based Evictions"), and the worker's replacement stays uncreated that long (Azure/AKS #3528:
+# 300 s measured). A Spot VM that vanished never comes back, and a worker on a node that is
+# only slow costs one re-form of the survivors (about a second) when it goes, so 30 s: long
+# enough for a kubelet restart or a short network blip, far shorter than a new node's minutes.
+NODE_LOSS_TOLERATION_S = 30
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_loss_tolerations() -> list[dict[str, Any]]:
+    """A worker's tolerations of a lost node: evicted after ``NODE_LOSS_TOLERATION_S``."""
+    return [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": NODE_LOSS_TOLERATION_S,
+        }
+        for key in NODE_LOSS_TAINTS
+    ]
+
+
 def gpu_spot_tolerations() -> list[dict[str, Any]]:
     """Tolerations every pod bound for the GPU Spot pool needs (fresh copies)."""
     return [dict(SPOT_TOLERATION), dict(GPU_TOLERATION)]

@@ -21,6 +21,14 @@ The events and their wording, from kubernetes/autoscaler's ``cluster-autoscaler`
 ``FailedScaleUp`` is read as well: it is the reason other autoscaler builds give a pod whose
 scale-up failed (GKE's: "Node scale up in zones ... associated with this pod failed").
 
+A worker that cannot fit is said too, once per pod and cause. The scheduler's ``FailedScheduling``
+counts the nodes per reason ("0/6 nodes are available: 3 Insufficient nvidia.com/gpu, 4
+Insufficient cpu. preemption: ...", ``pkg/scheduler`` ``FitError.Error``; the reasons from
+``noderesources/fit.go``): more nodes short of CPU or memory than of GPUs means a node with its
+GPU free lacks the rest. The autoscaler's ``NotTriggerScaleUp`` with "Insufficient cpu" means its
+simulated new node would not fit the pod either (the scheduler's predicates on the group's node
+template). Either way the worker would stay Pending for good.
+
 A group is a pool's scale set, ``aks-<pool>-<digits>-vmss``; the pool's name says whether it is
 the Spot pool or the on-demand fallback (``infra/catalog/gpu_pools.py``).
 """
@@ -40,6 +48,23 @@ _CODE = re.compile(
 )
 _SCALE_UP = re.compile(r"\{aks-(?P<pool>[a-z][a-z0-9]*)-\d+-vmss (?P<sizes>\d+->\d+) \(max: \d+\)")
 _TIMEOUT = re.compile(r"failed to register within (\S+)")
+_INSUFFICIENT = re.compile(r"\b(\d+) Insufficient ([\w./-]+)")
+FIT_RESOURCES = ("cpu", "memory")
+GPU = "nvidia.com/gpu"
+FIX = "set workerCpu and workerMemory lower (docs/azure.md)"
+
+
+def shortages(message: str) -> dict[str, int]:
+    """How many nodes lack each resource, from a scheduler's or autoscaler's message (without
+    the preemption's own summary)."""
+    counts: dict[str, int] = {}
+    for count, resource in _INSUFFICIENT.findall(message.split(". preemption:", 1)[0]):
+        counts[resource] = counts.get(resource, 0) + int(count)
+    return counts
+
+
+def _requests(resources: list[str]) -> str:
+    return f"its {' and '.join(resources)} request" + (" is" if len(resources) == 1 else "s are")
 
 
 def _why(reason: str, message: str) -> str:
@@ -61,6 +86,8 @@ class CapacityLines:
     def __init__(self) -> None:
         self.on_demand_seen = False
         """A scale-up of the on-demand pool was seen, and no Spot node since."""
+        self.unfit_said: set[str] = set()
+        """Lines about a worker that cannot fit, said once each."""
 
     def line(self, event: ClusterEvent) -> str | None:
         """The one line for a capacity event; None for every other event."""
@@ -71,6 +98,8 @@ class CapacityLines:
                 f"no Spot capacity: {event.name} waits for a GPU node; the autoscaler backs off "
                 f"a pool after a failed scale-up ({event.message.split(': ', 1)[-1]})"
             )
+        if event.reason in ("FailedScheduling", "NotTriggerScaleUp"):
+            return self._unfit(event)
         if event.reason == "TriggeredScaleUp":
             return self._scale_up(event)
         if event.reason in ("RegisteredNode", "Scheduled"):
@@ -88,6 +117,27 @@ class CapacityLines:
             return f"no Spot capacity: pool {pool} could not add a node ({why})"
         where = f"pool {pool}" if pool else event.name
         return f"scale-up failed for {where} ({event.reason}: {why})"
+
+    def _unfit(self, event: ClusterEvent) -> str | None:
+        counts = shortages(event.message)
+        if event.reason == "FailedScheduling":
+            gpus = counts.get(GPU, 0)
+            lacking = [r for r in FIT_RESOURCES if counts.get(r, 0) > gpus]
+            short = ", ".join(f"{counts[r]} nodes short of {r}" for r in lacking)
+            line = (
+                f"{event.name} cannot fit a node with a free GPU: {_requests(lacking)} more than "
+                f"the node has allocatable ({short}, {gpus} of {GPU}); {FIX}"
+            )
+        else:
+            lacking = [r for r in FIT_RESOURCES if r in counts]
+            line = (
+                f"{event.name} cannot fit a new GPU node either: the autoscaler finds "
+                f"{_requests(lacking)} more than a new node has allocatable; {FIX}"
+            )
+        if not lacking or line in self.unfit_said:
+            return None
+        self.unfit_said.add(line)
+        return line
 
     def _scale_up(self, event: ClusterEvent) -> str | None:
         for found in _SCALE_UP.finditer(event.message):

@@ -35,7 +35,8 @@ def check_base_images(ctx: Context) -> Iterator[Check]:
         try:
             registry.probe()
         except RegistryError as err:
-            names = ", ".join(_named(ref) for _, _, ref in entries)
+            # Each base once: both images may be built on the same one.
+            names = ", ".join(dict.fromkeys(_named(ref) for _, _, ref in entries))
             fix = "the image build pulls them from there too: check the network (or HTTPS_PROXY)"
             yield Check(f"registry {registry.label}", FAILS, f"{err}; not checked: {names}", fix)
             continue

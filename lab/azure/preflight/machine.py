@@ -6,7 +6,7 @@ import json
 import shutil
 from collections.abc import Iterator
 
-from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
+from lab.azure.preflight.context import FAILS, OK, Check, Context
 
 
 def _version(ctx: Context, argv: list[str]) -> tuple[bool, str]:
@@ -23,7 +23,9 @@ def check_tools(ctx: Context) -> Iterator[Check]:
         ("pulumi", ["pulumi", "version"], FAILS, "https://www.pulumi.com/docs/install/"),
         ("git", ["git", "--version"], FAILS, "install git (kustomize fetches the operator)"),
         ("kubelogin", ["kubelogin", "--version"], FAILS, "az aks install-cli"),
-        ("kubectl", ["kubectl", "version", "--client"], WARNING, "az aks install-cli"),
+        # `pulumi up` asks the cluster with kubectl whether the deployer's role applies
+        # (infra/cluster_access.py): without it the up fails after building the cluster.
+        ("kubectl", ["kubectl", "version", "--client"], FAILS, "az aks install-cli"),
     ]
     if ctx.cfg.image_builder == "docker":
         docker = ["docker", "version", "--format", "{{.Server.Version}}"]

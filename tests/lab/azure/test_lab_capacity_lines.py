@@ -20,6 +20,7 @@ from tests.lab.report.test_lab_run_logs import W0, W1
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 
 RECORDED = Path(__file__).parents[2] / "recordings" / "kube" / "autoscaler_events.json"
+UNFIT = RECORDED.with_name("unfit_worker_events.json")
 
 
 def _recorded() -> list[dict[str, Any]]:
@@ -128,6 +129,49 @@ def test_lab_watch_reports_a_recorded_failed_scale_up_in_one_line(tmp_path: Path
         "no Spot capacity: pool gpu244695ac could not add a node (SkuNotAvailable)",
     ]
     assert kube_seen_kube_system(kube)
+
+
+def test_a_worker_that_cannot_fit_a_node_is_said_plainly_once() -> None:
+    """A node with its GPU free whose CPU the worker's request exceeds (the scheduler counts
+    more nodes short of CPU than of GPUs), and the autoscaler's word that a new node would not
+    fit it either; a replacement waiting for a GPU, the normal case, says nothing."""
+    lines = CapacityLines()
+    events = [cluster_event(obj) for obj in json.loads(UNFIT.read_text())["items"]]
+    said = [lines.line(event) for event in events if event is not None]
+    assert said == [
+        None,
+        "spotlab-train-worker-2 cannot fit a node with a free GPU: its cpu request is more than "
+        "the node has allocatable (4 nodes short of cpu, 3 of nvidia.com/gpu); set workerCpu "
+        "and workerMemory lower (docs/azure.md)",
+        "spotlab-train-worker-2 cannot fit a new GPU node either: the autoscaler finds its cpu "
+        "and memory requests are more than a new node has allocatable; set workerCpu and "
+        "workerMemory lower (docs/azure.md)",
+    ]
+    assert [lines.line(event) for event in events if event is not None] == [None, None, None]
+
+
+def test_lab_watch_says_a_worker_cannot_fit_instead_of_leaving_it_pending(
+    tmp_path: Path,
+) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    recorded = json.loads(UNFIT.read_text())["items"]
+    events = [{**e, "firstTimestamp": stamp, "lastTimestamp": stamp} for e in recorded]
+    for kube in serve_kube():
+        kube.job = (200, job_manifest(workers=2))
+        kube.pods = [pod_manifest(W0, "aks-gpu244695ac-12345678-vmss000000")]
+        kube.events = events
+        stream = io.StringIO()
+        watch(
+            CloudOptions(_outputs(tmp_path, kube), tmp_path / "run"),
+            until=_events_logged(tmp_path / "run", len(events)),
+            status=StatusLine(stream, interval_s=0),
+        )
+    # Each a line of its own (the status line repeats the newest, as its last event).
+    lines = [line for line in stream.getvalue().splitlines() if line.startswith("spotlab-train")]
+    assert [line.split(":", 1)[0] for line in lines] == [
+        "spotlab-train-worker-2 cannot fit a node with a free GPU",
+        "spotlab-train-worker-2 cannot fit a new GPU node either",
+    ]
 
 
 def kube_seen_kube_system(kube: FakeKube) -> bool:
