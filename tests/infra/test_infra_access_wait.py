@@ -90,6 +90,7 @@ def test_it_gives_up_on_a_no_with_the_last_answer_and_the_fix(tmp_path: Path) ->
         "Unable to connect to the server: dial tcp: lookup aks.example: no such host",
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_an_error_that_is_not_a_no_stops_at_once_and_is_quoted(tmp_path: Path, error: str) -> None:
     """Only Azure RBAC's "no" can turn into a yes while the role propagates: a sign-in that
     fails, a missing exec plugin or an unreachable server fails the same way for 600 s."""
