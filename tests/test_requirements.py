@@ -125,7 +125,7 @@ def test_kubernetes_is_pinned_directly_at_a_version_kubeflow_accepts() -> None:
 def test_the_blocked_list_comes_from_the_requirements_files() -> None:
     blocked = blocked_imports()
     # What the image, the lab and the tests add; none of what pulumi up installs.
-    assert {"torch", "numpy", "azure", "kubernetes", "matplotlib", "etcd", "pytest"} <= blocked
+    assert {"torch", "numpy", "azure", "kubernetes", "matplotlib", "etcd3gw", "pytest"} <= blocked
     assert not {"pulumi", "pulumi_azure_native", "pulumi_kubernetes", "yaml"} & blocked
     assert "stack_config" in program_imports() and "pulumi" in program_imports()
 

@@ -1,15 +1,18 @@
 """The worker container's entry point: check the rendezvous, then run ``torchrun``'s agent.
 
-torchrun reports an unreachable etcd as "The connection to etcd has failed" at the end of a
-long traceback, and an etcd without the v2 API as a client error. This check names the
-address, where it came from and the fix, and waits a little first: worker pods may start
-before the etcd StatefulSet is ready. Then the agent runs in this same process, so it is what
-receives the eviction's SIGTERM: by default torch's elastic agent with warm workers
-(``training/launcher.py``), or, with ``TRAIN_LAUNCHER=torchrun``, plain torchrun exec'd.
+An unreachable etcd, or an endpoint that is not etcd's v3 API, would show as a client error at
+the end of a long traceback. This check names the address, where it came from and the fix, and
+waits a little first: worker pods may start before the etcd StatefulSet is ready. Then the
+agent runs in this same process, so it is what receives the eviction's SIGTERM: by default
+torch's elastic agent with warm workers (``training/launcher.py``), or, with
+``TRAIN_LAUNCHER=torchrun``, torchrun itself exec'd with this rendezvous registered
+(``training/elastic/plain_torchrun.py``).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import os
 import signal
@@ -39,28 +42,52 @@ logger = logging.getLogger("training.agent")
 EXIT_BAD_INPUT = BAD_INPUT
 
 
-def etcd_v2_problem(endpoint: str, timeout_s: float = 2.0) -> str | None:
-    """Why the etcd v2 API at ``endpoint`` (host:port) cannot serve a rendezvous, or None."""
-    url = f"http://{endpoint}/v2/keys"
+NOT_ETCD_V3 = "does not serve etcd's v3 API"
+"""In a problem that no wait fixes: the endpoint answers, but not as etcd's v3 gateway."""
+
+
+def etcd_v3_problem(endpoint: str, timeout_s: float = 2.0) -> str | None:
+    """Why ``endpoint`` (host:port) cannot serve the rendezvous on etcd's v3 API, or None.
+
+    One range read through the JSON gateway (``POST /v3/kv/range``, etcd's gRPC gateway),
+    which every etcd from 3.4 on serves with no flag; its answer carries a ``header``.
+    """
+    url = f"http://{endpoint}/v3/kv/range"
+    request = urllib.request.Request(url, data=b'{"key": "Lw=="}', method="POST")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s):
-            return None
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            if "header" in json.loads(response.read()):
+                return None
+            return f"{endpoint} {NOT_ETCD_V3}: POST {url} answered JSON without a header"
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return (
-                f"etcd at {endpoint} does not serve the v2 API that torch's etcd-v2 rendezvous "
-                "uses; run etcd 3.5 (or 3.4) with --enable-v2=true (etcd 3.6 removed it)"
-            )
-        return f"etcd at {endpoint} answered HTTP {exc.code} on {url}"
+        if exc.code == 400 and b"HTTPS server" in exc.read():
+            return _tls(endpoint, "HTTP 400, 'an HTTP request to an HTTPS server'")
+        return (
+            f"{endpoint} {NOT_ETCD_V3} (POST {url}: HTTP {exc.code}): not etcd, or an etcd "
+            "older than 3.4; run etcd 3.5 or 3.6"
+        )
+    except ValueError:  # an answer that is not JSON: some other HTTP server
+        return f"{endpoint} {NOT_ETCD_V3}: POST {url} did not answer JSON"
+    except (http.client.HTTPException, ConnectionResetError) as exc:
+        # Plain HTTP to a TLS port: the server hangs up, or answers bytes that are no HTTP.
+        return _tls(endpoint, type(exc).__name__)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         return f"cannot reach etcd at {endpoint} ({reason})"
 
 
+def _tls(endpoint: str, answer: str) -> str:
+    # A TLS etcd (Go's net/http) answers plain HTTP with a 400 that says so; others hang up.
+    return (
+        f"{endpoint} {NOT_ETCD_V3} over plain HTTP ({answer}): it wants TLS, and the "
+        "rendezvous speaks http:// to the cluster's etcd (workloads/manifests/etcd.py)"
+    )
+
+
 def check_rendezvous(
     env: Mapping[str, str],
     wait_s: float,
-    probe: Callable[[str], str | None] = etcd_v2_problem,
+    probe: Callable[[str], str | None] = etcd_v3_problem,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str | None:
     """None when the rendezvous in the PET_* env is usable (or not etcd); else the error."""
@@ -72,8 +99,8 @@ def check_rendezvous(
     deadline = time.monotonic() + wait_s
     while True:
         problem = probe(endpoint)
-        # A missing v2 API will not fix itself; an etcd that is still starting may.
-        if problem is None or "v2 API" in problem or time.monotonic() >= deadline:
+        # An endpoint that is not etcd's v3 API will not fix itself; a starting etcd may.
+        if problem is None or NOT_ETCD_V3 in problem or time.monotonic() >= deadline:
             break
         sleep(1.0)
     if problem is None:
@@ -100,14 +127,17 @@ def main(
         return EXIT_BAD_INPUT
     problem = check_rendezvous(env, wait_s=float(env.get("TRAIN_RDZV_WAIT_S", "120")))
     if problem is not None:
-        logger.error("%s", problem)
-        return EXIT_BAD_INPUT
+        # An endpoint that is not etcd's v3 API fails every pod alike: the job fails. An etcd
+        # still unreachable after the wait may be back for a new pod (the operator retries).
+        code = EXIT_BAD_INPUT if NOT_ETCD_V3 in problem else RETRY_ME
+        logger.error("%s; exiting %d", problem, code)
+        return code
     code = fetch_data(env)
     if code is not None:
         return code
     if launcher == "warm":
         return run_warm(args)
-    execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
+    execv(sys.executable, [sys.executable, "-m", "training.elastic.plain_torchrun", *args])
     return 0  # only reached when execv is a test double
 
 

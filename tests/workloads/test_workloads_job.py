@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes.client
 import kubernetes_validate
 import pytest
@@ -90,9 +92,9 @@ def _env(manifest: dict[str, Any]) -> dict[str, str]:
 # ---- what the operator gets ------------------------------------------------------------------
 
 
-def test_elastic_policy_is_etcd_v2_on_the_rendezvous_service() -> None:
+def test_elastic_policy_is_etcd_on_the_rendezvous_service() -> None:
     policy = _elastic(pytorchjob_manifest(_job_spec()))
-    assert policy["rdzvBackend"] == "etcd-v2"
+    assert policy["rdzvBackend"] == "etcd"
     assert policy["rdzvHost"] == RDZV_HOST
     assert policy["rdzvPort"] == RDZV_PORT == 2379
     assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (1, 3, 100)
@@ -107,9 +109,10 @@ def test_rdzv_conf_is_the_shared_rendezvous_settings() -> None:
     assert {"key": "last_call_timeout", "value": "2"} in policy["rdzvConf"]
 
 
-def test_the_workers_serve_the_operators_etcd_v2_with_our_rendezvous_handler() -> None:
-    # The CRD allows only c10d, etcd and etcd-v2; the warm agent (training/launcher.py) takes
-    # etcd-v2 and registers training/elastic/rendezvous.py for it. The lab's nodes run the same.
+def test_the_workers_serve_the_operators_etcd_with_our_rendezvous_handler() -> None:
+    # The operator knows c10d, etcd and etcd-v2; the warm agent (training/launcher.py) takes
+    # etcd and registers training/elastic/rendezvous.py (etcd's v3 API) for it. The lab's
+    # nodes run the same.
     manifest = pytorchjob_manifest(_job_spec())
     assert _elastic(manifest)["rdzvBackend"] in ETCD_BACKENDS
     assert _env(manifest)["TRAIN_LAUNCHER"] == "warm"
@@ -466,7 +469,7 @@ def test_no_field_would_be_pruned_by_the_v1_9_4_api(manifest: dict[str, Any]) ->
 
 def test_the_pruning_check_catches_a_typo() -> None:
     manifest = json.loads(json.dumps(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=60))))
-    manifest["spec"]["elasticPolicy"]["rdzvBakend"] = "etcd-v2"
+    manifest["spec"]["elasticPolicy"]["rdzvBakend"] = "etcd"
     manifest["spec"]["elasticPolicy"]["metrics"][0]["resource"]["targt"] = {}
     _pod(manifest)["containers"][0]["resources"]["limit"] = {}
     assert unknown_fields(manifest, "KubeflowOrgV1PyTorchJob") == [
@@ -513,3 +516,27 @@ def test_kubernetes_validation_rejects_a_broken_pod() -> None:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": spec}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+ELASTIC_POLICY_SCHEMA = (
+    Path(__file__).parents[1]
+    / "recordings"
+    / "kube"
+    / "pytorchjob-v1.9.4-elastic-policy.schema.json"
+)
+OPERATOR_BACKENDS = ("c10d", "etcd", "etcd-v2")
+"""training-operator v1.9.4's ``RDZVBackend`` constants (``pytorch_types.go``); its CRD types the
+field as a plain string, and ``generateEnvBackend`` copies it into PET_RDZV_BACKEND as is."""
+
+
+def test_the_elastic_policy_validates_against_the_v1_9_4_crd_schema() -> None:
+    schema = json.loads(ELASTIC_POLICY_SCHEMA.read_text())
+    for manifest in _manifests():
+        jsonschema.validate(manifest["spec"]["elasticPolicy"], schema)
+    policy = _elastic(pytorchjob_manifest(_job_spec()))
+    assert schema["properties"]["rdzvBackend"]["type"] == "string"
+    assert policy["rdzvBackend"] in OPERATOR_BACKENDS
+    # The value the agent selects our handler from, and nothing torch's v2 backends would read.
+    assert (policy["rdzvBackend"],) == ETCD_BACKENDS and "v2" not in policy["rdzvBackend"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**policy, "rdzvPort": "2379"}, schema)  # the check can fail

@@ -51,5 +51,5 @@ def test_the_check_does_catch_a_pulumi_import() -> None:
 
 def test_cluster_etcd_runs_with_the_shared_rendezvous_flags() -> None:
     command = etcd_command(EtcdSpec(namespace="spot-lab", priority_class="p"))
-    assert "--enable-v2=true" in RENDEZVOUS_SERVER_FLAGS
+    assert not [flag for flag in RENDEZVOUS_SERVER_FLAGS if "v2" in flag]
     assert set(RENDEZVOUS_SERVER_FLAGS) <= set(command)

@@ -89,9 +89,9 @@ def test_registered_etcd_serves_the_v2_api_from_the_pinned_image(run: ProgramRun
     pod = statefulset["spec"]["template"]["spec"]
     etcd = _containers(pod)["etcd"]
     assert set(RENDEZVOUS_SERVER_FLAGS) <= set(etcd["command"])
-    assert "--enable-v2=true" in etcd["command"]
+    assert not [arg for arg in etcd["command"] if "v2" in arg]
     assert etcd["image"] == ETCD_IMAGE
-    assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.\d+", etcd["image"])
+    assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.6\.\d+", etcd["image"])
     assert etcd["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2379}
     assert etcd["livenessProbe"]["httpGet"] == {"path": "/health?serializable=true", "port": 2379}
     assert statefulset["spec"]["replicas"] == 3

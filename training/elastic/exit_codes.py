@@ -22,7 +22,7 @@ OK = 0
 PERMANENT = 1
 """A real bug (a worker's uncaught exception), or a rendezvous closed for good."""
 BAD_INPUT = 2
-"""A bad flag or config, a dataset missing or unreadable, an etcd without the v2 API."""
+"""A bad flag or config, a dataset missing or unreadable, an endpoint that is not etcd's v3 API."""
 RETRY_ME = 138
 """SIGUSR1's code, which the operator retries by convention ("retry me"): a cause outside this
 node that a new pod, with a fresh restart budget, may not meet."""
@@ -78,7 +78,10 @@ ENDINGS: tuple[Ending, ...] = (
     Ending("eviction or pod deletion (SIGTERM), after the emergency save", signal_exit(15)),
     Ending("interrupted (SIGINT)", signal_exit(signal.SIGINT)),
     Ending("killed (SIGKILL, out of memory): the kernel's code", signal_exit(signal.SIGKILL)),
-    Ending("bad flag, bad config or etcd without the v2 API, before joining", BAD_INPUT),
+    Ending(
+        "bad flag or config, or an endpoint not etcd's v3 API (or TLS), before joining", BAD_INPUT
+    ),
+    Ending("etcd still unreachable after the agent's wait, before joining", RETRY_ME),
     Ending("dataset missing or unreadable, or the identity refused it, before joining", BAD_INPUT),
     Ending("dataset's store unreachable from this node", RETRY_ME),
     Ending("bad input a worker found after joining (another run's checkpoint)", BAD_INPUT),

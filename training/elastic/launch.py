@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# What the PyTorchJob names (its CRD allows c10d, etcd, etcd-v2): the etcd v2 API, etcd 3.5
-# with --enable-v2=true. The warm agent serves it with its own handler
-# (training/elastic/rendezvous.py).
-RDZV_BACKEND = "etcd-v2"
-ETCD_BACKENDS = ("etcd", "etcd-v2")
+# What the PyTorchJob names in elasticPolicy.rdzvBackend (its CRD allows c10d, etcd, etcd-v2).
+# training-operator v1.9.4 only copies it into PET_RDZV_BACKEND (pkg/controller.v1/pytorch/
+# elastic.go, generateEnvBackend) beside PET_RDZV_ENDPOINT, so the value only has to say what
+# the endpoint is: "etcd" (etcd-v2 names the API etcd 3.6 removed; c10d an agent's TCPStore).
+# The agent serves it with its own handler on etcd's v3 API (training/elastic/rendezvous.py).
+RDZV_BACKEND = "etcd"
+ETCD_BACKENDS = (RDZV_BACKEND,)
 # Where the agent writes the round its workers belong to, for them to log.
 ROUND_FILE_ENV = "TRAIN_RDZV_ROUND_FILE"
 RDZV_PORT = 2379

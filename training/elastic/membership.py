@@ -1,14 +1,16 @@
-"""One node's membership in the run's etcd directory: the keys, their reads and writes, this
-node's heartbeat key and probe port, and the watch that keeps a view of the directory current.
+"""One node's membership in the run's etcd keys: the keys, their reads and transactions, this
+node's lease and probe port, and the watch that keeps a view of the keys current.
 
-Layout under ``/spot-lab/rendezvous/<run_id>/`` (etcd v2 API):
+Layout under ``/spot-lab/rendezvous/<run_id>/`` (etcd v3 API, docs/rendezvous.md):
 - ``state``: JSON with the round, its members (null while the round is open), the previous
   round's members, the bootstrap address of the round's rank 0, and ``closed``. Written only by
-  compare-and-swap on its index.
-- ``nodes/<id>``: one per live agent: its address, its probe port and ``left``. A TTL that the
-  agent refreshes while its own loop makes progress.
+  a transaction that compares its mod revision with the one the writer read (absent: created
+  only if still absent).
+- ``nodes/<id>``: one per live agent: its address, its probe port and ``left``. Attached to the
+  node's lease, which the agent keeps alive while its own loop makes progress.
 - ``join/<round>/<id>``: written once by each node that joins an open round, with the address
-  and a free port its workers' store would use were it rank 0; withdrawn when the node leaves.
+  and the port of the socket it holds for the workers' store, were it rank 0; on a lease of the
+  join timeout; withdrawn when the node leaves.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import etcd
-
+from training.elastic import etcd_v3
+from training.elastic.etcd_v3 import Etcd, EtcdError, KeyValue, WatchCompacted
 from training.elastic.liveness import ProbeServer, Progress
 from training.elastic.rounds import Timing, View
 
@@ -32,18 +34,18 @@ logger = logging.getLogger(__name__)
 ROOT = "/spot-lab"
 
 
-def parse_view(result: etcd.EtcdResult, root: str) -> View:
-    """The run directory's keys (one recursive GET) as a View."""
-    view = View(etcd_index=int(result.etcd_index or 0), read_at=time.monotonic())
+def parse_view(kvs: list[KeyValue], revision: int, root: str) -> View:
+    """The run's keys (one range read at ``revision``) as a View."""
+    view = View(etcd_index=revision, read_at=time.monotonic())
     joins: list[tuple[int, int, str, dict[str, Any]]] = []
-    for leaf in result.leaves:
-        rel = leaf.key[len(root) :].strip("/").split("/")
-        if rel == ["state"] and leaf.value:
-            view.state, view.state_index = json.loads(leaf.value), leaf.modifiedIndex
-        elif len(rel) == 2 and rel[0] == "nodes" and leaf.value:
-            view.nodes[rel[1]] = json.loads(leaf.value)
+    for kv in kvs:
+        rel = kv.key[len(root) :].strip("/").split("/")
+        if rel == ["state"] and kv.value:
+            view.state, view.state_index = json.loads(kv.value), kv.mod_revision
+        elif len(rel) == 2 and rel[0] == "nodes" and kv.value:
+            view.nodes[rel[1]] = json.loads(kv.value)
         elif len(rel) == 3 and rel[0] == "join":
-            joins.append((int(rel[1]), leaf.createdIndex, rel[2], json.loads(leaf.value or "{}")))
+            joins.append((int(rel[1]), kv.create_revision, rel[2], json.loads(kv.value or "{}")))
     for round_, _, node, info in sorted(joins, key=lambda j: j[:2]):
         view.joined.setdefault(round_, {})[node] = info
     return view
@@ -70,12 +72,12 @@ def parse_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
 
 
 class Membership:
-    """This node's keys in one run's directory, and the view of the others'."""
+    """This node's keys in one run, and the view of the others'."""
 
     def __init__(
         self,
-        client: etcd.Client,
-        watch_client: etcd.Client,
+        client: Etcd,
+        watch_client: Etcd,
         run_id: str,
         node: str,
         addr: str,
@@ -89,7 +91,7 @@ class Membership:
         it was (training/elastic/liveness.py, ``Detector``)."""
         self.node, self.addr, self.timing, self.progress = node, addr, timing, progress
         self.root = f"{ROOT}/rendezvous/{run_id}"
-        self.store_dir = f"{ROOT}/store/{run_id}"
+        self.node_key = f"{self.root}/nodes/{node}"
         self.probe: ProbeServer | None = None
         self.stop = threading.Event()
         self.view = View()
@@ -98,23 +100,21 @@ class Membership:
         self._written_index = 0
         self.etcd_down_since: float | None = None
         self.joined_round = 0
-        self._port_held: socket.socket | None = None
-        """Reserves the port published in this node's join key until the round completes."""
+        self.lease = 0
+        """The lease this node's key lives on (0: none granted yet)."""
+        self.port_held: socket.socket | None = None
+        """The socket whose port this node's join key publishes: listening from the join on,
+        so a peer's connection waits in its backlog, until rank 0's agent hands it to the
+        workers' store (training/elastic/rendezvous.py) or another node became rank 0."""
 
     # -- reads ------------------------------------------------------------------------------
     def read_state(self) -> tuple[dict[str, Any] | None, int]:
-        try:
-            result = self.client.read(f"{self.root}/state")
-        except etcd.EtcdKeyNotFound:
-            return None, 0
-        return json.loads(result.value), result.modifiedIndex
+        kv = self.client.get(f"{self.root}/state")
+        return (None, 0) if kv is None else (json.loads(kv.value), kv.mod_revision)
 
     def read_view(self) -> View:
-        try:
-            result = self.client.read(self.root, recursive=True)
-        except etcd.EtcdKeyNotFound:
-            return View(read_at=time.monotonic())
-        view = parse_view(result, self.root)
+        kvs, revision = self.client.range(f"{self.root}/")
+        view = parse_view(kvs, revision, self.root)
         self._saw(view.nodes)
         return view
 
@@ -130,21 +130,20 @@ class Membership:
         if view.etcd_index >= self.view.etcd_index:
             self.view = view
 
-    # -- writes -----------------------------------------------------------------------------
-    def _write(self, key: str, value: str | None, **kwargs: Any) -> etcd.EtcdResult:
-        result = self.client.write(key, value, **kwargs)
-        self._written_index = max(self._written_index, int(result.modifiedIndex or 0))
-        return result
+    # -- transactions -------------------------------------------------------------------------
+    def _txn(self, compare: list[dict], success: list[dict]) -> bool:
+        done, revision = self.client.txn(compare, success)
+        self._written_index = max(self._written_index, revision)
+        return done
 
     def write_state(self, state: dict[str, Any], index: int | None) -> bool:
-        """Compare-and-swap against ``index`` (None: create only if absent)."""
-        cond: dict[str, Any] = {"prevExist": False} if index is None else {"prevIndex": index}
-        try:
-            self._write(f"{self.root}/state", json.dumps(state), **cond)
-        except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound, etcd.EtcdAlreadyExist):
-            self._written_index = self.view.etcd_index + 1  # read again before acting
-            return False
-        return True
+        """Put the state if its mod revision is still ``index`` (None: if still absent)."""
+        key = f"{self.root}/state"
+        compare = etcd_v3.absent(key) if index is None else etcd_v3.mod_revision_is(key, index)
+        if self._txn([compare], [etcd_v3.put(key, json.dumps(state))]):
+            return True
+        self._written_index = max(self._written_index, self.view.etcd_index + 1)  # read again
+        return False
 
     def update_state(self, change: Any, round_: int) -> None:
         while True:
@@ -154,27 +153,35 @@ class Membership:
                 return
 
     def join(self, round_: int) -> None:
-        """Join ``round_``, publishing where this node's workers' store would listen."""
-        if self._port_held is None:
-            self._port_held = socket.socket()
-            self._port_held.bind(("", 0))
-        info = {"addr": self.addr, "port": self._port_held.getsockname()[1]}
+        """Join ``round_``, publishing the port this node holds for the workers' store."""
+        if self.port_held is None:
+            self.port_held = socket.socket()
+            self.port_held.bind(("", 0))
+            self.port_held.listen(128)
+        info = {"addr": self.addr, "port": self.port_held.getsockname()[1]}
         key = f"{self.root}/join/{round_}/{self.node}"
-        with contextlib.suppress(etcd.EtcdAlreadyExist):
-            self._write(key, json.dumps(info), prevExist=False, ttl=self.timing.join_timeout_s)
+        lease = self.client.grant(self.timing.join_timeout_s)
+        if not self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, json.dumps(info), lease)]):
+            with contextlib.suppress(EtcdError):
+                self.client.revoke(lease)  # joined already (a retry after a lost answer)
         self.joined_round = round_
 
+    def take_port(self) -> socket.socket | None:
+        """The held socket, now the caller's (rank 0's workers' store)."""
+        held, self.port_held = self.port_held, None
+        return held
+
     def release_port(self) -> None:
-        """The round is this node's: its workers may bind the published port now."""
-        if self._port_held is not None:
-            self._port_held.close()
-            self._port_held = None
+        """Another node is rank 0: the held port is not needed."""
+        held = self.take_port()
+        if held is not None:
+            held.close()
 
     def forget_rounds_before(self, round_: int, view: View) -> None:
-        """Old rounds' join keys: every watch re-reads the directory, keep it to one round."""
+        """Old rounds' join keys: every watch re-reads the keys, keep them to one round."""
         for old in (r for r in view.joined if r < round_):
-            with contextlib.suppress(etcd.EtcdException):
-                self.client.delete(f"{self.root}/join/{old}", recursive=True, dir=True)
+            with contextlib.suppress(EtcdError):
+                self.client.delete(f"{self.root}/join/{old}/", prefix=True)
 
     # -- etcd away ---------------------------------------------------------------------------
     def note_down(self, exc: BaseException) -> float:
@@ -191,21 +198,17 @@ class Membership:
             )
             self.etcd_down_since = None
 
-    # -- this node's key, its probe port, and the watch ---------------------------------------
+    # -- this node's key, its lease, its probe port, and the watch -----------------------------
     def _node_info(self, left: bool = False) -> str:
         assert self.probe is not None
         return json.dumps({"addr": self.addr, "port": self.probe.port, "left": left})
 
     def start(self) -> None:
-        """Listen for probes, register, start the heartbeat and the watch (once)."""
+        """Listen for probes, register, start the lease's keep-alive and the watch (once)."""
         if self._threads:
             return
         if self.probe is None:
             self.probe = ProbeServer(self.node, self.progress)
-        # torch's EtcdStore.get watches from index 0 when the store's directory is missing:
-        # a rank that reads between rank 0's two writes would wait out the store's timeout.
-        with contextlib.suppress(etcd.EtcdAlreadyExist, etcd.EtcdNotFile):
-            self.client.write(self.store_dir, None, dir=True, prevExist=False)
         self.beat()  # may raise: the caller retries while etcd is away
         for target, name in ((self._heartbeats, "rdzv-heartbeat"), (self._watch, "rdzv-watch")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -213,53 +216,46 @@ class Membership:
             self._threads.append(thread)
 
     def beat(self) -> None:
-        """Renew this node's key, while its agent's loop makes progress and it has not left.
+        """Keep this node's lease alive, while its agent's loop makes progress.
 
-        etcd v2 API, "Refreshing key TTL": refresh=true renews the TTL without notifying
-        watchers (python-etcd's Client.refresh), so heartbeats wake nobody's watch. Both writes
-        are conditional: a heartbeat in flight when ``leave()`` wrote ``left`` (a refresh that
-        would cut its TTL, a re-registration that would undo it) is refused by etcd.
+        A keep-alive renews the lease without writing the key (etcd's ``LeaseKeepAlive``), so
+        heartbeats wake nobody's watch. A lease that expired (etcd was away longer than the
+        TTL: the probe kept the node alive meanwhile) is replaced by a new one, and the key is
+        written again only if absent: a node that left keeps its ``left`` key.
         """
         if self.progress.stalled():
-            return  # a wedged agent: its key expires, as a frozen node's does
-        key, registered = f"{self.root}/nodes/{self.node}", self._node_info()
-        try:
-            self.client.refresh(key, ttl=self.timing.ttl_s, prevValue=registered)
-        except etcd.EtcdCompareFailed:
-            return  # left: leave() rewrote the key
-        except etcd.EtcdKeyNotFound:
-            # First beat, or the key expired while etcd was away: the probe kept us alive.
-            with contextlib.suppress(etcd.EtcdAlreadyExist):
-                self._write(key, registered, ttl=self.timing.ttl_s, prevExist=False)
+            return  # a wedged agent: its lease expires, as a frozen node's does
+        if self.lease and self.client.keep_alive(self.lease) > 0:
+            return
+        lease = self.client.grant(self.timing.ttl_s)
+        key = self.node_key
+        if self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, self._node_info(), lease)]):
+            self.lease = lease
+        else:
+            self.client.revoke(lease)
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(self.timing.keep_alive_interval_s):
             try:
                 self.beat()
                 self.note_up()
-            except etcd.EtcdException as exc:
+            except EtcdError as exc:
                 self.note_down(exc)
 
     def _watch(self) -> None:
-        """Keep ``view`` current: read the directory, then wait for its next change."""
+        """Keep ``view`` current: read the keys, then watch from the read's revision on."""
         while not self.stop.is_set():
             try:
                 view = self.read_view()
                 self._keep(view)
                 with self._changed:
                     self._changed.notify_all()
-                self._watch_client.read(
-                    self.root,
-                    wait=True,
-                    recursive=True,
-                    waitIndex=view.etcd_index + 1,
-                    timeout=self.timing.keep_alive_interval_s * 5,
+                self._watch_client.wait(
+                    f"{self.root}/", view.etcd_index, self.timing.keep_alive_interval_s * 5
                 )
-            except etcd.EtcdWatchTimedOut:
-                continue
-            except etcd.EtcdEventIndexCleared:
-                continue  # fell behind etcd's event history: the next read catches up
-            except etcd.EtcdException as exc:
+            except WatchCompacted:
+                continue  # fell behind etcd's history: the next read catches up
+            except EtcdError as exc:
                 self.note_down(exc)
                 self.stop.wait(self.timing.keep_alive_interval_s / 2)
             except Exception as exc:  # noqa: BLE001 - a watch must never kill the agent
@@ -278,15 +274,16 @@ class Membership:
         self.probe.close()
         self.release_port()
         try:
-            self.client.write(
-                f"{self.root}/nodes/{self.node}",
-                self._node_info(left=True),
-                ttl=max(self.timing.join_timeout_s, 60),
-            )
-        except etcd.EtcdException as exc:  # the refused probe says it all the same
+            # On a lease of its own: the key must outlive the node's lease, for every peer to
+            # read ``left`` rather than an expired key it would probe.
+            lease = self.client.grant(max(self.timing.join_timeout_s, 60))
+            self.client.txn([], [etcd_v3.put(self.node_key, self._node_info(left=True), lease)])
+            if self.lease:
+                self.client.revoke(self.lease)
+        except EtcdError as exc:  # the refused probe says it all the same
             logger.warning("could not mark node %s as left: %s", self.node, exc)
         if self.joined_round:
             # An open round must not make a departed node a member (the others would wait
             # for it as their rank 0); a completed round ignores the key.
-            with contextlib.suppress(etcd.EtcdException):
+            with contextlib.suppress(EtcdError):
                 self.client.delete(f"{self.root}/join/{self.joined_round}/{self.node}")

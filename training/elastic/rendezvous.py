@@ -1,11 +1,12 @@
 """The rendezvous: membership in etcd, with a failure detector that does not wait it out.
 
-torch's dynamic rendezvous (etcd-v2) forms the next round only once a lost node's heartbeat
-has expired, then waits a last call, polling once a second; a node evicted with notice is
-waited out like a dead one; every heartbeat rewrites one shared key; and an etcd outage makes
-every agent exit. This handler implements torch's public ``RendezvousHandler`` interface on the
-same etcd v2 API and the same workers' store (``EtcdStore``), registered under a backend name
-of ours, and differs where the time went:
+torch's dynamic rendezvous forms the next round only once a lost node's heartbeat has
+expired, then waits a last call, polling once a second; a node evicted with notice is waited
+out like a dead one; every heartbeat rewrites one shared key; an etcd outage makes every agent
+exit; and its etcd backends speak etcd's v2 API, which etcd 3.6 removed. This handler
+implements torch's public ``RendezvousHandler`` interface on etcd's v3 API (leases,
+transactions, watches: docs/rendezvous.md), registered under a backend name of ours, and
+differs where the time went:
 
 - **A node that leaves says so.** An evicted agent marks its key ``left``, withdraws its join
   of an open round and closes its probe port before it exits; nobody waits for it.
@@ -19,8 +20,11 @@ of ours, and differs where the time went:
 - **Nothing waits on a member once its round completed.** The round's state carries rank 0's
   bootstrap address, so no member waits in the store for a rank 0 that died meanwhile
   (torch's ``RendezvousStoreInfo.build`` would wait 300 s, then raise ``LookupError``).
-- **Heartbeats are keys of their own**, refreshed without waking watchers; each agent watches
-  the run's directory instead of polling it (training/elastic/membership.py).
+- **The workers' store is a TCPStore in rank 0's agent**, as torch's c10d handler shares its
+  own (``use_agent_store``), new for every round, served on the very socket whose port the
+  round published: the port is never free for another process to take.
+- **Heartbeats are leases**, kept alive without waking watchers; each agent watches the run's
+  keys from the revision it read instead of polling them (training/elastic/membership.py).
 - **etcd is not needed between rounds.** A failed heartbeat or watch is retried; the group
   trains on. A heartbeat that expired while etcd was away is answered by the probe.
 """
@@ -37,8 +41,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import etcd
-from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -51,13 +53,14 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
     rendezvous_handler_registry,
 )
-from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 
 from training.elastic import rounds
+from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
 from training.elastic.liveness import Detector, ProbeServer, Progress
 from training.elastic.membership import Membership, parse_endpoint
+from training.elastic.round_store import RoundStore, StoreUnreachable
 from training.elastic.rounds import Me, Quorum, Timing, View
 
 logger = logging.getLogger(__name__)
@@ -99,7 +102,7 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def __init__(
         self,
-        client: etcd.Client,
+        client: Etcd,
         run_id: str,
         min_nodes: int,
         max_nodes: int,
@@ -107,8 +110,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         local_addr: str | None = None,
         verdict: Path | None = None,
         round_file: Path | None = None,
-        watch_client: etcd.Client | None = None,
-        store_client: etcd.Client | None = None,
+        watch_client: Etcd | None = None,
     ) -> None:
         self.client, self.run_id, self.timing = client, run_id, timing
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
@@ -128,7 +130,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
-        self._store = EtcdStore(store_client or client, self.keys.store_dir)
+        self.store = RoundStore()
         self.round = 0
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
@@ -153,7 +155,8 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return False
+        """The workers connect to rank 0's store (training/elastic/round_store.py)."""
+        return True
 
     def get_run_id(self) -> str:
         return self.run_id
@@ -177,7 +180,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 self.set_closed()
                 self.closed_by_us = True
                 logger.info("rendezvous %s closed: the run is over", self.run_id)
-            except etcd.EtcdException as exc:
+            except EtcdError as exc:
                 logger.error("could not close rendezvous %s: %s", self.run_id, exc)
         elif not close:
             logger.info("rendezvous %s left open for a new pod to join", self.run_id)
@@ -186,6 +189,7 @@ class SpotRendezvousHandler(RendezvousHandler):
     def leave(self) -> None:
         """Leave for good, at once (training/elastic/membership.py)."""
         self.keys.leave()
+        self.store.close()
 
     def num_nodes_waiting(self) -> int:
         """>0 when the running group must re-form: a new round opened, a node waits to join,
@@ -224,6 +228,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         # A new round follows a fault: an answer from before it would make this round wait
         # for a node killed since, until the answer ran out.
         self.detector.forget()
+        self.store.close()  # the last round's workers are stopped: its store goes with them
         while True:
             self.progress.beat()
             self.check_stop()
@@ -236,7 +241,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 if time.monotonic() > deadline:
                     raise self._timed_out(view)
                 done = self._step(view, opened)
-            except etcd.EtcdException as exc:
+            except EtcdError as exc:
                 down = self.keys.note_down(exc)
                 if down > self.timing.outage_timeout_s:
                     raise RendezvousConnectionError(
@@ -271,7 +276,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         if isinstance(action, rounds.Closed):
             raise RendezvousClosedError(f"rendezvous {self.run_id} is closed")
         if isinstance(action, rounds.Member):
-            return self._member(action.state, action.index)
+            return self._member(action.state, action.index) or opened
         if isinstance(action, rounds.Create):
             self.keys.write_state(action.state, None)
         elif isinstance(action, rounds.Join):
@@ -296,16 +301,32 @@ class SpotRendezvousHandler(RendezvousHandler):
             "nodes joined it); the run stays open for a new pod"
         )
 
-    def _member(self, state: dict, index: int) -> RendezvousInfo:
+    def _member(self, state: dict, index: int) -> RendezvousInfo | None:
+        """This node's place in the completed round, its store up; None when rank 0's store
+        did not answer (rank 0 went away since): the round is over, the next one opens."""
         round_, members = int(state["round"]), state["members"]
         self.round, self._known_index = round_, index
         rank, world = members.index(self.node), len(members)
-        self.keys.release_port()
         # Whoever completed this round found every left-out node of the last one dead. An
         # answer this node cached before then would count a just-killed node as waiting and
         # re-form the new group at once: ask again.
         self.detector.forget(set(state.get("previous") or []) - set(members))
-        store = PrefixStore(f"torch.rendezvous.{self.run_id}.{round_}", self._store)
+        # Rank 0's address and port came with the round: nobody waits in the store for a
+        # rank 0 that may have died since the round completed.
+        master = state["master"]
+        info = RendezvousStoreInfo(master_addr=master["addr"], master_port=int(master["port"]))
+        held = self.keys.take_port() if rank == 0 else None
+        if held is not None:
+            store = self.store.host(held, info.master_addr, self.timing.store_timeout_s)
+        else:
+            self.keys.release_port()
+            try:
+                store = self.store.connect(
+                    info.master_addr, info.master_port, self.timing.store_timeout_s
+                )
+            except StoreUnreachable as exc:
+                logger.warning("round %d: %s; opening the next round", round_, exc)
+                return None
         if self.round_file is not None:
             self.round_file.write_text(json.dumps({"round": round_, "members": world}))
         logger.info(
@@ -316,10 +337,6 @@ class SpotRendezvousHandler(RendezvousHandler):
             rank,
             world,
         )
-        # Rank 0's address and port came with the round: nobody waits in the store for a
-        # rank 0 that may have died since the round completed.
-        master = state["master"]
-        info = RendezvousStoreInfo(master_addr=master["addr"], master_port=int(master["port"]))
         return RendezvousInfo(store, rank, world, info)
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
@@ -330,10 +347,10 @@ def _no_stop() -> None:
     pass
 
 
-def _client(params: RendezvousParameters, read_timeout_s: float = ETCD_TIMEOUT_S) -> etcd.Client:
+def _client(params: RendezvousParameters, timeout_s: float = ETCD_TIMEOUT_S) -> Etcd:
     host, port = parse_endpoint(params.endpoint, default_port=2379)
     protocol = str(params.get("protocol", "http")).strip().lower()
-    return etcd.Client(host, port, protocol=protocol, read_timeout=read_timeout_s)
+    return Etcd(host, port, protocol=protocol, timeout_s=timeout_s)
 
 
 _created: list[SpotRendezvousHandler] = []
@@ -341,8 +358,6 @@ _created: list[SpotRendezvousHandler] = []
 
 def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
     """The handler for torchrun's parameters (the PET_* env the operator sets)."""
-    # python-etcd logs every failed request; an outage is said once, here.
-    logging.getLogger("etcd.client").setLevel(logging.CRITICAL)
     verdict = os.environ.get(VERDICT_ENV)
     round_file = os.environ.get(ROUND_FILE_ENV)
     handler = SpotRendezvousHandler(
@@ -355,8 +370,6 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
         verdict=Path(verdict) if verdict else None,
         round_file=Path(round_file) if round_file else None,
         watch_client=_client(params),
-        # The workers' store waits for its keys with watches of its own; torch's default.
-        store_client=_client(params, read_timeout_s=60),
     )
     _created.append(handler)
     return handler

@@ -3,8 +3,8 @@
 No I/O and no clock of its own. The handler (training/elastic/rendezvous.py) reads a ``View``
 from etcd (training/elastic/membership.py), asks the failure detector
 (training/elastic/liveness.py) through ``dead``, and carries out the one ``Action`` that
-``decide`` returns; every write it makes is a compare-and-swap on the state's index, so acting
-on a stale view only loses a race.
+``decide`` returns; every write of the state is a transaction that compares the state key's
+mod revision with the one in the view, so acting on a stale view only loses a race.
 
 The invariants, whatever the interleaving of joins, leaves and deaths:
 - a round completes only with members that joined it and are alive and have not left when it
@@ -50,6 +50,11 @@ class Timing:
     wedged: its probe stops answering 'alive' and its key is left to expire, as a frozen
     node's. Twice the 30 s torch's agent may spend stopping its workers
     (``LocalElasticAgent._stop_workers``), the longest its loop is legitimately away."""
+    store_timeout_s: float = 10.0
+    """How long a member waits for rank 0's store to answer before it takes rank 0 for gone
+    and opens the next round (torch's TCPStore default: 300 s). Rank 0 serves it as soon as
+    it sees its round complete; a peer's connection waits in the published socket's backlog
+    meanwhile (training/elastic/round_store.py)."""
 
     @property
     def ttl_s(self) -> int:

@@ -1,7 +1,8 @@
 """etcd, the rendezvous: a small etcd cluster on the system pool that spot evictions never touch.
 
-torch's ``etcd-v2`` rendezvous backend keeps the membership of every round in etcd, so the
-job survives losing any worker (unlike ``c10d``, whose store lives inside worker 0's agent).
+The rendezvous (training/elastic/rendezvous.py, on etcd's v3 API) keeps the membership of
+every round in etcd, so the job survives losing any worker (unlike torch's ``c10d`` backend,
+whose rendezvous lives inside worker 0's agent).
 Three members keep quorum while one system node is drained for an upgrade.
 """
 
@@ -18,12 +19,20 @@ from workloads.manifests.scheduling import (
     TRAINER_LABELS,
 )
 
-# Pinned to 3.5.x: torch's etcd-v2 backend speaks the v2 API, which etcd 3.6 removed.
-ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
+# The current minor's latest patch (3.6.16): etcd supports its two newest minors, and 3.6
+# serves the v3 API (and its JSON gateway) the rendezvous uses, with no v2 store at all.
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.6.16"
 # The server flags the rendezvous depends on, in one place for the cluster's members and the
-# local lab's etcd (``from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS``): torch's
-# etcd-v2 backend uses the v2 API, which etcd 3.4 and 3.5 serve only when asked to.
-RENDEZVOUS_SERVER_FLAGS: tuple[str, ...] = ("--enable-v2=true",)
+# local lab's etcd (``from workloads.manifests.etcd import RENDEZVOUS_SERVER_FLAGS``): none.
+# The v3 API and its gateway are on by default in every etcd from 3.4 on.
+RENDEZVOUS_SERVER_FLAGS: tuple[str, ...] = ()
+DATA_VOLUME = "data-v3"
+"""The members' disks. Named anew for the move from 3.5 (v2 API) to 3.6: etcd 3.6 refuses to
+start on a data dir whose v2 store holds keys (the rendezvous' old ones), and a changed
+``volumeClaimTemplates`` makes ``pulumi up`` replace the StatefulSet (pulumi-kubernetes lists
+it among a StatefulSet's replace-on-change fields), so the members start on new, empty disks;
+the old claims go with the old StatefulSet (``whenDeleted: Delete``). Its data was only the
+rendezvous' ephemeral state."""
 PEER_PORT = 2380
 DATA_DIR = "/var/lib/etcd"
 
@@ -142,7 +151,7 @@ def _etcd_container(spec: EtcdSpec) -> dict[str, Any]:
             "requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
             "limits": {"memory": spec.memory_limit},
         },
-        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": DATA_DIR}],
         "securityContext": {"allowPrivilegeEscalation": False},
     }
 
@@ -197,7 +206,7 @@ def etcd_statefulset(spec: EtcdSpec) -> dict[str, Any]:
             # (with an emptyDir it would come back as a stranger with the same name).
             "volumeClaimTemplates": [
                 {
-                    "metadata": {"name": "data"},
+                    "metadata": {"name": DATA_VOLUME},
                     "spec": {
                         "accessModes": ["ReadWriteOnce"],
                         "storageClassName": spec.storage_class,

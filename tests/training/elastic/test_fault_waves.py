@@ -14,13 +14,13 @@ import os
 import signal
 from pathlib import Path
 
-import etcd
 import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree, is_alive, kill_tree
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.etcd_v3 import Etcd
 from training.elastic.launch import RendezvousSettings
 from training.elastic.membership import ROOT
 
@@ -30,15 +30,15 @@ SLOW_SURVIVOR = RendezvousSettings(join_timeout_s=60, keep_alive_max_attempt=5)
 MAX_STEPS = 60
 
 
-def _rendezvous(cluster: Cluster, client: etcd.Client) -> tuple[dict, dict[int, list[str]]]:
+def _rendezvous(cluster: Cluster, client: Etcd) -> tuple[dict, dict[int, list[str]]]:
     """The run's state and, per round, the node ids that joined it."""
     root = f"{ROOT}/rendezvous/{cluster.policy.rdzv_id}"
     state: dict = {}
     joined: dict[int, list[str]] = {}
-    for leaf in client.read(root, recursive=True).leaves:
-        rel = leaf.key[len(root) :].strip("/").split("/")
+    for kv in client.range(f"{root}/")[0]:
+        rel = kv.key[len(root) :].strip("/").split("/")
         if rel == ["state"]:
-            state = json.loads(leaf.value)
+            state = json.loads(kv.value)
         elif len(rel) == 3 and rel[0] == "join":
             joined.setdefault(int(rel[1]), []).append(rel[2])
     return state, joined
@@ -61,7 +61,7 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
     cluster = Cluster(
         tmp_path, etcd_server.client_port, data, min_nodes=1, rendezvous=SLOW_SURVIVOR
     )
-    client = etcd.Client("127.0.0.1", etcd_server.client_port, read_timeout=5)
+    client = Etcd("127.0.0.1", etcd_server.client_port, timeout_s=5)
     args = [*TINY, "--max-steps", str(MAX_STEPS), "--log-every", "1"]
     args += ["--min-step-time-s", "0.05", "--checkpoint-every-steps", "0"]
     survivor, first, then = "a", "b", "c"

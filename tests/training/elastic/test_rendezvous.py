@@ -1,4 +1,4 @@
-"""The rendezvous handler against a real etcd 3.5: rounds, leaving, death, slowness, outages.
+"""The rendezvous handler against a real etcd (v3 API): rounds, leaving, death, slowness, outages.
 
 Handlers run in threads of this process; a "killed" node is one whose probe port refuses and
 whose heartbeats stopped, a "frozen" one accepts probes but never answers, as a SIGSTOPped
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import etcd
 import pytest
+from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -32,6 +32,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from lab.local.etcd_server import EmbeddedEtcd, free_port
 from tests.support.waiting import wait_until
+from training.elastic.etcd_v3 import Etcd
 from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
 from training.elastic.rendezvous import (
     BACKEND,
@@ -55,8 +56,8 @@ class Nodes:
         self.pool = ThreadPoolExecutor(max_workers=16)
 
     def new(self, **kwargs: object) -> SpotRendezvousHandler:
-        def client() -> etcd.Client:
-            return etcd.Client("127.0.0.1", self.server.client_port, read_timeout=2)
+        def client() -> Etcd:
+            return Etcd("127.0.0.1", self.server.client_port, timeout_s=2)
 
         handler = SpotRendezvousHandler(
             client(),
@@ -113,25 +114,27 @@ def ranks(infos: list[RendezvousInfo]) -> list[tuple[int, int]]:
 
 
 def _joiners(handler: SpotRendezvousHandler, round_: int) -> list[str]:
-    try:
-        result = handler.client.read(f"{handler.root}/join/{round_}")
-    except etcd.EtcdKeyNotFound:
-        return []
-    return [leaf.key.rsplit("/", 1)[-1] for leaf in result.leaves if not leaf.dir]
+    kvs, _ = handler.client.range(f"{handler.root}/join/{round_}/")
+    return [kv.key.rsplit("/", 1)[-1] for kv in kvs]
 
 
 def _state(handler: SpotRendezvousHandler) -> dict:
-    return json.loads(handler.client.read(f"{handler.root}/state").value)
+    kv = handler.client.get(f"{handler.root}/state")
+    assert kv is not None
+    return json.loads(kv.value)
 
 
 def _registered(handler: SpotRendezvousHandler) -> set[str]:
     """The nodes whose keys etcd holds now."""
-    leaves = handler.client.read(f"{handler.root}/nodes", recursive=True).leaves
-    return {leaf.key.rsplit("/", 1)[-1] for leaf in leaves if not leaf.dir}
+    kvs, _ = handler.client.range(f"{handler.root}/nodes/")
+    return {kv.key.rsplit("/", 1)[-1] for kv in kvs}
 
 
-def _node_key(handler: SpotRendezvousHandler) -> etcd.EtcdResult:
-    return handler.client.read(f"{handler.root}/nodes/{handler.node}")
+def _node_key(handler: SpotRendezvousHandler) -> tuple[dict, int]:
+    """This node's key as etcd holds it, and the seconds its lease has left."""
+    kv = handler.client.get(handler.keys.node_key)
+    assert kv is not None and kv.lease, "no key, or a key on no lease"
+    return json.loads(kv.value), handler.client.time_to_live(kv.lease)
 
 
 def test_the_probe_tells_alive_dead_and_unknown() -> None:
@@ -176,7 +179,8 @@ def test_the_backend_is_registered_under_our_name(etcd_server: EmbeddedEtcd) -> 
     handler = rendezvous_handler_registry.create_handler(params)
     assert isinstance(handler, SpotRendezvousHandler)
     assert handler.timing == Timing(2, 3, 1, 900, 0.25, 60) and handler.timing.ttl_s == 6
-    assert handler.get_backend() == BACKEND and not handler.use_agent_store
+    # The workers connect to rank 0's agent's store, as torch's own c10d handler's do.
+    assert handler.get_backend() == BACKEND and handler.use_agent_store
 
 
 def test_the_first_round_forms_with_every_node(nodes: Nodes) -> None:
@@ -320,7 +324,7 @@ def test_training_goes_on_through_an_etcd_outage(nodes: Nodes) -> None:
 def test_a_round_that_cannot_reach_etcd_gives_up_for_a_new_pod() -> None:
     port = free_port()  # nothing listens: etcd is gone for good
     handler = SpotRendezvousHandler(
-        etcd.Client("127.0.0.1", port, read_timeout=1),
+        Etcd("127.0.0.1", port, timeout_s=1),
         "no-etcd",
         1,
         1,
@@ -367,20 +371,12 @@ def test_the_round_is_written_for_the_workers(nodes: Nodes, tmp_path: Path) -> N
     assert [f.read_text() for f in files] == ['{"round": 1, "members": 2}'] * 2
 
 
-def test_the_store_directory_exists_before_the_first_round(nodes: Nodes) -> None:
-    # torch's EtcdStore.get watches from index 0 when its directory is missing, and a rank
-    # that read between rank 0's two writes then waited out the store's 300 s timeout.
-    a = nodes.new()
-    a.keys.start()
-    assert a.client.read(a.keys.store_dir).dir
-
-
 def test_a_completed_round_drops_the_older_rounds_join_keys(nodes: Nodes) -> None:
     a, b = nodes.new(), nodes.new()
     nodes.join(a, b)
-    nodes.join(a, b)  # round 2: round 1's joins are gone, the directory stays one round big
-    joined = {leaf.key.split("/")[-2] for leaf in a.client.read(a.root, recursive=True).leaves}
-    assert "1" not in joined and a.round == 2
+    nodes.join(a, b)  # round 2: round 1's joins are gone, the keys stay one round big
+    joined = {kv.key.split("/")[-2] for kv in a.client.range(f"{a.root}/join/")[0]}
+    assert joined == {"2"} and a.round == 2
 
 
 @pytest.mark.parametrize("how", ["evicted", "killed"])
@@ -438,10 +434,10 @@ def test_a_heartbeat_in_flight_when_the_node_leaves_keeps_it_left(nodes: Nodes) 
     a = nodes.new()
     a.keys.start()
     a.leave()
-    a.keys.beat()  # the heartbeat thread's refresh, sent just before leave() stopped it
-    key = _node_key(a)
-    assert json.loads(key.value)["left"] is True
-    assert key.ttl > TIMING.ttl_s  # not cut back to a heartbeat's TTL
+    a.keys.beat()  # the heartbeat thread's keep-alive, sent just before leave() stopped it
+    info, ttl = _node_key(a)
+    assert info["left"] is True
+    assert ttl > TIMING.ttl_s  # on leave()'s own lease, not the heartbeat's
 
 
 def test_a_heartbeat_that_found_its_key_expired_never_undoes_a_leave(
@@ -451,21 +447,23 @@ def test_a_heartbeat_that_found_its_key_expired_never_undoes_a_leave(
     a.keys.start()
     a.leave()
 
-    def expired(*args: object, **kwargs: object) -> None:
-        raise etcd.EtcdKeyNotFound("the key had expired when this refresh reached etcd")
+    def expired(lease: int) -> int:
+        return -1  # the lease had expired when this keep-alive reached etcd
 
-    monkeypatch.setattr(a.client, "refresh", expired)
+    monkeypatch.setattr(a.client, "keep_alive", expired)
     a.keys.beat()  # ... and its re-registration lands after leave()'s write
-    assert json.loads(_node_key(a).value)["left"] is True
+    assert _node_key(a)[0]["left"] is True
 
 
 def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The victim, rank 0, completed the round and froze at once, before it did anything else
-    # for it. torch's RendezvousStoreInfo.build would make the survivor wait 300 s for the
-    # MASTER_ADDR rank 0 writes; the round's state carries it instead.
-    nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=3)  # a 6 s TTL
+    # The victim, rank 0, completed the round and froze at once, before it served the round's
+    # store. torch's RendezvousStoreInfo.build would make the survivor wait 300 s for the
+    # MASTER_ADDR rank 0 writes; here the round's state carries it, and the survivor gives
+    # rank 0's store its timeout, then opens the next round, which completes without the
+    # victim once its lease expired.
+    nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=3, store_timeout_s=2)
     nodes.min_nodes = 1
     handlers = {h.node: h for h in (nodes.new(), nodes.new(), nodes.new())}
     nodes.join(*handlers.values())
@@ -490,13 +488,34 @@ def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
     nodes.pool.submit(victim.next_rendezvous)
     try:
         info = survivor_joins.result(timeout=30)
-        assert (info.rank, info.world_size) == (1, 2)
-        assert _state(survivor)["members"] == [victim.node, survivor.node]
-        # Once the victim's key expired, the survivor's monitor loop re-forms the group.
-        wait_until(lambda: survivor.num_nodes_waiting() > 0, 30)
-        (alone,) = nodes.join(survivor)
-        assert (alone.rank, alone.world_size, survivor.round) == (0, 1, 3)
+        assert (info.rank, info.world_size, survivor.round) == (0, 1, 3)
+        assert _state(survivor)["previous"] == [victim.node, survivor.node]
     finally:
         never.set()
         for listener in frozen:
             listener.close()
+
+
+def test_the_workers_store_is_served_by_rank_0_on_the_port_the_round_published(
+    nodes: Nodes,
+) -> None:
+    a, b = nodes.new(), nodes.new()
+    infos = {h.node: i for h, i in zip((a, b), nodes.join(a, b), strict=True)}
+    rank0 = next(i for i in infos.values() if i.rank == 0)
+    other = next(i for i in infos.values() if i.rank == 1)
+    master = rank0.bootstrap_store_info
+    assert (master.master_addr, master.master_port) == tuple(_state(a)["master"].values())
+    # One store: what one agent writes, the other reads; a worker (no prefix) reaches it too.
+    other.store.set("k", "v")
+    assert rank0.store.get("k") == b"v"
+    worker = TCPStore(master.master_addr, master.master_port, is_master=False)
+    worker.set("w", "1")
+    assert worker.get("w") == b"1"
+    # The next round's store is a new one on a new port. The old one stops once torch's
+    # agent dropped the last round's store (here: the test's references).
+    old_port = master.master_port
+    del infos, rank0, other, worker, master
+    nodes.join(a, b)
+    assert _state(a)["master"]["port"] != old_port
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", old_port), timeout=2).close()

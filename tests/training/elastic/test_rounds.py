@@ -1,10 +1,12 @@
 """The round logic alone (training/elastic/rounds.py): single decisions, then every interleaving of
 joins, leaves, kills, freezes and newcomers on a model of etcd, checked against the invariants.
 
-The model acts as the handler does: one step of a node reads the directory, decides, and
-writes with compare-and-swap, atomically (a real node can lose a race between its read and
-its write, which only costs it the write). A lost node's keys behave as etcd's do: a killed
-node's key stays until its TTL runs out, a frozen node's too, and a node that left says so.
+The model acts as the handler does on etcd's v3 API: one step of a node reads the keys,
+decides, and writes the state in a transaction that compares the state key's mod revision with
+the one it read (the model's ``index``, bumped by every write), atomically (a real node can lose
+a race between its read and its write, which only costs it the write). A lost node's keys
+behave as etcd's do: a killed node's key stays until its lease runs out, a frozen node's too,
+and a node that left says so.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_elastic_policy_is_torchruns_env() -> None:
         rdzv_host="etcd.lab.svc", rdzv_id="job-1", min_nodes=1, max_nodes=4, max_restarts=50
     )
     env = policy.pet_env()
-    assert env["PET_RDZV_BACKEND"] == "etcd-v2"
+    assert env["PET_RDZV_BACKEND"] == "etcd"
     assert env["PET_RDZV_ENDPOINT"] == "etcd.lab.svc:2379"
     assert env["PET_NNODES"] == "1:4"
     assert (

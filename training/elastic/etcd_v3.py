@@ -1,0 +1,202 @@
+"""etcd's v3 API, as the rendezvous uses it: ranges with their revision, transactions that
+compare a key's revision, leases, and a watch from a known revision.
+
+Through etcd3gw (docs/pins.md): its ``Etcd3Client`` speaks etcd's gRPC-JSON gateway over
+HTTP (``/v3/kv/range``, ``/v3/kv/txn``, ``/v3/lease/grant``, ``/v3/lease/keepalive``,
+``/v3/watch``; etcd's "gRPC gateway" page and ``api/etcdserverpb/rpc.proto``), one
+``requests`` session per client. Its ``get`` drops the response header (the store's revision
+a watch must start after) and its ``watch`` has no read timeout (a vanished etcd would hold
+the watch for good), so those two are posted to the same endpoints here through the client's
+own ``post`` and session. Keys and values are base64 in the gateway's JSON (proto ``bytes``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from etcd3gw.client import Etcd3Client
+from etcd3gw.exceptions import Etcd3Exception
+
+__all__ = ["Etcd", "EtcdError", "KeyValue", "WatchCompacted"]
+
+EtcdError = Etcd3Exception
+"""Every failure of a request: unreachable, timed out, or an error answer."""
+
+
+class WatchCompacted(Etcd3Exception):
+    """The watch's start revision was compacted away: read again, then watch on."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str | None) -> str:
+    return base64.b64decode(text or "").decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that covers every key under ``prefix`` (etcd's ``WithPrefix``)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+def _kv(raw: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        key=_unb64(raw.get("key")),
+        value=_unb64(raw.get("value")),
+        create_revision=int(raw.get("create_revision", 0)),
+        mod_revision=int(raw.get("mod_revision", 0)),
+        lease=int(raw.get("lease", 0)),
+    )
+
+
+def put(key: str, value: str, lease: int = 0) -> dict[str, Any]:
+    """A put operation of a transaction."""
+    request: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        request["lease"] = lease
+    return {"request_put": request}
+
+
+def delete(key: str, prefix: bool = False) -> dict[str, Any]:
+    """A delete operation of a transaction (of every key under ``key`` with ``prefix``)."""
+    request = {"key": _b64(key)}
+    if prefix:
+        request["range_end"] = _b64(prefix_end(key))
+    return {"request_delete_range": request}
+
+
+def mod_revision_is(key: str, revision: int) -> dict[str, Any]:
+    """The compare 'the key was last written at ``revision``' (0: the key is absent)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": revision}
+
+
+def absent(key: str) -> dict[str, Any]:
+    """The compare 'the key does not exist' (its create revision is 0)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}
+
+
+def value_is(key: str, value: str) -> dict[str, Any]:
+    return {"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(value)}
+
+
+class Etcd:
+    """One connection to etcd's v3 gateway at ``host:port``."""
+
+    def __init__(
+        self, host: str, port: int, protocol: str = "http", timeout_s: float = 2.0
+    ) -> None:
+        # The API path is fixed: /v3/ is served by every etcd from 3.4 on, and etcd3gw's
+        # discovery would cost a /version request on the first call.
+        self.client = Etcd3Client(host, port, protocol, timeout=timeout_s, api_path="/v3/")
+        self.endpoint = f"{host}:{port}"
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.client.post(self.client.get_url(path), json=body)
+
+    # -- keys ----------------------------------------------------------------------------------
+    def range(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under ``prefix``, and the store's revision when they were read."""
+        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        answer = self._post("/kv/range", body)
+        return [_kv(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"])
+
+    def get(self, key: str) -> KeyValue | None:
+        answer = self._post("/kv/range", {"key": _b64(key)})
+        kvs = answer.get("kvs", [])
+        return _kv(kvs[0]) if kvs else None
+
+    def txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+    ) -> tuple[bool, int]:
+        """One transaction (etcd's ``Txn``): whether ``compare`` held, and the revision."""
+        body = {"compare": compare, "success": success, "failure": failure or []}
+        answer = self.client.post(self.client.get_url("/kv/txn"), data=json.dumps(body))
+        return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
+
+    def delete(self, key: str, prefix: bool = False) -> None:
+        body = {"key": _b64(key)}
+        if prefix:
+            body["range_end"] = _b64(prefix_end(key))
+        self._post("/kv/deleterange", body)
+
+    # -- leases --------------------------------------------------------------------------------
+    def grant(self, ttl_s: int) -> int:
+        """A new lease of ``ttl_s`` seconds; its id."""
+        return int(self._post("/lease/grant", {"TTL": int(ttl_s), "ID": 0})["ID"])
+
+    def keep_alive(self, lease: int) -> int:
+        """Renew ``lease``; its new TTL, or -1 when it has expired (etcd answers no TTL)."""
+        answer = self._post("/lease/keepalive", {"ID": lease})
+        return int(answer.get("result", {}).get("TTL", -1))
+
+    def time_to_live(self, lease: int) -> int:
+        """Seconds left on ``lease`` (-1: expired or unknown)."""
+        return int(self._post("/kv/lease/timetolive", {"ID": lease}).get("TTL", -1))
+
+    def revoke(self, lease: int) -> None:
+        self._post("/lease/revoke", {"ID": lease})
+
+    # -- the watch -----------------------------------------------------------------------------
+    def wait(self, prefix: str, after: int, timeout_s: float) -> int:
+        """Block until a key under ``prefix`` changes after revision ``after``, or
+        ``timeout_s`` passes; the revision of the change (``after`` on a timeout).
+
+        A watch created with ``start_revision = after + 1`` (etcd's ``WatchCreateRequest``)
+        replays every change since, so a change between the caller's read and this watch is
+        never missed. WatchCompacted when that history is gone.
+        """
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": after + 1,
+            }
+        }
+        try:
+            response = self.client.session.post(
+                self.client.get_url("/watch"),
+                json=body,
+                stream=True,
+                timeout=(self.timeout_s, timeout_s),
+            )
+        except requests.exceptions.RequestException as exc:
+            raise EtcdError(str(exc)) from exc
+        with response:
+            if response.status_code != 200:
+                raise EtcdError(response.text, response.reason)
+            try:
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result", {})
+                    if int(result.get("compact_revision", 0)):
+                        raise WatchCompacted(f"compacted at {result['compact_revision']}")
+                    if result.get("events"):
+                        return int(result["header"]["revision"])
+            except requests.exceptions.ConnectionError as exc:
+                # The read timed out (urllib3 reports it as a connection error in a stream):
+                # nothing changed; or etcd went away, which the caller's next read tells.
+                if "timed out" in str(exc).lower():
+                    return after
+                raise EtcdError(str(exc)) from exc
+            except requests.exceptions.RequestException as exc:
+                raise EtcdError(str(exc)) from exc
+        return after
