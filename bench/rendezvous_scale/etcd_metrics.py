@@ -6,28 +6,37 @@ import re
 import time
 import urllib.request
 
-COUNTERS = {
-    "received": "etcd_http_received_total",
-    "reads": "etcd_debugging_store_reads_total",
-    "writes": "etcd_debugging_store_writes_total",
-    "watches": "etcd_debugging_store_watch_requests_total",
-    "expires": "etcd_debugging_store_expires_total",
-    "etcd_cpu_s": "process_cpu_seconds_total",
+WATCH = 'grpc_method="Watch"'
+COUNTERS: dict[str, tuple[tuple[str, str | None, bool], ...]] = {
+    "received": (("grpc_server_started_total", WATCH, False),),
+    "watches": (("grpc_server_started_total", WATCH, True),),
+    "reads": (("etcd_mvcc_range_total", None, True),),
+    "writes": (("etcd_mvcc_put_total", None, True), ("etcd_mvcc_delete_total", None, True)),
+    "expires": (("etcd_debugging_lease_revoked_total", None, True),),
+    "etcd_cpu_s": (("process_cpu_seconds_total", None, True),),
 }
-"""etcd 3.5's counters: the v2 requests received, which leave watches out (its keys
-handler counts a request only ``if !rr.Wait``), and the v2 store's reads, writes, watches
-(one per watch request) and TTL expiries; plus etcd's own CPU time."""
+"""Each key's families, each with a label it must (True) or must not (False) carry. The
+rendezvous speaks etcd's v3 API through the JSON gateway, which calls etcd's own gRPC server:
+every request is one gRPC call started (``grpc_server_started_total``; a watch is one stream,
+``grpc_method="Watch"``, counted apart, and each lease keep-alive is one stream too). Then the
+key-value store's range reads, its puts and deletes (each put or delete of a transaction
+counts), the leases revoked (expired, or revoked by a node that left), and etcd's CPU time."""
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Each counter of COUNTERS summed over its labels, from Prometheus' text format."""
-    families = {family: key for key, family in COUNTERS.items()}
+    """Each counter of COUNTERS summed over its families and labels, from Prometheus' text
+    format."""
     totals = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         match = _SAMPLE.match(line)
-        if match and match.group(1) in families:
-            totals[families[match.group(1)]] += float(match.group(3))
+        if not match:
+            continue
+        name, labels = match.group(1), match.group(2) or ""
+        for key, families in COUNTERS.items():
+            for family, label, wanted in families:
+                if name == family and (label is None or (label in labels) == wanted):
+                    totals[key] += float(match.group(3))
     return totals
 
 
@@ -39,8 +48,8 @@ def scrape(client_url: str) -> dict[str, float]:
 
 
 def etcd_rates(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """What etcd did between two scrapes: counts, requests/s (reads, writes and watches),
-    and the CPU etcd used, in cores."""
+    """What etcd did between two scrapes: counts, requests/s (calls and watches), and the CPU
+    etcd used, in cores."""
     seconds = max(after["at"] - before["at"], 1e-6)
     diff = {key: after[key] - before[key] for key in COUNTERS}
     requests = diff["received"] + diff["watches"]

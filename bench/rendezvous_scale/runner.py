@@ -227,8 +227,8 @@ def harness_assumptions(config: ScaleConfig, conf: dict[str, str]) -> list[str]:
         f"False deaths: agents whose num_nodes_waiting() was > 0 in a {config.quiet_s:g} s "
         f"quiet window after the first round (polled every {MONITOR_S:g} s, after "
         f"{SETTLE_S:g} s to settle), plus live agents left out of any round that formed.",
-        "etcd req/s: from etcd's /metrics, etcd_http_received_total (v2 reads and writes) plus "
-        "etcd_debugging_store_watch_requests_total (v2 watches, which the former leaves out), "
+        "etcd req/s: from etcd's /metrics, grpc_server_started_total (every v3 call the JSON "
+        "gateway made: ranges, transactions, lease grants and keep-alives, watches), "
         "over the quiet window, and over each re-form after a death from just before the kill "
         "to the last return; etcd cores: etcd's process_cpu_seconds_total over the same "
         "re-form window (on this shared 2-core machine).",

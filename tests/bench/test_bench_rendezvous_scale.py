@@ -95,16 +95,17 @@ def test_the_bench_models_only_beyond_its_largest_complete_count() -> None:
 
 # -- etcd's metrics and the table ----------------------------------------------------------------
 METRICS = """\
-# HELP etcd_http_received_total Counter of requests received into the system.
-# TYPE etcd_http_received_total counter
-etcd_http_received_total{method="GET"} 120
-etcd_http_received_total{method="PUT"} 30
-etcd_debugging_store_reads_total{action="get"} 6
-etcd_debugging_store_reads_total{action="getRecursive"} 14
-etcd_debugging_store_writes_total{action="update"} 25
-etcd_debugging_store_watch_requests_total 7
-etcd_debugging_store_expires_total 1
-etcd_http_successful_duration_seconds_count{method="GET"} 999
+# HELP grpc_server_started_total Total number of RPCs started on the server.
+# TYPE grpc_server_started_total counter
+grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 120
+grpc_server_started_total{grpc_method="Txn",grpc_service="etcdserverpb.KV",grpc_type="unary"} 25
+grpc_server_started_total{grpc_method="LeaseKeepAlive",grpc_service="etcdserverpb.Lease"} 5
+grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch"} 7
+grpc_server_handled_total{grpc_code="OK",grpc_method="Range",grpc_service="etcdserverpb.KV"} 999
+etcd_mvcc_range_total 20
+etcd_mvcc_put_total 22
+etcd_mvcc_delete_total 3
+etcd_debugging_lease_revoked_total 1
 process_cpu_seconds_total 2.5
 """
 

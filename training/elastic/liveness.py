@@ -4,7 +4,8 @@ Each agent listens on a TCP port of its own and answers every connection with it
 while the agent's own loop (the monitor loop, a round) makes progress. A peer's verdict then
 comes from the kernel as much as from the agent:
 - refused (RST): nothing listens there any more, the agent process is gone (a kill, a crash,
-  an agent that left): **dead**, at once, with no heartbeat to wait out;
+  an agent that left): **dead**, at once, with no heartbeat to wait out; asked again at the
+  next round, since a firewall's REJECT or a route flap refuses a live agent too;
 - an answer with the node's id: **alive**, however busy: a starved or slow agent answers
   within the scheduler's latency, not within a heartbeat period;
 - no answer in time (a VM that vanished sends no RST; a frozen process accepts but never
@@ -130,8 +131,11 @@ class Detector:
     """Verdicts on peers from their keys and their probes, each answer held for a while.
 
     A node is dead when it marked itself ``left``, when its probe is refused, or when its key
-    has expired and its probe goes unanswered. An 'alive' answer is held for a heartbeat
-    period; death is held for good; no answer is asked again at the next look.
+    has expired and its probe goes unanswered. An 'alive' answer and a refusal are each held
+    for a heartbeat period, so a monitor loop does not probe on every tick; no answer is asked
+    again at the next look. A refusal is no verdict for good: a REJECT rule or a route flap
+    refuses a live agent once, and a node that answers again is alive again (the round waits
+    for it, and completes with it).
     """
 
     def __init__(self, probe_timeout_s: float, hold_alive_s: float, retry_s: float) -> None:
@@ -164,17 +168,16 @@ class Detector:
         return verdict is Verdict.DEAD or (verdict is Verdict.UNKNOWN and info is None)
 
     def forget(self, nodes: set[str] | None = None) -> None:
-        """Drop held 'alive' and 'unknown' answers (of ``nodes``, or all); death is final."""
+        """Drop the held answers (of ``nodes``, or all): the next look asks again."""
         for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
-            if self._verdicts[node][1] is not Verdict.DEAD:
-                del self._verdicts[node]
+            del self._verdicts[node]
 
     def _probe_cached(self, node: str, seen: dict[str, Any]) -> Verdict:
         cached = self._verdicts.get(node)
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
-        hold = {Verdict.ALIVE: self.hold_alive_s, Verdict.DEAD: 1e9}.get(verdict, self.retry_s)
+        hold = self.retry_s if verdict is Verdict.UNKNOWN else self.hold_alive_s
         self._verdicts[node] = (time.monotonic() + hold, verdict)
         if verdict is not Verdict.ALIVE:
             logger.info("node %s is %s (its probe)", node, verdict.value)

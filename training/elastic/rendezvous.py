@@ -22,7 +22,8 @@ differs where the time went:
   (torch's ``RendezvousStoreInfo.build`` would wait 300 s, then raise ``LookupError``).
 - **The workers' store is a TCPStore in rank 0's agent**, as torch's c10d handler shares its
   own (``use_agent_store``), new for every round, served on the very socket whose port the
-  round published: the port is never free for another process to take.
+  round published: the port is never free for another process to take. The agents' own store
+  (torch's exit barrier) is on etcd, so no agent waits on a frozen rank 0.
 - **Heartbeats are leases**, kept alive without waking watchers; each agent watches the run's
   keys from the revision it read instead of polling them (training/elastic/membership.py).
 - **etcd is not needed between rounds.** A failed heartbeat or watch is retried; the group
@@ -55,12 +56,13 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from training.elastic import rounds
+from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
 from training.elastic.liveness import Detector, ProbeServer, Progress
-from training.elastic.membership import Membership, parse_endpoint
-from training.elastic.round_store import RoundStore, StoreUnreachable
+from training.elastic.membership import ROOT, Membership, parse_endpoint
+from training.elastic.round_store import RoundStore
 from training.elastic.rounds import Me, Quorum, Timing, View
 
 logger = logging.getLogger(__name__)
@@ -276,7 +278,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         if isinstance(action, rounds.Closed):
             raise RendezvousClosedError(f"rendezvous {self.run_id} is closed")
         if isinstance(action, rounds.Member):
-            return self._member(action.state, action.index) or opened
+            return self._member(action.state, action.index)
         if isinstance(action, rounds.Create):
             self.keys.write_state(action.state, None)
         elif isinstance(action, rounds.Join):
@@ -301,9 +303,8 @@ class SpotRendezvousHandler(RendezvousHandler):
             "nodes joined it); the run stays open for a new pod"
         )
 
-    def _member(self, state: dict, index: int) -> RendezvousInfo | None:
-        """This node's place in the completed round, its store up; None when rank 0's store
-        did not answer (rank 0 went away since): the round is over, the next one opens."""
+    def _member(self, state: dict, index: int) -> RendezvousInfo:
+        """This node's place in the completed round; rank 0 serves the workers' store."""
         round_, members = int(state["round"]), state["members"]
         self.round, self._known_index = round_, index
         rank, world = members.index(self.node), len(members)
@@ -315,18 +316,12 @@ class SpotRendezvousHandler(RendezvousHandler):
         # rank 0 that may have died since the round completed.
         master = state["master"]
         info = RendezvousStoreInfo(master_addr=master["addr"], master_port=int(master["port"]))
-        held = self.keys.take_port() if rank == 0 else None
-        if held is not None:
-            store = self.store.host(held, info.master_addr, self.timing.store_timeout_s)
+        if rank == 0 and (held := self.keys.take_port()) is not None:
+            self.store.host(held, info.master_addr, self.timing.store_timeout_s)
         else:
             self.keys.release_port()
-            try:
-                store = self.store.connect(
-                    info.master_addr, info.master_port, self.timing.store_timeout_s
-                )
-            except StoreUnreachable as exc:
-                logger.warning("round %d: %s; opening the next round", round_, exc)
-                return None
+        # The agents' own store (torch's exit barrier) is on etcd: no agent waits on rank 0.
+        agents = AgentStore(self.client, f"{ROOT}/agents/{self.run_id}/{round_}", 300)
         if self.round_file is not None:
             self.round_file.write_text(json.dumps({"round": round_, "members": world}))
         logger.info(
@@ -337,7 +332,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             rank,
             world,
         )
-        return RendezvousInfo(store, rank, world, info)
+        return RendezvousInfo(agents, rank, world, info)
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)

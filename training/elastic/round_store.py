@@ -8,7 +8,8 @@ with no key prefix: "We create a new TCPStore for every retry" (``torch/distribu
 rendezvous.py``, ``_create_c10d_store``). So every round gets a new server. It listens on the
 socket whose port rank 0's join key published (``master_listen_fd``): held from the join on,
 the port is never free for another process to take, and a peer that connects before the
-server is up waits in the socket's backlog instead of being refused.
+server is up waits in the socket's backlog instead of being refused. The agents' own store is
+not this one (training/elastic/agent_store.py): an agent must not wait on a frozen rank 0.
 """
 
 from __future__ import annotations
@@ -17,29 +18,20 @@ import datetime
 import logging
 import os
 import socket  # noqa: TC003 - a parameter's type
-import threading
 
-from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed import TCPStore
 
 logger = logging.getLogger(__name__)
 
-AGENT_PREFIX = "spot-lab/agent"
-"""The agents' own keys (torch's exit barrier), apart from the workers' unprefixed ones."""
-
-
-class StoreUnreachable(RuntimeError):
-    """Rank 0's store did not answer in time: rank 0 went away after its round completed."""
-
 
 class RoundStore:
-    """This agent's handle on the current round's store: the server, or a client."""
+    """Rank 0's agent's handle on the current round's workers' store."""
 
     def __init__(self) -> None:
         self._server: TCPStore | None = None
-        self._client: TCPStore | None = None
 
-    def host(self, held: socket.socket, addr: str, timeout_s: float) -> Store:
-        """Serve the round's store on ``held`` (rank 0); the agents' view of it."""
+    def host(self, held: socket.socket, addr: str, timeout_s: float) -> None:
+        """Serve the round's workers' store on ``held`` (rank 0)."""
         self.close()
         port = held.getsockname()[1]
         # The server owns the descriptor it is given and closes it when it goes (measured,
@@ -54,45 +46,8 @@ class RoundStore:
             timeout=datetime.timedelta(seconds=timeout_s),
             master_listen_fd=listen_fd,
         )
-        return PrefixStore(AGENT_PREFIX, self._server)
-
-    def connect(self, addr: str, port: int, timeout_s: float) -> Store:
-        """A client of rank 0's store; StoreUnreachable when it does not answer in time.
-
-        The client is made on a thread of its own, waited for ``timeout_s``: TCPStore's
-        client bounds a refused connection by its timeout, but once the kernel accepted the
-        connection (a frozen rank 0, or a held socket whose server never came) it waits for
-        the server's answer with no bound (measured, torch 2.13). The thread is left to the
-        connection's fate then; this node goes on to the next round.
-        """
-        self.close()
-        made: list[TCPStore] = []
-        failed: list[str] = []
-
-        def make() -> None:
-            try:
-                made.append(
-                    TCPStore(
-                        host_name=addr,
-                        port=port,
-                        is_master=False,
-                        timeout=datetime.timedelta(seconds=timeout_s),
-                    )
-                )
-            except RuntimeError as exc:  # torch's DistNetworkError and DistStoreError
-                text = str(exc).strip()
-                failed.append(text.splitlines()[0] if text else repr(exc))
-
-        thread = threading.Thread(target=make, name="rdzv-store-client", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if not made:
-            why = failed[0] if failed else f"no answer in {timeout_s:.0f} s"
-            raise StoreUnreachable(f"rank 0's store at {addr}:{port}: {why}")
-        self._client = made[0]
-        return PrefixStore(AGENT_PREFIX, self._client)
 
     def close(self) -> None:
-        """Drop this handle on the server or the client: the server stops, and its port
-        refuses, once torch's agent dropped its own (the next round's store replaces it)."""
-        self._server = self._client = None
+        """Stop serving: the round's workers are gone (the server stops, and its port
+        refuses, when the last handle on it goes)."""
+        self._server = None

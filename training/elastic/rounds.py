@@ -50,11 +50,9 @@ class Timing:
     wedged: its probe stops answering 'alive' and its key is left to expire, as a frozen
     node's. Twice the 30 s torch's agent may spend stopping its workers
     (``LocalElasticAgent._stop_workers``), the longest its loop is legitimately away."""
-    store_timeout_s: float = 10.0
-    """How long a member waits for rank 0's store to answer before it takes rank 0 for gone
-    and opens the next round (torch's TCPStore default: 300 s). Rank 0 serves it as soon as
-    it sees its round complete; a peer's connection waits in the published socket's backlog
-    meanwhile (training/elastic/round_store.py)."""
+    store_timeout_s: float = 300.0
+    """The workers' store's own timeout for a key it waits for (torch's TCPStore default);
+    the workers' process-group start is bounded by their collective timeout anyway."""
 
     @property
     def ttl_s(self) -> int:

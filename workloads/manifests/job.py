@@ -170,7 +170,7 @@ def hpa_metrics(cpu_utilization: int) -> list[dict[str, Any]]:
 
 
 def elastic_policy_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
-    """``spec.elasticPolicy``: etcd-v2 rendezvous, node bounds and restart budget."""
+    """``spec.elasticPolicy``: the etcd rendezvous, node bounds and restart budget."""
     policy = elastic_policy(spec)
     manifest: dict[str, Any] = {
         "rdzvBackend": policy.pet_env()["PET_RDZV_BACKEND"],

@@ -29,9 +29,12 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
     rendezvous_handler_registry,
 )
+from torch.distributed.elastic.utils.store import barrier
 
 from lab.local.etcd_server import EmbeddedEtcd, free_port
 from tests.support.waiting import wait_until
+from training.elastic import liveness
+from training.elastic.agent_store import StoreTimeout
 from training.elastic.etcd_v3 import Etcd
 from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
 from training.elastic.rendezvous import (
@@ -458,12 +461,11 @@ def test_a_heartbeat_that_found_its_key_expired_never_undoes_a_leave(
 def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The victim, rank 0, completed the round and froze at once, before it served the round's
-    # store. torch's RendezvousStoreInfo.build would make the survivor wait 300 s for the
-    # MASTER_ADDR rank 0 writes; here the round's state carries it, and the survivor gives
-    # rank 0's store its timeout, then opens the next round, which completes without the
-    # victim once its lease expired.
-    nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=3, store_timeout_s=2)
+    # The victim, rank 0, completed the round and froze at once, before it did anything else
+    # for it (its workers' store never came up). torch's RendezvousStoreInfo.build would make
+    # the survivor wait 300 s for the MASTER_ADDR rank 0 writes; the round's state carries it
+    # instead, and the agents' own store is on etcd, not in the frozen rank 0.
+    nodes.timing = dataclasses.replace(TIMING, keep_alive_interval_s=3)  # a 6 s TTL
     nodes.min_nodes = 1
     handlers = {h.node: h for h in (nodes.new(), nodes.new(), nodes.new())}
     nodes.join(*handlers.values())
@@ -488,8 +490,15 @@ def test_a_member_lost_right_after_its_round_completed_holds_nobody_up(
     nodes.pool.submit(victim.next_rendezvous)
     try:
         info = survivor_joins.result(timeout=30)
-        assert (info.rank, info.world_size, survivor.round) == (0, 1, 3)
-        assert _state(survivor)["previous"] == [victim.node, survivor.node]
+        assert (info.rank, info.world_size) == (1, 2)
+        assert _state(survivor)["members"] == [victim.node, survivor.node]
+        # torch's exit barrier on the agents' store gives up; it does not hang on the victim.
+        with pytest.raises(StoreTimeout):
+            barrier(info.store, 2, key_prefix="exit", barrier_timeout=1)
+        # Once the victim's key expired, the survivor's monitor loop re-forms the group.
+        wait_until(lambda: survivor.num_nodes_waiting() > 0, 30)
+        (alone,) = nodes.join(survivor)
+        assert (alone.rank, alone.world_size, survivor.round) == (0, 1, 3)
     finally:
         never.set()
         for listener in frozen:
@@ -500,22 +509,44 @@ def test_the_workers_store_is_served_by_rank_0_on_the_port_the_round_published(
     nodes: Nodes,
 ) -> None:
     a, b = nodes.new(), nodes.new()
-    infos = {h.node: i for h, i in zip((a, b), nodes.join(a, b), strict=True)}
-    rank0 = next(i for i in infos.values() if i.rank == 0)
-    other = next(i for i in infos.values() if i.rank == 1)
-    master = rank0.bootstrap_store_info
+    infos = nodes.join(a, b)
+    master = infos[0].bootstrap_store_info
     assert (master.master_addr, master.master_port) == tuple(_state(a)["master"].values())
-    # One store: what one agent writes, the other reads; a worker (no prefix) reaches it too.
-    other.store.set("k", "v")
-    assert rank0.store.get("k") == b"v"
+    # The agents share their own store (on etcd): what one writes, the other reads.
+    infos[0].store.set("k", "v")
+    assert infos[1].store.get("k") == b"v"
+    # A worker (a client, no prefix, as torch's _create_c10d_store makes it) reaches rank 0's.
     worker = TCPStore(master.master_addr, master.master_port, is_master=False)
     worker.set("w", "1")
     assert worker.get("w") == b"1"
-    # The next round's store is a new one on a new port. The old one stops once torch's
-    # agent dropped the last round's store (here: the test's references).
+    # The next round's store is a new one on a new port, and the old one is gone.
     old_port = master.master_port
-    del infos, rank0, other, worker, master
+    del worker
     nodes.join(a, b)
     assert _state(a)["master"]["port"] != old_port
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", old_port), timeout=2).close()
+
+
+def test_a_node_whose_probe_was_refused_once_and_then_answers_is_in_the_next_round(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A REJECT rule, a route flap: one probe refused (RST) although the agent lives. Held as
+    # death for good, the node would be left out of every round the completer forms.
+    handlers = {h.node: h for h in (nodes.new(), nodes.new(), nodes.new())}
+    nodes.join(*handlers.values())
+    order = _state(next(iter(handlers.values())))["members"]
+    completer, _, flapped = (handlers[n] for n in order)  # rank 0 completes the next round
+    real_probe, refused = liveness.probe, []
+
+    def refused_once(addr: str, port: int, node_id: str, timeout_s: float) -> Verdict:
+        if node_id == flapped.node and not refused:
+            refused.append(node_id)
+            return Verdict.DEAD
+        return real_probe(addr, port, node_id, timeout_s)
+
+    monkeypatch.setattr(liveness, "probe", refused_once)
+    completer.detector.forget()  # as a new round does: ask again
+    assert completer._dead(flapped.node, completer.keys.current_view(), probe_live=True)
+    infos = nodes.join(*handlers.values())  # the three re-form; the probe answers again
+    assert refused and ranks(infos) == [(0, 3), (1, 3), (2, 3)]
