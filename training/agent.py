@@ -174,6 +174,7 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
     from torch.distributed.elastic.rendezvous import (
         RendezvousClosedError,
         RendezvousError,
+        RendezvousGracefulExitError,
         RendezvousTimeoutError,
     )
 
@@ -230,6 +231,10 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
         # A group trained already: a re-form that cannot complete (too few live nodes for
         # now) is no reason to end the run. A new pod joins the same, open rendezvous.
         logger.error("%s: exiting %d for a new pod", exc, RETRY_ME)
+        return RETRY_ME, False
+    except RendezvousGracefulExitError as exc:
+        # To its peers this node is gone (its probe refuses): it cannot train with them again.
+        logger.error("this node left the rendezvous (%s): exiting %d for a new pod", exc, RETRY_ME)
         return RETRY_ME, False
     except RendezvousError as exc:
         # An etcd outage: torch's agent raises out of its monitoring loop. Exiting 1 would

@@ -311,5 +311,12 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
         **shutdown,
     )
     result = agent.run()
+    if result is None:
+        # torch's run() logs a RendezvousGracefulExitError and returns None (2.13,
+        # agent/server/api.py, ``run``): this node left the rendezvous, its peers took it for
+        # gone, and it must not run on as if its workers had finished.
+        from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+        raise RendezvousGracefulExitError(f"the agent of {TRAIN_MODULE} left the rendezvous")
     if result.is_failed():
         raise ChildFailedError(name=TRAIN_MODULE, failures=result.failures)

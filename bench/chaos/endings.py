@@ -43,6 +43,10 @@ AGENT_SAYS: tuple[tuple[str, str], ...] = (
     ),
     ("the rendezvous is closed for this id", CLOSED_ENDING),
     (
+        "this node left the rendezvous (",
+        "this node left the rendezvous, its peers re-formed without it",
+    ),
+    (
         "stopping without another restart",
         "bad input a worker found after joining (another run's checkpoint)",
     ),

@@ -149,3 +149,29 @@ def test_a_sigterm_raised_inside_a_finalizer_is_lost_but_the_agent_keeps_its_sto
     with pytest.raises(SignalException) as raised:
         stop.raise_if_stopped()
     assert raised.value.sigval == signal.SIGTERM
+
+
+def test_an_agent_that_left_the_rendezvous_ends_for_a_new_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch 2.13's SimpleElasticAgent.run (agent/server/api.py) logs a
+    # RendezvousGracefulExitError and returns None; run_agent must not take that for a result.
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousGracefulExitError,
+        rendezvous_handler_registry,
+    )
+
+    from training import agent, launcher
+    from training.elastic.exit_codes import RETRY_ME
+
+    def left(self: LocalElasticAgent, role: str = "default") -> None:
+        raise RendezvousGracefulExitError("node a has left run-1")
+
+    monkeypatch.setattr(LocalElasticAgent, "_invoke_run", left)
+    monkeypatch.setattr(rendezvous_handler_registry, "create_handler", lambda params: object())
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT")  # restored after
+    _, config = torchrun_config(["--nnodes=1", "--module", "training.train"])
+    monkeypatch.setattr(launcher, "launch", lambda args: launcher.run_agent(config, []))
+    monkeypatch.setattr(launcher, "STOP", AgentStop())
+    assert agent._launch_warm([]) == (RETRY_ME, False)

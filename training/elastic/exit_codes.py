@@ -93,5 +93,6 @@ ENDINGS: tuple[Ending, ...] = (
     ),
     Ending("the warm launcher cannot run (a preload fails to import, torch changed)", BAD_INPUT),
     Ending("rendezvous closed for this id (the run finished, or failed for good)", PERMANENT),
+    Ending("this node left the rendezvous, its peers re-formed without it", RETRY_ME),
     Ending("the agent crashed on a signal (SIGSEGV; SIGABRT is 134)", signal_exit(signal.SIGSEGV)),
 )
