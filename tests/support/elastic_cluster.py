@@ -66,7 +66,9 @@ class Cluster:
         self.launcher = launcher
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, train_args: list[str]) -> None:
+    def start(self, name: str, train_args: list[str], env: dict[str, str] | None = None) -> None:
+        """Node ``name``, with ``env`` over the job's (a fault injected on this node only)."""
+        extra = env or {}
         env = {
             **os.environ,
             **self.policy.pet_env(),
@@ -77,6 +79,7 @@ class Cluster:
                 collective_timeout_s=self.collective_timeout_s,
                 launcher=self.launcher,
             ),
+            **extra,
         }
         command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)
         with (

@@ -28,6 +28,7 @@ from training.data.sampler import loss_scale, micro_batches
 from training.elastic.faults import StopRequest, is_peer_failure
 from training.loop.emergency import Outcome
 from training.loop.evaluation import evaluate
+from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
 from training.loop.step_guard import (
     EmulatedStream,
@@ -59,6 +60,7 @@ class Trainer(StatefulTrainer):
         returns (loss sum, samples)."""
         assert self.ddp is not None
         step, world, rank = self.state.step, self.env.world_size, self.env.rank
+        raise_if_failed(step, self.env.local_rank)  # a GPU failing on cue (tests, the bench)
         indices = self.sampler.rank_indices(step, world, rank)
         scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
         chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)
