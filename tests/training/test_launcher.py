@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -132,18 +133,27 @@ def test_a_sigterm_raised_inside_a_finalizer_is_lost_but_the_agent_keeps_its_sto
     # Python only reports an exception raised in a finalizer, as torch's worker start runs
     # them. The rendezvous handler calls raise_if_stopped at its next poll
     # (test_agent_stop.py: the agent then forms no new group).
-    # The handler is called as Python calls it when the signal lands in the finalizer. A real
-    # SIGTERM raised here never reached it in the full suite: other tests in this process
-    # change its signal state (a worker's StopRequest blocks SIGTERM in its thread).
+    # A real SIGTERM, sent to the main thread (where Python runs handlers), with SIGTERM
+    # unblocked there for the test: another test in this process may have blocked it (a
+    # worker's StopRequest does, for its sigwait thread), and a signal sent to the process
+    # could go to such a thread. pthread_kill runs the handler before it returns.
     lost: list[BaseException | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: lost.append(u.exc_value))
     stop = AgentStop()
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None and threading.get_ident() == main_thread
 
     class Handles:
         def __del__(self) -> None:
-            stop._handle(signal.SIGTERM, None)
+            signal.pthread_kill(main_thread, signal.SIGTERM)
 
-    Handles()  # dropped at once: its finalizer runs here
+    previous = signal.signal(signal.SIGTERM, stop._handle)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    try:
+        Handles()  # dropped at once: its finalizer runs here
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGTERM, previous)
     assert len(lost) == 1 and isinstance(lost[0], SignalException), lost
     assert stop.at is not None
     with pytest.raises(SignalException) as raised:
