@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from training.elastic.exit_codes import BAD_INPUT, DEVICE_FAULT, DEVICE_FAULT_ENV, VERDICT_ENV
+from training.elastic.faults import AGENT_SIGNALLED_ENV
 from training.elastic.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
 from training.loop.config import parse_config
 
@@ -176,6 +177,9 @@ def launch(args: Sequence[str]) -> None:
     fault = verdict.with_name(f"spot-lab-device-fault-{os.getpid()}")
     fault.unlink(missing_ok=True)
     os.environ[DEVICE_FAULT_ENV] = str(fault)
+    signalled = verdict.with_name(f"spot-lab-agent-signalled-{os.getpid()}")
+    signalled.unlink(missing_ok=True)
+    os.environ[AGENT_SIGNALLED_ENV] = str(signalled)
     os.environ[WORKER_IDENTICAL_ENV] = "1"
     start_fork_server()  # first, so that its imports and the ones below overlap
     # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
@@ -256,6 +260,10 @@ class AgentStop:
     def _handle(self, signum: int, frame: object) -> None:
         if self.at is None:
             self.at = time.monotonic()
+            # Before torch stops the workers with a SIGTERM of its own: theirs then asks for
+            # a durable commit (training/elastic/faults.py, ``sigterm_from_outside``).
+            if signalled := os.environ.get(AGENT_SIGNALLED_ENV):
+                Path(signalled).touch()
         self.signum = signum
         if not self.held:
             self.raise_if_stopped()

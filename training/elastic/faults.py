@@ -5,12 +5,14 @@ Both end the training loop at the last completed step, so both lead to the same 
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -102,6 +104,21 @@ def is_peer_failure(exc: BaseException) -> bool:
     if type(exc) is RuntimeError:  # how torch hands on a gloo::IoException
         return bool(_GLOO_TRANSPORT.match(text)) or text.startswith(_GLOO_PAIRS_CLOSED)
     return False
+
+
+AGENT_SIGNALLED_ENV = "TRAIN_AGENT_SIGNALLED_FILE"
+"""A file the warm launcher's agent writes when a SIGTERM reaches it from outside (an eviction,
+the pod deleted), before it stops its workers with one of its own."""
+
+
+def sigterm_from_outside() -> bool:
+    """Whether this worker's SIGTERM means the node goes (its agent was signalled), not torch
+    closing the node's workers: a sibling exited (torch 2.13 ``MultiprocessContext`` closes
+    the others, elastic/multiprocessing/api.py) or the group re-forms. Either way the worker
+    saves on the node; only a node that goes needs the durable commit. Outside the warm
+    launcher (plain torchrun, a single process) every SIGTERM counts."""
+    signalled = os.environ.get(AGENT_SIGNALLED_ENV)
+    return not signalled or Path(signalled).exists()
 
 
 AGREEMENT_TIMEOUT_S = 10.0
