@@ -202,6 +202,7 @@ class Trainer(StatefulTrainer):
             window_loss[0] += loss_sum
             window_loss[1] += count
             if self.state.step % log_every == 0 or self.state.step == max_steps:
+                self._note_completed()
                 self._log(window_loss, window_steps, time.monotonic() - window_start)
                 window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
             if self._eval_due():
@@ -210,6 +211,15 @@ class Trainer(StatefulTrainer):
             # Lab pacing: a fault schedule in steps then means the same on a fast machine.
             time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))
         return True
+
+    def _note_completed(self) -> None:
+        """Every node says which step it completed, not only rank 0's (its metrics line): a
+        node lost right after a step rank 0's node never logged still shows it in its own log,
+        which the chaos campaign counts lost steps from (bench/chaos/invariants.py)."""
+        if self.env.local_rank == 0 and self.env.rank != 0:
+            self.events.event(
+                "step_completed", step=self.state.step, world_size=self.env.world_size
+            )
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
         # The global mean loss over the window, only at log steps; on the guard's gloo group
