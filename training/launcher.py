@@ -252,6 +252,9 @@ class AgentStop:
     def install(self) -> None:
         self.held = False
         signal.signal(signal.SIGTERM, self._handle)
+        # A blocked signal stays blocked across exec: a parent that blocked SIGTERM (a
+        # process with a sigwait thread) would leave this agent deaf to its eviction.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def hold(self) -> None:
         """From now on a SIGTERM is recorded, not raised: the agent's work is done."""

@@ -52,9 +52,15 @@ def test_a_sigterm_while_the_agent_settles_is_recorded_not_raised(
     ending: tuple[int, bool], code: int, printed: list[str]
 ) -> None:
     script = SIGTERM_IN_SETTLE.format(ending=ending)
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    # Started with SIGTERM blocked, as from this process after a test that made a worker's
+    # StopRequest (its sigwait thread needs it blocked): the agent must unblock it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     assert result.returncode == code, result.stderr[-2000:]
     assert result.stdout.split("\n")[:-1] == printed, result.stdout
 
