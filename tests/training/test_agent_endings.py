@@ -48,6 +48,7 @@ sys.exit(agent.main([], env={{}}))
     ],
     ids=["restarts-spent", "finished"],
 )
+@pytest.mark.usefixtures("processes")
 def test_a_sigterm_while_the_agent_settles_is_recorded_not_raised(
     ending: tuple[int, bool], code: int, printed: list[str]
 ) -> None:

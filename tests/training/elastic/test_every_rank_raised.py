@@ -41,6 +41,7 @@ os._exit(0)
         ("one", ["False", "peer left"]),  # rank 0's alone: its peer waited in a collective
     ],
 )
+@pytest.mark.usefixtures("processes")
 def test_every_rank_raised_tells_a_shared_error_from_one_ranks(
     scenario: str, said: list[str]
 ) -> None:
