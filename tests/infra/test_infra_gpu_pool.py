@@ -99,3 +99,16 @@ def test_t4_to_a100_is_a_new_pool_the_job_follows_and_the_old_one_goes_last() ->
     assert moved.waits_for(job, pool)
     # A new spec is a new job (same name: the old one is deleted first, with its workers).
     assert job.replace_on_changes == ["spec"] and job.delete_before_replace
+
+
+def test_every_up_refreshes_first_so_a_pool_update_carries_the_live_count() -> None:
+    """An update of another pool setting sends the count in Pulumi's state (ignoreChanges), and
+    AKS refuses one that differs from the live count as a manual scale (terraform-provider-azurerm
+    #4543); a refresh before every up records the live count (Pulumi.yaml's ``options.refresh:
+    always``, pulumi/pulumi #8071: a string, not a boolean, pulumi-hugo #1971)."""
+    import yaml
+
+    from tests.support.pulumi_harness import PROJECT_DIR
+
+    project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
+    assert project["options"] == {"refresh": "always"}
