@@ -75,6 +75,8 @@ def etcd_v3_problem(endpoint: str, timeout_s: float = 2.0) -> str | None:
         return _tls(endpoint, type(exc).__name__)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ConnectionResetError):  # accepted, then hung up on the request
+            return _tls(endpoint, "the connection was reset")
         return f"cannot reach etcd at {endpoint} ({reason})"
 
 

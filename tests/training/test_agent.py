@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -155,7 +156,7 @@ def test_a_tls_port_that_hangs_up_on_plain_http_is_named(tmp_path: Path) -> None
     threading.Thread(target=serve, daemon=True).start()
     endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
     try:
-        problem = etcd_v3_problem(endpoint)
+        problem = etcd_v3_problem(endpoint, timeout_s=30)  # a loaded machine: time to hang up
     finally:
         listener.close()
     assert problem is not None and endpoint in problem and "it wants TLS" in problem
@@ -196,3 +197,24 @@ def test_the_warm_launcher_refuses_bad_training_flags_before_it_joins(
     assert result.returncode == 2, result.stderr[-2000:]
     assert "--max-steps must be int, got 'ten'" in result.stderr
     assert "rendezvous" not in result.stderr.lower().replace("rendezvous check", "")
+
+
+def test_a_port_that_resets_the_request_is_named_not_taken_for_an_etcd_still_starting() -> None:
+    # What a TLS server did to the plain request on a loaded machine: accept, then RST. A
+    # refused connection is an etcd not up yet; a reset one is a server that will not talk.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def reset() -> None:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # linger 0: an RST instead of a FIN
+
+    threading.Thread(target=reset, daemon=True).start()
+    endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        problem = etcd_v3_problem(endpoint, timeout_s=30)
+    finally:
+        listener.close()
+    assert problem is not None and NOT_ETCD_V3 in problem and "reset" in problem.lower()
