@@ -144,8 +144,7 @@ class TrainSpec:
     """What ``--task`` (``TRAIN_TASK``) and the stack's ``task`` call it."""
     options: type
     """A dataclass of the task's own settings: every field has a default and a docstring
-    under it, and becomes a flag (``--field-name``, env ``TRAIN_FIELD_NAME``). Every field is
-    part of the run's identity: a state is never resumed under other values."""
+    under it, and becomes a flag (``--field-name``, env ``TRAIN_FIELD_NAME``)."""
     load_data: Callable[[str, Any], Data]
     """``load_data(data_dir, options)``: the samples, read before any collective. Raise
     ``ValueError`` or ``OSError`` with a message naming the file and the fix."""
@@ -166,3 +165,8 @@ class TrainSpec:
     run with the loop's own checks, before any collective."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The task's own defaults for the loop's settings (``{"lr": 3e-4}``); flags and env win."""
+    state_options: tuple[str, ...] | None = None
+    """The options that change what the saved state means (the parameters' shapes, the
+    samples): part of the run's identity, so a state is never resumed under other values. The
+    others (a learning rate's schedule, dropout, weight decay) may change on a resume, and are
+    used from the next step. None: every option, the safe default."""

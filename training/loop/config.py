@@ -75,6 +75,10 @@ class CheckpointConfig:
     """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
     storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
     Blob store into timeouts and restart loops."""
+    init_from: str = ""
+    """Another run's --checkpoint-uri to start from: the model's weights of its newest
+    verified checkpoint, with a fresh optimizer at step 0 (only while this run has no state
+    of its own; "" = a fresh model)."""
     stop_deadline_s: float = 25.0
     """Seconds from SIGTERM by which the emergency save, node-local then durable, is done or
     given up (the node-local copy stays; the worker exits 138): fits the pod's 30 s
@@ -281,6 +285,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--dtype (or TRAIN_DTYPE) must be one of {', '.join(DTYPES)}, got {cfg.run.dtype!r}"
         )
+    unknown = sorted(set(cfg.spec.state_options or ()) - {f.name for f in fields(cfg.options)})
+    if unknown:
+        raise ConfigError(f"task {cfg.run.task}: state_options names no option: {unknown}")
     if cfg.spec.check is not None:
         try:
             cfg.spec.check(cfg.options)

@@ -282,4 +282,6 @@ SPEC = TrainSpec(
     evaluate=evaluate,
     check=check,
     defaults={"lr": 1e-3, "global_batch_size": 32, "micro_batch_size": 16, "eval_every": 50},
+    # The parameters' shapes, and the windows a sample index means: the rest may change.
+    state_options=("block_size", "n_layer", "n_head", "n_embd"),
 )
