@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from training.api.keyed_random import keyed_seeds
+from training.api.keyed_random import sample_seed_tensor
 
 
 class TaskContractError(ValueError):
@@ -98,11 +98,13 @@ class MicroBatch:
     device: torch.device
     """Where the model is."""
 
-    def sample_seeds(self, stream: int) -> list[int]:
-        """One 63-bit seed per sample of this micro-batch, keyed by (seed, stream, step, sample
-        index): randomness drawn from it is the same at any world size and after any resume,
-        and needs no state. Use a distinct ``stream`` per use (dropout, augmentation, ...)."""
-        return keyed_seeds((self.seed, stream, self.step), self.indices.tolist())
+    def sample_seeds(self, stream: int) -> torch.Tensor:
+        """One 63-bit seed per sample of this micro-batch (int64, on ``device``), keyed by
+        (seed, stream, step, sample index): randomness drawn from it is the same at any world
+        size and after any resume, and needs no state. Use a distinct ``stream`` per use
+        (dropout, augmentation, ...); ``keyed_dropout`` and ``keyed_uniform`` take it."""
+        keys = (self.seed, stream, self.step)
+        return sample_seed_tensor(keys, self.indices.to(self.device))
 
 
 @dataclass(frozen=True)
