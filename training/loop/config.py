@@ -113,6 +113,9 @@ class RunConfig:
     """Before training, take one step twice: from the state in memory, and from that state
     as a checkpoint restores it; stop with an error naming what differs (state the task
     keeps outside the checkpoint: docs/your-own-model.md). Costs one local step per round."""
+    compile: bool = False
+    """torch.compile the model (inductor), on the module DDP then wraps: compile time at each
+    round's first steps, for faster steps after."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
     benchmarking and TF32 off, CUBLAS_WORKSPACE_CONFIG (docs/training.md: what holds)."""
