@@ -54,6 +54,8 @@ class FakeAzure:
     url: str = ""
     routes: dict[tuple[str, ...], Answer | list[Answer]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
+    slept: list[float] = field(default_factory=list)
+    """The waits the SDK's retry policy asked its transport for (LoopbackTransport.sleep)."""
 
     def posts(self) -> list[str]:
         return [s.path for s in self.seen if s.method == "POST"]
@@ -104,11 +106,19 @@ def serve() -> Iterator[FakeAzure]:
 
 
 class LoopbackTransport(RequestsTransport):
-    """Sends what the client addresses to Azure's hosts to the fake instead."""
+    """Sends what the client addresses to Azure's hosts to the fake instead.
 
-    def __init__(self, base: str) -> None:
+    The SDK's retry policy waits through its transport (``HttpTransport.sleep``): here the
+    wait is only recorded in ``slept``, so a test of retries does not wait out the backoff.
+    """
+
+    def __init__(self, base: str, slept: list[float] | None = None) -> None:
         super().__init__()
         self._base = base
+        self.slept = [] if slept is None else slept
+
+    def sleep(self, duration: float) -> None:
+        self.slept.append(duration)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         # Only for this send: a retry passes the request through the auth policy again,

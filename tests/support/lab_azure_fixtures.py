@@ -92,7 +92,7 @@ def replay_azure(fake: FakeAzure, credential: Any = None, **environ: str) -> Azu
     claims = {"oid": OID, "upn": "ada@example.com", "tid": TENANT, "appid": AZURE_CLI_APP_ID}
     return Azure(
         credential=credential or StaticToken(claims),
-        transport=lambda: LoopbackTransport(fake.url),
+        transport=lambda: LoopbackTransport(fake.url, fake.slept),
         probe=lambda url: reach(fake.url),
         environ=dict(environ),
     )

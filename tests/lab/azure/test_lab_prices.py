@@ -171,6 +171,9 @@ def test_a_failing_price_api_is_retried_then_reported_in_one_line(
     assert code == 1
     assert capsys.readouterr().err == "error: 503 ServiceUnavailable: try later\n"
     assert len(azure.seen) == 4  # the first try and 3 retries
+    # azure-core's exponential backoff between them (Retry-After 0 asks for none of its own):
+    # its first retry is at once, then each waits longer (recorded by the transport, not waited).
+    assert len(azure.slept) == 2 and 0 < azure.slept[0] < azure.slept[1]
 
 
 @pytest.mark.parametrize(
