@@ -17,8 +17,9 @@ readers and writers share one kernel, so each marks what it uses with ``flock``.
   manifest or the ``keep`` newest saves it names.
 
 flock's locks belong to an open file description: two opens of one file conflict, in one
-process or two, and closing the last descriptor releases the lock (man 2 flock). Node-local
-disks are local filesystems (``FileStore`` refuses FUSE), where flock holds.
+process or two, and closing the last descriptor releases the lock (man 2 flock). A forked
+child shares its parent's descriptions, so it closes this module's descriptors at once.
+Node-local disks are local filesystems (``FileStore`` refuses FUSE), where flock holds.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from training.checkpoints.manifest import Manifest, is_object_of, manifest_name, manifest_seq
@@ -38,43 +40,96 @@ LOCK_NAME = ".prune-lock"
 """The directory's lock: shared by readers, taken exclusively (without waiting) by a prune."""
 
 
+WAIT_S = 10.0
+"""How long a reader waits for a prune holding the directory (a few unlinks). Past it, a prune
+that froze: the reader goes on without the lock, and a save gone since its manifest read makes
+it fall back, as a torn one would."""
+
+_open_fds: dict[int, object] = {}
+"""This module's descriptors, each with its owner's token: what a forked child closes."""
+
+
+def _open(path: Path, flags: int, owner: object) -> int:
+    fd = os.open(path, flags, 0o644)
+    _open_fds[fd] = owner
+    return fd
+
+
+def _close(fd: int, owner: object) -> None:
+    if _open_fds.get(fd) is owner:  # not a number a forked child reused
+        del _open_fds[fd]
+        os.close(fd)
+
+
+def _forget_in_child() -> None:
+    # A lock lives until every descriptor of its open file description is closed: a child
+    # forked while one is held (a DataLoader worker, say) would hold it for its whole life.
+    for fd in list(_open_fds):
+        with suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _lock_within(fd: int, operation: int, seconds: float) -> bool:
+    """``flock(fd, operation)``, waiting at most ``seconds``; whether it was taken."""
+    give_up = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.005)
+
+
 class Pin:
     """A shared lock on one file: no prune deletes it while this is held."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDONLY)
+        self._token = object()  # not the pin itself: the registry must not keep it alive
+        fd = _open(path, os.O_RDONLY, self._token)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            if not _lock_within(fd, fcntl.LOCK_SH, WAIT_S):
+                raise TimeoutError(f"{path} has been locked by a prune for {WAIT_S:g} s")
             if os.fstat(fd).st_nlink == 0:  # pruned between the open and the lock
                 raise FileNotFoundError(f"{path} was pruned")
         except BaseException:
-            os.close(fd)
+            _close(fd, self._token)
             raise
         self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
+            _close(self._fd, self._token)
             self._fd = None
 
     def __del__(self) -> None:  # an owner dropped without ``release``: no fd leaks
-        self.release()
-
-
-def _lock_fd(root: Path) -> int:
-    return os.open(root / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            self.release()
+        except Exception:  # at interpreter exit, this module's globals may be gone
+            return
 
 
 @contextmanager
 def reading(root: Path) -> Iterator[None]:
     """Hold off prunes while the caller reads the manifests and opens a save."""
-    fd = _lock_fd(root)
+    token = object()
+    fd = _open(root / LOCK_NAME, os.O_RDONLY | os.O_CREAT, token)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        if not _lock_within(fd, fcntl.LOCK_SH, WAIT_S):
+            logger.warning(
+                "a prune has held %s for %g s; reading the node-local saves without it",
+                root / LOCK_NAME,
+                WAIT_S,
+            )
         yield
     finally:
-        os.close(fd)
+        _close(fd, token)
 
 
 def prune(root: Path, prefix: str, keep: int) -> list[str]:
@@ -83,11 +138,14 @@ def prune(root: Path, prefix: str, keep: int) -> list[str]:
     Nothing when a reader is present or no manifest is valid (then nothing says which save
     is the newest); a pinned file stays. A failure is logged: the next save prunes again.
     """
-    fd = _lock_fd(root)
+    token = object()
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        fd = _open(root / LOCK_NAME, os.O_RDONLY | os.O_CREAT, token)
+    except OSError as exc:
+        logger.warning("pruning the node-local saves in %s failed: %s", root, exc)
+        return []
+    try:
+        if not _lock_within(fd, fcntl.LOCK_EX, 0):
             logger.info("node-local saves in %s are being read; pruning them next time", root)
             return []
         return [name for name in _doomed(root, prefix, keep) if _delete_unless_pinned(root / name)]
@@ -95,7 +153,7 @@ def prune(root: Path, prefix: str, keep: int) -> list[str]:
         logger.warning("pruning the node-local saves in %s failed: %s", root, exc)
         return []
     finally:
-        os.close(fd)
+        _close(fd, token)
 
 
 def _doomed(root: Path, prefix: str, keep: int) -> list[str]:
@@ -123,17 +181,16 @@ def _newest_valid(root: Path, prefix: str, seqs: list[int]) -> Manifest | None:
 
 
 def _delete_unless_pinned(path: Path) -> bool:
+    token = object()
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open(path, os.O_RDONLY, token)
     except FileNotFoundError:
         return False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_within(fd, fcntl.LOCK_EX, 0):
             logger.info("kept %s: a reader or a durable commit is using it", path.name)
             return False
         os.unlink(path)  # under the lock: no pin can be taken on it in between
         return True
     finally:
-        os.close(fd)
+        _close(fd, token)

@@ -3,6 +3,7 @@ reader or the agent's durable commit is still using."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -125,3 +126,26 @@ def test_the_newest_is_kept_when_every_older_save_is_gone(tmp_path: Path) -> Non
     assert len(files) == 1
     loaded = NodeLocalState(tmp_path, RUN).load()
     assert loaded is not None and loaded.entry.step == 4
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_forked_child_keeps_none_of_the_parents_locks(tmp_path: Path) -> None:
+    local = NodeLocalState(tmp_path, RUN)
+    local.save_state(5, _state(5))  # pinned by this process
+    local.wait_pruned()
+    (first,), _ = _saves(tmp_path)
+    release, child_ready = os.pipe()
+    pid = os.fork()  # a DataLoader worker, say, forked while the pin is held
+    if pid == 0:
+        os.close(child_ready)
+        os.read(release, 1)
+        os._exit(0)
+    os.close(release)
+    try:
+        local.save_state(6, _state(6))  # this process lets step 5 go; the child must too
+        local.wait_pruned()
+        assert not (tmp_path / RUN / first).exists()
+    finally:
+        os.write(child_ready, b"x")
+        os.close(child_ready)
+        os.waitpid(pid, 0)
