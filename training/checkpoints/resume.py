@@ -132,7 +132,7 @@ class NodeLocalState:
         finally:
             spooled.unlink(missing_ok=True)
         self._hold(pin)
-        # On a thread: unlinking a large file takes about 70 ms per GiB on ext4, time an
+        # On a thread: unlinking a large file takes 50 to 70 ms per GiB on ext4, time an
         # eviction's durable commit needs more. Cut off by the process's end, it resumes at
         # the next save.
         self._pruning = threading.Thread(target=self.prune, name="node-local-prune", daemon=True)
