@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from training.elastic.exit_codes import (
     BAD_INPUT,
+    DEVICE_FAULT,
+    OK,
     PERMANENT,
     RETRY_ME,
     after_spent_restarts,
@@ -106,7 +108,7 @@ def main(
     if code is not None:
         return code
     if launcher == "warm":
-        return run_warm(args)
+        return _run_warm_to_a_code(args)
     execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
     return 0  # only reached when execv is a test double
 
@@ -135,9 +137,48 @@ def fetch_data(env: Mapping[str, str]) -> int | None:
     return None
 
 
+def _run_warm_to_a_code(args: list[str]) -> int:
+    """``run_warm``; whatever else leaves it is a code the operator retries, never 1.
+
+    A signal's exception (one that landed before the agent held its stop) is 128 + the
+    signal; any other exception is the agent's own failure, not the job's, and a new pod may
+    not meet it: 138. Exit 1 is left to the endings ``_ending`` names.
+    """
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from training.launcher import STOP
+
+    try:
+        return run_warm(args)
+    except SignalException as exc:
+        STOP.hold()
+        code = signal_exit(exc.sigval)
+        logger.error("stopped by signal %s: exiting %d (the operator retries it)", exc.sigval, code)
+    except Exception:
+        STOP.hold()
+        code = RETRY_ME
+        logger.exception("the agent failed: exiting %d for a new pod", code)
+    _leave_rendezvous()
+    return code
+
+
+def _leave_rendezvous() -> None:
+    """Leave the rendezvous (best effort), so the peers do not wait out this node's heartbeat."""
+    from training.elastic.rendezvous import created
+
+    for handler in created():
+        try:
+            handler.leave()
+        except Exception as exc:  # noqa: BLE001 - the node exits next, whatever happens here
+            logger.warning("could not leave the rendezvous: %s", exc)
+
+
 def run_warm(args: list[str]) -> int:
     """The warm launcher, its ways of ending mapped onto the codes the operator understands."""
+    from training.launcher import STOP
+
     code, close = _launch_warm(args)
+    STOP.hold()  # the agent's work is done: a SIGTERM from now on is recorded, not raised
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
     # here it closes only when the run is over for good, and the node leaves the round at
     # once, so nobody waits out its heartbeat (training/elastic/rendezvous.py).
@@ -145,7 +186,9 @@ def run_warm(args: list[str]) -> int:
 
     for handler in created():
         handler.settle(close=close)
-    if code == signal_exit(signal.SIGTERM):  # the node goes: its save must not go with it
+    # The node goes (its SIGTERM came before or after its ending): its save must not go with
+    # it. A finished run committed its final state already.
+    if code != OK and (code == signal_exit(signal.SIGTERM) or STOP.at is not None):
         _commit_node_save(args)
     return code
 
@@ -168,20 +211,48 @@ def _commit_node_save(args: list[str]) -> None:
 
 def _launch_warm(args: list[str]) -> tuple[int, bool]:
     """(exit code, whether the rendezvous should close)."""
+    from training.launcher import STOP, launch
+
+    try:
+        launch(args)
+    except BaseException as exc:  # noqa: BLE001 - each is an ending below, or raised again
+        STOP.hold()  # first: a SIGTERM must not replace the ending it lands in
+        return _ending(exc)
+    STOP.hold()
+    return OK, True
+
+
+def _device_fault(why: str) -> tuple[int, bool]:
+    # Every restart here would meet the same GPU: the node leaves the rendezvous at once (its
+    # peers re-form without it) and a new pod, on a node with a sound GPU, joins the run.
+    logger.error(
+        "a fault of this node's GPU (%s): leaving the rendezvous, exiting %d for a new pod",
+        why,
+        RETRY_ME,
+    )
+    return RETRY_ME, False
+
+
+def _ending(exc: BaseException) -> tuple[int, bool]:
+    """The ending ``launch`` raised, as (exit code, whether the rendezvous should close);
+    anything not named here is raised again (``_run_warm_to_a_code`` makes it 138)."""
     # Imports torch: after the cheap checks. Public names only (each module's __all__).
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import (
         RendezvousClosedError,
         RendezvousError,
+        RendezvousGracefulExitError,
         RendezvousTimeoutError,
     )
 
     from training.elastic.rendezvous import BadInputAfterJoin, ReformTimeoutError
-    from training.launcher import launch
+    from training.launcher import DeviceFault
 
     try:
-        launch(args)
+        raise exc
+    except DeviceFault as exc:
+        return _device_fault(str(exc))
     except ValueError as exc:  # bad flags or data, or a launcher that cannot run, before joining
         logger.error("%s", exc)
         return EXIT_BAD_INPUT, False
@@ -197,6 +268,8 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
         return EXIT_BAD_INPUT, True
     except ChildFailedError as exc:
         codes = [failure.exitcode for failure in exc.failures.values()]
+        if DEVICE_FAULT in codes:  # its last restart: the file was not read before the end
+            return _device_fault(f"a worker exited {DEVICE_FAULT}")
         code = after_spent_restarts(codes)
         if code == RETRY_ME:
             logger.error(
@@ -231,12 +304,15 @@ def _launch_warm(args: list[str]) -> tuple[int, bool]:
         # now) is no reason to end the run. A new pod joins the same, open rendezvous.
         logger.error("%s: exiting %d for a new pod", exc, RETRY_ME)
         return RETRY_ME, False
+    except RendezvousGracefulExitError as exc:
+        # To its peers this node is gone (its probe refuses): it cannot train with them again.
+        logger.error("this node left the rendezvous (%s): exiting %d for a new pod", exc, RETRY_ME)
+        return RETRY_ME, False
     except RendezvousError as exc:
         # An etcd outage: torch's agent raises out of its monitoring loop. Exiting 1 would
         # fail the job for good under ExitCode; 138 asks the operator for a new pod.
         logger.error("rendezvous failed (%s): exiting %d for a new pod", exc, RETRY_ME)
         return RETRY_ME, False
-    return 0, True
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.elastic.exit_codes import BAD_INPUT, VERDICT_ENV
+from training.elastic.exit_codes import BAD_INPUT, DEVICE_FAULT, DEVICE_FAULT_ENV, VERDICT_ENV
+from training.elastic.faults import AGENT_SIGNALLED_ENV
 from training.elastic.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
 from training.loop.config import parse_config
 
@@ -46,15 +47,30 @@ def worker(*argv: str) -> None:
     """One worker: ``training.train`` with ``argv``; a non-zero exit code fails the worker.
 
     Bad input found after joining (a checkpoint of another run, say) is the same in every
-    round: the verdict file stops the agent before it spends another restart on it.
+    round: the verdict file stops the agent before it spends another restart on it. A fault
+    of this node's GPU is the same on every restart here: its file makes the agent leave.
     """
     from training.train import run
 
     code = run(list(argv))
     if code == BAD_INPUT and (verdict := os.environ.get(VERDICT_ENV)):
         Path(verdict).write_text("see the worker's log for the setting and the fix")
+    if code == DEVICE_FAULT and (fault := os.environ.get(DEVICE_FAULT_ENV)):
+        Path(fault).write_text(f"local rank {os.environ.get('LOCAL_RANK', '0')}")
     if code:
         raise SystemExit(code)
+
+
+class DeviceFault(Exception):
+    """A worker of this node met a fault of its GPU: the node leaves the rendezvous at once,
+    for a new pod, instead of restarting its workers on the same device."""
+
+
+def raise_if_device_failed() -> None:
+    """DeviceFault when a worker of this node wrote the device-fault file (``worker``)."""
+    fault = os.environ.get(DEVICE_FAULT_ENV)
+    if fault and Path(fault).exists():
+        raise DeviceFault(f"a worker's GPU failed ({Path(fault).read_text()}; see its log)")
 
 
 class LauncherError(ValueError):
@@ -158,6 +174,12 @@ def launch(args: Sequence[str]) -> None:
     verdict.unlink(missing_ok=True)
     os.environ[VERDICT_ENV] = str(verdict)
     os.environ[ROUND_FILE_ENV] = str(verdict.with_name(f"spot-lab-round-{os.getpid()}"))
+    fault = verdict.with_name(f"spot-lab-device-fault-{os.getpid()}")
+    fault.unlink(missing_ok=True)
+    os.environ[DEVICE_FAULT_ENV] = str(fault)
+    signalled = verdict.with_name(f"spot-lab-agent-signalled-{os.getpid()}")
+    signalled.unlink(missing_ok=True)
+    os.environ[AGENT_SIGNALLED_ENV] = str(signalled)
     os.environ[WORKER_IDENTICAL_ENV] = "1"
     start_fork_server()  # first, so that its imports and the ones below overlap
     # torch's log formatter imports torch._dynamo to format a logged exception, and the agent
@@ -216,20 +238,38 @@ class AgentStop:
     group: chaos seed 147). So the stop is kept and raised again where the agent polls
     (``raise_if_stopped``, called by the rendezvous handler), or it would form a new group
     and train on until the kubelet's SIGKILL.
+
+    Once the agent's work is done (``hold``), a SIGTERM is only recorded: raised in what the
+    node still does (leaving the rendezvous, logging its ending), it would replace that ending
+    with an exception, and the process would exit 1, which fails the job.
     """
 
     def __init__(self) -> None:
         self.at: float | None = None
         self.signum: int | None = None
+        self.held = False
 
     def install(self) -> None:
+        self.held = False
         signal.signal(signal.SIGTERM, self._handle)
+        # A blocked signal stays blocked across exec: a parent that blocked SIGTERM (a
+        # process with a sigwait thread) would leave this agent deaf to its eviction.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    def hold(self) -> None:
+        """From now on a SIGTERM is recorded, not raised: the agent's work is done."""
+        self.held = True
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.at is None:
             self.at = time.monotonic()
+            # Before torch stops the workers with a SIGTERM of its own: theirs then asks for
+            # a durable commit (training/elastic/faults.py, ``sigterm_from_outside``).
+            if signalled := os.environ.get(AGENT_SIGNALLED_ENV):
+                Path(signalled).touch()
         self.signum = signum
-        self.raise_if_stopped()
+        if not self.held:
+            self.raise_if_stopped()
 
     def raise_if_stopped(self) -> None:
         if self.signum is None:
@@ -273,7 +313,13 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(signals)  # SIGTERM: AgentStop
     rdzv_handler = rendezvous_handler_registry.create_handler(params)
     if isinstance(rdzv_handler, SpotRendezvousHandler):
-        rdzv_handler.check_stop = STOP.raise_if_stopped
+        # Polled between rounds and by the monitor loop: a stop, or a GPU that failed, ends
+        # the agent there, before it starts workers on this node again.
+        def check_stop() -> None:
+            STOP.raise_if_stopped()
+            raise_if_device_failed()
+
+        rdzv_handler.check_stop = check_stop
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -311,5 +357,12 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
         **shutdown,
     )
     result = agent.run()
+    if result is None:
+        # torch's run() logs a RendezvousGracefulExitError and returns None (2.13,
+        # agent/server/api.py, ``run``): this node left the rendezvous, its peers took it for
+        # gone, and it must not run on as if its workers had finished.
+        from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+        raise RendezvousGracefulExitError(f"the agent of {TRAIN_MODULE} left the rendezvous")
     if result.is_failed():
         raise ChildFailedError(name=TRAIN_MODULE, failures=result.failures)

@@ -16,7 +16,13 @@ import torch.distributed as dist
 from training.api import TaskContractError
 from training.checkpoints.checkpoint import CheckpointError
 from training.data.cifar10 import DatasetError
-from training.elastic.faults import StopRequest, is_peer_failure
+from training.elastic.exit_codes import DEVICE_FAULT, LOCAL_ERROR
+from training.elastic.faults import (
+    StopRequest,
+    every_rank_raised,
+    is_device_fault,
+    is_peer_failure,
+)
 from training.loop.config import ConfigError, TrainConfig
 from training.loop.determinism import use_deterministic_algorithms
 from training.loop.dist import (
@@ -42,6 +48,26 @@ def _checkpoint_group(cfg: TrainConfig, env: DistEnv) -> dist.ProcessGroup:
     if env.rank == 0:  # one store round-trip and a gloo mesh: small, but measured
         logger.info("checkpoint group (gloo) created in %.4f s", seconds)
     return group
+
+
+def _not_the_jobs(exc: Exception, group: dist.ProcessGroup) -> int:
+    """The code of an exception the loop does not survive, when it is not the job's; raised
+    again when it is (every rank raised it: a bug no restart fixes, the worker exits 1).
+
+    A fault of this node's GPU makes the node leave; an error no other rank raised is this
+    rank's (its peers were still training), which a restart may not meet.
+    """
+    if is_device_fault(exc):
+        logger.error(
+            "a fault of this node's GPU: %s. Exiting %d: the node leaves, for a new pod",
+            str(exc).splitlines()[0],
+            DEVICE_FAULT,
+        )
+        return DEVICE_FAULT
+    if every_rank_raised(exc, group):
+        raise exc
+    logger.exception("an error no other rank raised: exiting %d for a restart", LOCAL_ERROR)
+    return LOCAL_ERROR
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -101,6 +127,8 @@ def run(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:  # e.g. the store unreadable from every rank: retry later
         logger.error("%s", exc)
         code = EXIT_RESTART
+    except Exception as exc:
+        code = _not_the_jobs(exc, group)  # raised again when every rank raised it
     finally:
         if not env.launched:
             destroy_process_group()

@@ -43,6 +43,15 @@ AGENT_SAYS: tuple[tuple[str, str], ...] = (
     ),
     ("the rendezvous is closed for this id", CLOSED_ENDING),
     (
+        "a fault of this node's GPU (",
+        "a fault of this node's GPU (CUDA or NCCL): the node leaves at once",
+    ),
+    ("the agent failed: exiting", "the agent failed (an exception of its own, not the job's)"),
+    (
+        "this node left the rendezvous (",
+        "this node left the rendezvous, its peers re-formed without it",
+    ),
+    (
         "stopping without another restart",
         "bad input a worker found after joining (another run's checkpoint)",
     ),

@@ -4,9 +4,10 @@
   does not retry) while the job could run (the runner always brings the capacity back). A
   node that started as training finished and found the rendezvous closed ends as the run did.
 - **no lost step**: every round resumed at or after the newest step any group completed
-  before it, unless every node that held that step lost it: killed or frozen with no notice
-  (a SIGKILL takes the node's disk, the state in memory and the steps since the last durable
-  save with it), or evicted while the store left no room for a commit in the whole deadline
+  before it (in any node's log: rank 0's metrics, every node's saves and completed steps),
+  unless every node that held that step lost it: killed or frozen with no notice (a SIGKILL
+  takes the node's disk, the state in memory and the steps since the last durable save with
+  it), or evicted while the store left no room for a commit in the whole deadline
   (failing, and between failures too slow for one).
   Those are listed as excused, with the reason, never silently.
 - **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``).
@@ -173,13 +174,15 @@ def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
             verdict.violate("finished", f"{proc.node} ended for good ({how}, {code})")
 
 
+COMPLETED = ("checkpoint_saved", "emergency_save", "step_completed")
+"""Events that show a step completed, beside rank 0's metrics lines: saves, and the line every
+other node logs at a log step (training/loop/trainer.py), so a step is counted from every
+node's own log, not only from the survivors' own word at the next resume."""
+
+
 def _completions(records: list[Record]) -> list[Record]:
-    """Records that show a step completed: metrics lines and saves."""
-    return [
-        r
-        for r in records
-        if r["kind"] == "metrics" or r.get("event") in ("checkpoint_saved", "emergency_save")
-    ]
+    """Records that show a step completed, in any node's log."""
+    return [r for r in records if r["kind"] == "metrics" or r.get("event") in COMPLETED]
 
 
 def _holders(records: list[Record], first: Record) -> dict[str, float]:

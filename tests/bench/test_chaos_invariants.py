@@ -95,6 +95,18 @@ def test_a_resume_behind_a_step_a_survivor_held_is_a_lost_step() -> None:
     assert figures["steps_lost"] == 2
 
 
+def test_a_step_only_a_node_without_rank_0_logged_counts_when_the_next_round_resumes() -> None:
+    # node-1 (not rank 0) completed step 6 just before it was killed; rank 0's node-0 logged
+    # only step 5 (its metrics line for 6 never came). The round after resumed at 5: node-0,
+    # alive, held step 6 too, so a step was lost, and only node-1's own log shows it.
+    evidence = _evidence()
+    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
+    verdict, figures = check(replace(evidence, records=[*evidence.records, completed]))
+    assert [v["invariant"] for v in verdict.violations] == ["no lost step"]
+    assert "after step 6 was completed; held by node-0" in verdict.violations[0]["detail"]
+    assert figures["steps_lost"] == 1
+
+
 def test_a_loss_when_every_holder_was_killed_without_notice_is_excused_and_says_so() -> None:
     evidence = _evidence()
     records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]

@@ -48,6 +48,7 @@ class Cluster:
         nproc_per_node: int = 1,
         max_restarts: int = 20,
         rendezvous: RendezvousSettings | None = None,
+        checkpoint_uri: str | None = None,
     ) -> None:
         self.root = root
         self.policy = ElasticPolicy(
@@ -62,21 +63,26 @@ class Cluster:
         )
         self.data_dir = data_dir
         self.checkpoints = root / "checkpoints"
+        self.blob_uri = checkpoint_uri
+        """A Blob URI (Azurite) for the durable store, instead of the directory."""
         self.collective_timeout_s = collective_timeout_s
         self.launcher = launcher
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, train_args: list[str]) -> None:
+    def start(self, name: str, train_args: list[str], env: dict[str, str] | None = None) -> None:
+        """Node ``name``, with ``env`` over the job's (a fault injected on this node only)."""
+        extra = env or {}
         env = {
             **os.environ,
             **self.policy.pet_env(),
             "OMP_NUM_THREADS": "1",
             **worker_env(
-                checkpoint_uri=str(self.checkpoints),
+                checkpoint_uri=self.blob_uri or str(self.checkpoints),
                 local_dir=str(self.root / f"local-{name}"),
                 collective_timeout_s=self.collective_timeout_s,
                 launcher=self.launcher,
             ),
+            **extra,
         }
         command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)
         with (

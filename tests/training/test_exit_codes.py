@@ -15,7 +15,9 @@ from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.exit_codes import (
     BAD_INPUT,
+    DEVICE_FAULT,
     ENDINGS,
+    LOCAL_ERROR,
     PERMANENT,
     RETRY_ME,
     WORKER_RESTART,
@@ -63,6 +65,10 @@ def test_the_table_agrees_with_the_operator() -> None:
         ([-9], PERMANENT),  # a worker killed outright (out of memory) again and again
         ([WORKER_RESTART, BAD_INPUT], BAD_INPUT),
         ([], PERMANENT),
+        # An error only this rank raised (its peers were training on), or its GPU's fault.
+        ([LOCAL_ERROR, WORKER_RESTART], RETRY_ME),
+        ([DEVICE_FAULT], RETRY_ME),
+        ([LOCAL_ERROR, 1], PERMANENT),
     ],
 )
 def test_spent_restarts_end_by_what_spent_them(worker_codes: list[int], node_code: int) -> None:
@@ -246,6 +252,9 @@ def _raises(exc: BaseException):
         (lambda: _rendezvous("RendezvousClosedError"), PERMANENT, False),
         (lambda: _rendezvous("RendezvousConnectionError"), RETRY_ME, False),
         (lambda: _launcher_unusable(), BAD_INPUT, False),
+        (lambda: _device_fault(), RETRY_ME, False),
+        (lambda: _child_failed([DEVICE_FAULT, WORKER_RESTART]), RETRY_ME, False),
+        (lambda: _left_the_rendezvous(), RETRY_ME, False),
     ],
     ids=[
         "finished",
@@ -261,6 +270,9 @@ def _raises(exc: BaseException):
         "closed",
         "etcd-outage",
         "launcher-unusable",
+        "device-fault",
+        "device-fault-in-the-last-round",
+        "left-the-rendezvous",
     ],
 )
 def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
@@ -305,3 +317,15 @@ def _launcher_unusable() -> BaseException:
     from training.launcher import LauncherError
 
     return LauncherError("the fork server could not import training.train")
+
+
+def _device_fault() -> BaseException:
+    from training.launcher import DeviceFault
+
+    return DeviceFault("a worker's GPU failed (local rank 0)")
+
+
+def _left_the_rendezvous() -> BaseException:
+    from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+    return RendezvousGracefulExitError("node a has left run-1")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -134,20 +135,55 @@ def test_a_sigterm_raised_inside_a_finalizer_is_lost_but_the_agent_keeps_its_sto
     # Python only reports an exception raised in a finalizer, as torch's worker start runs
     # them. The rendezvous handler calls raise_if_stopped at its next poll
     # (test_agent_stop.py: the agent then forms no new group).
-    # The handler is called as Python calls it when the signal lands in the finalizer. A real
-    # SIGTERM raised here never reached it in the full suite: other tests in this process
-    # change its signal state (a worker's StopRequest blocks SIGTERM in its thread).
+    # A real SIGTERM, sent to the main thread (where Python runs handlers), with SIGTERM
+    # unblocked there for the test: another test in this process may have blocked it (a
+    # worker's StopRequest does, for its sigwait thread), and a signal sent to the process
+    # could go to such a thread. pthread_kill runs the handler before it returns.
     lost: list[BaseException | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: lost.append(u.exc_value))
     stop = AgentStop()
+    main_thread = threading.main_thread().ident
+    assert main_thread is not None and threading.get_ident() == main_thread
 
     class Handles:
         def __del__(self) -> None:
-            stop._handle(signal.SIGTERM, None)
+            signal.pthread_kill(main_thread, signal.SIGTERM)
 
-    Handles()  # dropped at once: its finalizer runs here
+    previous = signal.signal(signal.SIGTERM, stop._handle)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    try:
+        Handles()  # dropped at once: its finalizer runs here
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGTERM, previous)
     assert len(lost) == 1 and isinstance(lost[0], SignalException), lost
     assert stop.at is not None
     with pytest.raises(SignalException) as raised:
         stop.raise_if_stopped()
     assert raised.value.sigval == signal.SIGTERM
+
+
+def test_an_agent_that_left_the_rendezvous_ends_for_a_new_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch 2.13's SimpleElasticAgent.run (agent/server/api.py) logs a
+    # RendezvousGracefulExitError and returns None; run_agent must not take that for a result.
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousGracefulExitError,
+        rendezvous_handler_registry,
+    )
+
+    from training import agent, launcher
+    from training.elastic.exit_codes import RETRY_ME
+
+    def left(self: LocalElasticAgent, role: str = "default") -> None:
+        raise RendezvousGracefulExitError("node a has left run-1")
+
+    monkeypatch.setattr(LocalElasticAgent, "_invoke_run", left)
+    monkeypatch.setattr(rendezvous_handler_registry, "create_handler", lambda params: object())
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT")  # restored after
+    _, config = torchrun_config(["--nnodes=1", "--module", "training.train"])
+    monkeypatch.setattr(launcher, "launch", lambda args: launcher.run_agent(config, []))
+    monkeypatch.setattr(launcher, "STOP", AgentStop())
+    assert agent._launch_warm([]) == (RETRY_ME, False)

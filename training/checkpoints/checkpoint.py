@@ -23,11 +23,13 @@ entry, to older checkpoints whose checksums verify. Why nothing acknowledged is 
 - nothing the newest ``RETAINED_MANIFESTS`` *valid* manifests name is ever deleted;
 - anything else may be another writer's commit between its upload and its manifest. It is
   deleted only once it is older than ``grace_s``, and a writer acknowledges a commit only
-  when it published within ``grace_s / 2`` of its upload's end. So a pruner that could
-  delete it began reading the manifests after the one naming it was visible.
+  when it published within ``grace_s / 2`` of its upload's end and of the log read its
+  manifest builds on. So a pruner that could delete it began reading the manifests after
+  the one naming it was visible.
   Manifests go the same way: one leaves the store only when two newer ones exist, it is
-  older than the retained valid ones, and it is older than ``grace_s``, so a writer that
-  stalled cannot recreate a retired sequence number.
+  older than the retained valid ones, and it is older than ``grace_s``. A number free at a
+  read less than ``grace_s / 2`` old was never retired, so a writer that stalled (in its
+  upload, say) reads the log again and cannot recreate a retired sequence number.
 
 Writers in one process are like writers in two: the protocol needs no lock between them, so
 an eviction's commit never waits for a periodic save stuck in the store.
@@ -43,13 +45,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.manifest import (
     CheckpointError,
     Entry,
+    Loaded,
     Manifest,
     StaleCheckpoint,
     is_object_of,
@@ -86,14 +87,6 @@ STALE_RETRY_S = 0.05
 GRACE_S = 120.0
 """How old an object no manifest names must be before it is deleted: ample for the clocks of
 the nodes and the store to disagree, and for a commit's manifest to follow its upload."""
-
-
-@dataclass(frozen=True)
-class Loaded:
-    entry: Entry
-    data: bytes
-    state: dict[str, Any] | None = None
-    """The state in ``data``, when the reader parsed it (``load_latest(parse=True)``)."""
 
 
 class CheckpointRepository:
@@ -260,9 +253,9 @@ class CheckpointRepository:
             self._newest_published = max(self._newest_published, step)
         if late >= self.grace_s / 2:
             raise CheckpointError(
-                f"checkpoint of step {step} was published {late:.0f} s after its upload, "
-                f"past half the {self.grace_s:.0f} s grace; not counted as committed (a "
-                "concurrent prune may have removed it)"
+                f"checkpoint of step {step} was published {late:.0f} s after its upload or "
+                f"its log read, past half the {self.grace_s:.0f} s grace; not counted as "
+                "committed (a concurrent prune may have removed it or its manifest)"
             )
         if prune:
             self.prune()
@@ -299,16 +292,20 @@ class CheckpointRepository:
         deadline: Deadline | None,
         newer_only: bool,
     ) -> tuple[float | None, int | None]:
-        """Upload ``entry``, publish it on top of the newest manifest: (when the upload
-        returned, or None; the step that made it stale, or None).
+        """Upload ``entry``, publish it on top of the newest manifest: (the earlier of when the
+        upload returned and when the log the manifest builds on was read, or None; the step
+        that made it stale, or None).
 
         The log is read once, before the upload: on a slow store a commit is that read, the
         upload and the manifest (an eviction's deadline counts round trips). Building on it is
         safe: a manifest published meanwhile took the next number, our create-only write
-        fails, and the log is read again. The head never goes back, not even with a second
-        group writing; a head that fails its checksum may be replaced by an older step.
+        fails, and the log is read again; a read half the grace old is read again, since the
+        number it found free may have been taken and retired since. The head never goes back,
+        not even with a second group writing; a head that fails its checksum may be replaced
+        by an older step.
         """
         uploaded: float | None = None
+        read_at = self._clock()  # before the read: a manifest listed later is younger still
         top, manifests, whole = self._read_log(1, store)
         while True:
             base = manifests[0] if manifests else None
@@ -329,8 +326,10 @@ class CheckpointRepository:
                 )
             if deadline is not None:
                 deadline.check(f"publishing the checkpoint of step {entry.step}")
-            if not whole:  # building on an older manifest could move the head back: wait
-                time.sleep(STALE_RETRY_S)
+            if not whole or self._clock() - read_at >= self.grace_s / 2:
+                if not whole:  # building on an older manifest could move the head back: wait
+                    time.sleep(STALE_RETRY_S)
+                read_at = self._clock()
                 top, manifests, whole = self._read_log(1, store)
                 continue
             older = [e for e in base.entries if e.step < entry.step] if base else []
@@ -343,9 +342,10 @@ class CheckpointRepository:
                     manifest.seq,
                     store.describe(),
                 )
+                read_at = self._clock()
                 top, manifests, whole = self._read_log(1, store)
                 continue
-            return uploaded, None
+            return min(uploaded, read_at), None
 
     def _newer_than(
         self, entry: Entry, head: Entry | None, store: ObjectStore, newer_only: bool

@@ -1,4 +1,4 @@
-"""The checkpoint store's records: object and manifest names, and manifests.
+"""The checkpoint store's records: object and manifest names, manifests, a loaded checkpoint.
 
 Everything here is a pure function of bytes and names; ``training/checkpoints/checkpoint.py`` does
 the I/O. A manifest read from a store is data from outside this process (another version, a torn or
@@ -138,3 +138,13 @@ class Manifest:
         if len({e.prefix for e in entries}) > 1:
             raise ValueError("manifest entries belong to more than one prefix")
         return Manifest(seq, entries, writer)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint as a reader loaded it: its entry and bytes."""
+
+    entry: Entry
+    data: bytes
+    state: dict[str, Any] | None = None
+    """The state in ``data``, when the reader parsed it (``load_latest(parse=True)``)."""

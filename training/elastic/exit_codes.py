@@ -29,6 +29,17 @@ node that a new pod, with a fresh restart budget, may not meet."""
 WORKER_RESTART = 75
 """A worker's own code (EX_TEMPFAIL) after a stop, a lost peer or a storage failure, its state
 saved: what every survivor of an eviction exits with."""
+LOCAL_ERROR = 70
+"""A worker's own code (EX_SOFTWARE) for an exception its peers did not raise with it
+(training/elastic/faults.py, ``every_rank_raised``): this rank's, not the job's; a restart, or
+a new pod once the restarts are spent, may not meet it. Only an exception every rank raised
+exits 1."""
+DEVICE_FAULT = 74
+"""A worker's own code (EX_IOERR) for a fault of this node's GPU (training/elastic/faults.py,
+``is_device_fault``): its agent leaves the rendezvous at once, without a restart on the same
+device, and the node ends 138 for a new pod."""
+DEVICE_FAULT_ENV = "TRAIN_DEVICE_FAULT_FILE"
+"""A file a worker writes when its device failed: the agent then leaves at once."""
 VERDICT_ENV = "TRAIN_VERDICT_FILE"
 """A file a worker writes when it stopped on bad input: the agent then stops at once."""
 OPERATOR_RETRIES_FROM = 128
@@ -50,12 +61,15 @@ def after_spent_restarts(worker_codes: list[int]) -> int:
     """The node's code once its agent gave up, from its workers' codes in the last round.
 
     Bad input stays bad input; a round every worker left because a peer vanished (or it was
-    stopped: 75, or 138 when its durable commit gave up at the stop's deadline) is an
-    eviction's doing, which a new pod may not meet; anything else is a bug.
+    stopped: 75, or 138 when its durable commit gave up at the stop's deadline), on an error
+    of its own that its peers did not share (70) or on a fault of its device (74) is a cause a
+    new pod may not meet; anything
+    else (an error every rank raised: 1) is a bug.
     """
     if BAD_INPUT in worker_codes:
         return BAD_INPUT
-    if worker_codes and all(code in (WORKER_RESTART, RETRY_ME) for code in worker_codes):
+    retried_by_a_new_pod = (WORKER_RESTART, RETRY_ME, LOCAL_ERROR, DEVICE_FAULT)
+    if worker_codes and all(code in retried_by_a_new_pod for code in worker_codes):
         return RETRY_ME
     return PERMANENT
 
@@ -93,5 +107,8 @@ ENDINGS: tuple[Ending, ...] = (
     ),
     Ending("the warm launcher cannot run (a preload fails to import, torch changed)", BAD_INPUT),
     Ending("rendezvous closed for this id (the run finished, or failed for good)", PERMANENT),
+    Ending("this node left the rendezvous, its peers re-formed without it", RETRY_ME),
+    Ending("a fault of this node's GPU (CUDA or NCCL): the node leaves at once", RETRY_ME),
+    Ending("the agent failed (an exception of its own, not the job's)", RETRY_ME),
     Ending("the agent crashed on a signal (SIGSEGV; SIGABRT is 134)", signal_exit(signal.SIGSEGV)),
 )

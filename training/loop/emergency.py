@@ -1,8 +1,10 @@
 """The emergency save: the last completed step, kept before a worker exits.
 
 Node-local first (the next round on this node reads it, with no storage round trip), then,
-when the node is going away, a durable commit: rank 0 whenever a stop was requested, and any
-node's local rank 0 in its agent's last round (its new pod's disk is empty). On SIGTERM both
+when the node is going away, a durable commit: rank 0 whenever its agent was stopped (a
+SIGTERM torch sends to close the node's workers, when a sibling exited or the group re-forms,
+is not one: ``sigterm_from_outside``), and any node's local rank 0 in its agent's last round
+(its new pod's disk is empty). On SIGTERM both
 run under one hard deadline from the signal (``--stop-deadline-s``, 25 s of the 30 s notice by
 default): past it the worker gives up the durable commit, keeps the node-local copy, logs
 so, and exits ``EXIT_NOT_DURABLE``.
@@ -34,6 +36,7 @@ from training.checkpoints.checkpoint import (
 from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
 from training.checkpoints.resume import NONE, NodeLocalState, node_local_key
 from training.elastic.exit_codes import RETRY_ME
+from training.elastic.faults import sigterm_from_outside
 from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
 from training.loop.inputs import open_durable
@@ -146,6 +149,8 @@ class EmergencySave:
             self._local = (step, payload) if payload is not None else None
             timings["local_s"] = time.monotonic() - started
         going = stopping()
+        if going and not self.env.last_round and not sigterm_from_outside():
+            going = False  # torch closing this node's workers: the node stays, and its save
         required = going and (self.env.rank == 0 or self.env.last_round)
         durable, gave_up = self.committed.step >= step, None
         if required and not durable and self._given_up != step:
@@ -230,6 +235,8 @@ class EmergencySave:
         when it is newer than the durable head, so an eviction of every node loses nothing."""
         if self.env.local_rank != 0 or self.local is None:
             return None
+        if not self.env.last_round and not sigterm_from_outside():
+            return None  # torch closing this node's workers: the node, and its save, stay
         deadline = self.note_stop()
         what = "durable commit of the node-local save"
         try:

@@ -29,6 +29,7 @@ from training.data.sampler import loss_scale, micro_batches
 from training.elastic.faults import StopRequest, is_peer_failure
 from training.loop.emergency import Outcome
 from training.loop.evaluation import evaluate
+from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
 from training.loop.step_guard import (
     EmulatedStream,
@@ -61,6 +62,7 @@ class Trainer(StatefulTrainer):
         returns (loss sum, samples)."""
         assert self.ddp is not None
         step, world, rank = self.state.step, self.env.world_size, self.env.rank
+        raise_if_failed(step, self.env.local_rank)  # a GPU failing on cue (tests, the bench)
         indices = self.sampler.rank_indices(step, world, rank)
         scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
         chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)
@@ -203,6 +205,7 @@ class Trainer(StatefulTrainer):
             window_loss[0] += loss_sum
             window_loss[1] += count
             if self.state.step % log_every == 0 or self.state.step == max_steps:
+                self._note_completed()
                 self._log(window_loss, window_steps, time.monotonic() - window_start)
                 window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
             if self._eval_due():
@@ -224,6 +227,15 @@ class Trainer(StatefulTrainer):
                 raised = 0
             self.cfg.run.max_steps = max(self.cfg.run.max_steps, raised)
         return self.cfg.run.max_steps
+
+    def _note_completed(self) -> None:
+        """Every node says which step it completed, not only rank 0's (its metrics line): a
+        node lost right after a step rank 0's node never logged still shows it in its own log,
+        which the chaos campaign counts lost steps from (bench/chaos/invariants.py)."""
+        if self.env.local_rank == 0 and self.env.rank != 0:
+            self.events.event(
+                "step_completed", step=self.state.step, world_size=self.env.world_size
+            )
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:
         # The global mean loss over the window, only at log steps; on the guard's gloo group

@@ -514,3 +514,26 @@ def test_a_manifest_remembered_as_missing_never_sends_the_head_back(tmp_path) ->
     with pytest.raises(CheckpointError, match="step 2 is older than step 3"):
         behind.commit(2, _state(2))
     assert ahead.head().step == 3 and ahead.load_latest().entry.step == 3
+
+
+def test_an_upload_longer_than_the_grace_never_publishes_a_retired_manifest_number(
+    tmp_path,
+) -> None:
+    # The writer reads the log (manifest 1 is free) and uploads. Meanwhile another writer
+    # publishes manifests 1 to 4, and its prune retires 1 and 2, older than the grace by then.
+    # Manifest 1 is free again: published there, the commit would be acknowledged and no
+    # reader, who takes the newest manifests, would ever see it.
+    now = [0.0]
+    other = CheckpointRepository(_aged(FileStore(tmp_path)), keep=1)
+
+    class SlowUpload(FileStore):
+        def put(self, name: str, data: bytes | Path) -> int:
+            if name.endswith(".pt") and now[0] == 0.0:
+                for step in range(1, 5):
+                    other.commit(step, _state(step))
+                now[0] += 25.0  # the upload took 2.5 times the grace
+            return super().put(name, data)
+
+    repo = CheckpointRepository(SlowUpload(tmp_path), grace_s=10.0, clock=lambda: now[0])
+    repo.commit(10, _state(10), prune=False)
+    assert _repo(FileStore(tmp_path)).load_latest().entry.step == 10

@@ -9,6 +9,7 @@ bug exits 1 and fails the job.
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.support.peer_failures import (
@@ -26,7 +27,8 @@ from tests.support.peer_failures import (
     store_timed_out,
     store_unreachable,
 )
-from training.elastic.faults import PeerLostError, is_peer_failure
+from training.elastic.faults import PeerLostError, is_device_fault, is_peer_failure
+from training.loop.faulty_device import ECC_ERROR
 
 
 @pytest.mark.parametrize(
@@ -93,3 +95,37 @@ def test_after_a_gloo_timeout_the_next_collective_is_a_peer_failure_too() -> Non
 )
 def test_a_deterministic_error_is_not_a_peer_failure(exc: BaseException) -> None:
     assert not is_peer_failure(exc)
+
+
+@pytest.mark.parametrize(
+    ("exc", "device"),
+    [
+        (torch.AcceleratorError(ECC_ERROR), True),
+        (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), True),
+        (RuntimeError("CUDA error: unspecified launch failure"), True),
+        (RuntimeError("NVML: GPU is lost (Xid 79: GPU has fallen off the bus)"), True),
+        (nccl_error("unhandled cuda error\nncclUnhandledCudaError: Call to CUDA failed"), True),
+        (nccl_error(NCCL_NO_SHM), False),  # a setting of the pod: the same on every node
+        (torch.AcceleratorError("CUDA error: device-side assert triggered"), False),  # a bug
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+        (nccl_error(NCCL_REMOTE_ERROR), False),  # a peer's, not this node's
+        (ValueError("uncorrectable ECC error encountered"), False),
+    ],
+    ids=[
+        "ecc",
+        "illegal-address",
+        "launch-failure",
+        "fallen-off-the-bus",
+        "nccl-cuda",
+        "nccl-no-shm",
+        "device-side-assert",
+        "out-of-memory",
+        "nccl-remote",
+        "words-only",
+    ],
+)
+def test_a_fault_of_this_nodes_gpu_is_told_from_a_bug_and_from_a_peers(
+    exc: BaseException, device: bool
+) -> None:
+    assert is_device_fault(exc) is device
+    assert not (device and is_peer_failure(exc))
