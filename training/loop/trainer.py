@@ -34,6 +34,7 @@ from training.loop.metrics import Phases, progress_line
 from training.loop.step_guard import (
     EmulatedStream,
     abort_collectives,
+    mark_state_written,
     stream_ordered_allreduce_hook,
 )
 from training.loop.task_checks import checked_loss, rehearse_resume
@@ -103,6 +104,7 @@ class Trainer(StatefulTrainer):
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
+        mark_state_written(self.device)  # a save's GPU copy waits for these kernels
 
     def rehearse_resume(self) -> None:
         """The API's check that the task keeps no state outside the checkpoint
