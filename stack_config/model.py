@@ -153,7 +153,8 @@ class LabConfig:
     job: JobConfig = field(default_factory=JobConfig)
     data: DataConfig = field(default_factory=DataConfig)
     task: str = "cifar"
-    """What the job trains: a task of training/tasks/ (``TASKS``)."""
+    """What the job trains: a task of training/tasks/ (``TASKS``), or a TrainSpec of the
+    user's own module in the image, as ``module.path:attribute``."""
 
     @property
     def data_source(self) -> DataSource:

@@ -14,6 +14,7 @@ from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.sources import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
+from training.tasks import REFERENCE_FORM, is_task_reference
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -285,8 +286,21 @@ def _rendezvous_scale_problems(cfg: LabConfig) -> list[str]:
 
 
 def _data_problems(cfg: LabConfig) -> list[str]:
+    if is_task_reference(cfg.task):
+        # The user's own task: its module is imported in the image, not here; its data's
+        # format is its own, which staging cannot check.
+        if cfg.data.staged:
+            return [
+                f"{cfg.key('task')} {cfg.task} is a task of your own module: set "
+                f"{cfg.key('dataSourceUrl')} to {NO_STAGING!r} and upload its data yourself "
+                "(staging knows only the built-in tasks' formats)"
+            ]
+        return []
     if cfg.task not in TASKS:
-        return [f"{cfg.key('task')} must be one of {', '.join(TASKS)}, got {cfg.task!r}"]
+        return [
+            f"{cfg.key('task')} must be one of {', '.join(TASKS)}, or a TrainSpec of your own "
+            f"module as {REFERENCE_FORM}, got {cfg.task!r}"
+        ]
     if not cfg.data.staged:
         return []
     source, problems = cfg.data_source, []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lab.local.etcd_server import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AZURITE_BLOB = REPO / "node_modules" / ".bin" / "azurite-blob"
 # Azurite's documented development account and key: public, not a secret.
 ACCOUNT = "devstoreaccount1"

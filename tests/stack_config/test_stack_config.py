@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -455,6 +456,12 @@ def test_the_charlm_task_stages_tiny_shakespeare_by_default_or_a_mirror() -> Non
     assert (source.url, source.format) == ("https://mirror.example/input.txt", "text")
 
 
+def test_a_task_of_the_users_own_module_is_checked_by_its_shape_and_uploads_its_data() -> None:
+    cfg = _cfg({"task": "my_package.my_module:spec", "dataSourceUrl": "none"})
+    assert cfg.task == "my_package.my_module:spec" and not cfg.data.staged
+    assert "my_package" not in sys.modules  # its module is the image's, never imported here
+
+
 def test_every_task_of_the_image_has_a_data_source_and_nothing_else() -> None:
     from training.tasks import TASKS
 
@@ -481,7 +488,16 @@ def test_every_task_of_the_image_has_a_data_source_and_nothing_else() -> None:
             {"dataSourceChecksum": "md5:" + "a" * 32},
             "spot-lab:dataSourceChecksum is set but spot-lab:dataSourceUrl is empty",
         ),
-        ({"task": "gpt"}, "spot-lab:task must be one of cifar, charlm, got 'gpt'"),
+        (
+            {"task": "gpt"},
+            "spot-lab:task must be one of cifar, charlm, or a TrainSpec of your own module as "
+            "module.path:attribute, got 'gpt'",
+        ),
+        (
+            {"task": "my_package.my_module:spec"},
+            "spot-lab:task my_package.my_module:spec is a task of your own module: set "
+            "spot-lab:dataSourceUrl to 'none'",
+        ),
     ],
 )
 def test_data_staging_settings_are_checked(override: dict[str, str], message: str) -> None:

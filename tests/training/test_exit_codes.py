@@ -206,10 +206,11 @@ def test_bad_input_found_after_joining_stops_the_node_without_restarts(
         first.close()
     second = Cluster(tmp_path, etcd_server.client_port, data, min_nodes=1, max_nodes=1)
     try:
-        second.start("b", [*TINY, "--max-steps", "4", "--lr", "0.5"])
+        # Another seed: another sample order, so the saved step means other samples.
+        second.start("b", [*TINY, "--max-steps", "4", "--seed", "5"])
         assert second.wait_exit("b", 120) == BAD_INPUT, second.tail()
         err = (tmp_path / "b.err").read_text()
-        assert "this run has lr=0.5" in err
+        assert "this run has seed=5" in err
         assert "stopping without another restart" in err
         assert len([r for r in second.records("b") if r.get("event") == "started"]) == 1
     finally:

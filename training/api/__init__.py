@@ -4,7 +4,7 @@ A task is a ``TrainSpec`` (``training/api/spec.py``) in one file under ``trainin
 named in ``training/tasks/__init__.py``; docs/your-own-model.md is the guide.
 """
 
-from training.api.keyed_random import keyed_dropout, keyed_seed
+from training.api.keyed_random import keyed_dropout, keyed_seed, keyed_uniform
 from training.api.spec import (
     BuildContext,
     Data,
@@ -30,5 +30,6 @@ __all__ = [
     "TrainSpec",
     "keyed_dropout",
     "keyed_seed",
+    "keyed_uniform",
     "require_at_least",
 ]

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from training.api.keyed_random import keyed_seeds
+from training.api.keyed_random import sample_seed_tensor
 
 
 class TaskContractError(ValueError):
@@ -98,11 +98,13 @@ class MicroBatch:
     device: torch.device
     """Where the model is."""
 
-    def sample_seeds(self, stream: int) -> list[int]:
-        """One 63-bit seed per sample of this micro-batch, keyed by (seed, stream, step, sample
-        index): randomness drawn from it is the same at any world size and after any resume,
-        and needs no state. Use a distinct ``stream`` per use (dropout, augmentation, ...)."""
-        return keyed_seeds((self.seed, stream, self.step), self.indices.tolist())
+    def sample_seeds(self, stream: int) -> torch.Tensor:
+        """One 63-bit seed per sample of this micro-batch (int64, on ``device``), keyed by
+        (seed, stream, step, sample index): randomness drawn from it is the same at any world
+        size and after any resume, and needs no state. Use a distinct ``stream`` per use
+        (dropout, augmentation, ...); ``keyed_dropout`` and ``keyed_uniform`` take it."""
+        keys = (self.seed, stream, self.step)
+        return sample_seed_tensor(keys, self.indices.to(self.device))
 
 
 @dataclass(frozen=True)
@@ -144,8 +146,7 @@ class TrainSpec:
     """What ``--task`` (``TRAIN_TASK``) and the stack's ``task`` call it."""
     options: type
     """A dataclass of the task's own settings: every field has a default and a docstring
-    under it, and becomes a flag (``--field-name``, env ``TRAIN_FIELD_NAME``). Every field is
-    part of the run's identity: a state is never resumed under other values."""
+    under it, and becomes a flag (``--field-name``, env ``TRAIN_FIELD_NAME``)."""
     load_data: Callable[[str, Any], Data]
     """``load_data(data_dir, options)``: the samples, read before any collective. Raise
     ``ValueError`` or ``OSError`` with a message naming the file and the fix."""
@@ -166,3 +167,8 @@ class TrainSpec:
     run with the loop's own checks, before any collective."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The task's own defaults for the loop's settings (``{"lr": 3e-4}``); flags and env win."""
+    state_options: tuple[str, ...] | None = None
+    """The options that change what the saved state means (the parameters' shapes, the
+    samples): part of the run's identity, so a state is never resumed under other values. The
+    others (a learning rate's schedule, dropout, weight decay) may change on a resume, and are
+    used from the next step. None: every option, the safe default."""

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +33,10 @@ from training.checkpoints.checkpoint import (
     Loaded,
     Payload,
     deserialize,
+    sha256,
 )
+from training.checkpoints.node_prune import Pin, reading
+from training.checkpoints.node_prune import prune as prune_saves
 from training.checkpoints.serialization import spool
 from training.checkpoints.storage import FileStore
 
@@ -69,14 +73,24 @@ class NodeLocalState:
     """
 
     def __init__(
-        self, root: str | Path, run_id: str, expected_run: dict[str, Any] | None = None
+        self,
+        root: str | Path,
+        run_id: str,
+        expected_run: dict[str, Any] | None = None,
+        keep: int = 1,
     ) -> None:
+        """``keep``: saves left on the node after each save. One: a full state per node is
+        what the disk can spare, and a torn one falls back to the durable store."""
         self.root = Path(root) / run_id
         # No fsync: a copy here must outlive the process, not the node's kernel (a torn
         # object after a crash fails its checksum and is skipped).
         store = FileStore(self.root, fsync=False)
-        self.repository = CheckpointRepository(store, keep=1, prefix="emergency")
+        self.repository = CheckpointRepository(store, keep=keep, prefix="emergency")
+        self.keep = keep
         self.expected_run = expected_run
+        self._pin: Pin | None = None
+        """The save this process still needs (its last save, or the newest it handed out)."""
+        self._pruning: threading.Thread | None = None
         self._progress_path = self.root / "progress"
         self._progress_fd: int | None = None
         for leftover in self.root.glob(".spool-*"):  # a save cut off by its deadline
@@ -95,23 +109,63 @@ class NodeLocalState:
             return NONE
 
     def save(self, step: int, data: bytes) -> None:
-        self.repository.commit(step, data)
+        self._commit(step, lambda path: _write_new(path, data))
 
     def save_state(self, step: int, state: dict[str, Any]) -> Payload:
         """Serialize ``state`` straight to this node's disk and commit it; its bytes, as the
         committed file (for a durable upload that streams it)."""
+        return self._commit(step, lambda path: spool(state, path))
+
+    def _commit(self, step: int, write: Callable[[Path], Payload]) -> Payload:
+        """Write a save (``write`` fills a new file), commit it, keep it pinned, prune."""
         spooled = self.root / f".spool-{uuid.uuid4().hex[:8]}"
         try:
-            payload = spool(state, spooled)
-            # Pruning is left to the next save: an eviction's save does nothing it need not.
-            entry = self.repository.commit(step, payload, prune=False)
+            payload = write(spooled)
+            # The committed object is a hard link to this file: pinned before a prune can
+            # list it, it is safe from another writer's prune while unpublished.
+            pin = Pin(spooled)
+            try:
+                entry = self.repository.commit(step, payload, prune=False)
+            except BaseException:
+                pin.release()
+                raise
         finally:
-            spooled.unlink(missing_ok=True)  # the committed object is a hard link to it
+            spooled.unlink(missing_ok=True)
+        self._hold(pin)
+        # On a thread: unlinking a large file takes 50 to 70 ms per GiB on ext4, time an
+        # eviction's durable commit needs more. Cut off by the process's end, it resumes at
+        # the next save.
+        self._pruning = threading.Thread(target=self.prune, name="node-local-prune", daemon=True)
+        self._pruning.start()
         return Payload(self.root / entry.name, payload.size, payload.sha256)
 
+    def prune(self) -> list[str]:
+        """Delete this run's saves past the ``keep`` newest, except any still in use; the
+        names deleted."""
+        return prune_saves(self.root, self.repository.prefix, self.keep)
+
+    def wait_pruned(self) -> None:
+        """Wait for the prune the last save started."""
+        if self._pruning is not None:
+            self._pruning.join()
+
+    def _hold(self, pin: Pin | None) -> None:
+        if self._pin is not None:
+            self._pin.release()
+        self._pin = pin
+
+    def close(self) -> None:
+        """Release the save this process held on to (its process's end does so too)."""
+        self.wait_pruned()
+        self._hold(None)
+
     def newest(self) -> tuple[int, Payload] | None:
-        """The step and bytes (as its file) of this run's newest verified save, or None."""
-        loaded = self.load()
+        """The step and bytes (as its file) of this run's newest verified save, or None.
+
+        The file stays pinned (no prune deletes it) until this process's next save or
+        ``newest``, ``close``, or its end: a durable commit streams it after this returns.
+        """
+        loaded = self._load(pin=True)
         if loaded is None:
             return None
         entry = loaded.entry
@@ -119,6 +173,16 @@ class NodeLocalState:
 
     def load(self) -> Loaded | None:
         """The verified emergency save of this run, or None (none, or another run's)."""
+        return self._load(pin=False)
+
+    def _load(self, pin: bool) -> Loaded | None:
+        with reading(self.root):  # no prune between the manifests' read and the save's
+            loaded = self._verified()
+            if loaded is not None and pin:
+                self._hold(Pin(self.root / loaded.entry.name))
+        return loaded
+
+    def _verified(self) -> Loaded | None:
         loaded = self.repository.load_latest()
         if loaded is None or self.expected_run is None:
             return loaded
@@ -137,6 +201,12 @@ class NodeLocalState:
             )
             return None
         return Loaded(loaded.entry, loaded.data, state)
+
+
+def _write_new(path: Path, data: bytes) -> Payload:
+    with open(path, "xb") as f:
+        f.write(data)
+    return Payload(path, len(data), sha256(data))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from training.tasks import DEFAULT_TASK, TASK_NAMES, TASKS
+from training.tasks import (
+    DEFAULT_TASK,
+    REFERENCE_FORM,
+    TASK_NAMES,
+    TASKS,
+    TaskImportError,
+)
 
 if TYPE_CHECKING:
     from training.api import TrainSpec
@@ -69,6 +75,10 @@ class CheckpointConfig:
     """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
     storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
     Blob store into timeouts and restart loops."""
+    init_from: str = ""
+    """Another run's --checkpoint-uri to start from: the model's weights of its newest
+    verified checkpoint, with a fresh optimizer at step 0 (only while this run has no state
+    of its own; "" = a fresh model)."""
     stop_deadline_s: float = 25.0
     """Seconds from SIGTERM by which the emergency save, node-local then durable, is done or
     given up (the node-local copy stays; the worker exits 138): fits the pod's 30 s
@@ -78,7 +88,8 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     task: str = DEFAULT_TASK
-    """What to train: a task of training/tasks/, by name (docs/your-own-model.md)."""
+    """What to train: a task of training/tasks/ by name, or a TrainSpec of your own module as
+    module.path:attribute (docs/your-own-model.md)."""
     eval_every: int = 0
     """Steps between the task's evaluations (0 = none; a task without one ignores it)."""
     max_steps: int = 1000
@@ -102,6 +113,9 @@ class RunConfig:
     """Before training, take one step twice: from the state in memory, and from that state
     as a checkpoint restores it; stop with an error naming what differs (state the task
     keeps outside the checkpoint: docs/your-own-model.md). Costs one local step per round."""
+    compile: bool = False
+    """torch.compile the model (inductor), on the module DDP then wraps: compile time at each
+    round's first steps, for faster steps after."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
     benchmarking and TF32 off, CUBLAS_WORKSPACE_CONFIG (docs/training.md: what holds)."""
@@ -187,7 +201,7 @@ def parse_config(
             about = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help
             default = getattr(section, f.name)
             if f.name == "task":  # the names, which the field's docstring cannot list
-                about = f"{about} One of: {', '.join(TASK_NAMES)}."
+                about = f"{about} One of: {', '.join(TASK_NAMES)}. Or {REFERENCE_FORM}."
             parser.add_argument(
                 _flag(f.name),
                 default=None,
@@ -213,11 +227,7 @@ def _task_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TrainCon
     probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     probe.add_argument("--task", default=None)
     name = probe.parse_known_args(argv)[0].task or env.get(ENV_PREFIX + "TASK") or DEFAULT_TASK
-    if name not in TASKS:
-        raise ConfigError(
-            f"--task (or {ENV_PREFIX}TASK) must be one of {', '.join(TASK_NAMES)}, got {name!r}"
-        )
-    spec = TASKS[name]
+    spec = task_spec(name)
     cfg = TrainConfig(options=spec.options())
     cfg.run.task = name
     for key, value in spec.defaults.items():
@@ -226,6 +236,21 @@ def _task_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TrainCon
             raise ConfigError(f"task {name!r} sets a default for {key!r}, which is no setting")
         setattr(section, key, value)
     return cfg
+
+
+def task_spec(name: str) -> TrainSpec:
+    """The spec ``--task`` names: a built-in task, or the user's ``module.path:attribute``;
+    ConfigError naming ``--task`` and what was found."""
+    flag = f"--task (or {ENV_PREFIX}TASK)"
+    if name not in TASKS:
+        raise ConfigError(
+            f"{flag} must be one of {', '.join(TASK_NAMES)} or a TrainSpec of your own module "
+            f"as {REFERENCE_FORM}, got {name!r}"
+        )
+    try:
+        return TASKS[name]
+    except TaskImportError as exc:
+        raise ConfigError(f"{flag} {name}: {exc}") from None
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -263,6 +288,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--dtype (or TRAIN_DTYPE) must be one of {', '.join(DTYPES)}, got {cfg.run.dtype!r}"
         )
+    unknown = sorted(set(cfg.spec.state_options or ()) - {f.name for f in fields(cfg.options)})
+    if unknown:
+        raise ConfigError(f"task {cfg.run.task}: state_options names no option: {unknown}")
     if cfg.spec.check is not None:
         try:
             cfg.spec.check(cfg.options)

@@ -20,6 +20,7 @@ from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv
+from training.loop.run_changes import check_init_from, state_option_names
 
 STORE_RETRY_S = 20.0
 """How long a worker of a later round keeps trying a failing checkpoint store before it ends
@@ -36,20 +37,21 @@ STORAGE_KEY = "checkpoint_uri_sha256"
 
 
 def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
-    """What a saved state must match to be resumed: the settings that fix the trajectory.
+    """What a saved state must match to be resumed: what changes the meaning of that state.
 
-    The optimiser's settings and the dataset's content belong here: resuming another run's
-    state under a changed learning rate, or over other data of the same size, would go on
-    silently from a trajectory this run never had. So does the dtype: a float64 state is not
-    resumed in float32, nor the other way round. Every option of the task belongs here too.
+    The task and its options that shape the parameters (``TrainSpec.state_options``; all of
+    them when it does not say), the dtype (a float64 state is not resumed in float32), the
+    dataset's content and the data order a step stands for (the seed, the global batch):
+    resuming over another of these would go on silently from a trajectory this run never had.
+    The learning rate and the other options may change (training/loop/run_changes.py).
     float32 and the cifar task, the defaults, are not named, so the states written before
     those settings existed still match.
     """
+    state_options = state_option_names(cfg)
     identity: dict[str, Any] = {
         "global_batch_size": cfg.optim.global_batch_size,
-        "lr": cfg.optim.lr,
         "seed": cfg.run.seed,
-        **asdict(cfg.options),
+        **{k: v for k, v in asdict(cfg.options).items() if k in state_options},
         "num_samples": len(dataset),
         "dataset_sha256": dataset.digest,
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
@@ -144,4 +146,5 @@ def load_inputs(
     check_batch_fits(cfg, len(data.train), env.world_size)
     later = env.restart_count > 0 or env.rdzv_round > 1
     durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
+    check_init_from(cfg)
     return cfg, data, durable, open_node_local(cfg, env, data.train, lineage)

@@ -21,7 +21,9 @@ So, where the default group's collectives complete like that:
 - ``abort_collectives`` then aborts the NCCL communicators, so the stuck kernels return.
 - ``cpu_state`` copies the state on a CUDA stream of its own. The step that failed changed
   only gradients, never parameters or optimizer state, so those can be read without waiting
-  for the stream that is stuck.
+  for the stream that is stuck. The copy stream waits only for the event the last completed
+  step recorded after its optimizer step (``mark_state_written``), so it never reads a state
+  half-way between two steps.
 - The loop's other collective, the window loss for the metrics line, runs on the guard's gloo
   group too (``StepGuard.all_reduce``): a peer lost there fails it like any other lost peer,
   rather than leaving a NCCL kernel behind.
@@ -201,11 +203,45 @@ def abort_collectives() -> None:
         logger.warning("could not abort the NCCL communicators: %s", exc)
 
 
+class _StateWrites:
+    """Where on the GPU the training state was last written: a CUDA event, or None."""
+
+    event: Any = None
+
+
+_WRITES = _StateWrites()
+
+
+def mark_state_written(device: torch.device) -> None:
+    """Call inside the state lock, after the step's last write to the state (the optimizer,
+    the scheduler): ``cpu_state`` copies only after the kernels queued so far. No-op off CUDA.
+
+    ``optimizer.step()`` returns once its kernels are queued, not run; the lock covers only
+    the queueing. One event per process: a worker drives one GPU.
+    """
+    if device.type != "cuda":
+        return
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    _WRITES.event = event
+
+
 def cpu_state(obj: Any) -> Any:
-    """A CPU copy of a state tree, read on a CUDA stream of its own (none stuck behind NCCL)."""
+    """A CPU copy of a state tree, read on a CUDA stream of its own (none stuck behind NCCL),
+    after the last write ``mark_state_written`` recorded."""
     if not torch.cuda.is_available():
         return obj
     stream = torch.cuda.Stream()
+    written = _WRITES.event
+    if written is not None:
+        # Streams run concurrently unless synchronized (torch's notes/cuda.rst, "CUDA
+        # streams"): unordered, the copy could read parameters the last optimizer step is
+        # still writing, steps N-1 and N mixed. ``wait_event`` orders only work queued after
+        # it on this stream, without blocking the host (torch/cuda/streams.py, a wrapper of
+        # cudaStreamWaitEvent), and any device's stream may wait on the event (its
+        # ``Event`` docstring). The event precedes the next step's collectives, so a kernel
+        # stuck on a dead peer never holds it up.
+        stream.wait_event(written)
     with torch.cuda.stream(stream):
         copied = _to_cpu(obj)
     stream.synchronize()

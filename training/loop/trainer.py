@@ -34,6 +34,7 @@ from training.loop.metrics import Phases, progress_line
 from training.loop.step_guard import (
     EmulatedStream,
     abort_collectives,
+    mark_state_written,
     stream_ordered_allreduce_hook,
 )
 from training.loop.task_checks import checked_loss, rehearse_resume
@@ -103,6 +104,7 @@ class Trainer(StatefulTrainer):
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
+        mark_state_written(self.device)  # a save's GPU copy waits for these kernels
 
     def rehearse_resume(self) -> None:
         """The API's check that the task keeps no state outside the checkpoint
@@ -167,6 +169,8 @@ class Trainer(StatefulTrainer):
         return EXIT_RESTART
 
     def _wrap_in_ddp(self, phases: Phases) -> None:
+        if self.cfg.run.compile:
+            compile_model(self.model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         stream = self.guard.stream
         if isinstance(stream, EmulatedStream):  # NCCL's ordering on gloo (tests, the lab)
@@ -303,6 +307,16 @@ class Trainer(StatefulTrainer):
                 "finished", step=self.state.step, loss=self.last_loss, eval_loss=self.last_eval_loss
             )
         dist.barrier(group=self.checkpoint_group)
+
+
+def compile_model(model: nn.Module) -> None:
+    """``--compile``: the module compiled in place, before DDP wraps it. PyTorch's "Where to
+    apply torch.compile?" (docs.pytorch.org/docs/stable/compile/
+    programming_model.where_to_apply_compile.html): torch.compile does not handle wrappers
+    such as DDP or FSDP well, so compile the inner module passed to the wrapper, with
+    ``model.compile()`` (its state_dict keeps its keys, so checkpoints are the same). After the
+    resume rehearsal, which stays eager."""
+    model.compile()
 
 
 def _to_device(batch: Any, device: torch.device, dtype: torch.dtype) -> Any:

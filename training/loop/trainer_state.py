@@ -28,6 +28,7 @@ from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
 from training.data.sampler import ElasticSampler
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
+from training.loop import run_changes
 from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
 from training.loop.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
@@ -91,6 +92,7 @@ class StatefulTrainer:
         self.model = self.parts.model.to(device=device, dtype=self.dtype)
         self.optimizer = self.parts.optimizer
         self.scheduler = self.parts.scheduler
+        self.settings = run_changes.settings(cfg, self.optimizer)  # as built, before any step
         self.sampler = ElasticSampler(len(self.dataset), cfg.optim.global_batch_size, cfg.run.seed)
         self.state = TrainerState()
         self.policy = SavePolicy(
@@ -126,6 +128,7 @@ class StatefulTrainer:
                 "consumed_samples": self.sampler.consumed_samples(step),
             },
             "run": dict(self.identity),
+            "settings": self.settings,
             "rng": rng_state(self.device),
         }
         if self.scheduler is not None:
@@ -133,12 +136,24 @@ class StatefulTrainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_identity(state)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.state.step = int(state["trainer"]["step"])
+        set_rng_state(state["rng"], self.device)
+        self._apply_changed_settings(state)
+
+    def _check_identity(self, state: dict[str, Any]) -> None:
         # A state written before a task option existed holds no value for it: it was trained
-        # at that option's default, and matches a run that keeps the default.
+        # at that option's default, and matches a run that keeps the default. One written
+        # before the identity left out what may change holds those too: not compared.
         defaults = {f.name: f.default for f in fields(self.cfg.options)}
         theirs = {**defaults, **state["run"]}
-        theirs = {k: v for k, v in theirs.items() if k != STORAGE_KEY}
-        mine = {k: v for k, v in self.identity.items() if k != STORAGE_KEY}
+        skipped = {STORAGE_KEY, *self.settings["values"]}
+        theirs = {k: v for k, v in theirs.items() if k not in skipped}
+        mine = {k: v for k, v in self.identity.items() if k not in skipped}
         if theirs != mine:
             differ = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
             raise ConfigError(
@@ -149,12 +164,28 @@ class StatefulTrainer:
                 + ". Use a new --checkpoint-uri (a new runId), or the checkpoint's settings "
                 "and dataset"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.state.step = int(state["trainer"]["step"])
-        set_rng_state(state["rng"], self.device)
+
+    def _apply_changed_settings(self, state: dict[str, Any]) -> None:
+        """The learning rate and options changed since the state was saved: logged, and used
+        from the next step (training/loop/run_changes.py)."""
+        defaults = {f.name: f.default for f in fields(self.cfg.options)}
+        saved = run_changes.saved_settings(state, self.settings, defaults)
+        changed = run_changes.changed_values(saved, self.settings)
+        run_changes.apply_changes(saved, self.settings, self.optimizer, self.scheduler)
+        if changed and self.env.rank == 0:
+            self.events.event("settings_changed", step=self.state.step, changed=changed)
+            logger.info(
+                "resumed with changed settings from step %d: %s",
+                self.state.step,
+                ", ".join(f"{k} {v['old']!r} -> {v['new']!r}" for k, v in changed.items()),
+            )
+
+    def _initialize_from(self, uri: str) -> None:
+        """``--init-from``: another run's newest weights, this run's fresh optimizer, step 0."""
+        step = run_changes.load_initial_weights(uri, self.model)
+        if self.env.rank == 0:
+            self.events.event("initialized", uri=uri, from_step=step)
+            logger.info("initialized the model from %s, step %d", uri, step)
 
     def restore(self) -> Resume:
         """The newest state any rank holds, loaded on every rank (``agree_on_resume``)."""
@@ -166,6 +197,8 @@ class StatefulTrainer:
         with self._state_lock:
             if resume.state is not None:
                 self.load_state_dict(resume.state)
+            elif self.cfg.checkpoint.init_from:
+                self._initialize_from(self.cfg.checkpoint.init_from)
             self.restored = True
         if resume.source == "durable":
             self.committed.advance(resume.step)

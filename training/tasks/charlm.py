@@ -148,7 +148,7 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
         self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
 
-    def forward(self, x: torch.Tensor, seeds: Sequence[int] | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, seeds: torch.Tensor | None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
@@ -159,7 +159,7 @@ class Block(nn.Module):
         return x + _dropout(y, self.p, seeds, 2 * self.index + 2)
 
 
-def _dropout(x: torch.Tensor, p: float, seeds: Sequence[int] | None, site: int) -> torch.Tensor:
+def _dropout(x: torch.Tensor, p: float, seeds: torch.Tensor | None, site: int) -> torch.Tensor:
     return keyed_dropout(x, p, seeds, site) if seeds is not None else x
 
 
@@ -181,7 +181,7 @@ class CharGPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, seeds: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, seeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for each position; ``seeds`` (one per sample) turn dropout on."""
         positions = torch.arange(idx.shape[1], device=idx.device)
         x = _dropout(self.tokens(idx) + self.positions(positions), self.p, seeds, 0)
@@ -282,4 +282,6 @@ SPEC = TrainSpec(
     evaluate=evaluate,
     check=check,
     defaults={"lr": 1e-3, "global_batch_size": 32, "micro_batch_size": 16, "eval_every": 50},
+    # The parameters' shapes, and the windows a sample index means: the rest may change.
+    state_options=("block_size", "n_layer", "n_head", "n_embd"),
 )

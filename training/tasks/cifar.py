@@ -90,4 +90,5 @@ SPEC = TrainSpec(
     collate=collate,
     loss=loss,
     check=check,
+    state_options=("model_width", "model_blocks"),  # the parameters' shapes
 )

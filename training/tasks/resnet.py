@@ -89,7 +89,7 @@ class ResNet(nn.Module):
         self.head = nn.Linear(in_channels, cfg.num_classes)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, seeds: list[int] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, seeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits; ``seeds`` (one per sample, in training) turn the dropout on."""
         features = self.stages(self.stem(x)).mean(dim=(2, 3))
         if seeds is not None:

@@ -8,25 +8,34 @@ below runs only where two GPUs are at hand.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.trainer_harness import harness, sigterm_during
 from tests.support.waiting import holds_within
+from training.checkpoints.checkpoint import deserialize
+from training.loop import step_guard, trainer
+from training.loop.metrics import Phases
 from training.loop.step_guard import (
     EMULATE_ENV,
     StepGuard,
     _to_cpu,
     cpu_state,
+    mark_state_written,
     needs_guard,
     stream_ordered_allreduce_hook,
 )
+from training.loop.trainer_state import EXIT_RESTART
 
 
 @pytest.fixture
@@ -65,6 +74,121 @@ def test_the_cpu_copy_keeps_the_state_tree() -> None:
     assert torch.equal(copied["w"], state["w"]) and torch.equal(
         copied["nested"][1][0], state["nested"][1][0]
     )
+
+
+class _Fake:
+    """Stand-ins for torch.cuda's Stream, Event and stream(): each call goes into ``log``."""
+
+    def __init__(self, log: list[tuple[str, object]]) -> None:
+        self.log = log
+        fake = self
+
+        class Event:
+            def record(self, stream: object = None) -> None:
+                fake.log.append(("record", self))
+
+        class Stream:
+            def wait_event(self, event: object) -> None:
+                fake.log.append(("wait", (self, event)))
+
+            def synchronize(self) -> None:
+                fake.log.append(("synchronize", self))
+
+        @contextmanager
+        def stream(s: object) -> Iterator[None]:
+            fake.log.append(("on", s))
+            yield
+
+        self.Event, self.Stream, self.stream = Event, Stream, stream
+
+
+def test_the_copy_stream_waits_for_the_last_recorded_state_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[str, object]] = []
+    fake = _Fake(log)
+    monkeypatch.setattr(step_guard._WRITES, "event", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "current")
+    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(torch.cuda, "Stream", fake.Stream)
+    monkeypatch.setattr(torch.cuda, "stream", fake.stream)
+    monkeypatch.setattr(step_guard, "_to_cpu", lambda obj: log.append(("copy", obj)) or obj)
+    mark_state_written(torch.device("cuda"))  # step N-1
+    mark_state_written(torch.device("cuda"))  # step N: the one the save must wait for
+    cpu_state({"w": 1})
+    kinds = [kind for kind, _ in log]
+    assert kinds == ["record", "record", "wait", "on", "copy", "synchronize"], kinds
+    (_, last_event), (_, (waiting, waited)), (_, copying_on) = log[1], log[2], log[3]
+    assert waited is last_event and waiting is copying_on
+
+
+def test_off_cuda_no_event_is_recorded_and_the_save_holds_the_last_step(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_event(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a CUDA event was created on the CPU")
+
+    marked: list[torch.device] = []
+
+    def mark(device: torch.device) -> None:
+        marked.append(device)
+        mark_state_written(device)
+
+    monkeypatch.setattr(torch.cuda, "Event", no_event)
+    monkeypatch.setattr(step_guard._WRITES, "event", None)
+    monkeypatch.setattr(trainer, "mark_state_written", mark)
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0")
+    stop = SimpleNamespace(requested=False, at=None)
+    sigterm_during(h, 3, stop)
+    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    assert step_guard._WRITES.event is None
+    assert marked and {d.type for d in marked} == {"cpu"}  # after every optimizer step
+    loaded = h.local.load()
+    assert loaded is not None
+    saved = deserialize(loaded.data)
+    assert saved["trainer"]["step"] == 3
+    for name, value in h.trainer.model.state_dict().items():
+        assert torch.equal(saved["model"][name], value), name
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: only there can a copy overtake"
+)
+def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole() -> None:
+    device = torch.device("cuda")
+    params = [torch.nn.Parameter(torch.zeros(1 << 16, device=device)) for _ in range(4)]
+
+    class Slow(torch.optim.Optimizer):
+        """Each parameter's update queued behind a kernel that spins for a while."""
+
+        def __init__(self, params: list[torch.nn.Parameter]) -> None:
+            super().__init__(params, {})
+
+        @torch.no_grad()
+        def step(self, closure: object = None) -> None:  # type: ignore[override]
+            for group in self.param_groups:
+                for p in group["params"]:
+                    torch.cuda._sleep(100_000_000)  # tens of ms on any current GPU
+                    p.add_(1.0)
+
+    optimizer, lock = Slow(params), threading.Lock()
+    for step in range(1, 4):
+        with lock:  # the trainer's state lock: the step, then its event
+            optimizer.step()
+            mark_state_written(device)
+        saved: list[list[torch.Tensor]] = []
+
+        def sigterm(into: list[list[torch.Tensor]]) -> None:  # the stop thread: lock, copy
+            with lock:
+                into.append(cpu_state([p.detach() for p in params]))
+
+        thread = threading.Thread(target=sigterm, args=(saved,))
+        thread.start()
+        thread.join(120)
+        (copy,) = saved
+        assert [float(t.min()) for t in copy] == [float(step)] * 4
+        assert [float(t.max()) for t in copy] == [float(step)] * 4
 
 
 def _window_rank(rank: int, root: str, results: dict) -> None:

@@ -182,26 +182,41 @@ def test_resuming_over_other_data_of_the_same_size_is_a_clear_error(
 
 
 @pytest.mark.parametrize(
-    ("flag", "key"),
-    [("--lr=0.5", "lr"), ("--momentum=0.5", "momentum"), ("--weight-decay=0.1", "weight_decay")],
+    ("flag", "key", "old", "new"),
+    [
+        ("--lr=0.5", "lr", 0.05, 0.5),
+        ("--momentum=0.5", "momentum", 0.9, 0.5),
+        ("--weight-decay=0.1", "weight_decay", 5e-4, 0.1),
+    ],
 )
-def test_resuming_under_another_optimiser_setting_is_a_clear_error(
-    tmp_path: Path, data_dir: Path, world_of_one: None, flag: str, key: str
+def test_resuming_under_another_optimiser_setting_logs_and_uses_it(
+    tmp_path: Path, data_dir: Path, world_of_one: None, flag: str, key: str, old: float, new: float
 ) -> None:
+    """What does not change the saved state's meaning may change on a resume (issue 35)."""
     _trained_to(tmp_path, data_dir, 1)
-    with pytest.raises(ConfigError, match=f"written with {key}=.*this run has {key}="):
-        harness(tmp_path, data_dir, flag).trainer.restore()
+    h = harness(tmp_path, data_dir, flag)
+    h.trainer.restore()
+    (changed,) = h.events("settings_changed")
+    assert (changed["step"], changed["changed"]) == (1, {key: {"old": old, "new": new}})
+    (group,) = h.trainer.optimizer.param_groups
+    assert group[key] == pytest.approx(new)  # the saved optimizer's value gave way
 
 
 def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    first = harness(tmp_path, data_dir, "--max-steps=1")
+    first = harness(tmp_path, data_dir, "--max-steps=1", "--model-blocks=2")
     state = first.trainer.state_dict()
-    del state["run"]["dropout"], state["run"]["warmup_steps"]  # as written before they existed
-    assert harness(tmp_path, data_dir).trainer.load_state_dict(state) is None
-    with pytest.raises(ConfigError, match="written with dropout=0.0; this run has dropout=0.5"):
-        harness(tmp_path, data_dir, "--dropout=0.5").trainer.load_state_dict(state)
+    # As written before the settings were recorded apart: all of them in the identity.
+    state["run"] = {**state["run"], **state.pop("settings")["values"]}
+    del state["run"]["dropout"], state["run"]["model_blocks"]  # before these options existed
+    assert harness(tmp_path, data_dir, "--model-blocks=2").trainer.load_state_dict(state) is None
+    with pytest.raises(ConfigError, match="written with model_blocks=2; this run has model_bl"):
+        harness(tmp_path, data_dir, "--model-blocks=3").trainer.load_state_dict(state)
+    h = harness(tmp_path, data_dir, "--model-blocks=2", "--dropout=0.5")
+    h.trainer.load_state_dict(state)
+    (changed,) = h.events("settings_changed")
+    assert changed["changed"] == {"dropout": {"old": 0.0, "new": 0.5}}
 
 
 # --- Peer failures outside the loop -------------------------------------------------------------

@@ -32,7 +32,11 @@ def test_the_task_brings_its_flags_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--task", "gpt5"], r"--task \(or TRAIN_TASK\) must be one of charlm, cifar, got 'gpt5'"),
+        (
+            ["--task", "gpt5"],
+            r"--task \(or TRAIN_TASK\) must be one of charlm, cifar or a TrainSpec of your own "
+            r"module as module.path:attribute, got 'gpt5'",
+        ),
         (["--task", "charlm", "--n-embd", "30"], "--n-embd .30. must be a multiple of --n-head"),
         (["--task", "charlm", "--dropout", "1"], r"--dropout must be in \[0, 1\), got 1.0"),
         (["--task", "charlm", "--block-size", "0"], "--block-size must be >= 1, got 0"),

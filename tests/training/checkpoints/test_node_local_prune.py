@@ -1,0 +1,151 @@
+"""Node-local emergency saves are pruned to ``keep``, never deleting the newest nor one that a
+reader or the agent's durable commit is still using."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.storage import FileStore
+
+RUN = "run-1"
+
+
+def _state(step: int) -> dict[str, torch.Tensor | int]:
+    return {"step": step, "w": torch.full((8,), float(step))}
+
+
+def _saves(root: Path) -> tuple[list[str], list[str]]:
+    """(checkpoint files, manifests) of the node-local directory."""
+    names = sorted(p.name for p in (root / RUN).iterdir())
+    return (
+        [n for n in names if n.endswith(".pt")],
+        [n for n in names if n.startswith("emergency-manifest-")],
+    )
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_ten_reforms_leave_at_most_keep_node_local_saves(tmp_path: Path, keep: int) -> None:
+    for step in range(1, 11):  # each re-form opens the directory again and saves once
+        local = NodeLocalState(tmp_path, RUN, keep=keep)
+        local.save_state(step, _state(step))
+        local.close()
+        files, manifests = _saves(tmp_path)
+        assert len(files) <= keep and len(manifests) <= keep, (step, files, manifests)
+        loaded = NodeLocalState(tmp_path, RUN, keep=keep).load()
+        assert loaded is not None and deserialize(loaded.data)["step"] == step
+
+
+def test_saves_through_bytes_are_pruned_too(tmp_path: Path) -> None:
+    from training.checkpoints.checkpoint import serialize
+
+    local = NodeLocalState(tmp_path, RUN)
+    for step in range(1, 6):
+        local.save(step, serialize(_state(step)))
+    local.wait_pruned()
+    files, manifests = _saves(tmp_path)
+    assert (len(files), len(manifests)) == (1, 1)
+
+
+def test_the_save_the_agent_is_committing_is_never_pruned(tmp_path: Path) -> None:
+    NodeLocalState(tmp_path, RUN).save_state(5, _state(5))
+    # The agent, after its SIGTERM, picked the node's newest save and streams its file...
+    agent = NodeLocalState(tmp_path, RUN)
+    newest = agent.newest()
+    assert newest is not None and newest[0] == 5
+    _, payload = newest
+    # ...while a worker of another round on this node saves twice and prunes.
+    worker = NodeLocalState(tmp_path, RUN)
+    worker.save_state(6, _state(6))
+    worker.save_state(7, _state(7))
+    worker.wait_pruned()
+    assert isinstance(payload.source, Path) and payload.source.exists()
+    durable = CheckpointRepository(FileStore(tmp_path / "durable"))
+    durable.commit(5, payload, prune=False, newer_only=True)
+    assert durable.newest_verified() is not None
+    assert durable.load_latest(parse=True).state["step"] == 5  # type: ignore[union-attr]
+    # Once the agent is done (its process exits; here: close), the next save prunes it.
+    agent.close()
+    worker.save_state(8, _state(8))
+    worker.wait_pruned()
+    assert not payload.source.exists()
+    files, _ = _saves(tmp_path)
+    assert len(files) == 1
+
+
+def test_a_prune_never_removes_the_save_a_reader_is_reading(tmp_path: Path) -> None:
+    NodeLocalState(tmp_path, RUN).save_state(5, _state(5))
+    resolved, pruned = threading.Event(), threading.Event()
+
+    class Paused(FileStore):
+        """A reader that read the manifests and waits before it opens the checkpoint."""
+
+        def get(self, name: str) -> bytes:
+            if name.endswith(".pt"):
+                resolved.set()
+                assert pruned.wait(30), "the writer never finished"
+            return super().get(name)
+
+    reader = NodeLocalState(tmp_path, RUN)
+    reader.repository.store = Paused(tmp_path / RUN, fsync=False)
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(reader.load()))
+    thread.start()
+    try:
+        assert resolved.wait(30)
+        writer = NodeLocalState(tmp_path, RUN)
+        writer.save_state(6, _state(6))  # prunes, or would, step 5
+        writer.save_state(7, _state(7))
+        writer.wait_pruned()
+    finally:
+        pruned.set()
+        thread.join(30)
+    loaded = found[0]
+    assert loaded is not None and loaded.entry.step == 5  # type: ignore[attr-defined]
+    # With the reader gone, the next save prunes down to keep.
+    writer.save_state(8, _state(8))
+    writer.wait_pruned()
+    files, manifests = _saves(tmp_path)
+    assert (len(files), len(manifests)) == (1, 1)
+
+
+def test_the_newest_is_kept_when_every_older_save_is_gone(tmp_path: Path) -> None:
+    local = NodeLocalState(tmp_path, RUN)
+    local.save_state(3, _state(3))
+    for leftover in (tmp_path / RUN).glob("emergency-manifest-*"):
+        leftover.unlink()  # nothing valid names a save: nothing is pruned by guesswork
+    local.save_state(4, _state(4))
+    local.wait_pruned()
+    files, _ = _saves(tmp_path)
+    assert len(files) == 1
+    loaded = NodeLocalState(tmp_path, RUN).load()
+    assert loaded is not None and loaded.entry.step == 4
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_forked_child_keeps_none_of_the_parents_locks(tmp_path: Path) -> None:
+    local = NodeLocalState(tmp_path, RUN)
+    local.save_state(5, _state(5))  # pinned by this process
+    local.wait_pruned()
+    (first,), _ = _saves(tmp_path)
+    release, child_ready = os.pipe()
+    pid = os.fork()  # a DataLoader worker, say, forked while the pin is held
+    if pid == 0:
+        os.close(child_ready)
+        os.read(release, 1)
+        os._exit(0)
+    os.close(release)
+    try:
+        local.save_state(6, _state(6))  # this process lets step 5 go; the child must too
+        local.wait_pruned()
+        assert not (tmp_path / RUN / first).exists()
+    finally:
+        os.write(child_ready, b"x")
+        os.close(child_ready)
+        os.waitpid(pid, 0)

@@ -1,0 +1,196 @@
+"""Pruning node-local emergency saves without deleting one that is still in use.
+
+Every re-form on a long-lived node adds a full state to its disk, so each save prunes the
+node's older ones down to ``keep``, on a thread of its own. The durable store's rule (delete
+only past a 120 s grace, keep what two manifests name: ``checkpoint.py``) does not bound a
+node's disk when rounds re-form quickly, and a node has something better than a grace: its
+readers and writers share one kernel, so each marks what it uses with ``flock``.
+
+- ``Pin``: a shared lock on a save a process still needs: the save it just wrote (its durable
+  commit streams that file; pinned before the file has a name a prune lists), or the newest
+  save the agent commits after its SIGTERM (``NodeLocalState.newest``). The kernel drops it
+  when the process ends, however it ends, so a crash leaves nothing pinned.
+- ``reading``: a reader reads the manifests and opens a save under a shared lock on the
+  directory. A prune takes that lock exclusively and does not wait: with a reader present it
+  leaves the pruning to the next save. So no file goes between a manifest read and its open.
+- A prune deletes only what it can lock exclusively at once, and never the newest valid
+  manifest or the ``keep`` newest saves it names.
+
+flock's locks belong to an open file description: two opens of one file conflict, in one
+process or two, and closing the last descriptor releases the lock (man 2 flock). A forked
+child shares its parent's descriptions, so it closes this module's descriptors at once.
+Node-local disks are local filesystems (``FileStore`` refuses FUSE), where flock holds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from training.checkpoints.manifest import Manifest, is_object_of, manifest_name, manifest_seq
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".prune-lock"
+"""The directory's lock: shared by readers, taken exclusively (without waiting) by a prune."""
+
+
+WAIT_S = 10.0
+"""How long a reader waits for a prune holding the directory (a few unlinks). Past it, a prune
+that froze: the reader goes on without the lock, and a save gone since its manifest read makes
+it fall back, as a torn one would."""
+
+_open_fds: dict[int, object] = {}
+"""This module's descriptors, each with its owner's token: what a forked child closes."""
+
+
+def _open(path: Path, flags: int, owner: object) -> int:
+    fd = os.open(path, flags, 0o644)
+    _open_fds[fd] = owner
+    return fd
+
+
+def _close(fd: int, owner: object) -> None:
+    if _open_fds.get(fd) is owner:  # not a number a forked child reused
+        del _open_fds[fd]
+        os.close(fd)
+
+
+def _forget_in_child() -> None:
+    # A lock lives until every descriptor of its open file description is closed: a child
+    # forked while one is held (a DataLoader worker, say) would hold it for its whole life.
+    for fd in list(_open_fds):
+        with suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _lock_within(fd: int, operation: int, seconds: float) -> bool:
+    """``flock(fd, operation)``, waiting at most ``seconds``; whether it was taken."""
+    give_up = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.005)
+
+
+class Pin:
+    """A shared lock on one file: no prune deletes it while this is held."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._token = object()  # not the pin itself: the registry must not keep it alive
+        fd = _open(path, os.O_RDONLY, self._token)
+        try:
+            if not _lock_within(fd, fcntl.LOCK_SH, WAIT_S):
+                raise TimeoutError(f"{path} has been locked by a prune for {WAIT_S:g} s")
+            if os.fstat(fd).st_nlink == 0:  # pruned between the open and the lock
+                raise FileNotFoundError(f"{path} was pruned")
+        except BaseException:
+            _close(fd, self._token)
+            raise
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            _close(self._fd, self._token)
+            self._fd = None
+
+    def __del__(self) -> None:  # an owner dropped without ``release``: no fd leaks
+        try:
+            self.release()
+        except Exception:  # at interpreter exit, this module's globals may be gone
+            return
+
+
+@contextmanager
+def reading(root: Path) -> Iterator[None]:
+    """Hold off prunes while the caller reads the manifests and opens a save."""
+    token = object()
+    fd = _open(root / LOCK_NAME, os.O_RDONLY | os.O_CREAT, token)
+    try:
+        if not _lock_within(fd, fcntl.LOCK_SH, WAIT_S):
+            logger.warning(
+                "a prune has held %s for %g s; reading the node-local saves without it",
+                root / LOCK_NAME,
+                WAIT_S,
+            )
+        yield
+    finally:
+        _close(fd, token)
+
+
+def prune(root: Path, prefix: str, keep: int) -> list[str]:
+    """Delete what is older than the ``keep`` newest saves of ``root``; the names deleted.
+
+    Nothing when a reader is present or no manifest is valid (then nothing says which save
+    is the newest); a pinned file stays. A failure is logged: the next save prunes again.
+    """
+    token = object()
+    try:
+        fd = _open(root / LOCK_NAME, os.O_RDONLY | os.O_CREAT, token)
+    except OSError as exc:
+        logger.warning("pruning the node-local saves in %s failed: %s", root, exc)
+        return []
+    try:
+        if not _lock_within(fd, fcntl.LOCK_EX, 0):
+            logger.info("node-local saves in %s are being read; pruning them next time", root)
+            return []
+        return [name for name in _doomed(root, prefix, keep) if _delete_unless_pinned(root / name)]
+    except OSError as exc:
+        logger.warning("pruning the node-local saves in %s failed: %s", root, exc)
+        return []
+    finally:
+        _close(fd, token)
+
+
+def _doomed(root: Path, prefix: str, keep: int) -> list[str]:
+    """Saves the newest valid manifest does not keep, and the manifests before it."""
+    names = [name for name in os.listdir(root) if not name.startswith(".")]
+    seqs = sorted(seq for seq in (manifest_seq(n, prefix) for n in names) if seq is not None)
+    newest = _newest_valid(root, prefix, seqs)
+    if newest is None:
+        return []
+    kept = {entry.name for entry in newest.entries[:keep]}
+    objects = [n for n in names if is_object_of(n, prefix) and n not in kept]
+    # Newer manifests than the newest valid one stay: torn, they still hold their number.
+    return objects + [manifest_name(prefix, seq) for seq in seqs if seq < newest.seq]
+
+
+def _newest_valid(root: Path, prefix: str, seqs: list[int]) -> Manifest | None:
+    for seq in reversed(seqs):
+        try:
+            manifest = Manifest.decode((root / manifest_name(prefix, seq)).read_bytes())
+        except FileNotFoundError:
+            continue
+        if manifest is not None and manifest.seq == seq and not manifest.foreign(prefix):
+            return manifest
+    return None
+
+
+def _delete_unless_pinned(path: Path) -> bool:
+    token = object()
+    try:
+        fd = _open(path, os.O_RDONLY, token)
+    except FileNotFoundError:
+        return False
+    try:
+        if not _lock_within(fd, fcntl.LOCK_EX, 0):
+            logger.info("kept %s: a reader or a durable commit is using it", path.name)
+            return False
+        os.unlink(path)  # under the lock: no pin can be taken on it in between
+        return True
+    finally:
+        _close(fd, token)
