@@ -11,6 +11,7 @@ slow"``.
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     with no_undeclared_process(item):
         return (yield)
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask_restored() -> Iterator[None]:
+    """A trainer's StopRequest blocks SIGTERM in this thread for its sigwait thread
+    (training/elastic/faults.py); the next test, and every process it starts, inherit this
+    thread's mask unless it is put back."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 # Declarations, session-scoped so a fixture of any scope can make them.

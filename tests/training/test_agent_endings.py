@@ -3,15 +3,16 @@ the agent's work is done is recorded, not raised, and nothing unexpected exits 1
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from torch.distributed.elastic.multiprocessing import SignalException
 
+from tests.support.waiting import wait_until
 from training import agent
 from training.elastic.exit_codes import OK, RETRY_ME
 
@@ -99,9 +100,15 @@ def test_the_stop_is_held_once_the_agents_work_is_done(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(launcher, "launch", launch)
     previous = signal.signal(signal.SIGTERM, stop._handle)
+    # Sent to this thread, with SIGTERM unblocked in it: os.kill would go to any thread, and a
+    # worker's StopRequest made by an earlier test in this process leaves SIGTERM blocked here
+    # and a sigwait thread that would take it (training/elastic/faults.py).
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     try:
         assert agent._launch_warm([]) == (2, False)
-        os.kill(os.getpid(), signal.SIGTERM)  # recorded, not raised
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # recorded, not raised
+        wait_until(lambda: stop.signum is not None, 10, "the handler to run")
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGTERM, previous)
     assert stop.signum == signal.SIGTERM and stop.at is not None
