@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.support.interpreters import fresh_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRAM_REQUIREMENTS = REPO_ROOT / "requirements.txt"
@@ -98,14 +99,7 @@ print("imported", len(MODULES))
 
 def import_refusing(modules: list[str], blocked: set[str]) -> subprocess.CompletedProcess[str]:
     code = f"BLOCKED = {sorted(blocked)!r}\nMODULES = {modules!r}\n{REFUSING}"
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return fresh_python("-c", code, timeout_s=300)
 
 
 def test_kubernetes_is_pinned_directly_at_a_version_kubeflow_accepts() -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.interpreters import fresh_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "azure", "kubernetes", "matplotlib")
@@ -34,14 +35,7 @@ def run_python(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
         code += f"runpy.run_module({args[1]!r}, run_name='__main__', alter_sys=True)\n"
     else:
         code = RUN_AND_LIST + args[1]
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = fresh_python("-c", code, timeout_s=120)
     listed = [line for line in result.stderr.splitlines() if line.startswith(MARK)]
     assert listed, result.stderr
     return result, set(json.loads(listed[-1].removeprefix(MARK)))

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.interpreters import fresh_python
 from training.tasks import DEFAULT_TASK, TASK_NAMES, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -31,14 +30,7 @@ def test_an_unknown_task_is_a_key_error() -> None:
 
 @pytest.mark.usefixtures("processes")
 def test_train_help_lists_the_tasks_by_name() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "training.train", "--help"],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = fresh_python("-m", "training.train", "--help", timeout_s=300)
     assert result.returncode == 0, result.stderr
     names = ",".join(TASK_NAMES)
     assert f"[--task {{{names}}}]" in result.stdout  # the usage line
@@ -58,13 +50,6 @@ def test_the_fork_servers_preload_holds_every_task() -> None:
         "print(all(f'training.tasks.{name}' in sys.modules for name in TASK_NAMES))\n"
         "print(_field_docs.cache_info().currsize)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = fresh_python("-c", code, timeout_s=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", str(1 + len(TASK_NAMES))]  # the config's, each task's
