@@ -58,7 +58,7 @@ AGENT_SAYS: tuple[tuple[str, str], ...] = (
     ("cannot copy the dataset", "dataset's store unreachable from this node"),
     (
         "rendezvous check failed",
-        "bad flag, bad config or etcd without the v2 API, before joining",
+        "bad flag or config, or an endpoint not etcd's v3 API (or TLS), before joining",
     ),
 )
 """(what the agent logs, the ENDINGS row it means)."""

@@ -153,12 +153,15 @@ def test_a_data_dir_the_loader_cannot_read_is_refused(
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        ("etcd Version: 3.6.0", "is etcd 3.6.0; allowed: etcd 3.4 or 3.5"),
-        ("hello", "--version does not print an etcd version; allowed: etcd 3.4 or 3.5"),
+        ("etcd Version: 3.4.23", "is etcd 3.4.23; allowed: etcd 3.5 or 3.6"),
+        ("etcd Version: 3.7.0", "is etcd 3.7.0; allowed: etcd 3.5 or 3.6"),
+        ("hello", "--version does not print an etcd version; allowed: etcd 3.5 or 3.6"),
     ],
 )
 @pytest.mark.usefixtures("processes")
-def test_an_etcd_without_the_v2_api_is_refused(tmp_path: Path, version: str, message: str) -> None:
+def test_an_etcd_outside_the_supported_minors_is_refused(
+    tmp_path: Path, version: str, message: str
+) -> None:
     fake = tmp_path / "etcd"
     fake.write_text(f"#!/bin/sh\necho '{version}'\n")
     fake.chmod(0o755)

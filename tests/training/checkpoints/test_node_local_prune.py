@@ -134,18 +134,23 @@ def test_a_forked_child_keeps_none_of_the_parents_locks(tmp_path: Path) -> None:
     local.save_state(5, _state(5))  # pinned by this process
     local.wait_pruned()
     (first,), _ = _saves(tmp_path)
-    release, child_ready = os.pipe()
+    up_r, up_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()  # a DataLoader worker, say, forked while the pin is held
     if pid == 0:
-        os.close(child_ready)
-        os.read(release, 1)
+        # Python code runs in the child only after its at-fork hooks: it is ready then.
+        os.write(up_w, b"u")
+        os.read(go_r, 1)
         os._exit(0)
-    os.close(release)
+    os.close(up_w)
+    os.close(go_r)
     try:
+        assert os.read(up_r, 1) == b"u"  # the child lives, holding whatever it inherited
         local.save_state(6, _state(6))  # this process lets step 5 go; the child must too
         local.wait_pruned()
         assert not (tmp_path / RUN / first).exists()
     finally:
-        os.write(child_ready, b"x")
-        os.close(child_ready)
+        os.write(go_w, b"x")
+        os.close(go_w)
+        os.close(up_r)
         os.waitpid(pid, 0)
