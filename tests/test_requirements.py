@@ -16,7 +16,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.support.interpreters import fresh_python
+from tests.support.lab_runs import fresh_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRAM_REQUIREMENTS = REPO_ROOT / "requirements.txt"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.interpreters import fresh_python
+from tests.support.lab_runs import fresh_python
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "azure", "kubernetes", "matplotlib")

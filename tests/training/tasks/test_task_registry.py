@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.interpreters import fresh_python
+from tests.support.lab_runs import fresh_python
 from training.tasks import DEFAULT_TASK, TASK_NAMES, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
