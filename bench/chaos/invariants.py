@@ -12,6 +12,9 @@
   Those are listed as excused, with the reason, never silently.
 - **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``), a
   thawed node's old round included.
+- **ranks**: every round that trained a step had every rank of its world, once, each node
+  with its ``nproc_per_node`` processes (local ranks 0 to nproc-1, rank = the node's group
+  rank x nproc + the local rank).
 - **durable not behind**: at every acknowledgement of a durable step (a periodic save, an
   eviction's commit, the final one), the store's newest checkpoint that verifies was at least
   that step, and never older than at an earlier acknowledgement (a thawed writer's late
@@ -64,6 +67,7 @@ INVARIANTS = (
     "finished",
     "no lost step",
     "one group",
+    "ranks",
     "durable not behind",
     "trajectory",
     "exit codes",
@@ -97,6 +101,7 @@ class Evidence:
     status: str
     max_steps: int
     stop_deadline_s: float
+    nproc_per_node: int = 1
     store_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Each node's log of its durable store's calls (training/checkpoints/faulty_store.py)."""
 
@@ -261,6 +266,29 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
     return lost_total
 
 
+def check_ranks(evidence: Evidence, verdict: Verdict) -> None:
+    """Every round that trained a step: its world, rank by rank, node by node."""
+    nproc, records = evidence.nproc_per_node, evidence.records
+    trained = {r.get("rdzv_round") for r in records if r["kind"] == "metrics"}
+    for round_ in sorted(r for r in trained if r is not None):
+        started = [r for r in records if r.get("event") == "started" and r["rdzv_round"] == round_]
+        worlds = {r["world_size"] for r in started}
+        ranks = sorted(r["rank"] for r in started)
+        nodes: dict[str, list[int]] = {}
+        for r in started:
+            nodes.setdefault(r["node"], []).append(r["local_rank"])
+            if r["rank"] != r["group_rank"] * nproc + r["local_rank"]:
+                verdict.violate("ranks", f"round {round_}: {r['node']} rank {r['rank']} is off")
+        wrong = {n: sorted(lr) for n, lr in nodes.items() if sorted(lr) != list(range(nproc))}
+        world = worlds.pop() if len(worlds) == 1 else None
+        if world is None or ranks != list(range(world)) or world != nproc * len(nodes) or wrong:
+            verdict.violate(
+                "ranks",
+                f"round {round_} trained with world sizes {sorted({*worlds, world} - {None})}, "
+                f"ranks {ranks}, local ranks {wrong or 'right'} on {len(nodes)} nodes of {nproc}",
+            )
+
+
 def check_durable(evidence: Evidence, verdict: Verdict) -> None:
     head: tuple[int, str] | None = None
     for check in sorted(evidence.ack_checks, key=lambda c: c["ts"]):
@@ -303,6 +331,7 @@ def check(evidence: Evidence) -> tuple[Verdict, dict[str, Any]]:
     lost = check_lost_steps(evidence, verdict, sigs)
     for pair in groups_at_once(evidence.records):
         verdict.violate("one group", f"rounds {pair['rounds']} trained at once from {pair['from']}")
+    check_ranks(evidence, verdict)
     check_durable(evidence, verdict)
     if evidence.status == "finished":
         diff = evidence.parameter_difference

@@ -270,6 +270,7 @@ class ChaosRunner(FaultRunner):
                 paused.index,
                 "thawed",
                 [self.nodes[number].name],
+                landed=True,
                 reformed=ready,
                 of=paused.fault.kind,
             )

@@ -136,6 +136,7 @@ def run_schedule(
         status=outcome.status,
         max_steps=plan.max_steps,
         stop_deadline_s=plan.stop_deadline_s,
+        nproc_per_node=schedule.nproc_per_node,
         store_calls={
             name: read_jsonl(path) for name, path in nodes.store_logs.items() if path.exists()
         },

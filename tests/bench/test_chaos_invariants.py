@@ -25,8 +25,13 @@ def _event(ts: float, name: str, node: str, round_: int, **fields: Any) -> dict[
     return {"ts": T0 + ts, "kind": "event", "event": name, "node": node, "rdzv_round": round_}
 
 
-def _started(ts: float, node: str, round_: int) -> dict[str, Any]:
-    return _event(ts, "started", node, round_)
+def _started(
+    ts: float, node: str, round_: int, rank: int = 0, world: int = 1, nproc: int = 1
+) -> dict[str, Any]:
+    """A worker's first line in a round: rank ``rank`` of ``world``, ``nproc`` a node."""
+    local, group = rank % nproc, rank // nproc
+    ranks = {"rank": rank, "world_size": world, "local_rank": local, "group_rank": group}
+    return _event(ts, "started", node, round_) | ranks
 
 
 def _resumed(ts: float, node: str, round_: int, step: int, source: str) -> dict[str, Any]:
@@ -44,8 +49,8 @@ def _action(ts: float, kind: str, *nodes: str, **fields: Any) -> dict[str, Any]:
 def _evidence(**overrides: Any) -> Evidence:
     """Two nodes train rounds 1 (steps 1-5) and, after node-1 is lost, 2 at world 1."""
     records = [
-        _started(1, "node-0", 1),
-        _started(1, "node-1", 1),
+        _started(1, "node-0", 1, 0, 2),
+        _started(1, "node-1", 1, 1, 2),
         _resumed(2, "node-0", 1, 0, "fresh"),
         *(_metrics(2 + s, s, 1) for s in range(1, 6)),
         _started(9, "node-0", 2),
@@ -371,3 +376,23 @@ def test_a_late_upload_that_moves_the_durable_head_back_is_caught() -> None:
     # A late acknowledgement of an older step with the head kept is fine.
     kept = [checks[0], {**checks[1], "verified": 5}, checks[2]]
     assert _violated(_evidence(ack_checks=kept)) == set()
+
+
+def test_every_round_that_trained_had_its_whole_world_node_by_node() -> None:
+    # Two nodes of 2 processes in round 1 (ranks 0-3), node-0 alone in round 2 (ranks 0-1).
+    evidence = _evidence(nproc_per_node=2)
+    records = [r for r in evidence.records if r.get("event") != "started"]
+    started = [
+        *(_started(1, "node-0", 1, rank, 4, 2) for rank in (0, 1)),
+        *(_started(1, "node-1", 1, rank, 4, 2) for rank in (2, 3)),
+        *(_started(9, "node-0", 2, rank, 2, 2) for rank in (0, 1)),
+    ]
+    assert _violated(replace(evidence, records=[*records, *started])) == set()
+    # A rank missing from a round that trained: its world was not all there.
+    missing = [r for r in started if not (r["rdzv_round"] == 1 and r["rank"] == 3)]
+    assert _violated(replace(evidence, records=[*records, *missing])) == {"ranks"}
+    # Both processes of node-1 said local rank 0.
+    twice = [{**r, "local_rank": 0} if r["rank"] == 3 else r for r in started]
+    assert _violated(replace(evidence, records=[*records, *twice])) == {"ranks"}
+    # One process a node where the schedule ran two.
+    assert _violated(replace(evidence, nproc_per_node=1, records=[*records, *started])) == {"ranks"}
