@@ -213,14 +213,17 @@ def _holders(records: list[Record], first: Record) -> dict[str, float]:
     return found
 
 
-def _fate(node: str, since: float, until: float, evidence: Evidence, sigs: list) -> str | None:
-    """How ``node`` lost its copy of a step between ``since`` and ``until``, or None if not."""
-    mine = [(ts, sig) for ts, sig in sigs if since <= ts <= until]
+def _fate(
+    node: str, since: float, until: float, evidence: Evidence, sigs: list
+) -> tuple[str | None, str]:
+    """How ``node`` lost its copy of a step between ``since`` and ``until`` (None if not),
+    and a note on it for a violation."""
+    mine = [(ts, sig) for ts, sig in sigs if since <= ts <= until and sig != CONT]
     if not mine:
-        return None
+        return None, node
     ts, sig = mine[0]
     if sig in (KILL, STOP):
-        return f"{node} got {sig} with no notice"
+        return f"{node} got {sig} with no notice", node
     refused, why = store_refused(
         ts, ts + evidence.stop_deadline_s, evidence.actions, evidence.store_calls
     )
@@ -228,8 +231,8 @@ def _fate(node: str, since: float, until: float, evidence: Evidence, sigs: list)
         return (
             f"{node} was evicted while the store, failing and slowed, left no room for a "
             f"commit in its whole deadline ({why})"
-        )
-    return None
+        ), node
+    return None, f"{node} (evicted; the store: {why})"
 
 
 def _trained(records: list[Record], resumed: Record) -> bool:
@@ -249,7 +252,7 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
             continue
         lost_total += best - int(resumed["step"])
         first = next(c for c in before if int(c["step"]) == best)
-        fates = {
+        fated = {
             node: _fate(node, since, resumed["ts"], evidence, sigs.get(node, []))
             for node, since in _holders(records, first).items()
         }
@@ -257,11 +260,13 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
             f"round {resumed.get('rdzv_round')} resumed at step {resumed['step']} "
             f"({resumed['source']}) after step {best} was completed"
         )
+        fates = {node: fate for node, (fate, _) in fated.items()}
         if fates and all(fates.values()):
             lost = "; ".join(str(f) for f in fates.values())
             verdict.excuse("no lost step", f"{what}; every node that held it was lost: {lost}")
         else:
-            kept = sorted(n for n, f in fates.items() if f is None) or ["no node known"]
+            kept = sorted(note for fate, note in fated.values() if fate is None)
+            kept = kept or ["no node known"]
             verdict.violate("no lost step", f"{what}; held by {', '.join(kept)}")
     return lost_total
 
