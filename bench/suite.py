@@ -103,7 +103,7 @@ def smoke_config() -> BenchConfig:
         steady_pairs=1,
         stall=StallPlan(models=(StallModel("lab default", 16, 2),), steps=2, saves=2),
         commit=CommitPlan(state_mb=16, reps=1),
-        chaos=ChaosPlan(faults=(2, 3), max_steps=80),
+        chaos=ChaosPlan(faults=(2, 3), max_steps=80, nproc_per_node=(1,)),  # one proc: quick
         chaos_schedules=1,
         smoke=True,
     )

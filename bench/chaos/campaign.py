@@ -128,7 +128,7 @@ def run_campaign(
     interrupted = False
     try:
         for index in range(schedules):
-            schedule = random_schedule(seed + index, plan.nodes, plan.faults)
+            schedule = random_schedule(seed + index, plan.nodes, plan.faults, plan.nproc_per_node)
             result = run_schedule(
                 schedule,
                 plan,
@@ -168,7 +168,8 @@ def summary_table(
     low, high = plan["faults"]
     header = (
         f"{summary['schedules']} schedules from seed {seed}{stopped}: {plan['nodes']} nodes (min "
-        f"{plan['min_nodes']}), {low}-{high} faults each, 0-3 s apart, {plan['max_steps']} "
+        f"{plan['min_nodes']}) of {'/'.join(map(str, plan.get('nproc_per_node', [1])))} "
+        f"processes, {low}-{high} faults each, 0-3 s apart, {plan['max_steps']} "
         f"steps in float64, stop deadline {plan['stop_deadline_s']:g} s, "
         f"grace {plan['grace_s']:g} s"
     )

@@ -24,10 +24,11 @@ DEFAULT_SCHEDULES = 200
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench chaos",
-        description="Random schedules of overlapping faults (evict, kill, freeze, join, etcd "
-        "outage, evict-all then new nodes, SIGTERM during a restore or an upload, a slow or "
-        "failing store), 0-3 s apart, on real agents; every schedule is checked against the "
-        "job's invariants. Exit 1 when any is violated.",
+        description="Random schedules of overlapping faults (evict, kill, freeze, a freeze that "
+        "comes back, also during an upload, join, etcd outage, evict-all then new nodes, SIGTERM "
+        "during a restore or an upload, a slow or failing store), 0-3 s apart, on real agents "
+        "with 1 or 2 processes each; every schedule is checked against the job's invariants. "
+        "Exit 1 when any is violated.",
     )
     parser.add_argument(
         "--schedules", type=int, default=DEFAULT_SCHEDULES, help=f"(default {DEFAULT_SCHEDULES})"
@@ -49,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps", type=int, default=240, help="steps per schedule (default 240)"
     )
     parser.add_argument(
+        "--nproc-per-node",
+        default="1,2",
+        help="training processes per node, one of these drawn per schedule (default 1,2)",
+    )
+    parser.add_argument(
         "--out", type=Path, help="output dir (default bench-results/chaos-<timestamp>); must be new"
     )
     return parser
@@ -59,8 +65,18 @@ def plan_from_args(args: argparse.Namespace) -> ChaosPlan:
         low, high = (int(x) for x in args.faults.split("-"))
     except ValueError:
         raise ValueError(f"--faults must be MIN-MAX, e.g. 3-6, got {args.faults!r}") from None
+    try:
+        nprocs = tuple(int(x) for x in args.nproc_per_node.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--nproc-per-node must be a comma-separated list of 1-2, got {args.nproc_per_node!r}"
+        ) from None
     plan = dataclasses.replace(
-        ChaosPlan(), nodes=args.nodes, faults=(low, high), max_steps=args.max_steps
+        ChaosPlan(),
+        nodes=args.nodes,
+        faults=(low, high),
+        max_steps=args.max_steps,
+        nproc_per_node=nprocs,
     )
     plan.validate()
     return plan

@@ -7,17 +7,25 @@
   before it (in any node's log: rank 0's metrics, every node's saves and completed steps),
   unless every node that held that step lost it: killed or frozen with no notice (a SIGKILL
   takes the node's disk, the state in memory and the steps since the last durable save with
-  it), or evicted while the store left no room for a commit in the whole deadline
-  (failing, and between failures too slow for one).
+  it), or evicted while the store, as its calls were measured in that schedule, left no
+  room for a commit in the whole deadline (``bench/chaos/store_excuse.py``).
   Those are listed as excused, with the reason, never silently.
-- **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``).
+- **one group**: no two rendezvous rounds trained at once (``lab/report/outcomes.py``), a
+  thawed node's old round included.
+- **ranks**: every round that trained a step had every rank of its world, once, each node
+  with its ``nproc_per_node`` processes (local ranks 0 to nproc-1, rank = the node's group
+  rank x nproc + the local rank).
 - **durable not behind**: at every acknowledgement of a durable step (a periodic save, an
   eviction's commit, the final one), the store's newest checkpoint that verifies was at least
-  that step; and at the end too.
+  that step, and never older than at an earlier acknowledgement (a thawed writer's late
+  upload must not move the head back); and at the end too.
 - **trajectory**: the final parameters equal an uninterrupted run's (float64, within
   ``TOLERANCE``).
 - **exit codes**: every agent's code is the one ENDINGS gives for its ending: SIGKILL for a
-  node the campaign killed or froze, SIGTERM's for one it evicted, else what the agent says.
+  node the campaign killed or froze, SIGTERM's for one it evicted, else what the agent says;
+  a frozen node that came back (SIGCONT) is judged by what it did after, as one the campaign
+  never touched: it may rejoin and train on, or end as the table says for what it reports,
+  but not for good while the job runs.
 """
 
 from __future__ import annotations
@@ -36,13 +44,14 @@ from bench.chaos.endings import (
     reported,
     signal_name,
 )
+from bench.chaos.store_excuse import store_refused
 from lab.report.node_logs import Record
 from lab.report.outcomes import groups_at_once
 
 TOLERANCE = 1e-9
 """float64 runs at world sizes 1-3 agree to ~1e-15; one step more or less moves ~1e-3 (the
 end-to-end tests' bound, tests/test_elastic_training.py)."""
-TERM, KILL, STOP = "SIGTERM", "SIGKILL", "SIGSTOP"
+TERM, KILL, STOP, CONT = "SIGTERM", "SIGKILL", "SIGSTOP", "SIGCONT"
 SIGNALS_OF = {
     "evict": TERM,
     "evict-all": TERM,
@@ -50,11 +59,15 @@ SIGNALS_OF = {
     "sigterm-upload": TERM,
     "kill": KILL,
     "freeze": STOP,
+    "thaw": STOP,
+    "thaw-upload": STOP,
+    "thawed": CONT,
 }
 INVARIANTS = (
     "finished",
     "no lost step",
     "one group",
+    "ranks",
     "durable not behind",
     "trajectory",
     "exit codes",
@@ -88,6 +101,9 @@ class Evidence:
     status: str
     max_steps: int
     stop_deadline_s: float
+    nproc_per_node: int = 1
+    store_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each node's log of its durable store's calls (training/checkpoints/faulty_store.py)."""
 
 
 @dataclass
@@ -146,6 +162,8 @@ def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
             continue
         code = exit_code(proc.code)
         sent = [sig for _, sig in proc.signals]
+        if CONT in sent:  # a paused VM that came back: what it did after is its own
+            sent = sent[len(sent) - sent[::-1].index(CONT) :]
         if sent and sent[0] in (KILL, STOP):
             how: str | None = SIGKILL_ENDING
         elif sent:  # evicted: its own code, or SIGKILL when its grace ran out
@@ -195,72 +213,26 @@ def _holders(records: list[Record], first: Record) -> dict[str, float]:
     return found
 
 
-def _fate(node: str, since: float, until: float, evidence: Evidence, sigs: list) -> str | None:
-    """How ``node`` lost its copy of a step between ``since`` and ``until``, or None if not."""
-    mine = [(ts, sig) for ts, sig in sigs if since <= ts <= until]
+def _fate(
+    node: str, since: float, until: float, evidence: Evidence, sigs: list
+) -> tuple[str | None, str]:
+    """How ``node`` lost its copy of a step between ``since`` and ``until`` (None if not),
+    and a note on it for a violation."""
+    mine = [(ts, sig) for ts, sig in sigs if since <= ts <= until and sig != CONT]
     if not mine:
-        return None
+        return None, node
     ts, sig = mine[0]
     if sig in (KILL, STOP):
-        return f"{node} got {sig} with no notice"
-    if _store_refused(ts, ts + evidence.stop_deadline_s, evidence.actions):
+        return f"{node} got {sig} with no notice", node
+    refused, why = store_refused(
+        ts, ts + evidence.stop_deadline_s, evidence.actions, evidence.store_calls
+    )
+    if refused:
         return (
             f"{node} was evicted while the store, failing and slowed, left no room for a "
-            "commit in its whole deadline"
-        )
-    return None
-
-
-READS, WRITES = ("get", "list", "list_modified"), ("put", "put_new")
-COMMIT_CALLS = {"read": 3, "write": 2}
-"""The store calls of an eviction's commit: the manifests listed and read, the lineage read;
-the object and the manifest written. Each waits a slowed store's delay for its kind."""
-MIN_COMMIT_S = 1.5
-"""The shortest stretch a commit of the campaign's tiny state needs between store failures:
-the retry's longest pause (1 s, training/checkpoints/deadline.py) and the commit itself."""
-
-
-SLOWED_CALLS = {"store-slow": READS + WRITES, "sigterm-restore": READS, "sigterm-upload": WRITES}
-"""Which calls each slowing fault delays (bench/chaos/runner.py opens their windows)."""
-
-
-def _delay(windows: list[dict[str, Any]], begin: float, end: float, kinds: tuple) -> float:
-    """The longest per-call delay that slowed windows give calls of ``kinds`` in [begin, end]."""
-    return max(
-        (
-            float(w["delay_s"])
-            for w in windows
-            if w["ts"] < end
-            and w["ts"] + w["seconds"] > begin
-            and set(kinds) & set(SLOWED_CALLS.get(w["kind"], ()))
-        ),
-        default=0.0,
-    )
-
-
-def _store_refused(start: float, end: float, actions: list[dict[str, Any]]) -> bool:
-    """Whether the store let no commit through in [start, end]: each stretch between its
-    failures was shorter than a commit at the delays the store then had (a store that failed
-    every call is the limit case)."""
-    fails = sorted((a["ts"], a["ts"] + a["seconds"]) for a in actions if a["kind"] == "store-fail")
-    slowed = [a for a in actions if a.get("delay_s") and "seconds" in a]
-    stretches, cursor = [], start
-    for begin, finish in fails:
-        if finish <= cursor:
-            continue
-        if begin > cursor:
-            stretches.append((cursor, min(begin, end)))
-        cursor = max(cursor, finish)
-    stretches.append((cursor, end))
-    for begin, finish in stretches:
-        needed = (
-            MIN_COMMIT_S
-            + COMMIT_CALLS["read"] * _delay(slowed, begin, finish, READS)
-            + COMMIT_CALLS["write"] * _delay(slowed, begin, finish, WRITES)
-        )
-        if finish - begin >= needed:
-            return False
-    return True
+            f"commit in its whole deadline ({why})"
+        ), node
+    return None, f"{node} (evicted; the store: {why})"
 
 
 def _trained(records: list[Record], resumed: Record) -> bool:
@@ -280,7 +252,7 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
             continue
         lost_total += best - int(resumed["step"])
         first = next(c for c in before if int(c["step"]) == best)
-        fates = {
+        fated = {
             node: _fate(node, since, resumed["ts"], evidence, sigs.get(node, []))
             for node, since in _holders(records, first).items()
         }
@@ -288,23 +260,58 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
             f"round {resumed.get('rdzv_round')} resumed at step {resumed['step']} "
             f"({resumed['source']}) after step {best} was completed"
         )
+        fates = {node: fate for node, (fate, _) in fated.items()}
         if fates and all(fates.values()):
             lost = "; ".join(str(f) for f in fates.values())
             verdict.excuse("no lost step", f"{what}; every node that held it was lost: {lost}")
         else:
-            kept = sorted(n for n, f in fates.items() if f is None) or ["no node known"]
+            kept = sorted(note for fate, note in fated.values() if fate is None)
+            kept = kept or ["no node known"]
             verdict.violate("no lost step", f"{what}; held by {', '.join(kept)}")
     return lost_total
 
 
+def check_ranks(evidence: Evidence, verdict: Verdict) -> None:
+    """Every round that trained a step: its world, rank by rank, node by node."""
+    nproc, records = evidence.nproc_per_node, evidence.records
+    trained = {r.get("rdzv_round") for r in records if r["kind"] == "metrics"}
+    for round_ in sorted(r for r in trained if r is not None):
+        started = [r for r in records if r.get("event") == "started" and r["rdzv_round"] == round_]
+        worlds = {r["world_size"] for r in started}
+        ranks = sorted(r["rank"] for r in started)
+        nodes: dict[str, list[int]] = {}
+        for r in started:
+            nodes.setdefault(r["node"], []).append(r["local_rank"])
+            if r["rank"] != r["group_rank"] * nproc + r["local_rank"]:
+                verdict.violate("ranks", f"round {round_}: {r['node']} rank {r['rank']} is off")
+        wrong = {n: sorted(lr) for n, lr in nodes.items() if sorted(lr) != list(range(nproc))}
+        world = worlds.pop() if len(worlds) == 1 else None
+        if world is None or ranks != list(range(world)) or world != nproc * len(nodes) or wrong:
+            verdict.violate(
+                "ranks",
+                f"round {round_} trained with world sizes {sorted({*worlds, world} - {None})}, "
+                f"ranks {ranks}, local ranks {wrong or 'right'} on {len(nodes)} nodes of {nproc}",
+            )
+
+
 def check_durable(evidence: Evidence, verdict: Verdict) -> None:
-    for check in evidence.ack_checks:
+    head: tuple[int, str] | None = None
+    for check in sorted(evidence.ack_checks, key=lambda c: c["ts"]):
         if check["verified"] is None or check["verified"] < check["acked"]:
             verdict.violate(
                 "durable not behind",
                 f"step {check['acked']} acknowledged ({check['node']}), newest that verifies: "
                 f"{check['verified']}",
             )
+        found = check["verified"] if check["verified"] is not None else -1
+        if head is not None and found < head[0]:
+            verdict.violate(
+                "durable not behind",
+                f"the newest checkpoint that verifies went back from step {head[0]} "
+                f"({head[1]}'s acknowledgement) to {check['verified']} ({check['node']}'s)",
+            )
+        if head is None or found >= head[0]:
+            head = (found, check["node"])
     acked = [
         int(r["step"])
         for r in evidence.records
@@ -329,6 +336,7 @@ def check(evidence: Evidence) -> tuple[Verdict, dict[str, Any]]:
     lost = check_lost_steps(evidence, verdict, sigs)
     for pair in groups_at_once(evidence.records):
         verdict.violate("one group", f"rounds {pair['rounds']} trained at once from {pair['from']}")
+    check_ranks(evidence, verdict)
     check_durable(evidence, verdict)
     if evidence.status == "finished":
         diff = evidence.parameter_difference

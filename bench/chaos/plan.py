@@ -10,6 +10,8 @@ from training.elastic.launch import STOP_MARGIN_S
 
 MAX_NODES = 6
 """Two cores run every node's agent and worker: more would measure the machine, not the job."""
+MAX_NPROC = 2
+"""Training processes per node: 2 already runs 6 workers on two cores."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,9 @@ class ChaosPlan:
     min_nodes: int = 1
     faults: tuple[int, int] = (3, 6)
     """Faults per schedule, drawn in this range."""
+    nproc_per_node: tuple[int, ...] = (1, 2)
+    """Training processes per node, one of these drawn for each schedule (a VM with that many
+    GPUs); the global batch stays the same, so the trajectory does too."""
     max_steps: int = 240
     checkpoint_every_steps: int = 10
     min_step_time_s: float = 0.1
@@ -42,6 +47,11 @@ class ChaosPlan:
             raise ValueError(f"--nodes must be 1-{MAX_NODES}, got {self.nodes}")
         if not 1 <= self.min_nodes <= self.nodes:
             raise ValueError(f"min nodes must be 1-{self.nodes}, got {self.min_nodes}")
+        if not self.nproc_per_node or any(not 1 <= n <= MAX_NPROC for n in self.nproc_per_node):
+            raise ValueError(
+                f"--nproc-per-node must be a comma-separated list of 1-{MAX_NPROC}, "
+                f"got {self.nproc_per_node}"
+            )
         low, high = self.faults
         if not 1 <= low <= high:
             raise ValueError(f"--faults must be MIN-MAX with 1 <= MIN <= MAX, got {low}-{high}")
@@ -66,11 +76,12 @@ class ChaosPlan:
             stop_deadline_s=self.stop_deadline_s,
         )
 
-    def scenario(self, name: str) -> Scenario:
+    def scenario(self, name: str, nproc_per_node: int = 1) -> Scenario:
         """The lab scenario of one schedule, without faults: the campaign's runner brings them."""
         return Scenario(
             name=name,
             nodes=self.nodes,
+            nproc_per_node=nproc_per_node,
             min_nodes=self.min_nodes,
             max_nodes=self.nodes,
             timeout_s=self.timeout_s,

@@ -7,6 +7,11 @@ only when faults happen: once the job trains at full size, each fault of the sch
 worker starting a round, an upload starting). When the schedule is done, the capacity comes
 back: new nodes start until the job has its nodes again, and training runs to its end.
 
+A thawed node (``thaw``, ``thaw-upload``) is a paused VM that comes back: frozen, it keeps its
+place (no new node takes it, as its pod is not replaced while its VM may return), and once a
+group re-formed without it (a worker of another node started after the freeze) it gets
+SIGCONT ``thaw_s`` later and is a live node again, whatever it then does.
+
 Everything it does is logged (``actions``, and ``chaos_fault`` lines in the lab's event log)
 for the invariants (``bench/chaos/invariants.py``). After each durable acknowledgement in the
 records it checks the store at once: the newest checkpoint that verifies must be at least
@@ -31,6 +36,9 @@ from training.checkpoints.storage import FileStore
 
 TOP_UP_AFTER_S = 3.0
 """After the last fault (and what it set off), how long before the capacity comes back."""
+THAW_WAIT_S = 40.0
+"""A frozen node that no group re-formed without (it was the last one, or the others could
+not re-form) comes back this long after its freeze anyway."""
 
 
 class StoreControl:
@@ -85,6 +93,22 @@ class Armed:
 
 
 @dataclass
+class Paused:
+    """A frozen node that will come back."""
+
+    index: int
+    fault: ChaosFault
+    since: float
+    """time.time() of its SIGSTOP."""
+    earliest: float
+    """time.monotonic() before which it stays frozen."""
+    give_up: float
+    """time.monotonic() when it comes back even if no group re-formed without it."""
+    reformed: float | None = None
+    """time.monotonic() when a worker of another node started after the freeze."""
+
+
+@dataclass
 class ChaosRunner(FaultRunner):
     """``FaultRunner`` with the schedule's overlapping faults in place of the scenario's."""
 
@@ -103,6 +127,7 @@ class ChaosRunner(FaultRunner):
     _etcd_back: float | None = None
     _armed: list[Armed] = field(default_factory=list)
     _topped_up: bool = False
+    _paused: dict[int, Paused] = field(default_factory=dict)
 
     # -- the schedule's clock ---------------------------------------------------------------
     def _maybe_inject(self) -> None:
@@ -115,6 +140,7 @@ class ChaosRunner(FaultRunner):
         self._due_starts(now)
         self._fire_uploads()
         self._expire(now)
+        self._thaw_due(now)
         faults = self.schedule.faults if self.schedule else ()
         if self._index < len(faults) and now >= self._last + faults[self._index].gap_s:
             self._run(self._index, faults[self._index])
@@ -129,6 +155,7 @@ class ChaosRunner(FaultRunner):
             and not self._starts
             and self._etcd_back is None
             and not self._armed
+            and not self._paused
         )
 
     def _nodes_expected(self) -> bool:
@@ -144,7 +171,7 @@ class ChaosRunner(FaultRunner):
     def _due_starts(self, now: float) -> None:
         for due, count in [s for s in self._starts if s[0] <= now]:
             self._starts.remove((due, count))
-            room = self.scenario.max_nodes - len(self.live)
+            room = self.scenario.max_nodes - len(self.live) - len(self._paused)
             self._act(-1, "new nodes", [self._start_new() for _ in range(min(count, room))])
         if self._etcd_back is not None and now >= self._etcd_back and self.etcd is not None:
             self._etcd_back = None
@@ -154,15 +181,20 @@ class ChaosRunner(FaultRunner):
     # -- faults -----------------------------------------------------------------------------
     def _run(self, index: int, fault: ChaosFault) -> None:
         kind = fault.kind
-        if kind in ("evict", "kill", "freeze"):
+        if kind in ("evict", "kill", "freeze", "thaw"):
             target = self._pick(fault)
             if target is None:
                 self._act(index, kind, [], landed=False, why="no live node")
                 return
-            {"evict": self._evict, "kill": self._kill, "freeze": self._freeze}[kind](target, fault)
+            if kind == "thaw":
+                self._pause(target, fault, index)
+            else:
+                {"evict": self._evict, "kill": self._kill, "freeze": self._freeze}[kind](
+                    target, fault
+                )
             self._act(index, kind, [self.nodes[target].name])
         elif kind == "join":
-            if len(self.live) >= self.scenario.max_nodes:
+            if len(self.live) + len(self._paused) >= self.scenario.max_nodes:
                 self._act(index, kind, [], landed=False, why="max nodes run")
                 return
             self._act(index, kind, [self._start_new()])
@@ -193,7 +225,7 @@ class ChaosRunner(FaultRunner):
             self.store.open(fault.seconds, delay_s=fault.delay_s, ops=("get", "list"))
             self._arm(index, fault)
             return
-        elif fault.kind == "sigterm-upload":
+        elif fault.kind in ("sigterm-upload", "thaw-upload"):
             self.store.open(fault.seconds, delay_s=fault.delay_s, ops=("put",))
             self._arm(index, fault)
             return
@@ -216,6 +248,32 @@ class ChaosRunner(FaultRunner):
         self._stopped(number)
         self.nodes[number].freeze()
         self._follow_ups.append(_FollowUp(time.monotonic() + fault.seconds, "kill", number))
+
+    def _pause(self, number: int, fault: ChaosFault, index: int) -> None:
+        self._stopped(number)
+        self.nodes[number].freeze()
+        now = time.monotonic()
+        wait = fault.seconds if fault.kind == "thaw" else 0.0
+        self._paused[number] = Paused(index, fault, time.time(), now + wait, now + THAW_WAIT_S)
+
+    def _thaw_due(self, now: float) -> None:
+        for number, paused in list(self._paused.items()):
+            ready = paused.reformed is not None and now >= max(
+                paused.reformed + paused.fault.thaw_s, paused.earliest
+            )
+            if not ready and now < paused.give_up:
+                continue
+            del self._paused[number]
+            self.nodes[number].thaw()
+            self.live.add(number)  # whatever it does now, the lab sees (and restarts) it
+            self._act(
+                paused.index,
+                "thawed",
+                [self.nodes[number].name],
+                landed=True,
+                reformed=ready,
+                of=paused.fault.kind,
+            )
 
     def _stopped(self, number: int) -> None:
         """Node ``number`` leaves the job: not restarted in place, whatever its code."""
@@ -240,6 +298,9 @@ class ChaosRunner(FaultRunner):
         super()._observe(number, record)
         if record.get("event") == "started":
             self._fire("sigterm-restore", number, record["ts"], round=record.get("rdzv_round"))
+            for other, paused in self._paused.items():
+                if other != number and paused.reformed is None and record["ts"] > paused.since:
+                    paused.reformed = time.monotonic()
         if record.get("event") in ("checkpoint_saved", "finished") or (
             record.get("event") == "emergency_save" and record.get("durable")
         ):
@@ -250,13 +311,17 @@ class ChaosRunner(FaultRunner):
             return
         for number, entry in self.store.uploads():
             self._fire("sigterm-upload", number, entry["ts"], object=entry["name"])
+            self._fire("thaw-upload", number, entry["ts"], object=entry["name"])
 
     def _fire(self, kind: str, number: int, ts: float, **detail: Any) -> None:
         for armed in [a for a in self._armed if a.fault.kind == kind and ts >= a.since]:
             if number not in self.live:
                 continue
             self._armed.remove(armed)
-            self._evict(number, armed.fault)
+            if kind == "thaw-upload":
+                self._pause(number, armed.fault, armed.index)
+            else:
+                self._evict(number, armed.fault)
             self._act(armed.index, kind, [self.nodes[number].name], landed=True, **detail)
             return
 
@@ -286,7 +351,12 @@ class ChaosRunner(FaultRunner):
     # -- the end ----------------------------------------------------------------------------
     def _finish(self) -> RunOutcome:
         """An evicted node still saving gets its grace, a frozen one is deleted at its time:
-        the end of training does not cut their endings short."""
+        the end of training does not cut their endings short; a node still paused never came
+        back in time: it is deleted."""
+        for number, paused in list(self._paused.items()):
+            del self._paused[number]
+            self.nodes[number].kill()
+            self._act(paused.index, "thawed", [], landed=False, why="training finished first")
         for follow_up in [f for f in self._follow_ups if f.action == "kill"]:
             node = self.nodes[follow_up.node]
             if wait_for_exit(node, max(follow_up.due - time.monotonic(), 0.0)) is None:

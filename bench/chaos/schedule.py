@@ -4,12 +4,19 @@ Each fault waits ``gap_s`` (0 to 3 s) after the previous one, whether or not the
 so faults land while the group re-forms, saves and restores. A schedule is a function of its
 seed and the plan alone: ``--seed S --schedules 1`` draws it again. Which node a fault hits is
 drawn too (``pick``, a fraction of the live nodes in name order), and resolved when it runs.
+
+The kinds and their parameters come from one stream of the seed, drawn as before the paused
+VMs that come back (``thaw``, ``thaw-upload``) and the nodes with several processes were
+added; those come from a second stream of the same seed (``_extra``): a drawn ``freeze`` stays
+one, or becomes a ``thaw`` or a ``thaw-upload``, and the schedule's processes per node are
+drawn from the plan's choices. So an old seed still draws its old faults, at the same times,
+on the same nodes; only some of its freezes now come back.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 NODE_FAULTS = ("evict", "kill", "freeze")
@@ -22,11 +29,20 @@ down too). One that finds no such moment within ``ARM_S`` is recorded as not lan
 STORE_FAULTS = ("store-slow", "store-fail")
 """The durable store answers every call ``delay_s`` late, or fails every call, for
 ``seconds`` (training/checkpoints/faulty_store.py)."""
-KINDS = (*NODE_FAULTS, "join", "etcd", "evict-all", *TRIGGERED, *STORE_FAULTS)
-"""``join`` starts a new node; ``etcd`` stops etcd for ``seconds``; ``evict-all`` evicts every
+THAWS = ("thaw", "thaw-upload")
+"""A paused VM that comes back: SIGSTOP the node's whole tree, and SIGCONT it ``thaw_s`` after
+the group re-formed without it (and no sooner than ``seconds`` after the freeze); until then
+it keeps its place (no new node takes it). ``thaw-upload`` is armed like ``sigterm-upload``
+(uploads slowed by ``delay_s``) and freezes the node that starts one: a zombie writer that
+finishes its upload after the others moved on."""
+DRAWN = (*NODE_FAULTS, "join", "etcd", "evict-all", *TRIGGERED, *STORE_FAULTS)
+"""The kinds the first stream draws from (its order is part of every old seed's schedule).
+``join`` starts a new node; ``etcd`` stops etcd for ``seconds``; ``evict-all`` evicts every
 live node and starts ``nodes`` new ones ``seconds`` later."""
+KINDS = (*DRAWN, *THAWS)
 MAX_GAP_S = 3.0
 ARM_S = 12.0
+MAX_THAW_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,8 @@ class ChaosFault:
     """store-slow and the triggered faults: the store's delay per call."""
     nodes: int = 0
     """evict-all: new nodes that start after it."""
+    thaw_s: float = 0.0
+    """thaw, thaw-upload: seconds after the group re-formed without the node, to its SIGCONT."""
 
     def describe(self) -> str:
         """Short text, e.g. ``+1.2s evict`` or ``+0.0s store-slow 0.4s/call for 5.0s``."""
@@ -56,6 +74,8 @@ class ChaosFault:
             "store-fail": f" for {self.seconds:.1f}s",
             "sigterm-restore": f" (store {self.delay_s:.1f}s/read)",
             "sigterm-upload": f" (store {self.delay_s:.1f}s/upload)",
+            "thaw": f" {self.thaw_s:.1f}s after the re-form (>= {self.seconds:.1f}s)",
+            "thaw-upload": f" (store {self.delay_s:.1f}s/upload), {self.thaw_s:.1f}s after",
         }.get(self.kind, "")
         return f"+{self.gap_s:.1f}s {self.kind}{detail}"
 
@@ -67,16 +87,19 @@ class ChaosFault:
 class Schedule:
     seed: int
     faults: tuple[ChaosFault, ...]
+    nproc_per_node: int = 1
+    """Training processes on every node of this schedule."""
 
     def describe(self) -> str:
-        return ", ".join(f.describe() for f in self.faults)
+        text = ", ".join(f.describe() for f in self.faults)
+        return text if self.nproc_per_node == 1 else f"[{self.nproc_per_node} procs] {text}"
 
 
 def _kinds_for(live: int, max_nodes: int) -> list[str]:
     """The kinds that make sense with ``live`` nodes expected to run."""
     if live == 0:
         return ["join"]  # nothing to hit: capacity comes back first
-    kinds = [k for k in KINDS if k != "join" or live < max_nodes]
+    kinds = [k for k in DRAWN if k != "join" or live < max_nodes]
     return kinds
 
 
@@ -101,8 +124,26 @@ def draw_fault(rng: random.Random, kind: str, max_nodes: int, gap_s: float) -> C
     return ChaosFault(kind, gap_s, pick)
 
 
+def _extra(seed: int) -> random.Random:
+    """The seed's second stream: the draws added after the first (see the module's note)."""
+    return random.Random(f"chaos-extra-{seed}")
+
+
+def _maybe_thaw(extra: random.Random, fault: ChaosFault) -> ChaosFault:
+    """A drawn freeze stays one (a third of them), or comes back: a thaw, a thaw-upload."""
+    if fault.kind != "freeze":
+        return fault
+    roll, thaw_s = extra.random(), round(extra.uniform(0.0, MAX_THAW_S), 2)
+    if roll < 1 / 3:
+        return fault
+    if roll < 2 / 3:
+        return replace(fault, kind="thaw", thaw_s=thaw_s)
+    delay = extra.uniform(1.0, 2.5)  # an upload of several slowed calls: long enough to hit
+    return replace(fault, kind="thaw-upload", seconds=ARM_S, delay_s=delay, thaw_s=thaw_s)
+
+
 def _live_after(fault: ChaosFault, live: int) -> int:
-    if fault.kind in (*NODE_FAULTS, *TRIGGERED):
+    if fault.kind in (*NODE_FAULTS, *TRIGGERED, *THAWS):
         return live - 1
     if fault.kind == "join":
         return live + 1
@@ -111,15 +152,20 @@ def _live_after(fault: ChaosFault, live: int) -> int:
     return live
 
 
-def random_schedule(seed: int, nodes: int, faults: tuple[int, int]) -> Schedule:
+def random_schedule(
+    seed: int, nodes: int, faults: tuple[int, int], nprocs: tuple[int, ...] = (1,)
+) -> Schedule:
     """The schedule of ``seed``: between ``faults[0]`` and ``faults[1]`` faults on a job of
-    ``nodes`` nodes (also its most), each ``0 <= gap_s <= MAX_GAP_S`` after the last."""
-    rng = random.Random(seed)
+    ``nodes`` nodes (also its most), each ``0 <= gap_s <= MAX_GAP_S`` after the last, with one
+    of ``nprocs`` processes per node. A thaw counts as a node lost (it may not come back in
+    time), as the freeze it was drawn as."""
+    rng, extra = random.Random(seed), _extra(seed)
+    nproc = extra.choice(nprocs)
     count = rng.randint(*faults)
     live, drawn = nodes, []
     for _ in range(count):
         kind = rng.choice(_kinds_for(live, nodes))
         fault = draw_fault(rng, kind, nodes, round(rng.uniform(0.0, MAX_GAP_S), 2))
-        drawn.append(fault)
         live = _live_after(fault, live)
-    return Schedule(seed, tuple(drawn))
+        drawn.append(_maybe_thaw(extra, fault))
+    return Schedule(seed, tuple(drawn), nproc)

@@ -38,6 +38,7 @@ class ChaosNodes(NodeSet):
     def __init__(self, *args: Any, store: StoreControl, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.store = store
+        self.store_logs: dict[str, Path] = {}
 
     def make(self, number: int) -> TorchrunNode:
         node = super().make(number)
@@ -47,6 +48,7 @@ class ChaosNodes(NodeSet):
             FAULTY_STORE_LOG_ENV: str(self.store.log_of(number)),
         }
         node.launch = dataclasses.replace(node.launch, env=env)
+        self.store_logs[node.name] = self.store.log_of(number)
         return node
 
 
@@ -88,7 +90,7 @@ def run_schedule(
     python: str,
 ) -> dict[str, Any]:
     """Run ``schedule``, check every invariant; the result (also ``out/schedule.json``)."""
-    scenario = plan.scenario(f"chaos-{schedule.seed}")
+    scenario = plan.scenario(f"chaos-{schedule.seed}", schedule.nproc_per_node)
     validate_scenario(scenario)
     out.mkdir(parents=True, exist_ok=False)
     with lab_workspace() as work, ExitStack() as stack:
@@ -134,12 +136,17 @@ def run_schedule(
         status=outcome.status,
         max_steps=plan.max_steps,
         stop_deadline_s=plan.stop_deadline_s,
+        nproc_per_node=schedule.nproc_per_node,
+        store_calls={
+            name: read_jsonl(path) for name, path in nodes.store_logs.items() if path.exists()
+        },
     )
     verdict, figures = check(evidence)
     result = {
         "seed": schedule.seed,
         "faults": [f.as_dict() for f in schedule.faults],
         "described": schedule.describe(),
+        "nproc_per_node": schedule.nproc_per_node,
         "status": outcome.status,
         "message": outcome.message,
         "actions": runner.actions,

@@ -43,6 +43,9 @@ class NodeProcess(Protocol):
     def freeze(self) -> None:
         """A VM that vanished: SIGSTOP the whole tree, sockets stay open."""
 
+    def thaw(self) -> None:
+        """The paused VM comes back: SIGCONT the whole tree."""
+
     def terminate(self, grace_s: float) -> None:
         """Stop for good: SIGTERM, then SIGKILL the tree after ``grace_s``. Idempotent."""
 
@@ -157,6 +160,10 @@ class TorchrunNode:
     def freeze(self) -> None:
         if self._process is not None and self._process.poll() is None:
             process_tree.freeze_tree(self._process.pid)
+
+    def thaw(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            process_tree.thaw_tree(self._process.pid)
 
     def terminate(self, grace_s: float) -> None:
         stop_nodes([self], grace_s)

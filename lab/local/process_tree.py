@@ -94,6 +94,13 @@ def freeze_tree(pid: int) -> list[int]:
         frozen.update(pids)
 
 
+def thaw_tree(pid: int) -> list[int]:
+    """SIGCONT ``pid`` and all descendants (a frozen VM that comes back); the pids signalled."""
+    pids = tree(pid)
+    _send(pids, signal.SIGCONT)
+    return pids
+
+
 def kill_tree(pid: int) -> list[int]:
     """SIGKILL ``pid`` and all descendants; the pids signalled.
 

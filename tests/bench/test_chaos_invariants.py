@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.chaos.endings import AGENT_SAYS, ending, exit_code
 from bench.chaos.invariants import Evidence, check
+from bench.chaos.store_excuse import store_refused
 from training.elastic.exit_codes import ENDINGS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +25,13 @@ def _event(ts: float, name: str, node: str, round_: int, **fields: Any) -> dict[
     return {"ts": T0 + ts, "kind": "event", "event": name, "node": node, "rdzv_round": round_}
 
 
-def _started(ts: float, node: str, round_: int) -> dict[str, Any]:
-    return _event(ts, "started", node, round_)
+def _started(
+    ts: float, node: str, round_: int, rank: int = 0, world: int = 1, nproc: int = 1
+) -> dict[str, Any]:
+    """A worker's first line in a round: rank ``rank`` of ``world``, ``nproc`` a node."""
+    local, group = rank % nproc, rank // nproc
+    ranks = {"rank": rank, "world_size": world, "local_rank": local, "group_rank": group}
+    return _event(ts, "started", node, round_) | ranks
 
 
 def _resumed(ts: float, node: str, round_: int, step: int, source: str) -> dict[str, Any]:
@@ -43,8 +49,8 @@ def _action(ts: float, kind: str, *nodes: str, **fields: Any) -> dict[str, Any]:
 def _evidence(**overrides: Any) -> Evidence:
     """Two nodes train rounds 1 (steps 1-5) and, after node-1 is lost, 2 at world 1."""
     records = [
-        _started(1, "node-0", 1),
-        _started(1, "node-1", 1),
+        _started(1, "node-0", 1, 0, 2),
+        _started(1, "node-1", 1, 1, 2),
         _resumed(2, "node-0", 1, 0, "fresh"),
         *(_metrics(2 + s, s, 1) for s in range(1, 6)),
         _started(9, "node-0", 2),
@@ -123,39 +129,101 @@ def test_a_loss_when_every_holder_was_killed_without_notice_is_excused_and_says_
     assert "node-0 got SIGSTOP with no notice" in excused["detail"]
 
 
+def _call(ts: float, op: str, took: float, **fields: Any) -> dict[str, Any]:
+    """One store call as the faulty store logs it (no trouble unless ``fields`` say so)."""
+    name = {"put": "ckpt-5.pt", "put_new": "ckpt-manifest-2", "list": "ckpt-manifest-"}
+    line = {"ts": T0 + ts, "op": op, "name": name.get(op, "ckpt-manifest-1"), "what": "call"}
+    line |= {"duration_s": took, "outcome": "ok", "delay_s": 0.0, "fail": False, "pid": 7}
+    return line | fields
+
+
+def _commit(ts: float, took: float = 0.4) -> list[dict[str, Any]]:
+    """A periodic commit of node-0: read the log, upload, publish; ``took`` in all."""
+    each = took / 4
+    return [
+        _call(ts + i * each, op, each) for i, op in enumerate(("list", "get", "put", "put_new"))
+    ]
+
+
+def _lost_to_eviction(**overrides: Any) -> Evidence:
+    """Both nodes evicted at 7.5 s, the next round starts fresh: a loss, unless excused."""
+    evidence = _evidence()
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
+    evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
+    values = {"records": records, "actions": evicted, "store_calls": {"node-0": _commit(3.0)}}
+    return replace(evidence, **(values | overrides))
+
+
 def test_an_eviction_is_notice_unless_the_store_refused_the_whole_deadline() -> None:
-    evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
-    records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
-    evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
-    assert "no lost step" in _violated(replace(evidence, records=records, actions=evicted))
-    refused = [*evicted, _action(7.0, "store-fail", seconds=11.0)]
-    verdict, _ = check(replace(evidence, records=records, actions=refused))
+    lost = _lost_to_eviction()
+    assert "no lost step" in _violated(lost)
+    failing = [_call(8 + i, "list", 0.01, fail=True, outcome="failed") for i in range(9)]
+    refused = [*lost.actions, _action(7.0, "store-fail", seconds=11.0)]
+    calls = {"node-0": [*_commit(3.0), *failing]}
+    verdict, _ = check(replace(lost, actions=refused, store_calls=calls))
     assert "left no room for a commit" in verdict.excused[0]["detail"]
+    assert "no lost step" not in {v["invariant"] for v in verdict.violations}
 
 
-def test_a_store_too_slow_between_its_failures_for_a_commit_excuses_the_loss_and_no_less() -> None:
+def test_a_store_measured_too_slow_between_its_failures_excuses_the_loss_and_no_less() -> None:
     # Seed 9: reads slowed 1.2 s each while the store failed twice in the 10 s deadline; the
-    # stretches between the failures (2 s each) were shorter than a commit at that speed.
-    evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
-    records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
-    evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
-    slow_reads = _action(7.0, "sigterm-restore", armed=True, seconds=12.0, delay_s=1.2)
+    # stretches between the failures (2 s each) were shorter than a commit at the measured speed.
+    lost = _lost_to_eviction()
     fails = [
         _action(9.6, "store-fail", seconds=1.4, delay_s=0.0),
         _action(13.1, "store-fail", seconds=4.9, delay_s=0.0),
     ]
-    verdict, _ = check(replace(evidence, records=records, actions=[*evicted, slow_reads, *fails]))
+    slow = [
+        _call(ts, op, 1.2, delay_s=1.2)
+        for ts in (7.6, 8.8, 12.0, 18.5, 19.7, 20.9)
+        for op in ("list", "get")
+    ]
+    calls = {"node-0": [*_commit(3.0), *slow]}
+    verdict, _ = check(replace(lost, actions=[*lost.actions, *fails], store_calls=calls))
     assert "left no room for a commit" in verdict.excused[0]["detail"]
     assert "no lost step" not in {v["invariant"] for v in verdict.violations}
-    # The same failures with the store at full speed between them: a commit fitted.
-    fast = [*evicted, *fails]
-    assert "no lost step" in _violated(replace(evidence, records=records, actions=fast))
-    # Slowed alone, with no failure: a commit of 5 slow calls fits in 10 s.
-    assert "no lost step" in _violated(
-        replace(evidence, records=records, actions=[*evicted, slow_reads])
+    # The same failures with the store measured at full speed between them: a commit fitted.
+    assert "no lost step" in _violated(replace(lost, actions=[*lost.actions, *fails]))
+    # Slowed alone, with no failure: a commit of 4 calls at 1.2 s each fits in 10 s.
+    assert "no lost step" in _violated(replace(lost, store_calls=calls))
+
+
+def test_slow_calls_no_fault_injected_excuse_no_loss() -> None:
+    # A regression: under a healthy store every call takes seconds. Nothing the bench injected
+    # slowed them, so the loss is the job's, whatever the calls measured.
+    lost = _lost_to_eviction()
+    slow = [_call(7.6 + 2.4 * i, "put", 2.4) for i in range(4)]
+    calls = {"node-0": [*_commit(3.0, took=2.0), *slow]}
+    assert "no lost step" in _violated(replace(lost, store_calls=calls))
+    # Commits so slow that a healthy one misses the deadline are no excuse even with the
+    # store failing for part of it.
+    failing = [_action(12.0, "store-fail", seconds=2.0)]
+    calls = {"node-0": [*_commit(3.0, took=11.0), *slow]}
+    both = replace(lost, actions=[*lost.actions, *failing], store_calls=calls)
+    assert "no lost step" in _violated(both)
+
+
+def test_the_store_excuse_reads_only_what_was_measured() -> None:
+    start, end = T0 + 10, T0 + 20
+    fail_all = [_action(9.0, "store-fail", seconds=12.0)]
+    healthy = {"node-0": _commit(3.0, took=0.4)}
+    assert store_refused(start, end, fail_all, healthy)[0]
+    # No commit was measured healthy in the schedule: nothing to weigh the deadline against.
+    assert store_refused(start, end, fail_all, {}) == (
+        False,
+        "no healthy commit measured in this schedule",
     )
+    # A commit whose calls met trouble is not a healthy commit.
+    troubled = [{**c, "delay_s": 0.5} for c in _commit(3.0)]
+    assert store_refused(start, end, fail_all, {"node-0": troubled})[0] is False
+    # The failure ends with a stretch of 8 s left (after the retry's pause): room for a commit.
+    short = [_action(9.0, "store-fail", seconds=2.0)]
+    assert store_refused(start, end, short, healthy)[0] is False
+    # ... unless the calls measured then were slowed past what that stretch holds.
+    slowed = [_call(13.0 + 2.5 * i, op, 2.5, delay_s=2.5) for i, op in enumerate(("get", "put"))]
+    slowed += [_call(13.0, op, 2.5, delay_s=2.5) for op in ("list", "put_new")]
+    assert store_refused(start, end, short, {"node-0": [*_commit(3.0), *slowed]})[0]
 
 
 def test_two_rounds_training_at_once_is_split_brain() -> None:
@@ -248,3 +316,83 @@ def test_every_ending_the_checks_read_is_one_the_agent_logs_and_the_table_holds(
         assert words in source, phrase
         assert ending(how) in ENDINGS
     assert exit_code(-9) == 137 and exit_code(143) == 143
+
+
+def test_a_thawed_node_is_judged_by_what_it_did_after_it_came_back() -> None:
+    # node-1 was frozen at 7.5 s and thawed at 12 s: it rejoined and finished with the job.
+    lab_events = [
+        _node(0, "node_started", "node-0"),
+        _node(0, "node_started", "node-1"),
+        _node(17, "node_exited", "node-0", code=0),
+        _node(17, "node_exited", "node-1", code=0),
+    ]
+    thawed = _evidence(
+        lab_events=lab_events,
+        actions=[
+            _action(1.5, "warm"),
+            _action(7.5, "thaw", "node-1"),
+            _action(12.0, "thawed", "node-1", reformed=True),
+        ],
+        final_codes={"node-0": 0, "node-1": 0},
+    )
+    assert _violated(thawed) == set()
+    # Had it not come back, only a SIGKILL could end it.
+    frozen = replace(thawed, actions=thawed.actions[:2])
+    assert _violated(frozen) == {"exit codes"}
+    # Back, it must end as the table says for what it reports, and not for good mid-run.
+    closed = "2027-01-15 08:00:13,000 the rendezvous is closed for this id (the run failed)"
+    failed = replace(
+        thawed,
+        lab_events=[*lab_events[:3], _node(13.5, "node_exited", "node-1", code=1)],
+        final_codes={"node-0": 0, "node-1": 1},
+        agent_logs={"node-1": _local(closed)},
+    )
+    assert _violated(failed) == {"finished"}
+    left = "2027-01-15 08:00:13,000 this node left the rendezvous (its peers re-formed)"
+    gone = replace(failed, agent_logs={"node-1": _local(left)})
+    assert _violated(gone) == {"exit codes"}  # the table gives 138, not 1
+    retried = replace(
+        gone,
+        lab_events=[*lab_events[:3], _node(13.5, "node_exited", "node-1", code=138)],
+        final_codes={"node-0": 0, "node-1": 138},
+    )
+    assert _violated(retried) == set()
+    # Frozen again after it came back, and never thawed: SIGKILL's code again.
+    again = replace(thawed, actions=[*thawed.actions, _action(14.0, "freeze", "node-1")])
+    assert _violated(again) == {"exit codes"}
+    killed = replace(again, lab_events=lab_events[:3], final_codes={"node-0": 0, "node-1": -9})
+    assert _violated(killed) == set()
+
+
+def test_a_late_upload_that_moves_the_durable_head_back_is_caught() -> None:
+    checks = [
+        {"ts": T0 + 5, "node": "node-0", "acked": 5, "verified": 5},
+        {"ts": T0 + 9, "node": "node-1", "acked": 3, "verified": 3},  # a zombie's manifest
+        {"ts": T0 + 15, "node": "node-0", "acked": 10, "verified": 10},
+    ]
+    verdict, _ = check(_evidence(ack_checks=checks))
+    assert [v["invariant"] for v in verdict.violations] == ["durable not behind"]
+    assert "went back from step 5" in verdict.violations[0]["detail"]
+    # A late acknowledgement of an older step with the head kept is fine.
+    kept = [checks[0], {**checks[1], "verified": 5}, checks[2]]
+    assert _violated(_evidence(ack_checks=kept)) == set()
+
+
+def test_every_round_that_trained_had_its_whole_world_node_by_node() -> None:
+    # Two nodes of 2 processes in round 1 (ranks 0-3), node-0 alone in round 2 (ranks 0-1).
+    evidence = _evidence(nproc_per_node=2)
+    records = [r for r in evidence.records if r.get("event") != "started"]
+    started = [
+        *(_started(1, "node-0", 1, rank, 4, 2) for rank in (0, 1)),
+        *(_started(1, "node-1", 1, rank, 4, 2) for rank in (2, 3)),
+        *(_started(9, "node-0", 2, rank, 2, 2) for rank in (0, 1)),
+    ]
+    assert _violated(replace(evidence, records=[*records, *started])) == set()
+    # A rank missing from a round that trained: its world was not all there.
+    missing = [r for r in started if not (r["rdzv_round"] == 1 and r["rank"] == 3)]
+    assert _violated(replace(evidence, records=[*records, *missing])) == {"ranks"}
+    # Both processes of node-1 said local rank 0.
+    twice = [{**r, "local_rank": 0} if r["rank"] == 3 else r for r in started]
+    assert _violated(replace(evidence, records=[*records, *twice])) == {"ranks"}
+    # One process a node where the schedule ran two.
+    assert _violated(replace(evidence, nproc_per_node=1, records=[*records, *started])) == {"ranks"}

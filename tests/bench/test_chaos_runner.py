@@ -6,6 +6,7 @@ without its window, while the checks' tests wrote their actions by hand with it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
 from bench.chaos.schedule import ChaosFault, Schedule
 from lab.live.event_log import LabEventLog
-from tests.bench.test_chaos_invariants import T0, _evidence, _resumed, _started
+from tests.bench.test_chaos_invariants import T0, _commit, _evidence, _resumed, _started
 
 
 def _runner(tmp_path: Path, *faults: ChaosFault) -> ChaosRunner:
@@ -57,5 +58,62 @@ def test_the_checks_read_a_store_failure_as_the_runner_records_it(tmp_path: Path
         {"ts": T0 + 7.5, "kind": "evict-all", "nodes": ["node-0", "node-1"]},
         store_fail,
     ]
-    verdict, _ = check(replace(evidence, records=records, actions=actions))
+    calls = {"node-0": _commit(3.0)}
+    verdict, _ = check(replace(evidence, records=records, actions=actions, store_calls=calls))
     assert "left no room for a commit" in verdict.excused[0]["detail"]
+
+
+class _Node:
+    """A node that only records what the runner sent it."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.sent = name, []
+
+    def freeze(self) -> None:
+        self.sent.append("SIGSTOP")
+
+    def thaw(self) -> None:
+        self.sent.append("SIGCONT")
+
+    def kill(self) -> None:
+        self.sent.append("SIGKILL")
+
+
+def test_a_thawed_node_comes_back_only_after_the_group_re_formed_without_it(
+    tmp_path: Path,
+) -> None:
+    thaw = ChaosFault("thaw", 0.0, pick=0.9, seconds=0.0, thaw_s=0.0)
+    runner = _runner(tmp_path, thaw)
+    runner.nodes = {n: _Node(f"node-{n}") for n in range(3)}  # type: ignore[misc]
+    runner.live = {0, 1, 2}
+    runner._run(0, thaw)
+    assert runner.nodes[2].sent == ["SIGSTOP"] and runner.live == {0, 1}
+    runner._thaw_due(time.monotonic())
+    assert runner.nodes[2].sent == ["SIGSTOP"]  # nothing re-formed yet
+    # Its own old worker's line is no re-form; another node's worker starting after it is.
+    runner._observe(2, {"kind": "event", "event": "started", "node": "node-2", "ts": time.time()})
+    runner._thaw_due(time.monotonic())
+    assert runner.nodes[2].sent == ["SIGSTOP"]
+    runner._observe(0, {"kind": "event", "event": "started", "node": "node-0", "ts": time.time()})
+    runner._thaw_due(time.monotonic())
+    assert runner.nodes[2].sent == ["SIGSTOP", "SIGCONT"] and runner.live == {0, 1, 2}
+    assert [(a["kind"], a["nodes"]) for a in runner.actions] == [
+        ("thaw", ["node-2"]),
+        ("thawed", ["node-2"]),
+    ]
+    assert runner.actions[-1]["reformed"] is True
+
+
+def test_a_frozen_node_keeps_its_place_until_it_comes_back(tmp_path: Path) -> None:
+    thaw = ChaosFault("thaw", 0.0, pick=0.0, seconds=0.0, thaw_s=0.0)
+    join = ChaosFault("join", 0.0)
+    runner = _runner(tmp_path, thaw, join)
+    runner.nodes = {n: _Node(f"node-{n}") for n in range(3)}  # type: ignore[misc]
+    runner.live = {0, 1, 2}
+    runner._run(0, thaw)
+    runner._run(1, join)  # the job's most (3) still counts the frozen node
+    assert runner.actions[-1] == {**runner.actions[-1], "landed": False, "why": "max nodes run"}
+    assert not runner._done_with_faults()
+    runner._paused[0].give_up = 0.0  # no group re-formed: it comes back after the wait anyway
+    runner._thaw_due(time.monotonic())
+    assert runner.actions[-1]["kind"] == "thawed" and runner.actions[-1]["reformed"] is False

@@ -13,9 +13,12 @@ from bench.chaos import campaign
 from bench.chaos.command import build_parser, plan_from_args
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.schedule import (
+    ARM_S,
     KINDS,
     MAX_GAP_S,
+    MAX_THAW_S,
     NODE_FAULTS,
+    THAWS,
     TRIGGERED,
     Schedule,
     random_schedule,
@@ -39,18 +42,49 @@ def test_a_schedule_never_hits_a_job_with_no_node_or_adds_one_past_the_most() ->
     for seed in range(300):
         live = 3
         for fault in random_schedule(seed, 3, (3, 6)).faults:
-            if fault.kind in (*NODE_FAULTS, *TRIGGERED, "evict-all"):
+            lost = (*NODE_FAULTS, *TRIGGERED, *THAWS)  # a thaw may not be back in time
+            if fault.kind in (*lost, "evict-all"):
                 assert live >= 1, (seed, fault)
             if fault.kind == "join":
                 assert live < 3, (seed, fault)
             live = {"join": live + 1, "evict-all": fault.nodes}.get(
-                fault.kind, live - 1 if fault.kind in (*NODE_FAULTS, *TRIGGERED) else live
+                fault.kind, live - 1 if fault.kind in lost else live
             )
 
 
 def test_every_kind_of_fault_is_drawn() -> None:
     kinds = Counter(f.kind for seed in range(200) for f in random_schedule(seed, 3, (3, 6)).faults)
     assert set(kinds) == set(KINDS)
+
+
+def test_the_new_draws_leave_every_old_seed_its_faults_but_some_freezes_come_back() -> None:
+    # Seed 1004, as drawn before thaws were added (the smoke test's first schedule).
+    old = [
+        ("kill", 2.93),
+        ("store-slow", 1.91),
+        ("evict-all", 1.95),
+        ("freeze", 2.54),
+        ("evict", 0.43),
+        ("freeze", 0.28),
+    ]
+    drawn = random_schedule(1004, 3, (3, 6), (1, 2))
+    assert [(f.kind if f.kind not in THAWS else "freeze", f.gap_s) for f in drawn.faults] == old
+    for seed in range(300):
+        plain = random_schedule(seed, 3, (3, 6))
+        mixed = random_schedule(seed, 3, (3, 6), (1, 2))
+        assert [(f.gap_s, f.pick) for f in plain.faults] == [
+            (f.gap_s, f.pick) for f in mixed.faults
+        ]
+        assert plain.nproc_per_node == 1 and mixed.nproc_per_node in (1, 2)
+        for fault in mixed.faults:
+            if fault.kind in THAWS:
+                assert 0.0 <= fault.thaw_s <= MAX_THAW_S
+            if fault.kind == "thaw-upload":
+                assert fault.seconds == ARM_S and 1.0 <= fault.delay_s <= 2.5
+    nprocs = Counter(random_schedule(s, 3, (3, 6), (1, 2)).nproc_per_node for s in range(200))
+    assert set(nprocs) == {1, 2} and min(nprocs.values()) > 60
+    described = random_schedule(7001, 3, (3, 6), (1, 2)).describe()
+    assert described.startswith("[2 procs] ") and " thaw " in described
 
 
 @pytest.mark.parametrize(
@@ -60,6 +94,8 @@ def test_every_kind_of_fault_is_drawn() -> None:
         (["--faults", "4-2"], "--faults must be MIN-MAX with 1 <= MIN <= MAX"),
         (["--faults", "many"], "--faults must be MIN-MAX"),
         (["--max-steps", "5"], "--max-steps must be >= 20"),
+        (["--nproc-per-node", "3"], "--nproc-per-node must be a comma-separated list of 1-2"),
+        (["--nproc-per-node", "one"], "--nproc-per-node must be a comma-separated list of 1-2"),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], message: str) -> None:

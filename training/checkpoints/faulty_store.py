@@ -10,9 +10,11 @@ runs (``python -m bench chaos``):
 Every store call inside a window waits ``delay_s`` (the most of the windows it falls in), then
 fails with an ``OSError`` if any says ``fail``; ``ops`` limits a window to those calls (all
 when absent). A delay longer than a bounded view's deadline ends as ``DeadlineExceeded``, as a
-real store's per-call timeout would. When ``TRAIN_FAULTY_STORE_LOG`` names a file, each call
-that met trouble, and the start of each checkpoint upload, is appended to it as a JSON line:
-the bench lands a SIGTERM in an upload by it.
+real store's per-call timeout would. When ``TRAIN_FAULTY_STORE_LOG`` names a file, the start
+of each checkpoint upload (``"what": "upload"``: the bench lands a SIGTERM in an upload by it)
+and every call, once it returned (``"what": "call"``: its start ``ts``, ``duration_s``, the
+injected ``delay_s`` and its ``outcome``: ok, failed, timed out, or the error's class), are
+appended to it as JSON lines: the bench judges a lost step by what the store really did.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.storage import ObjectStore
 
 FAULTY_STORE_ENV = "TRAIN_FAULTY_STORE"
 FAULTY_STORE_LOG_ENV = "TRAIN_FAULTY_STORE_LOG"
+T = TypeVar("T")
 OPS = ("put", "put_new", "get", "delete", "list", "list_modified")
 
 
@@ -92,53 +97,56 @@ class FaultyStore:
         log = os.environ.get(FAULTY_STORE_LOG_ENV)
         return cls(inner, Windows(Path(os.environ[FAULTY_STORE_ENV])), Path(log) if log else None)
 
-    def _before(self, op: str, name: str = "") -> None:
-        trouble = self.windows.trouble(op, time.time())
+    def _call(self, op: str, name: str, call: Callable[[], T]) -> T:
+        """``call`` behind the windows' trouble; logged with its duration and outcome."""
+        start = time.time()
+        trouble = self.windows.trouble(op, start)
         if op == "put" and name.endswith(".pt"):
-            self._note(op, name, "upload", trouble)
-        if trouble.delay_s:
-            left = self._deadline.remaining() if self._deadline else trouble.delay_s
-            time.sleep(min(trouble.delay_s, left))
-            if trouble.delay_s > left:
-                self._note(op, name, "timed out", trouble)
-                raise DeadlineExceeded(f"{op} {name!r}: injected delay past the deadline")
-        if trouble.fail:
-            self._note(op, name, "failed", trouble)
-            raise OSError(f"{op} {name!r}: injected store failure")
-        if trouble.delay_s:
-            self._note(op, name, "delayed", trouble)
+            self._note({"ts": round(start, 3), "op": op, "name": name, "what": "upload"}, trouble)
+        outcome = "ok"
+        try:
+            if trouble.delay_s:
+                left = self._deadline.remaining() if self._deadline else trouble.delay_s
+                time.sleep(min(trouble.delay_s, left))
+                if trouble.delay_s > left:
+                    outcome = "timed out"
+                    raise DeadlineExceeded(f"{op} {name!r}: injected delay past the deadline")
+            if trouble.fail:
+                outcome = "failed"
+                raise OSError(f"{op} {name!r}: injected store failure")
+            return call()
+        except BaseException as exc:
+            outcome = outcome if outcome != "ok" else type(exc).__name__
+            raise
+        finally:
+            took = round(time.time() - start, 4)
+            line = {"ts": round(start, 4), "op": op, "name": name, "what": "call"}
+            self._note(line | {"duration_s": took, "outcome": outcome}, trouble)
 
-    def _note(self, op: str, name: str, what: str, trouble: Trouble) -> None:
+    def _note(self, line: dict[str, Any], trouble: Trouble) -> None:
         if self.log is None:
             return
-        line = {"ts": round(time.time(), 3), "op": op, "name": name, "what": what}
-        line["pid"], line["delay_s"] = os.getpid(), trouble.delay_s
+        line |= {"pid": os.getpid(), "delay_s": trouble.delay_s, "fail": trouble.fail}
         with open(self.log, "a") as f:
             f.write(json.dumps(line) + "\n")
 
     def put(self, name: str, data: bytes | Path) -> int:
-        self._before("put", name)
-        return self.inner.put(name, data)
+        return self._call("put", name, lambda: self.inner.put(name, data))
 
     def put_new(self, name: str, data: bytes) -> None:
-        self._before("put_new", name)
-        self.inner.put_new(name, data)
+        self._call("put_new", name, lambda: self.inner.put_new(name, data))
 
     def get(self, name: str) -> bytes:
-        self._before("get", name)
-        return self.inner.get(name)
+        return self._call("get", name, lambda: self.inner.get(name))
 
     def delete(self, name: str) -> None:
-        self._before("delete", name)
-        self.inner.delete(name)
+        self._call("delete", name, lambda: self.inner.delete(name))
 
     def list(self, prefix: str = "") -> list[str]:
-        self._before("list", prefix)
-        return self.inner.list(prefix)
+        return self._call("list", prefix, lambda: self.inner.list(prefix))
 
     def list_modified(self, prefix: str = "") -> dict[str, float]:
-        self._before("list_modified", prefix)
-        return self.inner.list_modified(prefix)
+        return self._call("list_modified", prefix, lambda: self.inner.list_modified(prefix))
 
     def now(self) -> float:
         return self.inner.now()

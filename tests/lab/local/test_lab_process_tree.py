@@ -93,6 +93,16 @@ def test_freeze_tree_stops_every_process(agent_tree) -> None:
     wait_until(lambda: not process_tree.is_alive(worker), 10.0)
 
 
+def test_thaw_tree_resumes_every_frozen_process(agent_tree) -> None:
+    agent, worker = agent_tree
+    process_tree.freeze_tree(agent.pid)
+    wait_until(lambda: process_tree.is_stopped(worker), 10.0)
+    assert sorted(process_tree.thaw_tree(agent.pid)) == sorted([agent.pid, worker])
+    wait_until(lambda: not process_tree.is_stopped(agent.pid), 10.0)
+    wait_until(lambda: not process_tree.is_stopped(worker), 10.0)
+    assert agent.poll() is None and process_tree.is_alive(worker)  # back, not killed
+
+
 def test_terminate_tree_lets_the_agent_drain(agent_tree) -> None:
     agent, worker = agent_tree
     leftovers = process_tree.terminate_tree(agent.pid, grace_s=10)

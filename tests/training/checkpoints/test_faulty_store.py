@@ -65,15 +65,38 @@ def test_a_delay_past_a_bounded_views_deadline_times_out_as_a_real_store_would(
     assert FileStore(tmp_path / "s").list() == []
 
 
-def test_uploads_and_trouble_are_logged(tmp_path: Path, control: Path) -> None:
+def test_uploads_and_every_call_are_logged_with_duration_and_outcome(
+    tmp_path: Path, control: Path
+) -> None:
     log = tmp_path / "store.jsonl"
     store = FaultyStore(FileStore(tmp_path / "s"), Windows(control), log)
     store.put("ckpt-1-a.pt", b"x")
+    with pytest.raises(FileNotFoundError):
+        store.get("missing")
     _window(control, fail=True, ops=["get"])
     with pytest.raises(OSError):
         store.get("ckpt-1-a.pt")
+    _window(control, delay_s=0.2, ops=["list"])
+    assert store.list() == ["ckpt-1-a.pt"]
+    bounded = store.bounded(Deadline.after(0.05))
+    with pytest.raises(DeadlineExceeded):
+        bounded.list()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(e["op"], e["what"]) for e in lines] == [("put", "upload"), ("get", "failed")]
+    assert [(e["op"], e["what"], e.get("outcome")) for e in lines] == [
+        ("put", "upload", None),
+        ("put", "call", "ok"),
+        ("get", "call", "FileNotFoundError"),
+        ("get", "call", "failed"),
+        ("list", "call", "ok"),
+        ("list", "call", "timed out"),
+    ]
+    calls = [e for e in lines if e["what"] == "call"]
+    assert calls[0]["name"] == "ckpt-1-a.pt" and calls[0]["delay_s"] == 0.0
+    assert calls[2]["fail"] is True
+    delayed, cut = calls[3], calls[4]
+    assert delayed["delay_s"] == 0.2 and delayed["duration_s"] >= 0.2
+    assert cut["duration_s"] < 0.2  # the deadline cut the injected delay short
+    assert all(e["ts"] <= f["ts"] for e, f in zip(calls, calls[1:], strict=False))
 
 
 def test_a_window_appended_while_the_store_runs_is_read(tmp_path: Path, control: Path) -> None:
