@@ -27,8 +27,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -113,6 +114,53 @@ class Pin:
             self.release()
         except Exception:  # at interpreter exit, this module's globals may be gone
             return
+
+
+class Pruner:
+    """Runs ``prune`` on a thread of its own, one run at a time, until no save asked for more.
+
+    A prune that starts while another holds the directory's lock gives up (it never waits), so
+    one thread per save would leave the saves that landed during a slow prune until the next
+    save. A request during a run makes the same thread run again, after it.
+    """
+
+    def __init__(self, prune: Callable[[], object], name: str = "node-local-prune") -> None:
+        self._prune, self._name = prune, name
+        self._state = threading.Lock()
+        self._wanted = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        with self._state:
+            self._wanted = True
+            if self._thread is None:
+                # Daemon: cut off by the process's end, the next save prunes again.
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._state:
+                if not self._wanted:
+                    self._thread = None  # under the lock: a request now starts a new thread
+                    return
+                self._wanted = False
+            try:
+                self._prune()
+            except Exception:  # never let the thread die with a request still open
+                logger.exception("pruning the node-local saves failed")
+
+    def wait(self) -> None:
+        """Wait until every requested prune has run."""
+        while True:
+            with self._state:
+                thread = self._thread
+            if thread is None:
+                return
+            thread.join()
+            with self._state:  # ended without clearing it: killed, or forked without it
+                if self._thread is thread:
+                    self._thread = None
 
 
 @contextmanager

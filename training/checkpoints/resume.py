@@ -16,11 +16,11 @@ import hashlib
 import logging
 import os
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,7 +35,7 @@ from training.checkpoints.checkpoint import (
     deserialize,
     sha256,
 )
-from training.checkpoints.node_prune import Pin, reading
+from training.checkpoints.node_prune import Pin, Pruner, reading
 from training.checkpoints.node_prune import prune as prune_saves
 from training.checkpoints.serialization import spool
 from training.checkpoints.storage import FileStore
@@ -90,7 +90,8 @@ class NodeLocalState:
         self.expected_run = expected_run
         self._pin: Pin | None = None
         """The save this process still needs (its last save, or the newest it handed out)."""
-        self._pruning: threading.Thread | None = None
+        # Not ``self.prune``: a cycle through this object would keep its pin until a gc pass.
+        self._pruner = Pruner(partial(prune_saves, self.root, self.repository.prefix, keep))
         self._progress_path = self.root / "progress"
         self._progress_fd: int | None = None
         for leftover in self.root.glob(".spool-*"):  # a save cut off by its deadline
@@ -133,10 +134,8 @@ class NodeLocalState:
             spooled.unlink(missing_ok=True)
         self._hold(pin)
         # On a thread: unlinking a large file takes 50 to 70 ms per GiB on ext4, time an
-        # eviction's durable commit needs more. Cut off by the process's end, it resumes at
-        # the next save.
-        self._pruning = threading.Thread(target=self.prune, name="node-local-prune", daemon=True)
-        self._pruning.start()
+        # eviction's durable commit needs more.
+        self._pruner.request()
         return Payload(self.root / entry.name, payload.size, payload.sha256)
 
     def prune(self) -> list[str]:
@@ -145,9 +144,8 @@ class NodeLocalState:
         return prune_saves(self.root, self.repository.prefix, self.keep)
 
     def wait_pruned(self) -> None:
-        """Wait for the prune the last save started."""
-        if self._pruning is not None:
-            self._pruning.join()
+        """Wait until the prunes the saves started have run."""
+        self._pruner.wait()
 
     def _hold(self, pin: Pin | None) -> None:
         if self._pin is not None:

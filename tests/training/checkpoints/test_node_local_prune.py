@@ -53,6 +53,36 @@ def test_saves_through_bytes_are_pruned_too(tmp_path: Path) -> None:
     assert (len(files), len(manifests)) == (1, 1)
 
 
+def test_saves_while_an_earlier_prune_runs_are_pruned_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loaded machine: the first save's prune holds the directory, having listed only what
+    # was there then, while four more saves land; each of their prunes finds the lock taken.
+    from training.checkpoints import node_prune
+    from training.checkpoints.checkpoint import serialize
+
+    listed, go_on = threading.Event(), threading.Event()
+    real_doomed = node_prune._doomed
+
+    def slow_first(root: Path, prefix: str, keep: int) -> list[str]:
+        doomed = real_doomed(root, prefix, keep)
+        if not listed.is_set():
+            listed.set()
+            go_on.wait()
+        return doomed
+
+    monkeypatch.setattr(node_prune, "_doomed", slow_first)
+    local = NodeLocalState(tmp_path, RUN)
+    local.save(1, serialize(_state(1)))
+    assert listed.wait(30), "the first prune never listed the directory"
+    for step in range(2, 6):
+        local.save(step, serialize(_state(step)))
+    go_on.set()
+    local.wait_pruned()
+    files, manifests = _saves(tmp_path)
+    assert (len(files), len(manifests)) == (1, 1), (files, manifests)
+
+
 def test_the_save_the_agent_is_committing_is_never_pruned(tmp_path: Path) -> None:
     NodeLocalState(tmp_path, RUN).save_state(5, _state(5))
     # The agent, after its SIGTERM, picked the node's newest save and streams its file...
