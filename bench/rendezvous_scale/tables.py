@@ -94,7 +94,7 @@ COLUMNS = (
     ("quiet_req_s", "etcd req/s quiet", "{:.1f}"),
     ("reform_req_s", "etcd req/s re-form", "{:.0f}"),
     ("reform_etcd_cores", "etcd cores re-form", "{:.2f}"),
-    ("reform_reads", "range reads re-form", "{:.0f}"),
+    ("reform_reads", "etcd ranges re-form", "{:.0f}"),
 )
 
 
