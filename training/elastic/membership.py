@@ -172,7 +172,7 @@ class Membership:
             held.close()
 
     def forget_rounds_before(self, round_: int, view: View) -> None:
-        """Old rounds' join keys: every watch re-reads the keys, keep them to one round."""
+        """Old rounds' join keys: keep every agent's copy of the keys to one round."""
         for old in (r for r in view.joined if r < round_):
             with contextlib.suppress(EtcdError):
                 self.client.delete(f"{self.root}/join/{old}/", prefix=True)
