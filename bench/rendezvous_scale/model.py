@@ -3,6 +3,15 @@
 Pure: measured medians in, fitted lines and predictions out, no I/O. What it assumes is said
 by ``assumptions`` and written next to its numbers, so a modelled row never passes for a
 measured one.
+
+What the handler asks of etcd (training/elastic/membership.py, on etcd's v3 API): between
+rounds, per agent, one lease keep-alive per heartbeat interval and one new watch stream per
+``WATCH_IDLE_INTERVALS`` quiet intervals; in a re-form, per survivor, one transaction on the
+state's mod revision (opening the next round: all race, one wins, the losers' transactions
+read the state in their failure branch), one lease grant and one transaction for its join, and
+for the completer a transaction and a delete of the last round's joins. Every change reaches
+every agent's watch as an event with the key's value: etcd sends about N changes to N
+watchers per re-form, nobody reads the keys again.
 """
 
 from __future__ import annotations
@@ -11,9 +20,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-WATCH_TIMEOUT_INTERVALS = 5
-"""The handler re-arms its watch after this many heartbeat intervals without an event
-(training/elastic/membership.py, ``_watch``): one recursive read and one new watch each time."""
+WATCH_IDLE_INTERVALS = 5
+"""A watch stream that saw no event for this many heartbeat intervals ends, and the next one
+starts from the last revision seen (training/elastic/membership.py, ``_watch``): one new watch,
+no read."""
+REQUESTS_PER_SURVIVOR = 3
+"""A survivor's requests in a re-form, by design: the transaction that opens the next round,
+a lease grant and the join's transaction."""
+REQUESTS_PER_COMPLETION = 2
+"""The completer's: the transaction that completes the round and the delete of the last
+round's joins."""
+ETCD_CORES = 1.0
+"""The cores the modelled etcd gives a re-form: a re-form takes at least etcd's CPU seconds
+for it over these (the linear time alone would assume etcd keeps up at any N)."""
 
 
 @dataclass(frozen=True)
@@ -123,17 +142,26 @@ def calibrate(points: Sequence[Point], keep_alive_interval_s: float) -> Calibrat
 
 
 def expected_quiet_req_s(nodes: int, keep_alive_interval_s: float) -> float:
-    """etcd requests/s between rounds from the handler's design: per agent one heartbeat
-    refresh per interval, and per watch timeout one recursive read plus one new watch."""
-    per_agent = 1.0 + 2.0 / WATCH_TIMEOUT_INTERVALS
+    """etcd requests/s between rounds from the handler's design: per agent one lease
+    keep-alive per interval, and one new watch stream per ``WATCH_IDLE_INTERVALS``."""
+    per_agent = 1.0 + 1.0 / WATCH_IDLE_INTERVALS
     return nodes * per_agent / keep_alive_interval_s
 
 
+def expected_reform_requests(nodes: int, reform_s: float, keep_alive_interval_s: float) -> float:
+    """etcd requests of one re-form after a death from the handler's design: each of the
+    N - 1 survivors' three, the completer's two, and the keep-alives meanwhile."""
+    survivors = nodes - 1
+    keep_alives = survivors * reform_s / keep_alive_interval_s
+    return REQUESTS_PER_SURVIVOR * survivors + REQUESTS_PER_COMPLETION + keep_alives
+
+
 def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
-    """One modelled row; false deaths are not modelled (None)."""
-    reform_s = max(cal.reform_death_s.at(nodes), 1e-3)
+    """One modelled row; false deaths are not modelled (None). A re-form takes the fitted
+    line's time, or etcd's CPU seconds for it over ``ETCD_CORES`` when that is longer."""
     requests = cal.reform_requests.at(nodes)
     cpu_s = cal.reform_etcd_cpu_s.at(nodes)
+    reform_s = max(cal.reform_death_s.at(nodes), cpu_s / ETCD_CORES, 1e-3)
     return {
         "nodes": nodes,
         "source": "model",
@@ -144,6 +172,9 @@ def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
         "quiet_req_s": round(cal.quiet_req_s.at(nodes), 1),
         "expected_quiet_req_s": round(expected_quiet_req_s(nodes, cal.keep_alive_interval_s), 1),
         "reform_requests": round(requests),
+        "expected_reform_requests": round(
+            expected_reform_requests(nodes, reform_s, cal.keep_alive_interval_s)
+        ),
         "reform_req_s": round(requests / reform_s, 1),
         "reform_etcd_cpu_s": round(cpu_s, 3),
         # Cores etcd must have to serve the re-form in the modelled time; beyond the cores
@@ -161,31 +192,36 @@ def assumptions(cal: Calibration) -> list[str]:
     slope = cal.quiet_req_s.b
     design = expected_quiet_req_s(1, cal.keep_alive_interval_s)
     nodes = ", ".join(str(n) for n in cal.nodes)
+    per_join = REQUESTS_PER_SURVIVOR
     return [
         f"Calibrated by least squares on the medians measured at N = {nodes}; "
         "a fitted slope below 0 (noise) is taken as 0.",
         f"Times are linear in N: {_line('first round s', cal.first_round_s)}, "
         f"{_line('re-form after a death s', cal.reform_death_s)}, "
-        f"{_line('re-form after a leave s', cal.reform_leave_s)}. This holds only while etcd "
-        "and the agents keep up; a saturated etcd grows faster than linearly.",
+        f"{_line('re-form after a leave s', cal.reform_leave_s)}. A re-form after a death "
+        f"takes at least etcd's CPU seconds for it on {ETCD_CORES:g} core: where that is "
+        "longer, it is the modelled time.",
         f"etcd requests/s between rounds are linear in N: {_line('req/s', cal.quiet_req_s)} "
-        f"(fitted {slope:.2f} per agent; the design gives {design:.2f}: one heartbeat refresh "
-        f"per {cal.keep_alive_interval_s:g} s interval, and one recursive read plus one new "
-        f"watch per watch timeout of {WATCH_TIMEOUT_INTERVALS} intervals).",
+        f"(fitted {slope:.2f} per agent; the design gives {design:.2f}: one lease keep-alive "
+        f"per {cal.keep_alive_interval_s:g} s interval, and one new watch stream per "
+        f"{WATCH_IDLE_INTERVALS} quiet intervals; no read).",
         f"etcd requests per re-form = {cal.reform_requests.b:.2f} * N + "
-        f"{cal.reform_requests.c:.5f} * N^2 (least squares): every join and state write wakes "
-        "every agent's watch (up to N^2 wake-ups), fewer in practice because one re-read "
-        "covers every change before it. Re-form req/s = requests / modelled re-form time.",
+        f"{cal.reform_requests.c:.5f} * N^2 (least squares; expected: the design's "
+        f"{per_join} per survivor, a transaction that opens the round, a lease grant and the "
+        f"join's transaction, {REQUESTS_PER_COMPLETION} for the completer, and the "
+        "keep-alives while it lasts). Re-form req/s = requests / modelled re-form time.",
         f"etcd CPU per re-form = {cal.reform_etcd_cpu_s.b:.5f} * N + "
-        f"{cal.reform_etcd_cpu_s.c:.7f} * N^2 s: each wake-up re-reads the whole run "
-        "directory (N keys). etcd cores re-form = that CPU / modelled re-form time; where "
-        "it exceeds the cores etcd has, etcd is the bottleneck and the re-form takes longer "
-        "than the linear time says.",
+        f"{cal.reform_etcd_cpu_s.c:.7f} * N^2 s: the N term for the transactions and "
+        "grants, which etcd orders through its log; the N^2 term for the watch's fan-out, "
+        "every change sent as an event to every agent's watch through the JSON gateway. "
+        "etcd cores re-form = that CPU / modelled re-form time.",
         "False deaths are not modelled (n/a): they are measured only up to the largest real N. "
-        "The model assumes a heartbeat refresh still completes within the key's TTL and a "
+        "The model assumes a lease keep-alive still completes within the lease's TTL and a "
         "probe is answered within the probe timeout at that N.",
         "One etcd member on loopback, no network latency: a real cluster adds a round trip "
-        "per request. On the calibrating machine all N agents share its few cores with etcd, "
-        "so part of the measured growth with N is the agents' own CPU, which a cluster with "
-        "one agent per node does not share; etcd saturation is not in the fitted times.",
+        "per request, and a write waits for a quorum of three members. On the calibrating "
+        "machine all N agents share its few cores with etcd, so part of the measured growth "
+        "with N is the agents' own CPU (each decodes every event of its watch, and the "
+        "completer probes every joiner in turn), which a cluster with one agent per node does "
+        "not share.",
     ]

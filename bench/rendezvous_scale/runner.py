@@ -232,7 +232,9 @@ def harness_assumptions(config: ScaleConfig, conf: dict[str, str]) -> list[str]:
         "gateway made: ranges, transactions, lease grants and keep-alives, watches), "
         "over the quiet window, and over each re-form after a death from just before the kill "
         "to the last return; etcd cores: etcd's process_cpu_seconds_total over the same "
-        "re-form window (on this shared 2-core machine).",
+        "re-form window (on this shared 2-core machine); etcd ranges: etcd_mvcc_range_total "
+        "over it, the range requests and the key reads inside transactions (each compare, "
+        "each read of a failure branch).",
     ]
 
 

@@ -32,6 +32,7 @@ def summarize_reps(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "reform_requests": summarize_known(_values(reps, "death", "etcd", "requests")),
         "reform_leave_req_s": summarize_known(_values(reps, "leave", "etcd", "req_s")),
         "reform_etcd_cpu_s": summarize_known(_values(reps, "death", "etcd", "etcd_cpu_s")),
+        "reform_reads": summarize_known(_values(reps, "death", "etcd", "reads")),
         "reform_etcd_cores": summarize_known(_values(reps, "death", "etcd", "etcd_cpu_share")),
         "false_deaths": sum(rep["false_deaths"] for rep in reps),
         "errors": [rep["error"] for rep in reps if rep["error"]],
@@ -52,6 +53,7 @@ def measured_row(result: dict[str, Any]) -> dict[str, Any]:
         "quiet_req_s",
         "reform_req_s",
         "reform_etcd_cores",
+        "reform_reads",
     )
     return {
         "nodes": result["nodes"],
@@ -92,6 +94,7 @@ COLUMNS = (
     ("quiet_req_s", "etcd req/s quiet", "{:.1f}"),
     ("reform_req_s", "etcd req/s re-form", "{:.0f}"),
     ("reform_etcd_cores", "etcd cores re-form", "{:.2f}"),
+    ("reform_reads", "etcd ranges re-form", "{:.0f}"),
 )
 
 

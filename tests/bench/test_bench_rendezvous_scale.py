@@ -40,16 +40,22 @@ def test_requests_per_reform_are_fitted_as_n_squared() -> None:
     assert linear.c == 0 and linear.b > 0
 
 
-def test_the_quiet_load_of_the_design_is_a_refresh_and_a_watch_cycle_per_agent() -> None:
-    # 1 refresh per interval + (1 read + 1 watch) per 5 intervals.
-    assert model.expected_quiet_req_s(10, 1.0) == pytest.approx(14.0)
-    assert model.expected_quiet_req_s(10, 2.0) == pytest.approx(7.0)
+def test_the_quiet_load_of_the_design_is_a_keep_alive_and_a_watch_stream_per_agent() -> None:
+    # 1 lease keep-alive per interval + 1 new watch stream per 5 quiet intervals, no read.
+    assert model.expected_quiet_req_s(10, 1.0) == pytest.approx(12.0)
+    assert model.expected_quiet_req_s(10, 2.0) == pytest.approx(6.0)
+
+
+def test_a_reform_of_the_design_is_three_requests_per_survivor_and_the_keep_alives() -> None:
+    # 9 survivors: 3 each (open the round, lease grant, join), 2 for the completer, and
+    # 9 keep-alives a second for 2 s.
+    assert model.expected_reform_requests(10, 2.0, 1.0) == pytest.approx(27 + 2 + 18)
 
 
 def _points() -> list[model.Point]:
     return [
         model.Point(
-            n, 1.0 + 0.002 * n, 0.2 + 0.01 * n, 0.1 + 0.01 * n, 1.4 * n, 2 * n + n * n, 1e-4 * n * n
+            n, 1.0 + 0.002 * n, 0.2 + 0.01 * n, 0.1 + 0.01 * n, 1.4 * n, 2 * n + n * n, 1e-6 * n * n
         )
         for n in (8, 32, 64)
     ]
@@ -62,15 +68,27 @@ def test_a_calibrated_model_predicts_larger_n_and_says_what_it_assumes() -> None
     assert row["first_round_s"] == pytest.approx(1.0 + 0.002 * 1024)
     assert row["reform_death_s"] == pytest.approx(0.2 + 10.24)
     assert row["quiet_req_s"] == pytest.approx(1.4 * 1024, abs=0.1)
-    assert row["expected_quiet_req_s"] == pytest.approx(1.4 * 1024, abs=0.1)
+    assert row["expected_quiet_req_s"] == pytest.approx(1.2 * 1024, abs=0.1)
     assert row["reform_requests"] == 2 * 1024 + 1024**2
     assert row["reform_req_s"] == pytest.approx(
         row["reform_requests"] / row["reform_death_s"], 1e-3
     )
-    assert row["reform_etcd_cpu_s"] == pytest.approx(1e-4 * 1024**2, abs=1e-3)
-    assert row["reform_etcd_cores"] == pytest.approx(104.858 / 10.44, abs=0.01)
+    assert row["reform_etcd_cpu_s"] == pytest.approx(1e-6 * 1024**2, abs=1e-3)
+    assert row["reform_etcd_cores"] == pytest.approx(1.049 / 10.44, abs=0.01)
+    assert row["expected_reform_requests"] == round(3 * 1023 + 2 + 1023 * 10.44)
     text = " ".join(model.assumptions(cal))
     assert "N = 8, 32, 64" in text and "N^2" in text and "not modelled" in text
+    assert "lease keep-alive" in text and "watch" in text
+
+
+def test_a_reform_takes_at_least_etcds_cpu_for_it_on_one_core() -> None:
+    points = [
+        model.Point(n, 1.0, 0.2 + 0.001 * n, 0.2, 1.2 * n, 3.0 * n, 1e-5 * n * n)
+        for n in (8, 32, 64)
+    ]
+    row = model.predict(model.calibrate(points, 1.0), 1024)
+    assert row["reform_death_s"] == pytest.approx(1e-5 * 1024**2 / model.ETCD_CORES, abs=1e-3)
+    assert row["reform_etcd_cores"] == pytest.approx(model.ETCD_CORES)
 
 
 def test_the_bench_models_only_beyond_its_largest_complete_count() -> None:
@@ -140,7 +158,9 @@ def test_the_table_marks_what_was_not_measured_or_modelled() -> None:
     ]  # fmt: skip
     lines = tables.table_text(rows).splitlines()
     assert lines[0].split()[:2] == ["N", "source"] and set(lines[1]) <= {"-", " "}
-    assert lines[2].split() == ["8", "measured", "1.20", "-", "0.30", "0", "11.2", "900", "0.25"]
+    assert lines[2].split() == [
+        "8", "measured", "1.20", "-", "0.30", "0", "11.2", "900", "0.25", "-"
+    ]  # fmt: skip
     assert lines[3].split()[5] == "n/a" and lines[3].split()[-1] == "n/a"
 
 
@@ -178,7 +198,7 @@ def test_four_agents_in_two_processes_form_reform_and_die_no_false_death(
     for phase in ("first", "death", "leave"):
         assert rep[phase]["seconds"] > 0 and rep[phase]["live_left_out"] == 0
         assert rep[phase]["dead_included"] == 0 and rep[phase]["etcd"]["requests"] > 0
-    # 4 agents for 3 s: 12 heartbeat refreshes, and watches on top of etcd's own count.
+    # 4 agents for 3 s: 12 lease keep-alives, and watches on top of etcd's own count.
     quiet = rep["quiet"]["etcd"]
     assert quiet["requests"] == quiet["received"] + quiet["watches"] >= 12
     # The killed agent is dropped on its refused probe, not after its key's 2 s TTL.

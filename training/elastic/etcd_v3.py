@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ import requests
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import Etcd3Exception
 
-__all__ = ["Etcd", "EtcdError", "KeyValue", "WatchCompacted"]
+__all__ = ["Etcd", "EtcdError", "Event", "KeyValue", "WatchCompacted"]
 
 EtcdError = Etcd3Exception
 """Every failure of a request: unreachable, timed out, or an error answer."""
@@ -61,6 +62,15 @@ def _kv(raw: dict[str, Any]) -> KeyValue:
         mod_revision=int(raw.get("mod_revision", 0)),
         lease=int(raw.get("lease", 0)),
     )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change a watch reported: a put of ``kv``, or its deletion (an expired lease's
+    included); a deletion's ``kv`` has only the key and the revision of the deletion."""
+
+    kv: KeyValue
+    deleted: bool
 
 
 def put(key: str, value: str, lease: int = 0) -> dict[str, Any]:
@@ -131,6 +141,20 @@ class Etcd:
         answer = self.client.post(self.client.get_url("/kv/txn"), data=json.dumps(body))
         return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
 
+    def txn_or_read(
+        self, compare: list[dict[str, Any]], success: list[dict[str, Any]], keys: list[str]
+    ) -> tuple[bool, int, list[KeyValue]]:
+        """``txn``, which reads ``keys`` when ``compare`` fails (its failure branch): whether
+        it held, the revision, and on a failure the keys as they are (those that exist)."""
+        failure = [{"request_range": {"key": _b64(key)}} for key in keys]
+        body = {"compare": compare, "success": success, "failure": failure}
+        answer = self.client.post(self.client.get_url("/kv/txn"), data=json.dumps(body))
+        done, revision = bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
+        if done:
+            return True, revision, []
+        ranges = [r.get("response_range", {}) for r in answer.get("responses", [])]
+        return False, revision, [_kv(kv) for r in ranges for kv in r.get("kvs", [])]
+
     def delete(self, key: str, prefix: bool = False) -> None:
         body = {"key": _b64(key)}
         if prefix:
@@ -155,6 +179,57 @@ class Etcd:
         self._post("/lease/revoke", {"ID": lease})
 
     # -- the watch -----------------------------------------------------------------------------
+    def watch(self, prefix: str, after: int, idle_s: float) -> Iterator[list[Event]]:
+        """Every change under ``prefix`` after revision ``after``, one list per watch response,
+        in revision order, on one stream; the stream ends once ``idle_s`` pass without a
+        response, and the caller watches again from the last revision it saw.
+
+        ``start_revision = after + 1`` (etcd's ``WatchCreateRequest``) replays every change
+        since, so nothing between the caller's read and the watch is missed; the events carry
+        the keys' new values, so a watcher keeps its copy current without reading the keys
+        again. WatchCompacted when that history is gone. The gateway leaves a PUT's ``type``
+        out of its JSON (the proto's default, 0), and sends a DELETE's as ``"DELETE"``.
+        """
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": after + 1,
+            }
+        }
+        try:
+            response = self.client.session.post(
+                self.client.get_url("/watch"),
+                json=body,
+                stream=True,
+                timeout=(self.timeout_s, idle_s),
+            )
+        except requests.exceptions.RequestException as exc:
+            raise EtcdError(str(exc)) from exc
+        with response:
+            if response.status_code != 200:
+                raise EtcdError(response.text, response.reason)
+            try:
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result", {})
+                    if int(result.get("compact_revision", 0)):
+                        raise WatchCompacted(f"compacted at {result['compact_revision']}")
+                    if result.get("canceled"):
+                        raise EtcdError(f"watch canceled: {result.get('cancel_reason', '')}")
+                    events = result.get("events")
+                    if events:
+                        yield [Event(_kv(e["kv"]), e.get("type") == "DELETE") for e in events]
+            except requests.exceptions.ConnectionError as exc:
+                # The read timed out (urllib3 reports it as a connection error in a stream):
+                # nothing changed for idle_s; or etcd went away, which the next call tells.
+                if "timed out" in str(exc).lower():
+                    return
+                raise EtcdError(str(exc)) from exc
+            except requests.exceptions.RequestException as exc:
+                raise EtcdError(str(exc)) from exc
+
     def wait(self, prefix: str, after: int, timeout_s: float) -> int:
         """Block until a key under ``prefix`` changes after revision ``after``, or
         ``timeout_s`` passes; the revision of the change (``after`` on a timeout).

@@ -25,30 +25,17 @@ from collections.abc import Callable
 from typing import Any
 
 from training.elastic import etcd_v3
-from training.elastic.etcd_v3 import Etcd, EtcdError, KeyValue, WatchCompacted
+from training.elastic.etcd_v3 import Etcd, EtcdError, WatchCompacted
+from training.elastic.key_copy import KeyCopy
 from training.elastic.liveness import ProbeServer, Progress
 from training.elastic.rounds import Timing, View
 
 logger = logging.getLogger(__name__)
 
 ROOT = "/spot-lab"
-
-
-def parse_view(kvs: list[KeyValue], revision: int, root: str) -> View:
-    """The run's keys (one range read at ``revision``) as a View."""
-    view = View(etcd_index=revision, read_at=time.monotonic())
-    joins: list[tuple[int, int, str, dict[str, Any]]] = []
-    for kv in kvs:
-        rel = kv.key[len(root) :].strip("/").split("/")
-        if rel == ["state"] and kv.value:
-            view.state, view.state_index = json.loads(kv.value), kv.mod_revision
-        elif len(rel) == 2 and rel[0] == "nodes" and kv.value:
-            view.nodes[rel[1]] = json.loads(kv.value)
-        elif len(rel) == 3 and rel[0] == "join":
-            joins.append((int(rel[1]), kv.create_revision, rel[2], json.loads(kv.value or "{}")))
-    for round_, _, node, info in sorted(joins, key=lambda j: j[:2]):
-        view.joined.setdefault(round_, {})[node] = info
-    return view
+CATCH_UP_S = 0.5
+"""How long a node waits for its watch to deliver its own last write (or the write that beat
+it) before it reads the keys itself: the watch is milliseconds behind unless etcd is away."""
 
 
 def parse_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
@@ -94,7 +81,7 @@ class Membership:
         self.node_key = f"{self.root}/nodes/{node}"
         self.probe: ProbeServer | None = None
         self.stop = threading.Event()
-        self.view = View()
+        self._copy = KeyCopy(self.root)
         self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._written_index = 0
@@ -112,38 +99,45 @@ class Membership:
         kv = self.client.get(f"{self.root}/state")
         return (None, 0) if kv is None else (json.loads(kv.value), kv.mod_revision)
 
+    @property
+    def view(self) -> View:
+        """The run's keys as the watch keeps them (an empty View before the first read)."""
+        return self._copy.view()
+
     def read_view(self) -> View:
+        """Read the run's keys (one range read) into the watched copy, unless the copy is
+        newer already."""
         kvs, revision = self.client.range(f"{self.root}/")
-        view = parse_view(kvs, revision, self.root)
-        self._saw(view.nodes)
-        return view
+        self._saw(self._copy.load(kvs, revision))
+        return self._copy.view()
 
     def current_view(self) -> View:
-        """The watched view, or a fresh read when it may predate this node's last write."""
-        view = self.view
-        if view.etcd_index < self._written_index or not view.read_at:
-            view = self.read_view()
-            self._keep(view)
-        return view
+        """The watched view once it holds this node's last write (or the write that beat it):
+        waited for while the watch runs, read when it lags."""
+        target = self._written_index
 
-    def _keep(self, view: View) -> None:
-        if view.etcd_index >= self.view.etcd_index:
-            self.view = view
+        def caught_up() -> bool:
+            return self._copy.revision >= max(target, 1)
+
+        if not caught_up() and self._threads and not self.stop.is_set():
+            with self._changed:
+                self._changed.wait_for(caught_up, CATCH_UP_S)
+        return self._copy.view() if caught_up() else self.read_view()
 
     # -- transactions -------------------------------------------------------------------------
-    def _txn(self, compare: list[dict], success: list[dict]) -> bool:
-        done, revision = self.client.txn(compare, success)
-        self._written_index = max(self._written_index, revision)
+    def _txn(self, compare: list[dict], success: list[dict], keys: list[str]) -> bool:
+        """A transaction on ``keys`` (the compared ones, under the run's root). Its revision,
+        or the compared keys' own when the compare failed, is what the view must reach."""
+        done, revision, current = self.client.txn_or_read(compare, success, keys)
+        seen = revision if done else max((kv.mod_revision for kv in current), default=revision)
+        self._written_index = max(self._written_index, seen)
         return done
 
     def write_state(self, state: dict[str, Any], index: int | None) -> bool:
         """Put the state if its mod revision is still ``index`` (None: if still absent)."""
         key = f"{self.root}/state"
         compare = etcd_v3.absent(key) if index is None else etcd_v3.mod_revision_is(key, index)
-        if self._txn([compare], [etcd_v3.put(key, json.dumps(state))]):
-            return True
-        self._written_index = max(self._written_index, self.view.etcd_index + 1)  # read again
-        return False
+        return self._txn([compare], [etcd_v3.put(key, json.dumps(state))], [key])
 
     def update_state(self, change: Any, round_: int) -> None:
         while True:
@@ -161,7 +155,7 @@ class Membership:
         info = {"addr": self.addr, "port": self.port_held.getsockname()[1]}
         key = f"{self.root}/join/{round_}/{self.node}"
         lease = self.client.grant(self.timing.join_timeout_s)
-        if not self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, json.dumps(info), lease)]):
+        if not self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, json.dumps(info), lease)], [key]):
             with contextlib.suppress(EtcdError):
                 self.client.revoke(lease)  # joined already (a retry after a lost answer)
         self.joined_round = round_
@@ -178,7 +172,7 @@ class Membership:
             held.close()
 
     def forget_rounds_before(self, round_: int, view: View) -> None:
-        """Old rounds' join keys: every watch re-reads the keys, keep them to one round."""
+        """Old rounds' join keys: keep every agent's copy of the keys to one round."""
         for old in (r for r in view.joined if r < round_):
             with contextlib.suppress(EtcdError):
                 self.client.delete(f"{self.root}/join/{old}/", prefix=True)
@@ -229,7 +223,7 @@ class Membership:
             return
         lease = self.client.grant(self.timing.ttl_s)
         key = self.node_key
-        if self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, self._node_info(), lease)]):
+        if self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, self._node_info(), lease)], [key]):
             self.lease = lease
         else:
             self.client.revoke(lease)
@@ -242,23 +236,38 @@ class Membership:
             except EtcdError as exc:
                 self.note_down(exc)
 
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
     def _watch(self) -> None:
-        """Keep ``view`` current: read the keys, then watch from the read's revision on."""
+        """Keep ``view`` current: read the keys once, then apply the watch's events from the
+        read's revision on, one stream at a time (a quiet stream ends after five heartbeat
+        intervals and the next starts where it ended). Read again only when the watch broke:
+        etcd away, or its history compacted past the copy."""
+        fresh = True
         while not self.stop.is_set():
             try:
-                view = self.read_view()
-                self._keep(view)
-                with self._changed:
-                    self._changed.notify_all()
-                self._watch_client.wait(
-                    f"{self.root}/", view.etcd_index, self.timing.keep_alive_interval_s * 5
-                )
+                if fresh:
+                    self.read_view()
+                    fresh = False
+                    self._notify()
+                idle_s = self.timing.keep_alive_interval_s * 5
+                for events in self._watch_client.watch(
+                    f"{self.root}/", self._copy.revision, idle_s
+                ):
+                    self._saw(self._copy.apply(events))
+                    self._notify()
+                    if self.stop.is_set():
+                        return
             except WatchCompacted:
-                continue  # fell behind etcd's history: the next read catches up
+                fresh = True  # fell behind etcd's history: the next read catches up
             except EtcdError as exc:
+                fresh = True
                 self.note_down(exc)
                 self.stop.wait(self.timing.keep_alive_interval_s / 2)
             except Exception as exc:  # noqa: BLE001 - a watch must never kill the agent
+                fresh = True
                 logger.warning("rendezvous watch: %s", exc)
                 self.stop.wait(self.timing.keep_alive_interval_s / 2)
 

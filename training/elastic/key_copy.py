@@ -1,0 +1,114 @@
+"""The run's keys as one agent's watch keeps them: a copy that each watch event updates, and
+the ``View`` (training/elastic/rounds.py) taken from it when asked.
+
+A watch event carries the key's new value, so the copy is kept without reading the run's
+keys again: a change costs each agent the decoding of the one key that changed. Re-reading
+the run's keys on every wake-up cost each agent all of them (every node's key and join), so
+N agents re-formed with about N changes, each re-read by N agents, of about 2N keys each.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from training.elastic.etcd_v3 import Event, KeyValue
+from training.elastic.rounds import View
+
+
+class KeyCopy:
+    """The keys under ``root``, as of ``revision``; safe to update from the watch's thread
+    while other threads take views."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.revision = 0
+        """Every change up to this revision is in the copy (0: nothing read yet)."""
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] | None = None
+        self._state_index = 0
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._joined: dict[int, dict[str, dict[str, Any]]] = {}
+        """Per round, the joiners in the order of their keys' creation (the watch delivers
+        changes in revision order, a read is sorted by creation revision)."""
+        self._read_at = 0.0
+        self._view: View | None = None
+
+    def _parts(self, key: str) -> list[str]:
+        return key[len(self.root) :].strip("/").split("/")
+
+    def load(self, kvs: list[KeyValue], revision: int) -> dict[str, dict[str, Any]]:
+        """Replace the copy by one range read of the keys at ``revision`` (unless the copy
+        is newer: the watch applied later changes meanwhile); the nodes read."""
+        with self._lock:
+            if revision < self.revision:
+                return {}
+            self._state, self._state_index = None, 0
+            self._nodes, self._joined = {}, {}
+            for kv in sorted(kvs, key=lambda kv: kv.create_revision):
+                self._put(kv)
+            self.revision = revision
+            self._touched()
+            return dict(self._nodes)
+
+    def apply(self, events: list[Event]) -> dict[str, dict[str, Any]]:
+        """The changes of one watch response; the nodes whose keys they wrote."""
+        written: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            known = self.revision
+            for event in events:
+                if event.kv.mod_revision <= known:
+                    continue  # in the copy already: a read since the watch started had it
+                if event.deleted:
+                    self._drop(event.kv.key)
+                else:
+                    node = self._put(event.kv)
+                    if node is not None:
+                        written[node] = self._nodes[node]
+                self.revision = max(self.revision, event.kv.mod_revision)
+            self._touched()
+        return written
+
+    def view(self) -> View:
+        """The copy as a View (a snapshot: later changes do not alter it)."""
+        with self._lock:
+            if self._view is None:
+                self._view = View(
+                    state=self._state,
+                    state_index=self._state_index,
+                    nodes=dict(self._nodes),
+                    joined={round_: dict(nodes) for round_, nodes in self._joined.items()},
+                    etcd_index=self.revision,
+                    read_at=self._read_at,
+                )
+            return self._view
+
+    def _touched(self) -> None:
+        self._read_at = time.monotonic()
+        self._view = None
+
+    def _put(self, kv: KeyValue) -> str | None:
+        """Put one key in the copy; the node's id when it is a node's key."""
+        rel = self._parts(kv.key)
+        if rel == ["state"] and kv.value:
+            self._state, self._state_index = json.loads(kv.value), kv.mod_revision
+        elif len(rel) == 2 and rel[0] == "nodes" and kv.value:
+            self._nodes[rel[1]] = json.loads(kv.value)
+            return rel[1]
+        elif len(rel) == 3 and rel[0] == "join":
+            self._joined.setdefault(int(rel[1]), {})[rel[2]] = json.loads(kv.value or "{}")
+        return None
+
+    def _drop(self, key: str) -> None:
+        rel = self._parts(key)
+        if rel == ["state"]:
+            self._state, self._state_index = None, 0
+        elif len(rel) == 2 and rel[0] == "nodes":
+            self._nodes.pop(rel[1], None)
+        elif len(rel) == 3 and rel[0] == "join":
+            joined = self._joined.get(int(rel[1]), {})
+            joined.pop(rel[2], None)
+            if not joined:
+                self._joined.pop(int(rel[1]), None)
