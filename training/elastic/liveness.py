@@ -26,6 +26,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -138,12 +139,21 @@ class Detector:
     for it, and completes with it).
     """
 
-    def __init__(self, probe_timeout_s: float, hold_alive_s: float, retry_s: float) -> None:
+    def __init__(
+        self,
+        probe_timeout_s: float,
+        hold_alive_s: float,
+        retry_s: float,
+        on_probe: Callable[[str, Verdict, bool], None] | None = None,
+    ) -> None:
         self.probe_timeout_s, self.hold_alive_s, self.retry_s = (
             probe_timeout_s,
             hold_alive_s,
             retry_s,
         )
+        self.on_probe = on_probe
+        """Told every probe's verdict, and whether the node's key was fresh: an unanswered
+        probe of a node with a fresh key is a report (training/elastic/reachability.py)."""
         self._verdicts: dict[str, tuple[float, Verdict]] = {}
         self._last_seen: dict[str, dict[str, Any]] = {}
         """Every node's address and probe port as last seen: a key that expired is still
@@ -164,15 +174,26 @@ class Detector:
         seen = info or self._last_seen.get(node)
         if seen is None:
             return True  # expired before this node ever saw it
-        verdict = self._probe_cached(node, seen)
+        verdict = self._probe_cached(node, seen, info is not None)
         return verdict is Verdict.DEAD or (verdict is Verdict.UNKNOWN and info is None)
+
+    def reached(self, node: str, info: dict[str, Any] | None) -> bool:
+        """This node's own probe of ``node`` was answered (now, or within the answer's hold).
+
+        A fresh key is no proof: a node cut off from its peers but not from etcd keeps it
+        fresh. A round completes only with joiners this says so of (training/elastic/rounds.py).
+        """
+        seen = info or self._last_seen.get(node)
+        if seen is None or (info is not None and info["left"]):
+            return False
+        return self._probe_cached(node, seen, info is not None) is Verdict.ALIVE
 
     def forget(self, nodes: set[str] | None = None) -> None:
         """Drop the held answers (of ``nodes``, or all): the next look asks again."""
         for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
             del self._verdicts[node]
 
-    def _probe_cached(self, node: str, seen: dict[str, Any]) -> Verdict:
+    def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         cached = self._verdicts.get(node)
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
@@ -181,4 +202,6 @@ class Detector:
         self._verdicts[node] = (time.monotonic() + hold, verdict)
         if verdict is not Verdict.ALIVE:
             logger.info("node %s is %s (its probe)", node, verdict.value)
+        if self.on_probe is not None:
+            self.on_probe(node, verdict, keyed)
         return verdict

@@ -11,6 +11,8 @@ Layout under ``/spot-lab/rendezvous/<run_id>/`` (etcd v3 API, docs/rendezvous.md
 - ``join/<round>/<id>``: written once by each node that joins an open round, with the address
   and the port of the socket it holds for the workers' store, were it rank 0; on a lease of the
   join timeout; withdrawn when the node leaves.
+- ``unreachable/<reporter>/<target>``: a peer the reporter cannot reach
+  (training/elastic/reachability.py); on the reporter's lease.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from training.elastic import etcd_v3
 from training.elastic.etcd_v3 import Etcd, EtcdError, KeyValue, WatchCompacted
 from training.elastic.liveness import ProbeServer, Progress
+from training.elastic.reachability import parse_report
 from training.elastic.rounds import Timing, View
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,8 @@ def parse_view(kvs: list[KeyValue], revision: int, root: str) -> View:
             view.nodes[rel[1]] = json.loads(kv.value)
         elif len(rel) == 3 and rel[0] == "join":
             joins.append((int(rel[1]), kv.create_revision, rel[2], json.loads(kv.value or "{}")))
+        elif report := parse_report(rel):
+            view.reports.setdefault(report[0], set()).add(report[1])
     for round_, _, node, info in sorted(joins, key=lambda j: j[:2]):
         view.joined.setdefault(round_, {})[node] = info
     return view

@@ -60,8 +60,9 @@ from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
-from training.elastic.liveness import Detector, ProbeServer, Progress
+from training.elastic.liveness import Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
+from training.elastic.reachability import Reports
 from training.elastic.round_store import RoundStore
 from training.elastic.rounds import Me, Quorum, Timing, View
 
@@ -120,7 +121,9 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.node = new_node_id()
         self.verdict, self.round_file = verdict, round_file
         self.progress = Progress(timing.stall_timeout_s)
-        self.detector = Detector(timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S)
+        self.detector = Detector(
+            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe
+        )
         self.keys = Membership(
             client,
             watch_client or client,
@@ -132,6 +135,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
+        self.reports = Reports(client, self.root, self.node, lambda: self.keys.lease)
         self.store = RoundStore()
         self.round = 0
         """The round this node last joined (0: none yet)."""
@@ -209,6 +213,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             self.max_nodes,
             lost=lambda n: self._dead(n, view, probe_live=False),
             waiting_dead=lambda n: self._dead(n, view, probe_live=True),
+            reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
         )
         if reform is None:
             return 0
@@ -267,6 +272,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         state = view.state or {}
         if state.get("members", ()) is None and not opened:
             opened = time.monotonic()
+        self.reports.ask_again(view.nodes, self.detector.reached)  # a healed partition
         action = rounds.decide(
             view,
             self._me(),
@@ -274,6 +280,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             quorum,
             opened,
             time.monotonic(),
+            reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
         )
         if isinstance(action, rounds.Closed):
             raise RendezvousClosedError(f"rendezvous {self.run_id} is closed")
@@ -336,6 +343,13 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)
+
+    def _on_probe(self, node: str, verdict: Verdict, keyed: bool) -> None:
+        """A probe with a fresh key unanswered is a report; an answer withdraws it."""
+        if verdict is Verdict.ALIVE:
+            self.reports.withdraw(node)
+        elif verdict is Verdict.UNKNOWN and keyed:
+            self.reports.file(node)
 
 
 def _no_stop() -> None:
