@@ -155,6 +155,8 @@ class Detector:
         """Told every probe's verdict, and whether the node's key was fresh: an unanswered
         probe of a node with a fresh key is a report (training/elastic/reachability.py)."""
         self._verdicts: dict[str, tuple[float, Verdict]] = {}
+        self._misses: dict[str, int] = {}
+        """Per node, its probes in a row that went unanswered or were refused."""
         self._last_seen: dict[str, dict[str, Any]] = {}
         """Every node's address and probe port as last seen: a key that expired is still
         probed where it was."""
@@ -188,10 +190,20 @@ class Detector:
             return False
         return self._probe_cached(node, seen, info is not None) is Verdict.ALIVE
 
+    def unanswered(self, node: str, info: dict[str, Any] | None, misses: int = 2) -> bool:
+        """``node``'s last ``misses`` probes in a row went unanswered (or were refused) while
+        its key is fresh: a member its peers cannot reach, though etcd can (a partition). The
+        monitor loop asks this of one member only, the next in the round's order."""
+        if info is None or info["left"]:
+            return False  # the key's own rules judge it
+        self._probe_cached(node, info, True)
+        return self._misses.get(node, 0) >= misses
+
     def forget(self, nodes: set[str] | None = None) -> None:
         """Drop the held answers (of ``nodes``, or all): the next look asks again."""
         for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
             del self._verdicts[node]
+            self._misses.pop(node, None)
 
     def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         cached = self._verdicts.get(node)
@@ -199,8 +211,11 @@ class Detector:
             return cached[1]
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
         hold = self.retry_s if verdict is Verdict.UNKNOWN else self.hold_alive_s
+        before = self._verdicts.get(node, (0.0, Verdict.ALIVE))[1]
         self._verdicts[node] = (time.monotonic() + hold, verdict)
-        if verdict is not Verdict.ALIVE:
+        alive = verdict is Verdict.ALIVE
+        self._misses[node] = 0 if alive else self._misses.get(node, 0) + 1
+        if not alive and verdict is not before:  # said once, not at every retry
             logger.info("node %s is %s (its probe)", node, verdict.value)
         if self.on_probe is not None:
             self.on_probe(node, verdict, keyed)

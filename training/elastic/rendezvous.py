@@ -86,6 +86,13 @@ ETCD_TIMEOUT_S = 2.0
 """One etcd request; an unreachable etcd must not hold a heartbeat or the monitor loop."""
 
 
+_SAY = {
+    "joining": "{nodes} waiting to join: re-forming the group",
+    "lost": "round {round} lost {nodes}: re-forming the group",
+    "unreachable": "round {round}: {nodes} does not answer its probes: re-forming the group",
+}
+
+
 class BadInputAfterJoin(RuntimeError):
     """A worker of this node found input no restart fixes; its log says which."""
 
@@ -214,15 +221,13 @@ class SpotRendezvousHandler(RendezvousHandler):
             lost=lambda n: self._dead(n, view, probe_live=False),
             waiting_dead=lambda n: self._dead(n, view, probe_live=True),
             reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
+            unreachable=lambda n: self.detector.unanswered(n, view.nodes.get(n)),
         )
         if reform is None:
             return 0
-        if reform.reason == "joining":
-            logger.info("%s waiting to join: re-forming the group", ", ".join(reform.nodes))
-        elif reform.reason == "lost":
-            logger.warning(
-                "round %d lost %s: re-forming the group", self.round, ", ".join(reform.nodes)
-            )
+        if reform.reason in _SAY:
+            names = ", ".join(reform.nodes)
+            logger.warning(_SAY[reform.reason].format(round=self.round, nodes=names))
         return max(1, len(reform.nodes))
 
     def next_rendezvous(self) -> RendezvousInfo:

@@ -283,7 +283,8 @@ class Reform:
     """Why the running group must re-form, and the nodes that make it so."""
 
     reason: str
-    """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone."""
+    """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone;
+    ``unreachable``: the next member in the order does not answer this node's probes."""
     nodes: tuple[str, ...] = ()
 
 
@@ -294,6 +295,7 @@ def must_reform(
     lost: Dead,
     waiting_dead: Dead,
     reached: Reached | None = None,
+    unreachable: Dead | None = None,
 ) -> Reform | None:
     """Whether this node's running group must re-form (the agent's ``num_nodes_waiting``).
 
@@ -301,6 +303,11 @@ def must_reform(
     registered non-member, whose key outlives a killed node by up to a TTL. A non-member waits
     to join only once this node reaches it and the reports would not leave it out again: a
     node cut off from the group is no reason to re-form until the partition heals.
+
+    ``unreachable`` probes one member, the next after this node in the order (a ring: every
+    member is watched by one peer, at one probe per node per heartbeat period), and says
+    whether its probes go unanswered while its key is fresh: the group then re-forms before
+    the workers' collective times out, which would spend a restart on every node.
     """
     reach = reached or (lambda n: not waiting_dead(n))
     state = view.state
@@ -321,4 +328,10 @@ def must_reform(
         if waiting:
             return Reform("joining", waiting)
     gone = tuple(m for m in members if m != me.node and lost(m))
-    return Reform("lost", gone) if gone else None
+    if gone:
+        return Reform("lost", gone)
+    if unreachable is not None and me.node in members and len(members) > 1:
+        watched = members[(members.index(me.node) + 1) % len(members)]
+        if unreachable(watched):
+            return Reform("unreachable", (watched,))
+    return None

@@ -127,6 +127,23 @@ def test_a_node_left_out_is_no_reason_to_reform_until_it_is_reached_and_not_repo
     )
 
 
+def test_each_member_watches_the_next_in_the_order_and_reforms_when_it_stops_answering() -> None:
+    state = {"round": 2, "members": ["a", "b", "c"], "previous": [], "master": MASTER}
+    view = _view(state, {2: ["a", "b", "c"]}, dict.fromkeys("abc", False))
+    never = lambda n: False  # noqa: E731
+    asked: list[str] = []
+
+    def unreachable(n: str) -> bool:
+        asked.append(n)
+        return n == "a"
+
+    for me, watched in (("a", "b"), ("b", "c")):
+        assert rounds.must_reform(view, Me(me, 2, 2), 3, never, never, None, unreachable) is None
+        assert asked.pop() == watched  # one probe, of the next member
+    reform = rounds.must_reform(view, Me("c", 2, 2), 3, never, never, None, unreachable)
+    assert reform == rounds.Reform("unreachable", ("a",)) and asked == ["a"]  # the ring closes
+
+
 def test_only_a_group_that_starts_afresh_waits_a_last_call() -> None:
     first = _view(_open(1, []), {1: ["a"]}, {"a": False})
     assert rounds.decide(first, Me("a", 0, 1), lambda n: False, QUORUM, 0.0, 0.5) == rounds.Wait()
@@ -247,7 +264,10 @@ def _view_of(world: World) -> View:
     joined = {r: {n: MASTER for n in ns} for r, ns in world.joined}
     reports: dict[str, set[str]] = {}
     for reporter, target in world.reports:
-        reports.setdefault(reporter, set()).add(target)
+        # A report lives on its reporter's lease: gone once the key expired, or the node left
+        # (leave revokes the lease).
+        if world.node(reporter).keyed and world.node(reporter).status != LEFT:
+            reports.setdefault(reporter, set()).add(target)
     return View(state=state, state_index=world.index, nodes=keyed, joined=joined, reports=reports)
 
 
@@ -305,6 +325,12 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
 def _monitor(world: World, name: str, quorum: Quorum) -> World:
     node = world.node(name)
     reached, effects = _prober(world, name)
+
+    def unreachable(n: str) -> bool:
+        """The ring's check: the next member's probes go unanswered while its key is fresh."""
+        peer = world.node(n)
+        return peer.keyed and peer.status != LEFT and not reached(n)
+
     reform = rounds.must_reform(
         _view_of(world),
         Me(name, node.me_round, node.joined_round),
@@ -312,6 +338,7 @@ def _monitor(world: World, name: str, quorum: Quorum) -> World:
         lambda n: _lost(world, n),
         lambda n: _dead(world, n),
         reached,
+        unreachable,
     )
     world = _report(world, name, effects)
     return world if reform is None else _set(world, name, in_round=True)
