@@ -12,7 +12,11 @@ comes from the kernel as much as from the agent:
   answers), or an agent whose loop is wedged (it answers ``<id> stalled``): **unknown**. The
   rendezvous takes that for dead only once the node's heartbeat key has expired as well, so a
   slow node needs both a missed TTL and a missed probe to be taken for dead. A wedged agent
-  stops refreshing its key too (training/elastic/membership.py), so it is treated as a frozen node.
+  stops refreshing its key too (training/elastic/membership.py), so it is treated as a frozen node;
+- no connection at all (no route, no SYN-ACK in time: a partition, a dropping NetworkPolicy, a
+  VM gone) while the key may be fresh: **unreachable**, judged as unknown, and the one verdict
+  the monitor loop's ring acts on (a frozen process still completes the handshake in its
+  kernel, so it stays unknown and waits out its key, as before).
 
 ``Detector`` turns probes into verdicts for the rendezvous, holding answers so that a monitor
 loop does not probe on every tick.
@@ -42,6 +46,11 @@ class Verdict(enum.Enum):
     ALIVE = "alive"
     DEAD = "dead"
     UNKNOWN = "unknown"
+    UNREACHABLE = "unreachable"
+
+
+SILENT = frozenset({Verdict.UNKNOWN, Verdict.UNREACHABLE})
+"""No answer: dead only once the key expired too; with a fresh key, a report."""
 
 
 class Progress:
@@ -103,21 +112,23 @@ class ProbeServer:
 def probe(addr: str, port: int, node_id: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
     """The verdict on ``node_id`` listening at ``addr:port``."""
     try:
-        with socket.create_connection((addr, port), timeout=timeout_s) as conn:
+        conn = socket.create_connection((addr, port), timeout=timeout_s)
+    except ConnectionRefusedError:
+        return Verdict.DEAD
+    except OSError as exc:  # no route, or no SYN-ACK in time: the network, not the process
+        logger.debug("probe of %s at %s:%d: %s", node_id, addr, port, exc)
+        return Verdict.UNREACHABLE
+    answer = b""
+    with conn:
+        try:
             conn.settimeout(timeout_s)
-            answer = b""
             while not answer.endswith(b"\n"):
                 chunk = conn.recv(256)
                 if not chunk:
                     break
                 answer += chunk
-    except ConnectionRefusedError:
-        return Verdict.DEAD
-    except TimeoutError:
-        return Verdict.UNKNOWN
-    except OSError as exc:  # unreachable host or network: no proof either way
-        logger.debug("probe of %s at %s:%d: %s", node_id, addr, port, exc)
-        return Verdict.UNKNOWN
+        except OSError:  # connected, no answer in time: a frozen process
+            return Verdict.UNKNOWN
     if not answer:  # accepted and closed without a word: the listener is going away
         return Verdict.DEAD
     said = answer.strip().decode(errors="replace")
@@ -177,7 +188,7 @@ class Detector:
         if seen is None:
             return True  # expired before this node ever saw it
         verdict = self._probe_cached(node, seen, info is not None)
-        return verdict is Verdict.DEAD or (verdict is Verdict.UNKNOWN and info is None)
+        return verdict is Verdict.DEAD or (verdict in SILENT and info is None)
 
     def reached(self, node: str, info: dict[str, Any] | None) -> bool:
         """This node's own probe of ``node`` was answered (now, or within the answer's hold).
@@ -191,9 +202,10 @@ class Detector:
         return self._probe_cached(node, seen, info is not None) is Verdict.ALIVE
 
     def unanswered(self, node: str, info: dict[str, Any] | None, misses: int = 2) -> bool:
-        """``node``'s last ``misses`` probes in a row went unanswered (or were refused) while
-        its key is fresh: a member its peers cannot reach, though etcd can (a partition). The
-        monitor loop asks this of one member only, the next in the round's order."""
+        """``node``'s last ``misses`` probes in a row found no way to it (unreachable, or
+        refused) while its key is fresh: a member its peers cannot reach, though etcd can (a
+        partition). A frozen process (connected, silent) resets the count: its key decides.
+        The monitor loop asks this of one member only, the next in the round's order."""
         if info is None or info["left"]:
             return False  # the key's own rules judge it
         self._probe_cached(node, info, True)
@@ -210,12 +222,12 @@ class Detector:
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
-        hold = self.retry_s if verdict is Verdict.UNKNOWN else self.hold_alive_s
+        hold = self.retry_s if verdict in SILENT else self.hold_alive_s
         before = self._verdicts.get(node, (0.0, Verdict.ALIVE))[1]
         self._verdicts[node] = (time.monotonic() + hold, verdict)
-        alive = verdict is Verdict.ALIVE
-        self._misses[node] = 0 if alive else self._misses.get(node, 0) + 1
-        if not alive and verdict is not before:  # said once, not at every retry
+        no_way = verdict in (Verdict.UNREACHABLE, Verdict.DEAD)
+        self._misses[node] = self._misses.get(node, 0) + 1 if no_way else 0
+        if verdict is not Verdict.ALIVE and verdict is not before:  # once, not every retry
             logger.info("node %s is %s (its probe)", node, verdict.value)
         if self.on_probe is not None:
             self.on_probe(node, verdict, keyed)

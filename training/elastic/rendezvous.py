@@ -60,7 +60,7 @@ from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
-from training.elastic.liveness import Detector, ProbeServer, Progress, Verdict
+from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
 from training.elastic.reachability import Reports
 from training.elastic.round_store import RoundStore
@@ -353,7 +353,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         """A probe with a fresh key unanswered is a report; an answer withdraws it."""
         if verdict is Verdict.ALIVE:
             self.reports.withdraw(node)
-        elif verdict is Verdict.UNKNOWN and keyed:
+        elif verdict in SILENT and keyed:
             self.reports.file(node)
 
 

@@ -327,9 +327,12 @@ def _monitor(world: World, name: str, quorum: Quorum) -> World:
     reached, effects = _prober(world, name)
 
     def unreachable(n: str) -> bool:
-        """The ring's check: the next member's probes go unanswered while its key is fresh."""
+        """The ring's check: no connection to the next member (cut off, or refused) while its
+        key is fresh. A frozen process still completes the handshake: its key decides."""
         peer = world.node(n)
-        return peer.keyed and peer.status != LEFT and not reached(n)
+        answered = reached(n)  # files or withdraws the report, as the handler's probe does
+        no_way = _apart(world, name, n) or peer.status == KILLED
+        return peer.keyed and peer.status != LEFT and not answered and no_way
 
     reform = rounds.must_reform(
         _view_of(world),
