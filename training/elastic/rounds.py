@@ -284,7 +284,7 @@ class Reform:
 
     reason: str
     """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone;
-    ``unreachable``: the next member in the order does not answer this node's probes."""
+    ``unreachable``: this node's probes get no connection to the next member in the order."""
     nodes: tuple[str, ...] = ()
 
 
@@ -306,8 +306,9 @@ def must_reform(
 
     ``unreachable`` probes one member, the next after this node in the order (a ring: every
     member is watched by one peer, at one probe per node per heartbeat period), and says
-    whether its probes go unanswered while its key is fresh: the group then re-forms before
-    the workers' collective times out, which would spend a restart on every node.
+    whether its probes get no connection while its key is fresh (a partition, not a frozen
+    process): the group then re-forms before the workers' collective times out, which would
+    spend a restart on every node.
     """
     reach = reached or (lambda n: not waiting_dead(n))
     state = view.state
