@@ -157,11 +157,15 @@ class EmbeddedEtcd:
         client_port: int | None = None,
         peer_port: int | None = None,
         start_timeout_s: float = 20.0,
+        host: str = HOST,
     ) -> None:
         self.binary = binary
         self.data_dir = data_dir
         self.log_path = log_path
-        picked = free_ports(2)
+        self.host = host
+        """The address it listens on: loopback, or a bridge that nodes in network namespaces
+        reach (lab/local/netns.py)."""
+        picked = free_ports(2, host)
         self.client_port = client_port or picked[0]
         self.peer_port = peer_port or picked[1]
         self.start_timeout_s = start_timeout_s
@@ -171,7 +175,7 @@ class EmbeddedEtcd:
     @property
     def client_url(self) -> str:
         """The client URL, e.g. ``http://127.0.0.1:23790``."""
-        return f"http://{HOST}:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def pid(self) -> int | None:
@@ -185,7 +189,9 @@ class EmbeddedEtcd:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        command = etcd_command(self.binary, self.data_dir, self.client_port, self.peer_port)
+        command = etcd_command(
+            self.binary, self.data_dir, self.client_port, self.peer_port, self.host
+        )
         self._process = subprocess.Popen(
             process_tree.dying_with_this_process(command),
             stdout=self._log,

@@ -49,10 +49,14 @@ class Cluster:
         max_restarts: int = 20,
         rendezvous: RendezvousSettings | None = None,
         checkpoint_uri: str | None = None,
+        rdzv_host: str = "127.0.0.1",
+        wrap: Callable[[str, list[str]], list[str]] | None = None,
     ) -> None:
         self.root = root
+        self.wrap = wrap
+        """How node ``name`` runs a command (in a network namespace: lab/local/netns.py)."""
         self.policy = ElasticPolicy(
-            rdzv_host="127.0.0.1",
+            rdzv_host=rdzv_host,
             rdzv_port=rdzv_port,
             rdzv_id=f"test-{uuid.uuid4().hex[:8]}",
             min_nodes=min_nodes,
@@ -85,6 +89,8 @@ class Cluster:
             **extra,
         }
         command = train_command(["--data-dir", str(self.data_dir), *train_args], sys.executable)
+        if self.wrap is not None:
+            command = self.wrap(name, command)
         with (
             open(self.root / f"{name}.out", "wb") as out,
             open(self.root / f"{name}.err", "wb") as err,

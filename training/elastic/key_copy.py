@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from training.elastic.etcd_v3 import Event, KeyValue
+from training.elastic.reachability import parse_report
 from training.elastic.rounds import View
 
 
@@ -33,6 +34,8 @@ class KeyCopy:
         self._joined: dict[int, dict[str, dict[str, Any]]] = {}
         """Per round, the joiners in the order of their keys' creation (the watch delivers
         changes in revision order, a read is sorted by creation revision)."""
+        self._reports: dict[str, set[str]] = {}
+        """Per reporter, the peers it cannot reach (training/elastic/reachability.py)."""
         self._read_at = 0.0
         self._view: View | None = None
 
@@ -46,7 +49,7 @@ class KeyCopy:
             if revision < self.revision:
                 return {}
             self._state, self._state_index = None, 0
-            self._nodes, self._joined = {}, {}
+            self._nodes, self._joined, self._reports = {}, {}, {}
             for kv in sorted(kvs, key=lambda kv: kv.create_revision):
                 self._put(kv)
             self.revision = revision
@@ -80,6 +83,7 @@ class KeyCopy:
                     state_index=self._state_index,
                     nodes=dict(self._nodes),
                     joined={round_: dict(nodes) for round_, nodes in self._joined.items()},
+                    reports={reporter: set(t) for reporter, t in self._reports.items()},
                     etcd_index=self.revision,
                     read_at=self._read_at,
                 )
@@ -99,6 +103,8 @@ class KeyCopy:
             return rel[1]
         elif len(rel) == 3 and rel[0] == "join":
             self._joined.setdefault(int(rel[1]), {})[rel[2]] = json.loads(kv.value or "{}")
+        elif report := parse_report(rel):
+            self._reports.setdefault(report[0], set()).add(report[1])
         return None
 
     def _drop(self, key: str) -> None:
@@ -112,3 +118,8 @@ class KeyCopy:
             joined.pop(rel[2], None)
             if not joined:
                 self._joined.pop(int(rel[1]), None)
+        elif report := parse_report(rel):
+            targets = self._reports.get(report[0], set())
+            targets.discard(report[1])
+            if not targets:
+                self._reports.pop(report[0], None)

@@ -12,7 +12,11 @@ comes from the kernel as much as from the agent:
   answers), or an agent whose loop is wedged (it answers ``<id> stalled``): **unknown**. The
   rendezvous takes that for dead only once the node's heartbeat key has expired as well, so a
   slow node needs both a missed TTL and a missed probe to be taken for dead. A wedged agent
-  stops refreshing its key too (training/elastic/membership.py), so it is treated as a frozen node.
+  stops refreshing its key too (training/elastic/membership.py), so it is treated as a frozen node;
+- no connection at all (no route, no SYN-ACK in time: a partition, a dropping NetworkPolicy, a
+  VM gone) while the key may be fresh: **unreachable**, judged as unknown, and the one verdict
+  the monitor loop's ring acts on (a frozen process still completes the handshake in its
+  kernel, so it stays unknown and waits out its key, as before).
 
 ``Detector`` turns probes into verdicts for the rendezvous, holding answers so that a monitor
 loop does not probe on every tick.
@@ -26,6 +30,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,11 @@ class Verdict(enum.Enum):
     ALIVE = "alive"
     DEAD = "dead"
     UNKNOWN = "unknown"
+    UNREACHABLE = "unreachable"
+
+
+SILENT = frozenset({Verdict.UNKNOWN, Verdict.UNREACHABLE})
+"""No answer: dead only once the key expired too; with a fresh key, a report."""
 
 
 class Progress:
@@ -102,21 +112,23 @@ class ProbeServer:
 def probe(addr: str, port: int, node_id: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
     """The verdict on ``node_id`` listening at ``addr:port``."""
     try:
-        with socket.create_connection((addr, port), timeout=timeout_s) as conn:
+        conn = socket.create_connection((addr, port), timeout=timeout_s)
+    except ConnectionRefusedError:
+        return Verdict.DEAD
+    except OSError as exc:  # no route, or no SYN-ACK in time: the network, not the process
+        logger.debug("probe of %s at %s:%d: %s", node_id, addr, port, exc)
+        return Verdict.UNREACHABLE
+    answer = b""
+    with conn:
+        try:
             conn.settimeout(timeout_s)
-            answer = b""
             while not answer.endswith(b"\n"):
                 chunk = conn.recv(256)
                 if not chunk:
                     break
                 answer += chunk
-    except ConnectionRefusedError:
-        return Verdict.DEAD
-    except TimeoutError:
-        return Verdict.UNKNOWN
-    except OSError as exc:  # unreachable host or network: no proof either way
-        logger.debug("probe of %s at %s:%d: %s", node_id, addr, port, exc)
-        return Verdict.UNKNOWN
+        except OSError:  # connected, no answer in time: a frozen process
+            return Verdict.UNKNOWN
     if not answer:  # accepted and closed without a word: the listener is going away
         return Verdict.DEAD
     said = answer.strip().decode(errors="replace")
@@ -138,13 +150,24 @@ class Detector:
     for it, and completes with it).
     """
 
-    def __init__(self, probe_timeout_s: float, hold_alive_s: float, retry_s: float) -> None:
+    def __init__(
+        self,
+        probe_timeout_s: float,
+        hold_alive_s: float,
+        retry_s: float,
+        on_probe: Callable[[str, Verdict, bool], None] | None = None,
+    ) -> None:
         self.probe_timeout_s, self.hold_alive_s, self.retry_s = (
             probe_timeout_s,
             hold_alive_s,
             retry_s,
         )
+        self.on_probe = on_probe
+        """Told every probe's verdict, and whether the node's key was fresh: an unanswered
+        probe of a node with a fresh key is a report (training/elastic/reachability.py)."""
         self._verdicts: dict[str, tuple[float, Verdict]] = {}
+        self._misses: dict[str, int] = {}
+        """Per node, its probes in a row that went unanswered or were refused."""
         self._last_seen: dict[str, dict[str, Any]] = {}
         """Every node's address and probe port as last seen: a key that expired is still
         probed where it was."""
@@ -164,21 +187,48 @@ class Detector:
         seen = info or self._last_seen.get(node)
         if seen is None:
             return True  # expired before this node ever saw it
-        verdict = self._probe_cached(node, seen)
-        return verdict is Verdict.DEAD or (verdict is Verdict.UNKNOWN and info is None)
+        verdict = self._probe_cached(node, seen, info is not None)
+        return verdict is Verdict.DEAD or (verdict in SILENT and info is None)
+
+    def reached(self, node: str, info: dict[str, Any] | None) -> bool:
+        """This node's own probe of ``node`` was answered (now, or within the answer's hold).
+
+        A fresh key is no proof: a node cut off from its peers but not from etcd keeps it
+        fresh. A round completes only with joiners this says so of (training/elastic/rounds.py).
+        """
+        seen = info or self._last_seen.get(node)
+        if seen is None or (info is not None and info["left"]):
+            return False
+        return self._probe_cached(node, seen, info is not None) is Verdict.ALIVE
+
+    def unanswered(self, node: str, info: dict[str, Any] | None, misses: int = 2) -> bool:
+        """``node``'s last ``misses`` probes in a row found no way to it (unreachable, or
+        refused) while its key is fresh: a member its peers cannot reach, though etcd can (a
+        partition). A frozen process (connected, silent) resets the count: its key decides.
+        The monitor loop asks this of one member only, the next in the round's order."""
+        if info is None or info["left"]:
+            return False  # the key's own rules judge it
+        self._probe_cached(node, info, True)
+        return self._misses.get(node, 0) >= misses
 
     def forget(self, nodes: set[str] | None = None) -> None:
         """Drop the held answers (of ``nodes``, or all): the next look asks again."""
         for node in list(self._verdicts if nodes is None else nodes & self._verdicts.keys()):
             del self._verdicts[node]
+            self._misses.pop(node, None)
 
-    def _probe_cached(self, node: str, seen: dict[str, Any]) -> Verdict:
+    def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         cached = self._verdicts.get(node)
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
-        hold = self.retry_s if verdict is Verdict.UNKNOWN else self.hold_alive_s
+        hold = self.retry_s if verdict in SILENT else self.hold_alive_s
+        before = self._verdicts.get(node, (0.0, Verdict.ALIVE))[1]
         self._verdicts[node] = (time.monotonic() + hold, verdict)
-        if verdict is not Verdict.ALIVE:
+        no_way = verdict in (Verdict.UNREACHABLE, Verdict.DEAD)
+        self._misses[node] = self._misses.get(node, 0) + 1 if no_way else 0
+        if verdict is not Verdict.ALIVE and verdict is not before:  # once, not every retry
             logger.info("node %s is %s (its probe)", node, verdict.value)
+        if self.on_probe is not None:
+            self.on_probe(node, verdict, keyed)
         return verdict

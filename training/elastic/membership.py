@@ -11,6 +11,8 @@ Layout under ``/spot-lab/rendezvous/<run_id>/`` (etcd v3 API, docs/rendezvous.md
 - ``join/<round>/<id>``: written once by each node that joins an open round, with the address
   and the port of the socket it holds for the workers' store, were it rank 0; on a lease of the
   join timeout; withdrawn when the node leaves.
+- ``unreachable/<reporter>/<target>``: a peer the reporter cannot reach
+  (training/elastic/reachability.py); on the reporter's lease.
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
-from training.elastic.liveness import Detector, ProbeServer, Progress
+from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
+from training.elastic.reachability import Reports
 from training.elastic.round_store import RoundStore
 from training.elastic.rounds import Me, Quorum, Timing, View
 
@@ -83,6 +84,13 @@ POLL_S = 0.05
 """How often a node in an open round looks again when no watch event woke it."""
 ETCD_TIMEOUT_S = 2.0
 """One etcd request; an unreachable etcd must not hold a heartbeat or the monitor loop."""
+
+
+_SAY = {
+    "joining": "{nodes} waiting to join: re-forming the group",
+    "lost": "round {round} lost {nodes}: re-forming the group",
+    "unreachable": "round {round}: {nodes} does not answer its probes: re-forming the group",
+}
 
 
 class BadInputAfterJoin(RuntimeError):
@@ -120,7 +128,9 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.node = new_node_id()
         self.verdict, self.round_file = verdict, round_file
         self.progress = Progress(timing.stall_timeout_s)
-        self.detector = Detector(timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S)
+        self.detector = Detector(
+            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe
+        )
         self.keys = Membership(
             client,
             watch_client or client,
@@ -132,6 +142,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
+        self.reports = Reports(client, self.root, self.node, lambda: self.keys.lease)
         self.store = RoundStore()
         self.round = 0
         """The round this node last joined (0: none yet)."""
@@ -209,15 +220,14 @@ class SpotRendezvousHandler(RendezvousHandler):
             self.max_nodes,
             lost=lambda n: self._dead(n, view, probe_live=False),
             waiting_dead=lambda n: self._dead(n, view, probe_live=True),
+            reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
+            unreachable=lambda n: self.detector.unanswered(n, view.nodes.get(n)),
         )
         if reform is None:
             return 0
-        if reform.reason == "joining":
-            logger.info("%s waiting to join: re-forming the group", ", ".join(reform.nodes))
-        elif reform.reason == "lost":
-            logger.warning(
-                "round %d lost %s: re-forming the group", self.round, ", ".join(reform.nodes)
-            )
+        if reform.reason in _SAY:
+            names = ", ".join(reform.nodes)
+            logger.warning(_SAY[reform.reason].format(round=self.round, nodes=names))
         return max(1, len(reform.nodes))
 
     def next_rendezvous(self) -> RendezvousInfo:
@@ -267,6 +277,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         state = view.state or {}
         if state.get("members", ()) is None and not opened:
             opened = time.monotonic()
+        self.reports.ask_again(view.nodes, self.detector.reached)  # a healed partition
         action = rounds.decide(
             view,
             self._me(),
@@ -274,6 +285,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             quorum,
             opened,
             time.monotonic(),
+            reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
         )
         if isinstance(action, rounds.Closed):
             raise RendezvousClosedError(f"rendezvous {self.run_id} is closed")
@@ -336,6 +348,13 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)
+
+    def _on_probe(self, node: str, verdict: Verdict, keyed: bool) -> None:
+        """A probe with a fresh key unanswered is a report; an answer withdraws it."""
+        if verdict is Verdict.ALIVE:
+            self.reports.withdraw(node)
+        elif verdict in SILENT and keyed:
+            self.reports.file(node)
 
 
 def _no_stop() -> None:

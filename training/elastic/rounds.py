@@ -7,9 +7,14 @@ from etcd (training/elastic/membership.py), asks the failure detector
 mod revision with the one in the view, so acting on a stale view only loses a race.
 
 The invariants, whatever the interleaving of joins, leaves and deaths:
-- a round completes only with members that joined it and are alive and have not left when it
-  completes (a joiner lost before completion is left out, and so is not a rank the others wait
-  for); the first live node of the round's order completes it;
+- a round completes only with members that joined it, have not left, and whose probe the
+  completer itself saw answered (a joiner lost before completion is left out, and so is not a
+  rank the others wait for; one it cannot reach holds the round until the reports decide); the
+  first node of the round's order that this node reaches completes it;
+- a node cut off from its peers, but not from etcd, is left out: every node files a report for
+  a peer whose probe goes unanswered while its key is fresh, and ``excluded`` takes out of the
+  round, one at a time, the node with the most broken links (a tie: the latest in the order),
+  so the side that reaches each other trains on (docs/rendezvous.md, "A partition");
 - a round waits for every node it expects (the last round's members and every live registered
   node) until each has joined or is dead, so two groups never train at once;
 - the previous members keep their order, so rank 0 (the durable committer) stays where it was;
@@ -81,6 +86,9 @@ class View:
     joined: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     """Per round, the nodes that joined it in the order they did, each with the address and
     port its workers' store would listen on were it rank 0."""
+    reports: dict[str, set[str]] = field(default_factory=dict)
+    """Per reporter, the nodes whose probe it could not get answered while their key was fresh
+    (training/elastic/reachability.py)."""
     etcd_index: int = 0
     read_at: float = 0.0
 
@@ -148,6 +156,38 @@ class Wait:
 Action = Create | Swap | Join | Member | Closed | Wait
 Dead = Callable[[str], bool]
 """Whether a node is lost (left, or its process gone), probing it if need be."""
+Reached = Callable[[str], bool]
+"""Whether this node's own probe of a node was answered (now, or within the answer's hold);
+one that goes unanswered while the node's key is fresh is reported."""
+
+
+def excluded(order: list[str], reports: dict[str, set[str]]) -> set[str]:
+    """The nodes of ``order`` the reports leave out, so that the rest reach each other.
+
+    A link is broken when either end reported the other. The node with the most broken links
+    goes first (the one cut off: the others report it, and it reports them all), then the next,
+    until no broken link is left among the rest; a tie takes the latest in the order, so the
+    previous members, and rank 0 first, keep their places. Every node computes the same set
+    from the same keys, so they agree on who completes the round.
+    """
+    among = set(order)
+    broken = {
+        frozenset((reporter, target))
+        for reporter, targets in reports.items()
+        if reporter in among
+        for target in targets
+        if target in among and target != reporter
+    }
+    out: set[str] = set()
+    while broken:
+        degree: dict[str, int] = {}
+        for link in broken:
+            for node in link:
+                degree[node] = degree.get(node, 0) + 1
+        worst = max(degree, key=lambda n: (degree[n], order.index(n)))
+        out.add(worst)
+        broken = {link for link in broken if worst not in link}
+    return out
 
 
 def first_round(state: dict[str, Any] | None) -> bool:
@@ -155,8 +195,20 @@ def first_round(state: dict[str, Any] | None) -> bool:
     return state is None or (int(state["round"]) <= 1 and state.get("members") is None)
 
 
-def decide(view: View, me: Me, dead: Dead, quorum: Quorum, opened: float, now: float) -> Action:
-    """The next step of joining, from one view; ``opened``: when this node saw the round open."""
+def decide(
+    view: View,
+    me: Me,
+    dead: Dead,
+    quorum: Quorum,
+    opened: float,
+    now: float,
+    reached: Reached | None = None,
+) -> Action:
+    """The next step of joining, from one view; ``opened``: when this node saw the round open.
+
+    ``reached`` (default: not ``dead``) says whether this node's own probe of a node was
+    answered; a round completes only with joiners it says so of."""
+    reach = reached or (lambda n: not dead(n))
     state, index = view.state, view.state_index
     if state is None:
         return Create({"round": me.round + 1, "members": None, "previous": []})
@@ -176,17 +228,26 @@ def decide(view: View, me: Me, dead: Dead, quorum: Quorum, opened: float, now: f
         return Join(round_)
     joined = view.joined.get(round_, {})
     previous = state.get("previous") or []
-    order = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
-    if not _may_complete(order, previous, view, dead, quorum, now - opened):
+    everyone = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
+    cut = excluded(everyone, view.reports)
+    if me.node in cut:
+        return Wait()  # the others cannot reach this node (or it them): they go on without it
+    order = [n for n in everyone if n not in cut]
+    if not _may_complete(order, everyone, previous, view, dead, quorum, now - opened):
         return Wait()
-    # One node completes the round: the first of its order still alive. It alone asks about
-    # every joiner, so a re-form costs each node one probe, not one per joiner.
-    if next((n for n in order if n == me.node or not dead(n)), None) != me.node:
+    # One node completes the round: the first of its order it reaches itself. It alone asks
+    # about every joiner, so a re-form costs each node one probe, not one per joiner.
+    if next((n for n in order if n == me.node or reach(n)), None) != me.node:
         return Wait()
-    # A joiner lost since it joined (a second eviction while the group re-forms) would be a
-    # rank the others wait for: only the live ones become members.
-    alive = [n for n in order if n == me.node or not dead(n)]
-    if alive != order and not _may_complete(alive, previous, view, dead, quorum, now - opened):
+    # Only joiners whose probe this node saw answered become members. One lost since it joined
+    # (a second eviction while the group re-forms) is left out; one it cannot reach although
+    # it lives holds the round until the reports filed meanwhile leave one side out.
+    alive = [n for n in order if n == me.node or reach(n)]
+    if any(n not in alive and not dead(n) for n in order):
+        return Wait()
+    if alive != order and not _may_complete(
+        alive, everyone, previous, view, dead, quorum, now - opened
+    ):
         return Wait()
     chosen = alive[: quorum.max_nodes]
     done = {"round": round_, "members": chosen, "previous": previous, "master": joined[chosen[0]]}
@@ -195,18 +256,21 @@ def decide(view: View, me: Me, dead: Dead, quorum: Quorum, opened: float, now: f
 
 def _may_complete(
     joiners: list[str],
+    joined: list[str],
     previous: list[str],
     view: View,
     dead: Dead,
     quorum: Quorum,
     open_for_s: float,
 ) -> bool:
+    """``joiners``: the candidates for members; ``joined``: every node that joined, the
+    excluded ones too (a node the round waits for has joined once it wrote its key)."""
     if len(joiners) < quorum.min_nodes:
         return False
     if len(joiners) >= quorum.max_nodes:
         return True
     expected = set(previous) | {n for n, info in view.nodes.items() if not info["left"]}
-    if any(n not in joiners and not dead(n) for n in expected):
+    if any(n not in joined and not dead(n) for n in expected):
         return False
     # A group that starts afresh (the first round, or none of the last round's members
     # survived) waits a last call for nodes that have not even registered yet.
@@ -219,18 +283,34 @@ class Reform:
     """Why the running group must re-form, and the nodes that make it so."""
 
     reason: str
-    """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone."""
+    """``round``: a new round opened; ``joining``: nodes wait to join; ``lost``: members gone;
+    ``unreachable``: this node's probes get no connection to the next member in the order."""
     nodes: tuple[str, ...] = ()
 
 
 def must_reform(
-    view: View, me: Me, max_nodes: int, lost: Dead, waiting_dead: Dead
+    view: View,
+    me: Me,
+    max_nodes: int,
+    lost: Dead,
+    waiting_dead: Dead,
+    reached: Reached | None = None,
+    unreachable: Dead | None = None,
 ) -> Reform | None:
     """Whether this node's running group must re-form (the agent's ``num_nodes_waiting``).
 
     ``lost`` judges a member cheaply (its key, its held answer); ``waiting_dead`` probes a
-    registered non-member, whose key outlives a killed node by up to a TTL.
+    registered non-member, whose key outlives a killed node by up to a TTL. A non-member waits
+    to join only once this node reaches it and the reports would not leave it out again: a
+    node cut off from the group is no reason to re-form until the partition heals.
+
+    ``unreachable`` probes one member, the next after this node in the order (a ring: every
+    member is watched by one peer, at one probe per node per heartbeat period), and says
+    whether its probes get no connection while its key is fresh (a partition, not a frozen
+    process): the group then re-forms before the workers' collective times out, which would
+    spend a restart on every node.
     """
+    reach = reached or (lambda n: not waiting_dead(n))
     state = view.state
     if state is None or not me.round:
         return None
@@ -238,8 +318,21 @@ def must_reform(
         return Reform("round")
     members = state["members"]
     if len(members) < max_nodes:
-        waiting = tuple(n for n in view.nodes if n not in members and not waiting_dead(n))
+        waiting = tuple(
+            n
+            for n in view.nodes
+            if n not in members
+            and not waiting_dead(n)
+            and reach(n)
+            and n not in excluded([*members, n], view.reports)
+        )
         if waiting:
             return Reform("joining", waiting)
     gone = tuple(m for m in members if m != me.node and lost(m))
-    return Reform("lost", gone) if gone else None
+    if gone:
+        return Reform("lost", gone)
+    if unreachable is not None and me.node in members and len(members) > 1:
+        watched = members[(members.index(me.node) + 1) % len(members)]
+        if unreachable(watched):
+            return Reform("unreachable", (watched,))
+    return None

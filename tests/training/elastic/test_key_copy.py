@@ -51,6 +51,18 @@ def test_a_read_orders_each_rounds_joiners_by_the_creation_of_their_keys() -> No
     assert seen == {"a": node("a")} and view.etcd_index == 10
 
 
+def test_reports_of_unreachable_peers_are_read_filed_and_withdrawn_through_the_copy() -> None:
+    copy = KeyCopy(ROOT)
+    copy.load([kv("nodes/a", node("a"), 3), kv("unreachable/a/c", "", 4)], 4)
+    assert copy.view().reports == {"a": {"c"}}
+    copy.apply([Event(kv("unreachable/b/c", "", 5), deleted=False)])
+    assert copy.view().reports == {"a": {"c"}, "b": {"c"}}
+    copy.apply([gone("unreachable/a/c", 6)])  # c answered a again
+    assert copy.view().reports == {"b": {"c"}}
+    copy.load([kv("nodes/a", node("a"), 3)], 7)  # a fresh read after a broken watch
+    assert copy.view().reports == {}
+
+
 def test_events_update_the_copy_and_an_earlier_view_stays_as_it_was() -> None:
     copy = KeyCopy(ROOT)
     copy.load([kv("nodes/a", node("a"), 3), kv("join/1/a", {}, 4)], 4)

@@ -550,3 +550,55 @@ def test_a_node_whose_probe_was_refused_once_and_then_answers_is_in_the_next_rou
     assert completer._dead(flapped.node, completer.keys.current_view(), probe_live=True)
     infos = nodes.join(*handlers.values())  # the three re-form; the probe answers again
     assert refused and ranks(infos) == [(0, 3), (1, 3), (2, 3)]
+
+
+def _reports(handler: SpotRendezvousHandler) -> set[tuple[str, str]]:
+    """The reports etcd holds now, as (reporter, target)."""
+    kvs, _ = handler.client.range(f"{handler.root}/unreachable/")
+    return {tuple(kv.key.rsplit("/", 2)[-2:]) for kv in kvs}  # type: ignore[misc]
+
+
+def test_a_member_cut_off_while_its_key_is_fresh_is_reported_until_it_answers_again(
+    nodes: Nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node cut off from its peers but not from etcd: its key stays fresh, its probe silent.
+    a, b = nodes.new(), nodes.new()
+    nodes.join(a, b)
+    real_probe = liveness.probe
+
+    def cut_off_b(addr: str, port: int, node_id: str, timeout_s: float) -> Verdict:
+        if node_id == b.node:
+            return Verdict.UNREACHABLE  # no SYN-ACK: the network, not b's process
+        return real_probe(addr, port, node_id, timeout_s)
+
+    monkeypatch.setattr(liveness, "probe", cut_off_b)
+    a.detector.forget()
+    view = a.keys.current_view()
+    assert not a._dead(b.node, view, probe_live=True)  # not dead: its key is fresh
+    assert not a.detector.reached(b.node, view.nodes[b.node])  # but no member a completes with
+    assert _reports(a) == {(a.node, b.node)}
+    # The ring: a watches b, the next member; no way to b re-forms the group, spending no
+    # restart, long before the workers' collective would time out.
+    wait_until(lambda: a.num_nodes_waiting() > 0, 10, "a to re-form without the silent b")
+    monkeypatch.setattr(liveness, "probe", real_probe)
+    a.detector.forget()
+    assert a.detector.reached(b.node, a.keys.current_view().nodes[b.node])
+    assert _reports(a) == set()  # it answers again: the report is withdrawn
+
+
+def test_a_frozen_agent_is_no_reason_for_the_ring_its_key_decides(nodes: Nodes) -> None:
+    # Its kernel still completes the handshake; only the network's silence (no SYN-ACK, no
+    # route) is a partition. An agent stopped while its workers train on must not re-form the
+    # group before its key expires (tests/training/test_agent_stop.py).
+    nodes.timing = dataclasses.replace(TIMING, keep_alive_max_attempt=60)  # the key outlives it
+    a, b = nodes.new(), nodes.new()
+    nodes.join(a, b)
+    listener = freeze(b)
+    try:
+        view = a.keys.current_view()
+        a.detector.retry_s = 0.0  # every look probes afresh: three silent probes in a row
+        for _ in range(3):
+            assert not a.detector.unanswered(b.node, view.nodes[b.node])
+        assert a.num_nodes_waiting() == 0
+    finally:
+        listener.close()

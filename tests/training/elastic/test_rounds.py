@@ -1,12 +1,15 @@
 """The round logic alone (training/elastic/rounds.py): single decisions, then every interleaving of
-joins, leaves, kills, freezes and newcomers on a model of etcd, checked against the invariants.
+joins, leaves, kills, freezes, newcomers and partitions on a model of etcd, checked against the
+invariants.
 
 The model acts as the handler does on etcd's v3 API: one step of a node reads the keys,
 decides, and writes the state in a transaction that compares the state key's mod revision with
 the one it read (the model's ``index``, bumped by every write), atomically (a real node can lose
 a race between its read and its write, which only costs it the write). A lost node's keys
 behave as etcd's do: a killed node's key stays until its lease runs out, a frozen node's too,
-and a node that left says so.
+and a node that left says so. A node cut off from its peers (not from etcd) keeps its key;
+its peers' probes of it, and its probes of them, go unanswered, and each such probe files a
+report (training/elastic/reachability.py) that an answer withdraws, as the handler's do.
 """
 
 from __future__ import annotations
@@ -84,6 +87,63 @@ def test_the_first_live_node_of_the_order_completes_the_round_and_alone_probes_t
     assert isinstance(done, rounds.Swap) and done.state["members"] == ["a", "d"]
 
 
+def test_a_joiner_the_completer_cannot_reach_holds_the_round_though_its_key_is_fresh() -> None:
+    # Before, a probe with no answer counted as alive while the node's key was fresh: the round
+    # completed with a node its peers could not reach, and failed in init_process_group.
+    view = _view(_open(2, ["a", "b", "c"]), {2: ["a", "b", "c"]}, dict.fromkeys("abc", False))
+    reached = lambda n: n != "c"  # noqa: E731 - c is cut off from a
+    action = rounds.decide(view, Me("a", 1, 2), lambda n: False, QUORUM, 0.0, 0.0, reached)
+    assert action == rounds.Wait()
+    view.reports = {"a": {"c"}}  # a's report, filed by its unanswered probe
+    done = rounds.decide(view, Me("a", 1, 2), lambda n: False, QUORUM, 0.0, 0.0, reached)
+    assert isinstance(done, rounds.Swap) and done.state["members"] == ["a", "b"]
+    # c, left out, neither completes nor waits to be a member
+    assert rounds.decide(view, Me("c", 1, 2), lambda n: False, QUORUM, 0.0, 0.0) == rounds.Wait()
+
+
+def test_the_reports_leave_out_the_node_cut_off_whichever_side_reported_first() -> None:
+    order = ["c", "a", "b"]  # c, cut off, is rank 0
+    assert rounds.excluded(order, {}) == set()
+    assert rounds.excluded(order, {"a": {"c"}, "b": {"c"}}) == {"c"}  # a majority reports c
+    assert rounds.excluded(order, {"c": {"a", "b"}}) == {"c"}  # c reports everyone
+    # One broken link of two nodes: the later in the order goes, so rank 0 keeps its place
+    # until more reports come (the completer needs answered probes of every member anyway).
+    assert rounds.excluded(order, {"a": {"b"}}) == {"b"}
+    assert rounds.excluded(order, {"a": {"c"}}) == {"a"}
+    assert rounds.excluded(order, {"a": {"c"}, "x": {"a"}}) == {"a"}  # x is not in the round
+
+
+def test_a_node_left_out_is_no_reason_to_reform_until_it_is_reached_and_not_reported() -> None:
+    state = {"round": 2, "members": ["a", "b"], "previous": ["a", "b", "c"], "master": MASTER}
+    view = _view(state, {2: ["a", "b", "c"]}, dict.fromkeys("abc", False))
+    me = Me("a", 2, 2)
+    never = lambda n: False  # noqa: E731
+    assert rounds.must_reform(view, me, 3, never, never, lambda n: n != "c") is None
+    view.reports = {"c": {"a", "b"}}  # healed for a, but c has not asked again yet
+    assert rounds.must_reform(view, me, 3, never, never, lambda n: True) is None
+    view.reports = {}
+    assert rounds.must_reform(view, me, 3, never, never, lambda n: True) == rounds.Reform(
+        "joining", ("c",)
+    )
+
+
+def test_each_member_watches_the_next_in_the_order_and_reforms_when_it_stops_answering() -> None:
+    state = {"round": 2, "members": ["a", "b", "c"], "previous": [], "master": MASTER}
+    view = _view(state, {2: ["a", "b", "c"]}, dict.fromkeys("abc", False))
+    never = lambda n: False  # noqa: E731
+    asked: list[str] = []
+
+    def unreachable(n: str) -> bool:
+        asked.append(n)
+        return n == "a"
+
+    for me, watched in (("a", "b"), ("b", "c")):
+        assert rounds.must_reform(view, Me(me, 2, 2), 3, never, never, None, unreachable) is None
+        assert asked.pop() == watched  # one probe, of the next member
+    reform = rounds.must_reform(view, Me("c", 2, 2), 3, never, never, None, unreachable)
+    assert reform == rounds.Reform("unreachable", ("a",)) and asked == ["a"]  # the ring closes
+
+
 def test_only_a_group_that_starts_afresh_waits_a_last_call() -> None:
     first = _view(_open(1, []), {1: ["a"]}, {"a": False})
     assert rounds.decide(first, Me("a", 0, 1), lambda n: False, QUORUM, 0.0, 0.5) == rounds.Wait()
@@ -133,9 +193,48 @@ class World:
     history: tuple[tuple[int, tuple[str, ...]], ...]
     late: bool = False  # the first round's last call has run out
     faults: tuple[str, ...] = ()
+    cut: frozenset[str] = frozenset()
+    """Nodes cut off from every peer, not from etcd."""
+    reports: frozenset[tuple[str, str]] = frozenset()
+    """(reporter, target): the reports' keys in etcd."""
+    restarts: frozenset[tuple[str, int]] = frozenset()
+    """Restarts each node spent: its workers failed in a group it could not reach."""
 
     def node(self, name: str) -> Node:
         return dict(self.nodes)[name]
+
+
+def _apart(world: World, a: str, b: str) -> bool:
+    return a != b and (a in world.cut or b in world.cut)
+
+
+def _answers(world: World, prober: str, name: str) -> bool:
+    """``prober``'s probe of ``name`` is answered."""
+    return world.node(name).status == UP and not _apart(world, prober, name)
+
+
+def _prober(world: World, prober: str) -> tuple[rounds.Reached, list[tuple[str, bool]]]:
+    """``reached`` as the handler's detector gives it, and the reports its probes file (True)
+    or withdraw (False): unanswered with a fresh key files one, an answer withdraws it."""
+    effects: list[tuple[str, bool]] = []
+
+    def reached(name: str) -> bool:
+        node = world.node(name)
+        answered = _answers(world, prober, name)
+        if answered:
+            effects.append((name, False))
+        elif node.keyed and node.status in (UP, FROZEN):  # no answer, not a refusal
+            effects.append((name, True))
+        return answered
+
+    return reached, effects
+
+
+def _report(world: World, prober: str, effects: list[tuple[str, bool]]) -> World:
+    reports = set(world.reports)
+    for target, filed in effects:
+        (reports.add if filed else reports.discard)((prober, target))
+    return replace(world, reports=frozenset(reports))
 
 
 def _dead(world: World, name: str) -> bool:
@@ -163,7 +262,13 @@ def _view_of(world: World) -> View:
         if node.keyed
     }
     joined = {r: {n: MASTER for n in ns} for r, ns in world.joined}
-    return View(state=state, state_index=world.index, nodes=keyed, joined=joined)
+    reports: dict[str, set[str]] = {}
+    for reporter, target in world.reports:
+        # A report lives on its reporter's lease: gone once the key expired, or the node left
+        # (leave revokes the lease).
+        if world.node(reporter).keyed and world.node(reporter).status != LEFT:
+            reports.setdefault(reporter, set()).add(target)
+    return View(state=state, state_index=world.index, nodes=keyed, joined=joined, reports=reports)
 
 
 def _set(world: World, name: str, **changes: object) -> World:
@@ -175,7 +280,20 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
     node = world.node(name)
     me = Me(name, node.me_round, node.joined_round)
     now = 10.0 if world.late else 0.0
-    action = rounds.decide(_view_of(world), me, lambda n: _dead(world, n), quorum, 0.0, now)
+    # As the handler does first: ask again every peer reported (a healed partition), and
+    # withdraw the report of one whose key is gone.
+    reached, effects = _prober(world, name)
+    for reporter, target in world.reports:
+        if reporter == name:
+            if world.node(target).keyed:
+                reached(target)
+            else:
+                effects.append((target, False))
+    world = _report(world, name, effects)
+    reached, effects = _prober(world, name)
+    view = _view_of(world)
+    action = rounds.decide(view, me, lambda n: _dead(world, n), quorum, 0.0, now, reached)
+    world = _report(world, name, effects)
     if isinstance(action, rounds.Create) and world.state is None:
         s = action.state
         return replace(world, state=(s["round"], None, ()), index=world.index + 1)
@@ -188,6 +306,8 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
         if members is not None:
             lost = [m for m in members if _dead(world, m)]
             assert not lost, f"round {s['round']} completed with {lost} lost: {world.faults}"
+            apart = [m for m in members if any(_apart(world, m, o) for o in members)]
+            assert not apart, f"round {s['round']} completed with {apart} cut off: {world.faults}"
             world = replace(world, history=(*world.history, (s["round"], members)))
         return world
     if isinstance(action, rounds.Join):
@@ -204,14 +324,44 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
 
 def _monitor(world: World, name: str, quorum: Quorum) -> World:
     node = world.node(name)
+    reached, effects = _prober(world, name)
+
+    def unreachable(n: str) -> bool:
+        """The ring's check: no connection to the next member (cut off, or refused) while its
+        key is fresh. A frozen process still completes the handshake: its key decides."""
+        peer = world.node(n)
+        answered = reached(n)  # files or withdraws the report, as the handler's probe does
+        no_way = _apart(world, name, n) or peer.status == KILLED
+        return peer.keyed and peer.status != LEFT and not answered and no_way
+
     reform = rounds.must_reform(
         _view_of(world),
         Me(name, node.me_round, node.joined_round),
         quorum.max_nodes,
         lambda n: _lost(world, n),
         lambda n: _dead(world, n),
+        reached,
+        unreachable,
     )
+    world = _report(world, name, effects)
     return world if reform is None else _set(world, name, in_round=True)
+
+
+def _fails(world: World, name: str) -> bool:
+    """Its workers train in the current round with a member they cannot reach: their
+    collective fails (the agent spends a restart and enters the next round)."""
+    node = world.node(name)
+    state = world.state
+    if node.status != UP or node.in_round or state is None or state[1] is None:
+        return False
+    return node.me_round == state[0] and any(_apart(world, name, m) for m in state[1])
+
+
+def _fail(world: World, name: str) -> World:
+    spent = dict(world.restarts)
+    spent[name] = spent.get(name, 0) + 1
+    world = replace(world, restarts=frozenset(spent.items()))
+    return _set(world, name, in_round=True)
 
 
 def _fault(world: World, fault: str) -> World:
@@ -230,6 +380,10 @@ def _fault(world: World, fault: str) -> World:
         return _set(world, name, status=UP, keyed=True)
     if kind == "arrive":  # a new pod's agent registers and joins
         return replace(world, nodes=(*world.nodes, (name, Node(in_round=True))))
+    if kind == "cut":  # cut off from its peers, not from etcd: its key stays fresh
+        return replace(world, cut=world.cut | {name})
+    if kind == "heal":
+        return replace(world, cut=world.cut - {name})
     raise AssertionError(fault)
 
 
@@ -251,6 +405,8 @@ def _moves(world: World, plan: tuple[str, ...], quorum: Quorum) -> Iterator[Worl
     for name, node in world.nodes:
         if node.status == UP:
             yield (_step if node.in_round else _monitor)(world, name, quorum)
+        if _fails(world, name):
+            yield _fail(world, name)
 
 
 def _two_groups(world: World) -> list[int]:
@@ -276,6 +432,8 @@ def _settle(world: World, quorum: Quorum) -> World:
     for _ in range(60):
         before = world
         for name, _ in world.nodes:
+            if _fails(world, name):
+                world = _fail(world, name)
             if world.node(name).status == UP:
                 world = (_step if world.node(name).in_round else _monitor)(world, name, quorum)
         if world == before:
@@ -291,6 +449,10 @@ PLANS = {
     "a frozen member, for good": ("freeze:a", "expire:a"),
     "a kill, then a new node": ("kill:c", "arrive:d", "expire:c"),
     "an eviction while a new node joins": ("arrive:d", "evict:b"),
+    "a node cut off from its peers, for good": ("cut:c",),
+    "rank 0 cut off from its peers, for good": ("cut:a",),
+    "a node cut off, then the partition heals": ("cut:c", "heal:c"),
+    "a node cut off, then a peer killed": ("cut:c", "kill:b", "expire:b"),
 }
 
 
@@ -318,12 +480,17 @@ def explore(plan: tuple[str, ...]) -> int:
         world = queue.popleft()
         assert len(_two_groups(world)) <= 1, (world.faults, _two_groups(world))
         assert world.state is None or world.state[0] < 12, f"rounds never end: {world.faults}"
+        # A partition costs each node at most one restart: its group's first collective.
+        cuts = sum(1 for f in world.faults if f.startswith("cut:"))
+        assert all(spent <= cuts for _, spent in world.restarts), (world.faults, world.restarts)
         if len(world.faults) == len(plan):
             settled = _settle(world, quorum)
-            live = {n for n, node in settled.nodes if node.status == UP}
+            live = {n for n, node in settled.nodes if node.status == UP} - settled.cut
             round_, final, _ = settled.state
             assert final is not None and set(final) == live, (world.faults, settled.state)
-            assert not rounds.first_round({"round": round_, "members": None})
+            # Re-formed (so no longer the first round), unless nothing took effect: a cut
+            # healed before any collective failed.
+            assert round_ > 1 or set(final) == set(members), (world.faults, settled.state)
             assert all(settled.node(n).me_round == round_ for n in live)
         for nxt in _moves(world, plan, quorum):
             if nxt not in seen:

@@ -1,0 +1,131 @@
+"""Nodes on a network of their own, and a partition on cue: each node in a network namespace.
+
+Each node runs in a namespace of its own (``ip netns``), its ``eth0`` one end of a veth pair
+whose other end is on a bridge in the host's namespace; the bridge holds the host's address, on
+which etcd listens. ``cut(node)`` adds, inside that node's namespace, a blackhole route to every
+other node's address (``ip route add blackhole``): whatever the node sends its peers is dropped
+without a word, and so are its replies to them (a SYN from a peer arrives, its SYN-ACK is
+dropped), so to its peers it is a gray failure, a node that sends nothing back, while its own
+traffic to etcd, through the bridge, flows on. ``heal(node)`` removes those routes.
+
+Needs root (``CAP_NET_ADMIN``) and iproute2; ``unavailable()`` says why not, for a test to
+skip. Every name carries a random tag, so two runs on one machine never meet, and ``close()``
+removes what was made (a namespace's veth goes with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import uuid
+from types import TracebackType
+
+IFNAME = "eth0"
+"""The node's interface inside its namespace: the name GLOO_SOCKET_IFNAME gives gloo."""
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    command = ["ip", *(["-n", ns] if ns else []), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(command)}: {done.stderr.strip() or done.returncode}")
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here, or None when they can."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "making network namespaces needs root (CAP_NET_ADMIN)"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    probe = f"spl{uuid.uuid4().hex[:8]}"
+    try:
+        _ip("netns", "add", probe)
+    except OSError as exc:
+        return f"cannot make a network namespace: {exc}"
+    with contextlib.suppress(OSError):
+        _ip("netns", "del", probe)
+    return None
+
+
+class Network:
+    """A bridge on the host and one namespace per node; a context manager that removes them."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        tag = uuid.uuid4().hex[:5]
+        self.bridge = f"spl{tag}"
+        # A /24 of 10.0.0.0/8 picked at random: another run, or the host's own, is unlikely
+        # to use it; ``start`` fails loudly if the kernel refuses it.
+        net = f"10.{random.randint(160, 250)}.{random.randint(0, 255)}"
+        self.host_addr = f"{net}.1"
+        self.namespaces = {n: f"spl{tag}-{n}" for n in nodes}
+        self.addrs = {n: f"{net}.{10 + i}" for i, n in enumerate(nodes)}
+        self._veths = {n: f"spl{tag}v{i}" for i, n in enumerate(nodes)}
+        self.cut_off: set[str] = set()
+
+    def start(self) -> Network:
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.host_addr}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for node, ns in self.namespaces.items():
+                _ip("netns", "add", ns)
+                veth = self._veths[node]
+                _ip("link", "add", veth, "type", "veth", "peer", "name", IFNAME, "netns", ns)
+                _ip("link", "set", veth, "master", self.bridge)
+                _ip("link", "set", veth, "up")
+                _ip("link", "set", "lo", "up", ns=ns)
+                _ip("addr", "add", f"{self.addrs[node]}/24", "dev", IFNAME, ns=ns)
+                _ip("link", "set", IFNAME, "up", ns=ns)
+        except OSError:
+            self.close()
+            raise
+        return self
+
+    def command(self, node: str, argv: list[str]) -> list[str]:
+        """``argv`` run inside ``node``'s namespace (``ip netns exec`` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.namespaces[node], *argv]
+
+    def env(self, node: str) -> dict[str, str]:
+        """What a training node in the namespace needs: the address its peers reach it at
+        (torchrun's ``--local-addr``: its join key, rank 0's MASTER_ADDR) and gloo's
+        interface."""
+        return {"PET_LOCAL_ADDR": self.addrs[node], "GLOO_SOCKET_IFNAME": IFNAME}
+
+    def cut(self, node: str) -> None:
+        """Cut ``node`` off from every other node, not from the host (etcd)."""
+        for peer, addr in self.addrs.items():
+            if peer != node:
+                _ip("route", "add", "blackhole", f"{addr}/32", ns=self.namespaces[node])
+        self.cut_off.add(node)
+
+    def heal(self, node: str) -> None:
+        """``node`` reaches its peers again."""
+        for peer, addr in self.addrs.items():
+            if peer != node:
+                with contextlib.suppress(OSError):
+                    _ip("route", "del", "blackhole", f"{addr}/32", ns=self.namespaces[node])
+        self.cut_off.discard(node)
+
+    def close(self) -> None:
+        """Remove every namespace (its veth goes with it) and the bridge."""
+        for ns in self.namespaces.values():
+            with contextlib.suppress(OSError):
+                _ip("netns", "del", ns)
+        with contextlib.suppress(OSError):
+            _ip("link", "del", self.bridge)
+
+    def __enter__(self) -> Network:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
