@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bench import suite
 from bench.chaos import campaign, command
 from bench.chaos.command import build_parser, plan_from_args
 from bench.chaos.plan import ChaosPlan
@@ -195,3 +196,14 @@ def test_partitions_where_namespaces_cannot_be_made_name_the_flag_that_leaves_th
     plan = plan_from_args(build_parser().parse_args(["--no-partitions"]))
     assert not plan.partitions
     command.check_partitions(plan)  # nothing to make
+
+
+def test_the_whole_benchmark_leaves_partitions_out_where_namespaces_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(suite.netns, "unavailable", lambda: "making namespaces needs root")
+    assert not suite.chaos_plan(ChaosPlan(), said.append).partitions
+    assert said == ["chaos: no partitions (making namespaces needs root)"]
+    monkeypatch.setattr(suite.netns, "unavailable", lambda: None)
+    assert suite.chaos_plan(ChaosPlan(), said.append).partitions and len(said) == 1
