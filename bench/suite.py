@@ -8,6 +8,7 @@ turns the results into the printed tables.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from bench.scenarios import FAULT_KINDS, RecoveryPlan, SteadyPlan
 from bench.steady_state import measure_steady_state
 from bench.tables import breakdown_table, recovery_table, stall_table, steady_table, targets_table
 from bench.targets import recovery_targets, stall_targets, steady_target
+from lab.local import netns
 from training.data.cifar10 import write_synthetic_cifar10
 
 DATA_RECORDS = 4096
@@ -120,6 +122,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def chaos_plan(plan: ChaosPlan, say: Callable[[str], None]) -> ChaosPlan:
+    """``plan``, without partitions where network namespaces cannot be made: they need root,
+    and the rest of the benchmark does not."""
+    reason = netns.unavailable() if plan.partitions else None
+    if reason is None:
+        return plan
+    say(f"chaos: no partitions ({reason})")
+    return dataclasses.replace(plan, partitions=False)
+
+
 def run_bench(
     config: BenchConfig,
     out_dir: Path,
@@ -165,7 +177,7 @@ def run_bench(
     if config.chaos_schedules:
         say(f"chaos: {config.chaos_schedules} schedule(s) of overlapping faults ...")
         campaign = run_campaign(
-            config.chaos,
+            chaos_plan(config.chaos, say),
             seed=config.chaos_seed,
             schedules=config.chaos_schedules,
             out=out_dir / "chaos",

@@ -128,7 +128,9 @@ def run_campaign(
     interrupted = False
     try:
         for index in range(schedules):
-            schedule = random_schedule(seed + index, plan.nodes, plan.faults, plan.nproc_per_node)
+            schedule = random_schedule(
+                seed + index, plan.nodes, plan.faults, plan.nproc_per_node, plan.partitions
+            )
             result = run_schedule(
                 schedule,
                 plan,

@@ -14,7 +14,7 @@ from types import FrameType
 
 from bench.chaos.campaign import ReferenceRunError, run_campaign, summary_table
 from bench.chaos.plan import ChaosPlan
-from lab.local import process_tree
+from lab.local import netns, process_tree
 from lab.local.etcd_server import EtcdError
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bench chaos",
         description="Random schedules of overlapping faults (evict, kill, freeze, a freeze that "
         "comes back, also during an upload, join, etcd outage, evict-all then new nodes, SIGTERM "
-        "during a restore or an upload, a slow or failing store), 0-3 s apart, on real agents "
-        "with 1 or 2 processes each; every schedule is checked against the job's invariants. "
-        "Exit 1 when any is violated.",
+        "during a restore or an upload, a slow or failing store, a node cut off from its "
+        "peers), 0-3 s apart, on real agents with 1 or 2 processes each; every schedule is "
+        "checked against the job's invariants. Exit 1 when any is violated.",
     )
     parser.add_argument(
         "--schedules", type=int, default=DEFAULT_SCHEDULES, help=f"(default {DEFAULT_SCHEDULES})"
@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="training processes per node, one of these drawn per schedule (default 1,2)",
     )
     parser.add_argument(
+        "--no-partitions",
+        dest="partitions",
+        action="store_false",
+        help="draw no partition (a node cut off from its peers, not from etcd): it needs "
+        "network namespaces, so root",
+    )
+    parser.add_argument(
         "--out", type=Path, help="output dir (default bench-results/chaos-<timestamp>); must be new"
     )
     return parser
@@ -77,9 +84,19 @@ def plan_from_args(args: argparse.Namespace) -> ChaosPlan:
         faults=(low, high),
         max_steps=args.max_steps,
         nproc_per_node=nprocs,
+        partitions=args.partitions,
     )
     plan.validate()
     return plan
+
+
+def check_partitions(plan: ChaosPlan) -> None:
+    """ValueError naming --no-partitions when partitions are drawn but cannot be made here."""
+    reason = netns.unavailable() if plan.partitions else None
+    if reason is not None:
+        raise ValueError(
+            f"a partition needs network namespaces: {reason}; run as root or pass --no-partitions"
+        )
 
 
 def _out_dir(path: Path | None) -> Path:
@@ -100,6 +117,7 @@ def _say(line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    check_partitions(plan)
     if args.schedules < 1:
         raise ValueError(f"--schedules must be >= 1, got {args.schedules}")
     out = _out_dir(args.out)

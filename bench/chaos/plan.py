@@ -34,6 +34,8 @@ class ChaosPlan:
     """The eviction save's deadline (shorter than the cluster's 25 s: schedules stay short)."""
     timeout_s: float = 480.0
     """A schedule that has not finished by then ends as ``timeout`` (a violation)."""
+    partitions: bool = True
+    """Schedules may draw a partition (its nodes then run in network namespaces: root)."""
 
     @property
     def grace_s(self) -> float:

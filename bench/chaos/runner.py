@@ -12,6 +12,10 @@ place (no new node takes it, as its pod is not replaced while its VM may return)
 group re-formed without it (a worker of another node started after the freeze) it gets
 SIGCONT ``thaw_s`` later and is a live node again, whatever it then does.
 
+A partitioned node (``partition``) stays a live node: a blackhole route to every peer in its
+network namespace (``lab/local/netns.py``) cuts it off from them, not from etcd or the store,
+and ``seconds`` later the routes go (``healed``). Nothing is sent to its processes.
+
 Everything it does is logged (``actions``, and ``chaos_fault`` lines in the lab's event log)
 for the invariants (``bench/chaos/invariants.py``). After each durable acknowledgement in the
 records it checks the store at once: the newest checkpoint that verifies must be at least
@@ -28,6 +32,7 @@ from typing import Any
 
 from bench.chaos.schedule import ChaosFault, Schedule
 from lab.local.etcd_server import EmbeddedEtcd
+from lab.local.netns import Network
 from lab.local.node import wait_for_exit
 from lab.local.runner import FaultRunner, RunOutcome, _FollowUp
 from lab.report.node_logs import LogTail, Record
@@ -128,6 +133,10 @@ class ChaosRunner(FaultRunner):
     _armed: list[Armed] = field(default_factory=list)
     _topped_up: bool = False
     _paused: dict[int, Paused] = field(default_factory=dict)
+    network: Network | None = None
+    """The nodes' network, when the schedule holds a partition."""
+    _heals: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time.monotonic() due, node, fault index) of every partition still to heal."""
 
     # -- the schedule's clock ---------------------------------------------------------------
     def _maybe_inject(self) -> None:
@@ -141,6 +150,7 @@ class ChaosRunner(FaultRunner):
         self._fire_uploads()
         self._expire(now)
         self._thaw_due(now)
+        self._heal_due(now)
         faults = self.schedule.faults if self.schedule else ()
         if self._index < len(faults) and now >= self._last + faults[self._index].gap_s:
             self._run(self._index, faults[self._index])
@@ -156,6 +166,7 @@ class ChaosRunner(FaultRunner):
             and self._etcd_back is None
             and not self._armed
             and not self._paused
+            and not self._heals
         )
 
     def _nodes_expected(self) -> bool:
@@ -193,6 +204,8 @@ class ChaosRunner(FaultRunner):
                     target, fault
                 )
             self._act(index, kind, [self.nodes[target].name])
+        elif kind == "partition":
+            self._partition(index, fault)
         elif kind == "join":
             if len(self.live) + len(self._paused) >= self.scenario.max_nodes:
                 self._act(index, kind, [], landed=False, why="max nodes run")
@@ -275,6 +288,25 @@ class ChaosRunner(FaultRunner):
                 of=paused.fault.kind,
             )
 
+    def _partition(self, index: int, fault: ChaosFault) -> None:
+        target = self._pick(fault)
+        if target is None or self.network is None:
+            why = "no live node" if target is None else "no network namespaces"
+            self._act(index, fault.kind, [], landed=False, why=why)
+            return
+        name = self.nodes[target].name
+        self.network.cut(name)
+        self._heals.append((time.monotonic() + fault.seconds, target, index))
+        self._act(index, fault.kind, [name], seconds=fault.seconds)
+
+    def _heal_due(self, now: float, every: bool = False) -> None:
+        for due, number, index in [h for h in self._heals if every or h[0] <= now]:
+            self._heals.remove((due, number, index))
+            name = self.nodes[number].name
+            if self.network is not None and not any(h[1] == number for h in self._heals):
+                self.network.heal(name)  # an overlapping cut of the same node lasts to its end
+            self._act(index, "healed", [name], early=now < due)
+
     def _stopped(self, number: int) -> None:
         """Node ``number`` leaves the job: not restarted in place, whatever its code."""
         self.live.discard(number)
@@ -352,7 +384,8 @@ class ChaosRunner(FaultRunner):
     def _finish(self) -> RunOutcome:
         """An evicted node still saving gets its grace, a frozen one is deleted at its time:
         the end of training does not cut their endings short; a node still paused never came
-        back in time: it is deleted."""
+        back in time: it is deleted; a partition still on heals."""
+        self._heal_due(time.monotonic(), every=True)
         for number, paused in list(self._paused.items()):
             del self._paused[number]
             self.nodes[number].kill()

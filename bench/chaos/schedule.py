@@ -11,6 +11,11 @@ added; those come from a second stream of the same seed (``_extra``): a drawn ``
 one, or becomes a ``thaw`` or a ``thaw-upload``, and the schedule's processes per node are
 drawn from the plan's choices. So an old seed still draws its old faults, at the same times,
 on the same nodes; only some of its freezes now come back.
+
+A ``partition`` comes from the second stream too, after all of its earlier draws: in some
+schedules (``PARTITION_SHARE``) it is put between two faults of the first stream, at a point
+where at least two nodes are expected to run, its gap carved out of the next fault's, so every
+other fault keeps its time.
 """
 
 from __future__ import annotations
@@ -39,7 +44,14 @@ DRAWN = (*NODE_FAULTS, "join", "etcd", "evict-all", *TRIGGERED, *STORE_FAULTS)
 """The kinds the first stream draws from (its order is part of every old seed's schedule).
 ``join`` starts a new node; ``etcd`` stops etcd for ``seconds``; ``evict-all`` evicts every
 live node and starts ``nodes`` new ones ``seconds`` later."""
-KINDS = (*DRAWN, *THAWS)
+PARTITION = "partition"
+"""A node cut off from its peers (not from etcd, nor the durable store) for ``seconds``, then
+healed: a blackhole route to every peer in its network namespace (lab/local/netns.py). It
+stays a live node: the rendezvous leaves it out without a restart, and takes it back."""
+KINDS = (*DRAWN, *THAWS, PARTITION)
+PARTITION_SHARE = 0.4
+"""The share of schedules that hold a partition."""
+PARTITION_S = (3.0, 15.0)
 MAX_GAP_S = 3.0
 ARM_S = 12.0
 MAX_THAW_S = 6.0
@@ -56,7 +68,7 @@ class ChaosFault:
     """Which live node, as a fraction of the live nodes in name order."""
     seconds: float = 0.0
     """etcd: down; freeze: frozen until deleted; evict-all: until the new nodes start; store
-    faults and the triggered ones: how long the store misbehaves."""
+    faults and the triggered ones: how long the store misbehaves; partition: until healed."""
     delay_s: float = 0.0
     """store-slow and the triggered faults: the store's delay per call."""
     nodes: int = 0
@@ -76,6 +88,7 @@ class ChaosFault:
             "sigterm-upload": f" (store {self.delay_s:.1f}s/upload)",
             "thaw": f" {self.thaw_s:.1f}s after the re-form (>= {self.seconds:.1f}s)",
             "thaw-upload": f" (store {self.delay_s:.1f}s/upload), {self.thaw_s:.1f}s after",
+            "partition": f" for {self.seconds:.1f}s",
         }.get(self.kind, "")
         return f"+{self.gap_s:.1f}s {self.kind}{detail}"
 
@@ -153,19 +166,50 @@ def _live_after(fault: ChaosFault, live: int) -> int:
 
 
 def random_schedule(
-    seed: int, nodes: int, faults: tuple[int, int], nprocs: tuple[int, ...] = (1,)
+    seed: int,
+    nodes: int,
+    faults: tuple[int, int],
+    nprocs: tuple[int, ...] = (1,),
+    partitions: bool = True,
 ) -> Schedule:
     """The schedule of ``seed``: between ``faults[0]`` and ``faults[1]`` faults on a job of
     ``nodes`` nodes (also its most), each ``0 <= gap_s <= MAX_GAP_S`` after the last, with one
     of ``nprocs`` processes per node. A thaw counts as a node lost (it may not come back in
-    time), as the freeze it was drawn as."""
+    time), as the freeze it was drawn as. ``partitions=False`` leaves the partition out (it
+    needs network namespaces); every other fault is drawn as with it."""
     rng, extra = random.Random(seed), _extra(seed)
     nproc = extra.choice(nprocs)
     count = rng.randint(*faults)
-    live, drawn = nodes, []
+    live, drawn, lives = nodes, [], []
     for _ in range(count):
+        lives.append(live)
         kind = rng.choice(_kinds_for(live, nodes))
         fault = draw_fault(rng, kind, nodes, round(rng.uniform(0.0, MAX_GAP_S), 2))
         live = _live_after(fault, live)
         drawn.append(_maybe_thaw(extra, fault))
-    return Schedule(seed, tuple(drawn), nproc)
+    lives.append(live)
+    with_partition = _maybe_partition(extra, drawn, lives)
+    return Schedule(seed, with_partition if partitions else tuple(drawn), nproc)
+
+
+def _maybe_partition(
+    extra: random.Random, drawn: list[ChaosFault], lives: list[int]
+) -> tuple[ChaosFault, ...]:
+    """``drawn`` with a partition put in before fault ``i`` (``len(drawn)``: after the last)
+    where ``lives[i]`` nodes are expected to run, at least two, in ``PARTITION_SHARE`` of the
+    schedules. Its gap is a share of fault ``i``'s, which keeps the rest (so every other
+    fault runs when it did)."""
+    roll, where, share = extra.random(), extra.random(), extra.random()
+    seconds, pick = round(extra.uniform(*PARTITION_S), 2), extra.random()
+    places = [i for i, live in enumerate(lives) if live >= 2]
+    if roll >= PARTITION_SHARE or not places:
+        return tuple(drawn)
+    at = places[min(int(where * len(places)), len(places) - 1)]
+    faults = list(drawn)
+    if at < len(faults):
+        gap = round(faults[at].gap_s * share, 2)
+        faults[at] = replace(faults[at], gap_s=round(faults[at].gap_s - gap, 2))
+    else:
+        gap = round(share * MAX_GAP_S, 2)
+    faults.insert(at, ChaosFault(PARTITION, gap, pick, seconds=seconds))
+    return tuple(faults)

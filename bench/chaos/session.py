@@ -19,9 +19,10 @@ import torch
 from bench.chaos.invariants import Evidence, check
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
-from bench.chaos.schedule import Schedule
+from bench.chaos.schedule import PARTITION, Schedule
 from lab.live.event_log import LabEventLog
-from lab.local.etcd_server import EmbeddedEtcd
+from lab.local.etcd_server import HOST, EmbeddedEtcd
+from lab.local.netns import Network
 from lab.local.node import TorchrunNode
 from lab.local.scenario import Scenario, validate_scenario
 from lab.local.session import NodeSet, lab_workspace
@@ -66,9 +67,9 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def _policy(scenario: Scenario, port: int) -> ElasticPolicy:
+def _policy(scenario: Scenario, port: int, host: str) -> ElasticPolicy:
     return ElasticPolicy(
-        rdzv_host="127.0.0.1",
+        rdzv_host=host,
         rdzv_port=port,
         rdzv_id=f"chaos-{uuid.uuid4().hex[:12]}",  # a closed rendezvous stays closed
         min_nodes=scenario.min_nodes,
@@ -94,16 +95,25 @@ def run_schedule(
     validate_scenario(scenario)
     out.mkdir(parents=True, exist_ok=False)
     with lab_workspace() as work, ExitStack() as stack:
-        etcd = stack.enter_context(EmbeddedEtcd(etcd_binary, work / "etcd", out / "etcd.log"))
+        # A partition needs each node in a network namespace, etcd on the bridge where they
+        # all reach it; the durable store is a directory, which every namespace sees.
+        network = None
+        if any(f.kind == PARTITION for f in schedule.faults):
+            network = stack.enter_context(Network([]))
+        host = network.host_addr if network is not None else HOST
+        etcd = stack.enter_context(
+            EmbeddedEtcd(etcd_binary, work / "etcd", out / "etcd.log", host=host)
+        )
         store = StoreControl(work / "store-control.jsonl", out / "store")
         nodes = stack.enter_context(
             ChaosNodes(
                 scenario,
-                _policy(scenario, etcd.client_port),
+                _policy(scenario, etcd.client_port, host),
                 work,
                 out / "nodes",
                 data_dir,
                 python,
+                network,
                 store=store,
             )
         )
@@ -120,6 +130,7 @@ def run_schedule(
             store=store,
             checkpoints=work / "checkpoints",
             grace_s=plan.grace_s,
+            network=network,
         )
         outcome = runner.run()
         final_codes = {node.name: node.poll() for node in nodes.nodes}

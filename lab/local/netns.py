@@ -9,8 +9,9 @@ dropped), so to its peers it is a gray failure, a node that sends nothing back, 
 traffic to etcd, through the bridge, flows on. ``heal(node)`` removes those routes.
 
 Needs root (``CAP_NET_ADMIN``) and iproute2; ``unavailable()`` says why not, for a test to
-skip. Every name carries a random tag, so two runs on one machine never meet, and ``close()``
-removes what was made (a namespace's veth goes with it).
+skip. A node that comes later gets its namespace with ``add``. Every name carries a random
+tag, so two runs on one machine never meet, and ``close()`` removes what was made (a
+namespace's veth goes with it).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ class Network:
         # to use it; ``start`` fails loudly if the kernel refuses it.
         net = f"10.{random.randint(160, 250)}.{random.randint(0, 255)}"
         self.host_addr = f"{net}.1"
-        self.namespaces = {n: f"spl{tag}-{n}" for n in nodes}
-        self.addrs = {n: f"{net}.{10 + i}" for i, n in enumerate(nodes)}
-        self._veths = {n: f"spl{tag}v{i}" for i, n in enumerate(nodes)}
+        self._tag, self._net, self._nodes = tag, net, list(nodes)
+        self.namespaces: dict[str, str] = {}
+        self.addrs: dict[str, str] = {}
+        self._veths: dict[str, str] = {}
         self.cut_off: set[str] = set()
 
     def start(self) -> Network:
@@ -72,19 +74,33 @@ class Network:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.host_addr}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
-            for node, ns in self.namespaces.items():
-                _ip("netns", "add", ns)
-                veth = self._veths[node]
-                _ip("link", "add", veth, "type", "veth", "peer", "name", IFNAME, "netns", ns)
-                _ip("link", "set", veth, "master", self.bridge)
-                _ip("link", "set", veth, "up")
-                _ip("link", "set", "lo", "up", ns=ns)
-                _ip("addr", "add", f"{self.addrs[node]}/24", "dev", IFNAME, ns=ns)
-                _ip("link", "set", IFNAME, "up", ns=ns)
+            for node in self._nodes:
+                self.add(node)
         except OSError:
             self.close()
             raise
         return self
+
+    def add(self, node: str) -> None:
+        """A namespace for one more node on the running network (a node that joins later);
+        a node cut off now does not reach it either. Idempotent."""
+        if node in self.namespaces:
+            return
+        index = len(self.namespaces)
+        if index > 200:
+            raise OSError(f"no address left on {self._net}.0/24 for {node}")
+        ns, veth = f"spl{self._tag}-{node}", f"spl{self._tag}v{index}"
+        self.namespaces[node], self._veths[node] = ns, veth
+        self.addrs[node] = f"{self._net}.{10 + index}"
+        _ip("netns", "add", ns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", IFNAME, "netns", ns)
+        _ip("link", "set", veth, "master", self.bridge)
+        _ip("link", "set", veth, "up")
+        _ip("link", "set", "lo", "up", ns=ns)
+        _ip("addr", "add", f"{self.addrs[node]}/24", "dev", IFNAME, ns=ns)
+        _ip("link", "set", IFNAME, "up", ns=ns)
+        for cut in self.cut_off:
+            _ip("route", "add", "blackhole", f"{self.addrs[node]}/32", ns=self.namespaces[cut])
 
     def command(self, node: str, argv: list[str]) -> list[str]:
         """``argv`` run inside ``node``'s namespace (``ip netns exec`` execs it: same pid)."""
@@ -97,7 +113,9 @@ class Network:
         return {"PET_LOCAL_ADDR": self.addrs[node], "GLOO_SOCKET_IFNAME": IFNAME}
 
     def cut(self, node: str) -> None:
-        """Cut ``node`` off from every other node, not from the host (etcd)."""
+        """Cut ``node`` off from every other node, not from the host (etcd). Idempotent."""
+        if node in self.cut_off:
+            return
         for peer, addr in self.addrs.items():
             if peer != node:
                 _ip("route", "add", "blackhole", f"{addr}/32", ns=self.namespaces[node])

@@ -33,6 +33,7 @@ from lab.live.status_line import StatusLine
 from lab.local import process_tree
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.local.interrupts import InterruptGuard, interrupt_guard
+from lab.local.netns import Network
 from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes
 from lab.local.run_extension import write_max_steps
 from lab.local.runner import FaultRunner, RunOutcome
@@ -129,9 +130,13 @@ class NodeSet:
         log_dir: Path,
         data_dir: Path,
         python: str,
+        network: Network | None = None,
     ) -> None:
         self.scenario, self.policy, self.work = scenario, policy, work
         self.log_dir, self.data_dir, self.python = log_dir, data_dir, python
+        # Each node in a network namespace of its own on ``network`` (None: the host's); the
+        # policy's rdzv_host is then the network's host address, where etcd listens.
+        self.network = network
         self.nodes: list[TorchrunNode] = []
         self.max_steps_file = work / "max-steps"
 
@@ -151,6 +156,11 @@ class NodeSet:
         if self.scenario.faults:  # where the lab moves the end when faults fall behind
             args.append(f"--max-steps-file={self.max_steps_file}")
         command = train_command(args, self.python)
+        if self.network is not None:
+            # ``ip netns exec`` execs the agent: same pid, so signals reach the same tree.
+            self.network.add(name)
+            env |= self.network.env(name)
+            command = self.network.command(name, command)
         launch = NodeLaunch(name, command, env, REPO_ROOT, self.log_dir, local_dir, tmp_dir)
         node = TorchrunNode(launch)
         self.nodes.append(node)

@@ -117,3 +117,59 @@ def test_a_frozen_node_keeps_its_place_until_it_comes_back(tmp_path: Path) -> No
     runner._paused[0].give_up = 0.0  # no group re-formed: it comes back after the wait anyway
     runner._thaw_due(time.monotonic())
     assert runner.actions[-1]["kind"] == "thawed" and runner.actions[-1]["reformed"] is False
+
+
+class _Network:
+    """Records the cuts and heals the runner asks of the nodes' network."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def cut(self, node: str) -> None:
+        self.calls.append(("cut", node))
+
+    def heal(self, node: str) -> None:
+        self.calls.append(("heal", node))
+
+
+def test_a_partition_cuts_a_live_node_off_and_heals_it_after_its_seconds(tmp_path: Path) -> None:
+    cut = ChaosFault("partition", 0.0, pick=0.5, seconds=30.0)
+    again = ChaosFault("partition", 0.0, pick=0.5, seconds=0.0)
+    runner = _runner(tmp_path, cut, again)
+    runner.network = network = _Network()  # type: ignore[assignment]
+    runner.nodes = {n: _Node(f"node-{n}") for n in range(3)}  # type: ignore[misc]
+    runner.live = {0, 1, 2}
+    runner._run(0, cut)
+    # The node stays live, and nothing is sent to its processes.
+    assert network.calls == [("cut", "node-1")] and runner.live == {0, 1, 2}
+    assert runner.nodes[1].sent == []
+    runner._index = 2
+    runner._run(1, again)  # the same node again, shorter: it stays cut until the longer ends
+    runner._heal_due(time.monotonic())
+    assert network.calls == [("cut", "node-1"), ("cut", "node-1")]
+    assert not runner._done_with_faults()
+    runner._heal_due(time.monotonic(), every=True)  # training finished first
+    assert network.calls[-1] == ("heal", "node-1") and runner._done_with_faults()
+    assert [(a["kind"], a["index"], a["nodes"]) for a in runner.actions] == [
+        ("partition", 0, ["node-1"]),
+        ("partition", 1, ["node-1"]),
+        ("healed", 1, ["node-1"]),
+        ("healed", 0, ["node-1"]),
+    ]
+    assert runner.actions[-1]["early"] is True and runner.actions[0]["seconds"] == 30.0
+
+
+def test_a_partition_with_no_network_is_recorded_as_not_landed(tmp_path: Path) -> None:
+    cut = ChaosFault("partition", 0.0, seconds=5.0)
+    runner = _runner(tmp_path, cut)
+    runner.nodes = {0: _Node("node-0")}  # type: ignore[misc]
+    runner.live = {0}
+    runner._run(0, cut)
+    assert runner.actions[-1] | {"ts": 0} == {
+        "ts": 0,
+        "index": 0,
+        "kind": "partition",
+        "nodes": [],
+        "landed": False,
+        "why": "no network namespaces",
+    }

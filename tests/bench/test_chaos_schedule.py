@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bench.chaos import campaign
+from bench import suite
+from bench.chaos import campaign, command
 from bench.chaos.command import build_parser, plan_from_args
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.schedule import (
@@ -18,8 +19,11 @@ from bench.chaos.schedule import (
     MAX_GAP_S,
     MAX_THAW_S,
     NODE_FAULTS,
+    PARTITION,
+    PARTITION_S,
     THAWS,
     TRIGGERED,
+    ChaosFault,
     Schedule,
     random_schedule,
 )
@@ -33,7 +37,8 @@ def test_a_seed_draws_the_same_schedule_again() -> None:
 def test_faults_overlap_and_stay_within_the_plan() -> None:
     for seed in range(300):
         schedule = random_schedule(seed, 3, (3, 6))
-        assert 3 <= len(schedule.faults) <= 6
+        partitions = [f for f in schedule.faults if f.kind == PARTITION]
+        assert 3 <= len(schedule.faults) - len(partitions) <= 6 and len(partitions) <= 1
         assert all(0.0 <= f.gap_s <= MAX_GAP_S for f in schedule.faults)
         assert all(f.kind in KINDS and 0.0 <= f.pick < 1.0 for f in schedule.faults)
 
@@ -67,11 +72,11 @@ def test_the_new_draws_leave_every_old_seed_its_faults_but_some_freezes_come_bac
         ("evict", 0.43),
         ("freeze", 0.28),
     ]
-    drawn = random_schedule(1004, 3, (3, 6), (1, 2))
+    drawn = random_schedule(1004, 3, (3, 6), (1, 2), partitions=False)
     assert [(f.kind if f.kind not in THAWS else "freeze", f.gap_s) for f in drawn.faults] == old
     for seed in range(300):
-        plain = random_schedule(seed, 3, (3, 6))
-        mixed = random_schedule(seed, 3, (3, 6), (1, 2))
+        plain = random_schedule(seed, 3, (3, 6), partitions=False)
+        mixed = random_schedule(seed, 3, (3, 6), (1, 2), partitions=False)
         assert [(f.gap_s, f.pick) for f in plain.faults] == [
             (f.gap_s, f.pick) for f in mixed.faults
         ]
@@ -85,6 +90,55 @@ def test_the_new_draws_leave_every_old_seed_its_faults_but_some_freezes_come_bac
     assert set(nprocs) == {1, 2} and min(nprocs.values()) > 60
     described = random_schedule(7001, 3, (3, 6), (1, 2)).describe()
     assert described.startswith("[2 procs] ") and " thaw " in described
+
+
+def _times(faults: tuple[ChaosFault, ...]) -> list[tuple[str, float, float]]:
+    """(kind, seconds after the start, pick) of every fault but a partition."""
+    at, found = 0.0, []
+    for fault in faults:
+        at += fault.gap_s
+        if fault.kind != PARTITION:
+            found.append((fault.kind, round(at, 2), fault.pick))
+    return found
+
+
+def test_a_partition_is_put_in_some_schedules_and_every_other_fault_keeps_its_time() -> None:
+    # Seed 1004 before partitions: its faults at these times (in seconds from the start).
+    old = [2.93, 4.84, 6.79, 9.33, 9.76, 10.04]
+    drawn = random_schedule(1004, 3, (3, 6), (1, 2))
+    assert [at for _, at, _ in _times(drawn.faults)] == old
+    assert [f.kind for f in drawn.faults].count(PARTITION) == 1
+    with_partition = 0
+    for seed in range(300):
+        without = random_schedule(seed, 3, (3, 6), (1, 2), partitions=False)
+        schedule = random_schedule(seed, 3, (3, 6), (1, 2))
+        assert _times(schedule.faults) == _times(without.faults), seed
+        assert schedule.nproc_per_node == without.nproc_per_node
+        cuts = [f for f in schedule.faults if f.kind == PARTITION]
+        if not cuts:
+            assert schedule.faults == without.faults
+            continue
+        with_partition += 1
+        assert PARTITION_S[0] <= cuts[0].seconds <= PARTITION_S[1]
+        assert 0.0 <= cuts[0].gap_s <= MAX_GAP_S and 0.0 <= cuts[0].pick < 1.0
+        assert "partition for " in schedule.describe()
+    assert 60 <= with_partition <= 180  # PARTITION_SHARE of 300, give or take
+
+
+def test_a_partition_lands_only_where_two_nodes_are_expected_to_run() -> None:
+    for seed in range(300):
+        live = 3
+        for fault in random_schedule(seed, 3, (3, 6)).faults:
+            if fault.kind == PARTITION:
+                assert live >= 2, seed
+            lost = (*NODE_FAULTS, *TRIGGERED, *THAWS)
+            live = {"join": live + 1, "evict-all": fault.nodes}.get(
+                fault.kind, live - 1 if fault.kind in lost else live
+            )
+    # One node alone has no peer to be cut off from.
+    assert not any(
+        f.kind == PARTITION for s in range(300) for f in random_schedule(s, 1, (3, 6)).faults
+    )
 
 
 @pytest.mark.parametrize(
@@ -131,3 +185,25 @@ def test_an_interrupted_campaign_reports_the_schedules_it_ran(
     assert said[-1] == "interrupted after 1 of 3 schedules"
     table = campaign.summary_table(results["summary"], results["plan"], 7, 3)
     assert table.startswith("1 schedules from seed 7 (interrupted: 3 planned):")
+
+
+def test_partitions_where_namespaces_cannot_be_made_name_the_flag_that_leaves_them_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(command.netns, "unavailable", lambda: "making namespaces needs root")
+    with pytest.raises(ValueError, match="needs root; run as root or pass --no-partitions"):
+        command.check_partitions(plan_from_args(build_parser().parse_args([])))
+    plan = plan_from_args(build_parser().parse_args(["--no-partitions"]))
+    assert not plan.partitions
+    command.check_partitions(plan)  # nothing to make
+
+
+def test_the_whole_benchmark_leaves_partitions_out_where_namespaces_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(suite.netns, "unavailable", lambda: "making namespaces needs root")
+    assert not suite.chaos_plan(ChaosPlan(), said.append).partitions
+    assert said == ["chaos: no partitions (making namespaces needs root)"]
+    monkeypatch.setattr(suite.netns, "unavailable", lambda: None)
+    assert suite.chaos_plan(ChaosPlan(), said.append).partitions and len(said) == 1

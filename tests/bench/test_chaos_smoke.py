@@ -3,10 +3,12 @@
 Seeds 1172 and 1173 draw between them every kind of fault but a SIGTERM during a restore
 and a plain thaw (tests/bench/test_chaos_schedule.py draws those): kill, freeze, evict,
 evict-all then new nodes, join, an etcd outage, a SIGTERM during an upload, a node frozen in
-an upload that comes back after the others moved on, a slow store and a failing store, 0-3 s
-apart; the first on nodes of one process, the second of two. The campaign itself checks the
-invariants; this test holds it to 0 violations
-and to the shape of what it writes.
+an upload that comes back after the others moved on, a slow store, a failing store, and a
+node cut off from its peers for 14 s, 0-3 s apart; the first on nodes of one process, the
+second of two. The partition needs network namespaces (root): elsewhere the campaign runs with
+``--no-partitions`` (the same faults but the partition) and its test is skipped with the
+reason. The campaign itself checks the invariants; this test holds it to 0 violations and to
+the shape of what it writes.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from typing import Any
 import pytest
 
 from bench.chaos.invariants import INVARIANTS, TOLERANCE
-from bench.chaos.schedule import random_schedule
+from bench.chaos.schedule import PARTITION, random_schedule
+from lab.local import netns
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = 1172
+NO_NAMESPACES = netns.unavailable()
+"""Why the partition cannot be made here, or None."""
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +36,8 @@ def campaign(tmp_path_factory: pytest.TempPathFactory, torchrun: None) -> dict[s
     out = tmp_path_factory.mktemp("chaos") / "smoke"
     result = subprocess.run(
         [sys.executable, "-m", "bench", "chaos", "--schedules", "2", "--seed", str(SEED)]
-        + ["--out", str(out)],
+        + ["--out", str(out)]
+        + (["--no-partitions"] if NO_NAMESPACES else []),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -70,7 +76,7 @@ def test_every_drawn_fault_ran_and_each_line_names_its_seed(campaign: dict) -> N
     results = campaign["results"]
     for index, schedule in enumerate(results["schedules"]):
         seed = SEED + index
-        drawn = random_schedule(seed, 3, (3, 6), (1, 2))
+        drawn = random_schedule(seed, 3, (3, 6), (1, 2), partitions=not NO_NAMESPACES)
         assert schedule["seed"] == seed
         assert schedule["described"] == drawn.describe()
         assert (
@@ -85,3 +91,15 @@ def test_every_drawn_fault_ran_and_each_line_names_its_seed(campaign: dict) -> N
     assert "thaw-upload" in kinds
     assert [r["nproc_per_node"] for r in results["schedules"]] == [1, 2]
     assert (campaign["out"] / "chaos.txt").read_text().strip() in campaign["stdout"]
+
+
+@pytest.mark.timeout(960)
+def test_the_partition_cut_a_live_node_off_and_healed_it(campaign: dict) -> None:
+    if NO_NAMESPACES:
+        pytest.skip(f"a partition needs network namespaces: {NO_NAMESPACES}")
+    schedule = campaign["results"]["schedules"][1]
+    index = next(i for i, f in enumerate(schedule["faults"]) if f["kind"] == PARTITION)
+    mine = [a for a in schedule["actions"] if a["index"] == index]
+    assert [a["kind"] for a in mine] == [PARTITION, "healed"], mine
+    assert len(mine[0]["nodes"]) == 1 and mine[1]["nodes"] == mine[0]["nodes"]
+    assert schedule["violations"] == []
