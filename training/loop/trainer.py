@@ -100,15 +100,18 @@ class Trainer(StatefulTrainer):
         where = self.micro_batch(indices)
         items = [self.dataset[i] for i in indices.tolist()]
         batch = _to_device(self.spec.collate(items, where), self.device, self.dtype)
-        loss, count = split_loss(checked_loss(self.spec.loss, self.spec.name, model, batch, where))
-        (loss if count is not None else loss * scale).backward()
+        with self.precision.autocast():  # forward and loss (--precision)
+            value = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
+        loss, count = split_loss(value)
+        self.precision.backward(loss if count is not None else loss * scale)
         losses.add(float(loss.detach()), count, len(indices))
 
     def _apply_gradients(self) -> None:
         """Clip (the gradients are the global batch's, the same on every rank), step, schedule."""
+        self.precision.unscale(self.optimizer)  # fp16: clip the gradients, not the scaled ones
         if self.parts.max_grad_norm:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.parts.max_grad_norm)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
         mark_state_written(self.device)  # a save's GPU copy waits for these kernels
@@ -286,7 +289,8 @@ class Trainer(StatefulTrainer):
             self.env.world_size,
             self.cfg.options,
         )
-        result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
+        with self.precision.autocast():
+            result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
         if result is not None and self.env.rank == 0:
             self.last_eval_loss = result["eval_loss"]
             self.events.event(

@@ -1,6 +1,6 @@
 """A small GPT-style character language model (after nanoGPT's shakespeare_char): AdamW, warmup
-then cosine learning rate, gradient clipping, dropout, autocast (bf16 on a GPU, off on the CPU),
-and an evaluation every N steps with the validation loss and a sampled line of text.
+then cosine learning rate, gradient clipping, dropout, and an evaluation every N steps with the
+validation loss and a sampled line of text. Mixed precision is the loop's (``--precision``).
 
 One file written only against ``training.api``. Its dropout masks come from
 ``keyed_dropout``, keyed by (seed, step, sample index), so they are the same at any world size
@@ -243,19 +243,11 @@ def collate(items: Sequence[torch.Tensor], where: MicroBatch) -> dict[str, torch
     return {"windows": windows, "lengths": lengths}
 
 
-def _autocast(device: torch.device) -> torch.autocast:
-    # bf16 on a GPU (tensor cores, no loss scaling needed); the CPU stays in its own dtype.
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
 def _char_losses(model: nn.Module, windows: torch.Tensor, seeds: Any = None) -> torch.Tensor:
     """The next-character loss at each position (attention is causal: the padding after a
     window's end changes none of its own positions)."""
     x, y = windows[:, :-1], windows[:, 1:]
-    with _autocast(windows.device):
-        logits = model(x, seeds)
-    if logits.dtype in (torch.bfloat16, torch.float16):  # the loss in float32, as autocast does
-        logits = logits.float()
+    logits = model(x, seeds)  # cross_entropy is float32 under autocast
     return F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
 
 
@@ -290,8 +282,7 @@ def sample_line(model: nn.Module, data: Corpus, ctx: EvalContext, chars: int = 8
     idx = torch.tensor([[max(newline, 0)]], device=ctx.device)
     out = []
     for _ in range(chars):
-        with _autocast(ctx.device):
-            logits = model(idx[:, -model.block_size :])[:, -1].float()
+        logits = model(idx[:, -model.block_size :])[:, -1].float()  # softmax to sample from
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
         char = data.vocabulary[int(nxt)]
         if char == "\n":
