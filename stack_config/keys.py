@@ -50,6 +50,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("checkpointEverySeconds", "job.checkpoint_every_seconds", int),
     Setting("maxSteps", "job.max_steps", int),
     Setting("globalBatchSize", "job.global_batch_size", int),
+    Setting("precision", "job.precision", str),
     Setting("runId", "job.run_id", str),
     Setting("activeDeadlineSeconds", "job.active_deadline_s", int, optional=True),
     Setting("task", "task", str),

@@ -85,6 +85,8 @@ class JobConfig:
     checkpoint_every_seconds: int = 300
     max_steps: int = 20000
     global_batch_size: int = 256
+    precision: str = "fp32"
+    """The workers' ``--precision``: fp32, bf16-mixed or fp16-mixed (training/loop/step/)."""
     hpa_cpu_utilization: int = 0
     """0: no HPA; else elasticPolicy.metrics targets this average CPU utilisation (%)."""
     active_deadline_s: int | None = None

@@ -14,6 +14,7 @@ from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.sources import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
+from training.loop.config import PRECISIONS
 from training.tasks import REFERENCE_FORM, is_task_reference
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
@@ -231,6 +232,10 @@ def _training_problems(cfg: LabConfig) -> list[str]:
         "checkpointEverySeconds": job.checkpoint_every_seconds,
     }
     problems += _at_least(cfg, every, 0)
+    if job.precision not in PRECISIONS:
+        problems.append(
+            f"{cfg.key('precision')} must be one of {', '.join(PRECISIONS)}, got {job.precision!r}"
+        )
     if job.checkpoint_every_steps == 0 and job.checkpoint_every_seconds == 0:
         problems.append(
             f"{cfg.key('checkpointEverySteps')} and {cfg.key('checkpointEverySeconds')} are both "

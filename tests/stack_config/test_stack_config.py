@@ -346,6 +346,11 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
         ("workerMemory", "12GB", "spot-lab:workerMemory must be a memory quantity"),
         ("hpaCpuUtilization", "150", "spot-lab:hpaCpuUtilization must be 0"),
         ("globalBatchSize", "2", "spot-lab:globalBatchSize (2) must be >="),
+        (
+            "precision",
+            "fp8",
+            "spot-lab:precision must be one of fp32, bf16-mixed, fp16-mixed, got 'fp8'",
+        ),
         ("runId", "Run 2", "spot-lab:runId must be 1-20 lowercase letters, digits or '-'"),
         ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),
         ("runId", "-2", "spot-lab:runId must be 1-20 lowercase letters"),

@@ -143,6 +143,13 @@ def test_a_charlm_stack_stages_the_corpus_and_the_job_trains_the_task() -> None:
     assert "--task=cifar" in default["command"]
 
 
+def test_the_stacks_precision_is_the_workers_flag() -> None:
+    worker = _pod_spec(run_program("dev", {"precision": "bf16-mixed"}).one(PYTORCHJOB))
+    assert "--precision=bf16-mixed" in worker["containers"][0]["command"]
+    default = _pod_spec(run_program("dev").one(PYTORCHJOB))["containers"][0]
+    assert "--precision=fp32" in default["command"]
+
+
 def test_run_id_gives_a_new_rendezvous_and_an_unchanged_config_keeps_it() -> None:
     first, again = run_program("dev"), run_program("dev", fresh=True)
     assert first.outputs["rdzvId"] == again.outputs["rdzvId"]

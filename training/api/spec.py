@@ -156,10 +156,13 @@ class TrainSpec:
     collate: Callable[[Sequence[Any], MicroBatch], Any]
     """``collate(items, where)``: ``items[i]`` is ``train[where.indices[i]]``; returns the batch
     (tensors, or tuples or dicts of them, on the CPU; the loop moves them)."""
-    loss: Callable[[nn.Module, Any, MicroBatch], torch.Tensor]
+    loss: Callable[[nn.Module, Any, MicroBatch], torch.Tensor | tuple[torch.Tensor, Any]]
     """``loss(model, batch, where)``: the SUM over the micro-batch's samples of each sample's
-    loss (the loop scales it so the gradient is the global batch's mean at any world size).
-    Randomness comes from ``where.sample_seeds``, never from torch's global RNG."""
+    loss (the loop scales it so the gradient is the global batch's mean at any world size);
+    or a pair ``(sum, count)``: the sum of any per-item losses (tokens, not padding) and how
+    many items it sums (a number or a scalar tensor), for a gradient of the mean over the
+    count of the whole global batch, all ranks and micro-batches. Return the same kind every
+    time. Randomness comes from ``where.sample_seeds``, never from torch's global RNG."""
     evaluate: Callable[[nn.Module, Data, EvalContext], Evaluation] | None = None
     """Run every ``--eval-every`` steps on every rank, in ``eval()`` mode without gradients."""
     check: Callable[[Any], None] | None = None

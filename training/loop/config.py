@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "TRAIN_"
 DTYPES = ("float32", "float64")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MAX_STOP_DEADLINE_S = 600.0
 """A longer termination grace than this is no eviction notice anyone gets."""
 
@@ -109,6 +110,10 @@ class RunConfig:
     dtype: str = "float32"
     """Parameters and compute: float32, or float64 (on CPU: runs at different world sizes
     then agree to about 1e-15, the sharp test of exact resume)."""
+    precision: str = "fp32"
+    """fp32, bf16-mixed or fp16-mixed: the forward and the loss under torch.autocast in bf16
+    or fp16 (fp16 with a gradient scaler); parameters, optimizer state and checkpoints stay
+    float32. Part of the run's identity (docs/your-own-model.md)."""
     resume_check: bool = True
     """Before training, take one step twice: from the state in memory, and from that state
     as a checkpoint restores it; stop with an error naming what differs (state the task
@@ -287,6 +292,16 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.run.dtype not in DTYPES:
         raise ConfigError(
             f"--dtype (or TRAIN_DTYPE) must be one of {', '.join(DTYPES)}, got {cfg.run.dtype!r}"
+        )
+    if cfg.run.precision not in PRECISIONS:
+        raise ConfigError(
+            f"--precision (or TRAIN_PRECISION) must be one of {', '.join(PRECISIONS)}, "
+            f"got {cfg.run.precision!r}"
+        )
+    if cfg.run.precision != "fp32" and cfg.run.dtype != "float32":
+        raise ConfigError(
+            f"--precision {cfg.run.precision} computes from float32 parameters: --dtype (or "
+            f"TRAIN_DTYPE) must be float32 with it, got {cfg.run.dtype}"
         )
     unknown = sorted(set(cfg.spec.state_options or ()) - {f.name for f in fields(cfg.options)})
     if unknown:

@@ -41,10 +41,12 @@ def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
 
     The task and its options that shape the parameters (``TrainSpec.state_options``; all of
     them when it does not say), the dtype (a float64 state is not resumed in float32), the
+    precision (fp16's state holds its gradient scaler's; a resume repeats the trajectory only
+    in the precision it was computed in: another one is a new run, ``--init-from``), the
     dataset's content and the data order a step stands for (the seed, the global batch):
     resuming over another of these would go on silently from a trajectory this run never had.
     The learning rate and the other options may change (training/loop/run_changes.py).
-    float32 and the cifar task, the defaults, are not named, so the states written before
+    float32, fp32 and the cifar task, the defaults, are not named, so the states written before
     those settings existed still match.
     """
     state_options = state_option_names(cfg)
@@ -60,6 +62,8 @@ def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
         identity["task"] = cfg.run.task
     if cfg.run.dtype != "float32":
         identity["dtype"] = cfg.run.dtype
+    if cfg.run.precision != "fp32":
+        identity["precision"] = cfg.run.precision
     return identity
 
 

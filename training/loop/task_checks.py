@@ -40,14 +40,14 @@ def _rng_states(device: torch.device) -> list[torch.Tensor]:
 
 
 def checked_loss(
-    loss: Callable[[nn.Module, Any, MicroBatch], torch.Tensor],
+    loss: Callable[[nn.Module, Any, MicroBatch], Any],
     task: str,
     model: nn.Module,
     batch: Any,
     where: MicroBatch,
-) -> torch.Tensor:
-    """``loss(model, batch, where)``, refused unless it is a scalar and left torch's global
-    RNG untouched."""
+) -> torch.Tensor | tuple[torch.Tensor, Any]:
+    """``loss(model, batch, where)``, refused unless it is a scalar or a (scalar, count) pair
+    and left torch's global RNG untouched."""
     before = _rng_states(where.device)
     value = loss(model, batch, where)
     after = _rng_states(where.device)
@@ -58,13 +58,33 @@ def checked_loss(
             "world size and a resumed run leaves the uninterrupted one. Draw from "
             "where.sample_seeds(stream) instead (training.api.keyed_dropout for dropout)"
         )
-    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+    total, count = value if isinstance(value, tuple) and len(value) == 2 else (value, 0)
+    if not _is_scalar(total) or not (_is_scalar(count) or _is_number(count)) or _negative(count):
         raise TaskContractError(
             f"task {task!r}: loss must return a scalar tensor (the sum of the micro-batch's "
-            f"per-sample losses), got {type(value).__name__} "
-            f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}"
+            "per-sample losses) or a pair (sum, count) of a scalar tensor and the count "
+            f">= 0 it sums over, got {_described(value)}"
         )
     return value
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _negative(count: Any) -> bool:
+    return float(count) < 0
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_described(v) for v in value) + ")"
+    shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ""
+    return f"{type(value).__name__} {shape}".strip()
 
 
 def _fingerprint(

@@ -31,6 +31,7 @@ from training.loop.emergency import Outcome
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
+from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import (
     EmulatedStream,
     abort_collectives,
@@ -57,9 +58,9 @@ class Trainer(StatefulTrainer):
     """The loop's emergency save when a stop ended it."""
 
     # -- one optimiser step --------------------------------------------------------------------
-    def train_step(self) -> tuple[float, int]:
+    def train_step(self) -> tuple[float, float]:
         """One global batch: this rank's share, in micro-batches, and the optimiser step;
-        returns (loss sum, samples)."""
+        returns (loss sum, samples or the loss's count)."""
         assert self.ddp is not None
         step, world, rank = self.state.step, self.env.world_size, self.env.rank
         raise_if_failed(step, self.env.local_rank)  # a GPU failing on cue (tests, the bench)
@@ -67,20 +68,22 @@ class Trainer(StatefulTrainer):
         scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
         chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        losses = StepLosses(self.spec.name)
         for i, (offset, size) in enumerate(chunks):
             # Gradients are all-reduced once per step, on the last micro-batch only.
             with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
-                loss_sum += self._backward(self.ddp, indices[offset : offset + size], scale)
+                self._backward(self.ddp, indices[offset : offset + size], scale, losses)
         # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
         # a half-reduced gradient changes the state every rank must agree on.
         self.guard.check()
+        # A (sum, count) loss: the counts of every rank, then the gradient over their total.
+        normalize_gradients(self.model.parameters(), losses, world, self.guard.all_reduce)
         with self._state_lock:
             self._apply_gradients()
             self.state.step += 1
             if self.local is not None and self.env.local_rank == 0:
                 self.local.mark_progress(self.state.step)
-        return loss_sum, len(indices)
+        return losses.loss_sum, losses.count
 
     def micro_batch(self, indices: torch.Tensor) -> MicroBatch:
         step = self.state.step
@@ -88,20 +91,27 @@ class Trainer(StatefulTrainer):
             indices, step, self.sampler.epoch_of(step), self.cfg.run.seed, self.device
         )
 
-    def _backward(self, model: nn.Module, indices: torch.Tensor, scale: float) -> float:
-        """The task's loss of one micro-batch, backward; its value (the sum over samples)."""
+    def _backward(
+        self, model: nn.Module, indices: torch.Tensor, scale: float, losses: StepLosses
+    ) -> None:
+        """The task's loss of one micro-batch, backward; its value added to ``losses``. A sum
+        over samples is scaled by ``scale``; a (sum, count) one after the step's last
+        micro-batch (training/loop/step/losses.py)."""
         where = self.micro_batch(indices)
         items = [self.dataset[i] for i in indices.tolist()]
         batch = _to_device(self.spec.collate(items, where), self.device, self.dtype)
-        loss = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
-        (loss * scale).backward()
-        return float(loss.detach())
+        with self.precision.autocast():  # forward and loss (--precision)
+            value = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
+        loss, count = split_loss(value)
+        self.precision.backward(loss if count is not None else loss * scale)
+        losses.add(float(loss.detach()), count, len(indices))
 
     def _apply_gradients(self) -> None:
         """Clip (the gradients are the global batch's, the same on every rank), step, schedule."""
+        self.precision.unscale(self.optimizer)  # fp16: clip the gradients, not the scaled ones
         if self.parts.max_grad_norm:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.parts.max_grad_norm)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
         mark_state_written(self.device)  # a save's GPU copy waits for these kernels
@@ -115,9 +125,11 @@ class Trainer(StatefulTrainer):
 
         def one_step() -> float:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self._backward(self.model, first, scale)
+            losses = StepLosses(self.spec.name)
+            self._backward(self.model, first, scale, losses)
+            normalize_gradients(self.model.parameters(), losses, 1, None)  # local: no collective
             self._apply_gradients()
-            return loss
+            return losses.loss_sum
 
         with self._state_lock:
             rehearse_resume(
@@ -277,7 +289,8 @@ class Trainer(StatefulTrainer):
             self.env.world_size,
             self.cfg.options,
         )
-        result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
+        with self.precision.autocast():
+            result = evaluate(self.spec, self.model, self.data, ctx, self.guard.all_reduce)
         if result is not None and self.env.rank == 0:
             self.last_eval_loss = result["eval_loss"]
             self.events.event(

@@ -35,6 +35,7 @@ from training.loop.emergency import EXIT_NOT_DURABLE, DurableProgress, Emergency
 from training.loop.inputs import STORAGE_KEY, run_identity
 from training.loop.metrics import EventLog
 from training.loop.periodic_save import BackgroundSaver, SavePolicy, report_failure
+from training.loop.step.precision import Precision
 from training.loop.step_guard import StepGuard, cpu_state
 
 logger = logging.getLogger("training")
@@ -92,6 +93,7 @@ class StatefulTrainer:
         self.model = self.parts.model.to(device=device, dtype=self.dtype)
         self.optimizer = self.parts.optimizer
         self.scheduler = self.parts.scheduler
+        self.precision = Precision(cfg.run.precision, device)  # fp16's scaler is state
         self.settings = run_changes.settings(cfg, self.optimizer)  # as built, before any step
         self.sampler = ElasticSampler(len(self.dataset), cfg.optim.global_batch_size, cfg.run.seed)
         self.state = TrainerState()
@@ -133,6 +135,8 @@ class StatefulTrainer:
         }
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        if (scaler := self.precision.state_dict()) is not None:
+            state["scaler"] = scaler
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -141,6 +145,7 @@ class StatefulTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("scaler"))  # the identity says it is there
         self.state.step = int(state["trainer"]["step"])
         set_rng_state(state["rng"], self.device)
         self._apply_changed_settings(state)

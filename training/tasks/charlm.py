@@ -1,15 +1,18 @@
 """A small GPT-style character language model (after nanoGPT's shakespeare_char): AdamW, warmup
-then cosine learning rate, gradient clipping, dropout, autocast (bf16 on a GPU, off on the CPU),
-and an evaluation every N steps with the validation loss and a sampled line of text.
+then cosine learning rate, gradient clipping, dropout, and an evaluation every N steps with the
+validation loss and a sampled line of text. Mixed precision is the loop's (``--precision``).
 
 One file written only against ``training.api``. Its dropout masks come from
 ``keyed_dropout``, keyed by (seed, step, sample index), so they are the same at any world size
-and after any resume; the scheduler is handed to the loop, which keeps its state.
+and after any resume; the scheduler is handed to the loop, which keeps its state. Its loss is
+a (sum, count) pair over the characters it predicts: the loop averages it over the global
+batch's count, so padding counts for nothing.
 
 The corpus is one UTF-8 text file, ``input.txt`` in ``--data-dir`` (Tiny Shakespeare by
 default, staged like CIFAR-10: its URL and SHA-256 are stack config). The first 90% trains,
 the rest validates; a sample is a window of ``block_size + 1`` characters at a multiple of
-``block_size``.
+``block_size``. With ``--line-ends`` a training sample stops at its window's last line break:
+samples of variable length, padded in the batch, the padding left out of the loss.
 """
 
 from __future__ import annotations
@@ -70,20 +73,32 @@ class CharLMOptions:
     """Validation windows per evaluation, split over the ranks."""
     sample_chars: int = 80
     """Characters sampled for the log at each evaluation (at most one line)."""
+    line_ends: bool = False
+    """A training sample stops at the last line break of its window (the whole window when
+    it has none): variable lengths, padded, the padding not counted in the loss."""
 
 
 class CharChunks:
-    """Windows of ``block_size + 1`` token ids at multiples of ``block_size``."""
+    """Windows of ``block_size + 1`` token ids at multiples of ``block_size``; cut after
+    their last ``line_end`` token when one is given."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int, digest: str) -> None:
+    def __init__(
+        self, tokens: torch.Tensor, block_size: int, digest: str, line_end: int | None = None
+    ) -> None:
         self.tokens, self.block_size, self._digest = tokens, block_size, digest
+        self.line_end = line_end
 
     def __len__(self) -> int:
         return max((len(self.tokens) - 1) // self.block_size, 0)
 
     def __getitem__(self, index: int) -> torch.Tensor:
         start = int(index) * self.block_size
-        return self.tokens[start : start + self.block_size + 1]
+        window = self.tokens[start : start + self.block_size + 1]
+        if self.line_end is None:
+            return window
+        # Targets are window[1:]: keep up to the last one that ends a line.
+        ends = (window[1:] == self.line_end).nonzero()
+        return window[: int(ends[-1]) + 2] if len(ends) else window
 
     @property
     def digest(self) -> str:
@@ -109,7 +124,9 @@ def load_data(data_dir: str, options: CharLMOptions) -> Corpus:
     ids = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
     split = int(len(ids) * TRAIN_FRACTION)
     digest = hashlib.sha256(raw).hexdigest()
-    train = CharChunks(ids[:split], options.block_size, f"{digest}:train:{options.block_size}")
+    line_end = lookup.get("\n") if options.line_ends else None
+    name = f"{digest}:train:{options.block_size}" + (":lines" if line_end is not None else "")
+    train = CharChunks(ids[:split], options.block_size, name, line_end)
     validation = CharChunks(ids[split:], options.block_size, f"{digest}:val")
     if len(validation) == 0:
         raise ValueError(
@@ -217,27 +234,31 @@ def build(options: CharLMOptions, data: Corpus, run: BuildContext) -> TrainParts
     return TrainParts(model, optimizer, scheduler, options.grad_clip or None)
 
 
-def collate(items: Sequence[torch.Tensor], where: MicroBatch) -> torch.Tensor:
-    return torch.stack(list(items))
+def collate(items: Sequence[torch.Tensor], where: MicroBatch) -> dict[str, torch.Tensor]:
+    """The windows padded to the longest one's length, with each one's length."""
+    lengths = torch.tensor([len(item) for item in items])
+    windows = torch.zeros(len(items), int(lengths.max()), dtype=torch.int64)
+    for row, item in zip(windows, items, strict=True):
+        row[: len(item)] = item
+    return {"windows": windows, "lengths": lengths}
 
 
-def _autocast(device: torch.device) -> torch.autocast:
-    # bf16 on a GPU (tensor cores, no loss scaling needed); the CPU stays in its own dtype.
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
-def _sample_losses(model: nn.Module, windows: torch.Tensor, seeds: Any = None) -> torch.Tensor:
-    """Each window's mean next-character loss."""
+def _char_losses(model: nn.Module, windows: torch.Tensor, seeds: Any = None) -> torch.Tensor:
+    """The next-character loss at each position (attention is causal: the padding after a
+    window's end changes none of its own positions)."""
     x, y = windows[:, :-1], windows[:, 1:]
-    with _autocast(windows.device):
-        logits = model(x, seeds)
-    if logits.dtype in (torch.bfloat16, torch.float16):  # the loss in float32, as autocast does
-        logits = logits.float()
-    return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
+    logits = model(x, seeds)  # cross_entropy is float32 under autocast
+    return F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
 
 
-def loss(model: nn.Module, windows: torch.Tensor, where: MicroBatch) -> torch.Tensor:
-    return _sample_losses(model, windows, where.sample_seeds(DROPOUT_STREAM)).sum()
+def loss(
+    model: nn.Module, batch: dict[str, torch.Tensor], where: MicroBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sum of the predicted characters' losses, and their count (no padding)."""
+    losses = _char_losses(model, batch["windows"], where.sample_seeds(DROPOUT_STREAM))
+    positions = torch.arange(losses.shape[1], device=losses.device)
+    counted = positions < (batch["lengths"] - 1).unsqueeze(1)
+    return (losses * counted).sum(), counted.sum()
 
 
 def evaluate(model: nn.Module, data: Corpus, ctx: EvalContext) -> Evaluation:
@@ -248,7 +269,7 @@ def evaluate(model: nn.Module, data: Corpus, ctx: EvalContext) -> Evaluation:
     windows = [data.validation[i] for i in share]
     loss_sum = 0.0
     if windows:
-        loss_sum = float(_sample_losses(model, torch.stack(windows).to(ctx.device)).sum())
+        loss_sum = float(_char_losses(model, torch.stack(windows).to(ctx.device)).mean(1).sum())
     text = sample_line(model, data, ctx, options.sample_chars) if ctx.rank == 0 else None
     return Evaluation(loss_sum, len(windows), text)
 
@@ -261,8 +282,7 @@ def sample_line(model: nn.Module, data: Corpus, ctx: EvalContext, chars: int = 8
     idx = torch.tensor([[max(newline, 0)]], device=ctx.device)
     out = []
     for _ in range(chars):
-        with _autocast(ctx.device):
-            logits = model(idx[:, -model.block_size :])[:, -1].float()
+        logits = model(idx[:, -model.block_size :])[:, -1].float()  # softmax to sample from
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
         char = data.vocabulary[int(nxt)]
         if char == "\n":
@@ -283,5 +303,5 @@ SPEC = TrainSpec(
     check=check,
     defaults={"lr": 1e-3, "global_batch_size": 32, "micro_batch_size": 16, "eval_every": 50},
     # The parameters' shapes, and the windows a sample index means: the rest may change.
-    state_options=("block_size", "n_layer", "n_head", "n_embd"),
+    state_options=("block_size", "n_layer", "n_head", "n_embd", "line_ends"),
 )

@@ -95,6 +95,8 @@ class ElasticJobSpec:
     node_selector: dict[str, str] = field(default_factory=lambda: dict(GPU_SPOT_POOL))
     task: str = "cifar"
     """What the workers train (``--task``: training/tasks/)."""
+    precision: str = "fp32"
+    """The workers' ``--precision``: fp32, bf16-mixed or fp16-mixed."""
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
     workers prefer the Spot one (``spot_preference``)."""
@@ -193,6 +195,7 @@ def training_args(spec: ElasticJobSpec) -> list[str]:
         f"--task={spec.task}",
         f"--max-steps={spec.max_steps}",
         f"--global-batch-size={spec.global_batch_size}",
+        f"--precision={spec.precision}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
         f"--checkpoint-every-seconds={spec.checkpoint_every_seconds}",
         # The eviction's save is done or given up before the kubelet's SIGKILL.
@@ -384,6 +387,7 @@ def elastic_job_spec(
         node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
         prefer_spot=fallback,
         task=config.task,
+        precision=job.precision,
     )
 
 

@@ -51,9 +51,10 @@ def private_generator() -> TrainSpec:
     """Input noise drawn from a generator the task keeps: its position is not in the state."""
     generator = torch.Generator().manual_seed(0)
 
-    def loss(model: Any, batch: torch.Tensor, where: Any) -> torch.Tensor:
-        noisy = torch.rand(batch.shape, generator=generator) < 0.1
-        return CHARLM.loss(model, torch.where(noisy, 0, batch), where)
+    def loss(model: Any, batch: dict[str, torch.Tensor], where: Any) -> Any:
+        windows = batch["windows"]
+        noisy = torch.rand(windows.shape, generator=generator) < 0.1
+        return CHARLM.loss(model, {**batch, "windows": torch.where(noisy, 0, windows)}, where)
 
     return replace(CHARLM, loss=loss)
 
@@ -61,9 +62,10 @@ def private_generator() -> TrainSpec:
 def global_rng() -> TrainSpec:
     """Dropout on the logits from torch's global RNG, as ``nn.Dropout`` draws it."""
 
-    def loss(model: Any, batch: torch.Tensor, where: Any) -> torch.Tensor:
-        logits = F.dropout(model(batch[:, :-1]), 0.1, training=True)
-        return F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="sum")
+    def loss(model: Any, batch: dict[str, torch.Tensor], where: Any) -> torch.Tensor:
+        windows = batch["windows"]
+        logits = F.dropout(model(windows[:, :-1]), 0.1, training=True)
+        return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="sum")
 
     return replace(CHARLM, loss=loss)
 
@@ -119,14 +121,33 @@ def test_randomness_from_the_global_rng_is_refused_at_the_first_micro_batch(
         )
 
 
-def test_a_loss_that_is_not_a_scalar_is_refused(data: Path, tmp_path: Path) -> None:
-    def per_sample(model: Any, batch: Any, where: Any) -> torch.Tensor:
-        return CHARLM.loss(model, batch, where).expand(2)
+def per_sample(model: Any, batch: Any, where: Any) -> Any:
+    total, count = CHARLM.loss(model, batch, where)
+    return total.expand(2), count
 
-    with pytest.raises(TaskContractError, match="loss must return a scalar tensor"):
-        run_here(
-            tmp_path, data, flags("charlm", "--max-steps=1"), spec=replace(CHARLM, loss=per_sample)
-        )
+
+def negative_count(model: Any, batch: Any, where: Any) -> Any:
+    total, count = CHARLM.loss(model, batch, where)
+    return total, -count
+
+
+def three_values(model: Any, batch: Any, where: Any) -> Any:
+    return (*CHARLM.loss(model, batch, where), 1)
+
+
+@pytest.mark.parametrize(
+    ("loss", "seen"),
+    [
+        (per_sample, r"got \(Tensor \(2,\), Tensor \(\)\)"),
+        (negative_count, r"got \(Tensor \(\), Tensor \(\)\)"),
+        (three_values, r"got \(Tensor \(\), Tensor \(\), int\)"),
+    ],
+)
+def test_a_loss_that_is_not_a_scalar_or_a_sum_and_count_is_refused(
+    loss: Callable[..., Any], seen: str, data: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(TaskContractError, match=f"loss must return a scalar tensor .*{seen}"):
+        run_here(tmp_path, data, flags("charlm", "--max-steps=1"), spec=replace(CHARLM, loss=loss))
 
 
 def test_the_real_tasks_pass_the_checks(data: Path, tmp_path: Path) -> None:
