@@ -91,7 +91,7 @@ class Trainer(StatefulTrainer):
     def _backward(self, model: nn.Module, indices: torch.Tensor, scale: float) -> float:
         """The task's loss of one micro-batch, backward; its value (the sum over samples)."""
         where = self.micro_batch(indices)
-        items = [self.dataset[i] for i in indices.tolist()]
+        items = self.loader.items(self.state.step, indices)  # read ahead by loader threads
         batch = _to_device(self.spec.collate(items, where), self.device, self.dtype)
         loss = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
         (loss * scale).backward()
@@ -156,6 +156,8 @@ class Trainer(StatefulTrainer):
                 # torchrun retry, rather than crash and fall back to the last periodic save.
                 return self._after_failure("storage_failure", exc, stop, restored=True)
             raise
+        finally:
+            self.loader.close()  # its threads read no further ahead
         return EXIT_OK
 
     def _after_failure(
