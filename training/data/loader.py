@@ -9,7 +9,13 @@ Threads, not worker processes (torch's DataLoader workers): a forked worker woul
 node-local prune's lock descriptors and the SIGTERM handler, and a spawned one would pickle the
 dataset and pay its import per round. Reads that are slow are slow on I/O (a disk, Blob), which
 releases the GIL, and so do torch's tensor ops; a task whose ``__getitem__`` is heavy pure Python
-decoding would want processes.
+decoding would want processes. The worker starts no process, so nothing forks while a loader
+thread holds a lock (lab/local/process_tree.py's rule against preexec_fn), and no child's
+PR_SET_PDEATHSIG is tied to a loader thread (it fires when the creating thread exits).
+
+A stream's position is not a loader's state, as torchdata's ``StatefulDataLoader`` keeps it
+(items yielded, per rank and per worker): that state cannot be split again at another world
+size. Here the global stream is cut by the step alone, which the checkpoint holds already.
 """
 
 from __future__ import annotations
