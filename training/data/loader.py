@@ -27,15 +27,16 @@ from typing import Any, Protocol
 
 import torch
 
-from training.api import Samples, Stream, is_stream
+from training.api import Samples, Stream, TaskContractError, is_stream
 from training.data.sampler import ElasticSampler, StreamSampler, rank_share
 
 _POLL_S = 0.1
 """How often a reader blocked on a full queue looks whether it was closed."""
 
 
-class StreamEnded(ValueError):
-    """The stream holds fewer items than the steps asked for."""
+class StreamEnded(TaskContractError):
+    """The stream holds fewer items than the steps ask for: the same in every round, so the
+    job ends with exit 2 rather than restart into it."""
 
 
 class Loader(Protocol):
