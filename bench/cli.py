@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The rendezvous at scale, an eviction's commit with a large state and the chaos "
         "campaign are also commands of their own: python -m bench rendezvous-scale --help, "
         "python -m bench chaos --help, python -m bench commit-deadline "
-        "--help; charlm's keyed randomness before and after: python -m bench keyed-random",
+        "--help; charlm's keyed randomness before and after: python -m bench keyed-random; "
+        "loader threads against fetching in the step: python -m bench input-pipeline",
     )
     parser.add_argument("--reps", type=int, help="repetitions per fault kind (default 3)")
     parser.add_argument(
@@ -134,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.keyed_random.command import main as keyed_random_main
 
         return keyed_random_main(argv[1:])
+    if argv[:1] == ["input-pipeline"]:
+        from bench.input_pipeline.command import main as input_pipeline_main
+
+        return input_pipeline_main(argv[1:])
     if argv[:1] == ["chaos"]:
         from bench.chaos.command import main as chaos_main
 

@@ -12,9 +12,11 @@ from training.api.spec import (
     Evaluation,
     MicroBatch,
     Samples,
+    Stream,
     TaskContractError,
     TrainParts,
     TrainSpec,
+    is_stream,
     require_at_least,
 )
 
@@ -25,11 +27,13 @@ __all__ = [
     "Evaluation",
     "MicroBatch",
     "Samples",
+    "Stream",
     "TaskContractError",
     "TrainParts",
     "TrainSpec",
     "keyed_dropout",
     "keyed_seed",
     "keyed_uniform",
+    "is_stream",
     "require_at_least",
 ]

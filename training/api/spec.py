@@ -12,7 +12,7 @@ task, found by name in one registry (``training/tasks/__init__.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,12 +47,36 @@ class Samples(Protocol):
         ...
 
 
+class Stream(Protocol):
+    """A training split read in order (a corpus streamed from Blob, a log): no length, no
+    random access. Global batch ``s`` is items ``s*G .. s*G+G-1`` of the stream, the item's
+    position is its sample index, and the loop's step is the whole position, the same at any
+    world size (training/data/loader.py)."""
+
+    @property
+    def identity(self) -> str:
+        """What names the content, e.g. ``name@version`` or a manifest's digest: a state is
+        never resumed over another stream."""
+        ...
+
+    def read(self, start: int) -> Iterator[Any]:
+        """The items from position ``start`` (0-based) on, in the stream's order; the same
+        items for the same positions in every process and every run."""
+        ...
+
+
+def is_stream(train: Samples | Stream) -> bool:
+    """Whether a training split is a stream (read in order) rather than indexable samples."""
+    return callable(getattr(train, "read", None)) and not hasattr(train, "__getitem__")
+
+
 @dataclass(frozen=True)
 class Data:
     """What ``TrainSpec.load_data`` returns."""
 
-    train: Samples
-    """The samples the loop draws global batches from."""
+    train: Samples | Stream
+    """The samples the loop draws global batches from: indexable, or a stream read in
+    order."""
     validation: Samples | None = None
     """What ``TrainSpec.evaluate`` reads, if the task evaluates."""
 
@@ -154,7 +178,8 @@ class TrainSpec:
     """``build(options, data, run)``: model, optimizer, scheduler. Called after the loop seeded
     torch with ``--seed``: every rank builds the same initial weights."""
     collate: Callable[[Sequence[Any], MicroBatch], Any]
-    """``collate(items, where)``: ``items[i]`` is ``train[where.indices[i]]``; returns the batch
+    """``collate(items, where)``: ``items[i]`` is ``train[where.indices[i]]`` (a stream's
+    item at that position); returns the batch
     (tensors, or tuples or dicts of them, on the CPU; the loop moves them)."""
     loss: Callable[[nn.Module, Any, MicroBatch], torch.Tensor | tuple[torch.Tensor, Any]]
     """``loss(model, batch, where)``: the SUM over the micro-batch's samples of each sample's

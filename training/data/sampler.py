@@ -155,3 +155,36 @@ class ElasticSampler:
             "global_batch": self.global_batch,
             "seed": self.seed,
         }
+
+
+@dataclass(frozen=True)
+class StreamSampler:
+    """A stream's positions for optimiser step ``step``: global batch ``s`` is positions
+    ``s*G .. s*G+G-1``, one pass in the stream's own order (epoch 0 throughout). As with
+    ``ElasticSampler`` the step is the whole position, so a resume at another world size
+    continues where the global stream stopped."""
+
+    global_batch: int
+    """Items per optimiser step, summed over all ranks."""
+
+    def __post_init__(self) -> None:
+        _require_int("global_batch", self.global_batch, 1)
+
+    def epoch_of(self, step: int) -> int:
+        _require_int("step", step, 0)
+        return 0
+
+    def global_indices(self, step: int) -> torch.Tensor:
+        start = self.consumed_samples(step)
+        return torch.arange(start, start + self.global_batch, dtype=torch.int64)
+
+    def rank_indices(self, step: int, world_size: int, rank: int) -> torch.Tensor:
+        start, count = rank_share(self.global_batch, world_size, rank)
+        return self.global_indices(step)[start : start + count]
+
+    def consumed_samples(self, step: int) -> int:
+        _require_int("step", step, 0)
+        return step * self.global_batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"global_batch": self.global_batch}

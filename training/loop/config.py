@@ -46,6 +46,11 @@ class ConfigError(ValueError):
 class DataConfig:
     data_dir: str = ""
     """Directory with CIFAR-10 binary batches (``data_batch_N.bin``). Required."""
+    loader_workers: int = 2
+    """Threads that read indexable samples ahead of the step (0: read in the training thread).
+    A stream is always read by one thread of its own."""
+    prefetch_steps: int = 2
+    """Steps of this rank's items read ahead of the step in flight."""
 
 
 @dataclass
@@ -277,6 +282,8 @@ def validate(cfg: TrainConfig) -> None:
         "seed": (cfg.run.seed, 0),
         "min_step_time_s": (cfg.run.min_step_time_s, 0),
         "eval_every": (cfg.run.eval_every, 0),
+        "loader_workers": (cfg.data.loader_workers, 0),
+        "prefetch_steps": (cfg.data.prefetch_steps, 0),
     }
     for name, (value, low) in at_least.items():
         if value < low:
@@ -313,14 +320,14 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"task {cfg.run.task}: {exc}") from None
 
 
-def check_batch_fits(cfg: TrainConfig, num_samples: int, world_size: int) -> None:
+def check_batch_fits(cfg: TrainConfig, num_samples: int | None, world_size: int) -> None:
     """Raise ConfigError when the global batch cannot be split: checked before any collective.
 
-    An epoch must hold at least one full global batch, and every rank needs at least one
-    sample of it.
+    An epoch must hold at least one full global batch (None: a stream, of no known length),
+    and every rank needs at least one sample of it.
     """
     batch = cfg.optim.global_batch_size
-    if world_size <= batch <= num_samples:
+    if world_size <= batch <= (batch if num_samples is None else num_samples):
         return
     flag = f"{_flag('global_batch_size')} (or {ENV_PREFIX}GLOBAL_BATCH_SIZE)"
     raise ConfigError(

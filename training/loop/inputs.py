@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from training.api import Data, Samples
+from training.api import Data, Samples, Stream, is_stream
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
@@ -36,7 +36,7 @@ class StoreUnavailable(OSError):
 STORAGE_KEY = "checkpoint_uri_sha256"
 
 
-def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
+def run_identity(cfg: TrainConfig, dataset: Samples | Stream) -> dict[str, Any]:
     """What a saved state must match to be resumed: what changes the meaning of that state.
 
     The task and its options that shape the parameters (``TrainSpec.state_options``; all of
@@ -54,8 +54,7 @@ def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
         "global_batch_size": cfg.optim.global_batch_size,
         "seed": cfg.run.seed,
         **{k: v for k, v in asdict(cfg.options).items() if k in state_options},
-        "num_samples": len(dataset),
-        "dataset_sha256": dataset.digest,
+        **_dataset_identity(dataset),
         STORAGE_KEY: uri_digest(cfg.checkpoint.checkpoint_uri),
     }
     if cfg.run.task != "cifar":
@@ -65,6 +64,14 @@ def run_identity(cfg: TrainConfig, dataset: Samples) -> dict[str, Any]:
     if cfg.run.precision != "fp32":
         identity["precision"] = cfg.run.precision
     return identity
+
+
+def _dataset_identity(dataset: Samples | Stream) -> dict[str, Any]:
+    """Indexable samples: their count and content digest. A stream: its identity (a name and
+    a version, or a manifest's digest), since hashing a streamed corpus means reading it all."""
+    if is_stream(dataset):
+        return {"dataset": dataset.identity}  # type: ignore[union-attr]
+    return {"num_samples": len(dataset), "dataset_sha256": dataset.digest}  # type: ignore[arg-type,union-attr]
 
 
 def open_durable(
@@ -109,7 +116,7 @@ def _unreadable(uri: str, exc: Exception) -> ConfigError:
 
 
 def open_node_local(
-    cfg: TrainConfig, env: DistEnv, dataset: Samples, lineage: str
+    cfg: TrainConfig, env: DistEnv, dataset: Samples | Stream, lineage: str
 ) -> NodeLocalState:
     """This job's emergency saves on this node, keyed by run id, checkpoint URI and the
     durable store's lineage (a store emptied since is a new history)."""
@@ -147,7 +154,8 @@ def load_inputs(
     """
     cfg = parse_config(argv)
     data = load_data(cfg)
-    check_batch_fits(cfg, len(data.train), env.world_size)
+    train = data.train
+    check_batch_fits(cfg, None if is_stream(train) else len(train), env.world_size)  # type: ignore[arg-type]
     later = env.restart_count > 0 or env.rdzv_round > 1
     durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
     check_init_from(cfg)

@@ -98,7 +98,7 @@ class Trainer(StatefulTrainer):
         over samples is scaled by ``scale``; a (sum, count) one after the step's last
         micro-batch (training/loop/step/losses.py)."""
         where = self.micro_batch(indices)
-        items = [self.dataset[i] for i in indices.tolist()]
+        items = self.loader.items(self.state.step, indices)  # read ahead by loader threads
         batch = _to_device(self.spec.collate(items, where), self.device, self.dtype)
         with self.precision.autocast():  # forward and loss (--precision)
             value = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
@@ -168,6 +168,8 @@ class Trainer(StatefulTrainer):
                 # torchrun retry, rather than crash and fall back to the last periodic save.
                 return self._after_failure("storage_failure", exc, stop, restored=True)
             raise
+        finally:
+            self.loader.close()  # its threads read no further ahead
         return EXIT_OK
 
     def _after_failure(

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from training.api import BuildContext, Data, TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
 from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
-from training.data.sampler import ElasticSampler
+from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
 from training.loop import run_changes
@@ -95,7 +95,15 @@ class StatefulTrainer:
         self.scheduler = self.parts.scheduler
         self.precision = Precision(cfg.run.precision, device)  # fp16's scaler is state
         self.settings = run_changes.settings(cfg, self.optimizer)  # as built, before any step
-        self.sampler = ElasticSampler(len(self.dataset), cfg.optim.global_batch_size, cfg.run.seed)
+        self.sampler = sampler_for(self.dataset, cfg.optim.global_batch_size, cfg.run.seed)
+        self.loader = open_loader(
+            self.dataset,
+            self.sampler,
+            env.world_size,
+            env.rank,
+            cfg.data.loader_workers,
+            cfg.data.prefetch_steps,
+        )
         self.state = TrainerState()
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
