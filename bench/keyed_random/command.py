@@ -63,12 +63,18 @@ def _step_runner(args: argparse.Namespace, dropout: float) -> Callable[[int], No
     def step(index: int) -> None:
         parts.optimizer.zero_grad(set_to_none=True)
         first = index * args.global_batch % (len(data.train) - args.global_batch)
+        counted = 0
         for offset in range(0, args.global_batch, micro):
             indices = torch.arange(first + offset, first + offset + micro)
             where = MicroBatch(indices, index, 0, 0, device)
-            batch = charlm.collate([data.train[int(i)] for i in indices], where).to(device)
-            loss = charlm.loss(model, batch, where) * (1.0 / args.global_batch)
-            loss.backward()
+            items = charlm.collate([data.train[int(i)] for i in indices], where)
+            batch = {name: tensor.to(device) for name, tensor in items.items()}
+            total, count = charlm.loss(model, batch, where)  # (sum, count), as the loop takes it
+            total.backward()
+            counted += int(count)
+        for parameter in model.parameters():  # the loop's mean over the step's count
+            if parameter.grad is not None:
+                parameter.grad.mul_(1.0 / max(counted, 1))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         parts.optimizer.step()
         if parts.scheduler is not None:
