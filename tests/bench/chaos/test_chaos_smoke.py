@@ -25,7 +25,7 @@ from bench.chaos.invariants import INVARIANTS, TOLERANCE
 from bench.chaos.schedule import PARTITION, random_schedule
 from lab.local import netns
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SEED = 1172
 NO_NAMESPACES = netns.unavailable()
 """Why the partition cannot be made here, or None."""

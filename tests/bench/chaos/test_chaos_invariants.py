@@ -13,7 +13,7 @@ from bench.chaos.invariants import Evidence, check
 from bench.chaos.store_excuse import store_refused
 from training.elastic.exit_codes import ENDINGS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0
 
 
