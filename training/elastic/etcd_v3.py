@@ -232,46 +232,9 @@ class Etcd:
 
     def wait(self, prefix: str, after: int, timeout_s: float) -> int:
         """Block until a key under ``prefix`` changes after revision ``after``, or
-        ``timeout_s`` passes; the revision of the change (``after`` on a timeout).
-
-        A watch created with ``start_revision = after + 1`` (etcd's ``WatchCreateRequest``)
-        replays every change since, so a change between the caller's read and this watch is
-        never missed. WatchCompacted when that history is gone.
-        """
-        body = {
-            "create_request": {
-                "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix)),
-                "start_revision": after + 1,
-            }
-        }
-        try:
-            response = self.client.session.post(
-                self.client.get_url("/watch"),
-                json=body,
-                stream=True,
-                timeout=(self.timeout_s, timeout_s),
-            )
-        except requests.exceptions.RequestException as exc:
-            raise EtcdError(str(exc)) from exc
-        with response:
-            if response.status_code != 200:
-                raise EtcdError(response.text, response.reason)
-            try:
-                for line in response.iter_lines():
-                    if not line.strip():
-                        continue
-                    result = json.loads(line).get("result", {})
-                    if int(result.get("compact_revision", 0)):
-                        raise WatchCompacted(f"compacted at {result['compact_revision']}")
-                    if result.get("events"):
-                        return int(result["header"]["revision"])
-            except requests.exceptions.ConnectionError as exc:
-                # The read timed out (urllib3 reports it as a connection error in a stream):
-                # nothing changed; or etcd went away, which the caller's next read tells.
-                if "timed out" in str(exc).lower():
-                    return after
-                raise EtcdError(str(exc)) from exc
-            except requests.exceptions.RequestException as exc:
-                raise EtcdError(str(exc)) from exc
+        ``timeout_s`` passes; the revision of the change (``after`` on a timeout). The first
+        response of a ``watch`` (so a change between the caller's read and this call is never
+        missed); WatchCompacted when that history is gone."""
+        for events in self.watch(prefix, after, idle_s=timeout_s):
+            return max(event.kv.mod_revision for event in events)
         return after

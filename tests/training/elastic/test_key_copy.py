@@ -158,3 +158,17 @@ def test_the_watch_keeps_the_view_equal_to_a_read_without_reading_again(
     view = keys.current_view()  # holds this node's own writes: no read needed
     assert "b" not in view.nodes and 1 not in view.joined and view.state is not None
     assert keys.client.ranges == reads, "the view was read again instead of watched"
+
+
+def test_a_wait_returns_the_revision_of_the_first_change_after_the_read(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    # The agents' exit barrier waits on this: a watch's first response, not a poll.
+    client = Etcd("127.0.0.1", etcd_server.client_port)
+    prefix = f"/wait-{time.monotonic_ns()}/"
+    _, read_at = client.range(prefix)
+    client.txn([], [etcd_v3.put(f"{prefix}k", "1")])
+    (kv,), _ = client.range(prefix)
+    assert client.wait(prefix, read_at, timeout_s=30) == kv.mod_revision
+    # Nothing under the prefix since: the wait ends when its time does, with the same revision.
+    assert client.wait(prefix, kv.mod_revision, timeout_s=0.5) == kv.mod_revision
