@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -103,6 +104,9 @@ def _resumes_after(cluster: Cluster, ts: float) -> list[dict]:
     return [e for e in cluster.events("resumed") if e["ts"] > ts]
 
 
+_NONE = SimpleNamespace(step=-1)
+
+
 @pytest.mark.timeout(300)
 def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrupted(
     cluster_factory, reference
@@ -110,11 +114,17 @@ def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrup
     first = cluster_factory("three-nodes")
     for node in ("a", "b", "c"):
         first.start(node, ARGS)
-    first.wait_until(lambda: first.max_step() >= 6, 180, "step 6")
+    durable = CheckpointRepository(FileStore(first.checkpoints))
+    # Periodic saves upload off the step: wait for the commit itself, not for a later step.
+    first.wait_until(
+        lambda: first.max_step() >= 6 and (durable.head() or _NONE).step >= 4,
+        180,
+        "step 6, and step 4 or later durable",
+    )
     for node in ("a", "b", "c"):
         first.kill(node)
     # The manifest, not the events: a SIGKILL can land between a commit and its event.
-    head = CheckpointRepository(FileStore(first.checkpoints)).head()
+    head = durable.head()
     assert head is not None and 4 <= head.step < MAX_STEPS
     durable_step = head.step
 
