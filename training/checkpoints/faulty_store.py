@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.storage import ObjectStore
@@ -127,6 +128,10 @@ class FaultyStore:
     def get(self, name: str) -> bytes:
         self._before("get", name)
         return self.inner.get(name)
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        self._before("get", name)
+        return self.inner.get_into(name, sink)
 
     def delete(self, name: str) -> None:
         self._before("delete", name)
