@@ -292,3 +292,44 @@ def test_single_file_checkpoints_keep_their_manifest_format(file_store: FileStor
         not in Manifest.decode(file_store.get(repository.manifest_name(1))).encode().decode()
     )
     assert entry.objects == (entry.name,)
+
+
+def test_only_the_coordinator_plans_the_rng_streams() -> None:
+    from training.checkpoints.sharded.state import CoordinatorSavePlanner, TrainerState
+
+    state = {"trainer": TrainerState(step=3).state_dict(), "model": {"w": torch.zeros(2)}}
+    planned = {}
+    for coordinator in (True, False):
+        planner = CoordinatorSavePlanner()
+        planner.set_up_planner(state, is_coordinator=coordinator)
+        planned[coordinator] = {item.index.fqn for item in planner.create_local_plan().items}
+    assert "trainer.rng.torch" in planned[True] and "model.w" in planned[True]
+    assert planned[False] == planned[True] - {"trainer.rng.torch"}
+
+
+def test_the_trainer_state_restores_its_step_scheduler_rng_and_extras(
+    file_store: FileStore, tmp_path: Path
+) -> None:
+    from training.checkpoints.sharded.state import TrainerState
+
+    def trainer() -> tuple[TrainerState, torch.optim.lr_scheduler.StepLR, torch.nn.Linear]:
+        extra = torch.nn.Linear(2, 2).double()
+        optimizer = torch.optim.SGD(extra.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return TrainerState(scheduler=scheduler, extras={"extra": extra}), scheduler, extra
+
+    saved, scheduler, extra = trainer()
+    for _ in range(3):
+        scheduler.optimizer.step()
+        scheduler.step()
+    saved.step, saved.consumed_samples = 3, 36
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    _checkpoints(file_store, tmp_path).save({"trainer": saved}, 3)
+    torch.manual_seed(8)
+    loaded, other_scheduler, other_extra = trainer()
+    _checkpoints(file_store, tmp_path).load({"trainer": loaded})
+    assert (loaded.step, loaded.consumed_samples) == (3, 36)
+    assert other_scheduler.get_last_lr() == scheduler.get_last_lr() == [0.125]
+    assert torch.equal(other_extra.weight, extra.weight)
+    assert torch.equal(torch.get_rng_state(), rng)

@@ -33,6 +33,7 @@ from training.checkpoints.checkpoint import (
     StaleCheckpoint,
 )
 from training.checkpoints.sharded.reader import StoreReader, VerifiedLoadPlanner
+from training.checkpoints.sharded.state import CoordinatorSavePlanner
 from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
 from training.checkpoints.storage import ObjectStore
 
@@ -76,7 +77,8 @@ class ShardedCheckpoints:
         spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=self._scratch()))
         writer = StoreWriter(self.repository, step, spool, options)
         try:
-            dcp.save(state_dict, storage_writer=writer, process_group=group)
+            planner = CoordinatorSavePlanner()
+            dcp.save(state_dict, storage_writer=writer, planner=planner, process_group=group)
         except CheckpointException as exc:
             stale = _failures(exc, StaleCheckpoint)
             if stale:
