@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from azure.core.exceptions import (
     AzureError,
@@ -219,6 +219,23 @@ class BlobStore:
             except ResourceModifiedError as e:
                 # A ranged download is pinned to the first range's ETag; objects are never
                 # rewritten, so a mismatch means the object was deleted while being read.
+                raise FileNotFoundError(
+                    f"object {name!r} in {self.describe()} went away during its download"
+                ) from e
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        """Stream the object into ``sink``, its ranges in order (one at a time: ``sink`` need
+        not seek); FileNotFoundError as ``get``."""
+        _check_object_name(name)
+        with self._errors(f"get {name!r}"):
+            try:
+                download = self._container.download_blob(
+                    self.location.blob_name(name), max_concurrency=1, **self._call_options()
+                )
+                return int(download.readinto(sink))
+            except ResourceNotFoundError as e:
+                raise FileNotFoundError(f"no object {name!r} in {self.describe()}") from e
+            except ResourceModifiedError as e:  # see ``get``
                 raise FileNotFoundError(
                     f"object {name!r} in {self.describe()} went away during its download"
                 ) from e

@@ -53,11 +53,12 @@ from training.checkpoints.manifest import (
     Loaded,
     Manifest,
     StaleCheckpoint,
-    is_object_of,
+    StoredFile,
     manifest_name,
     manifest_seq,
     object_name,
     sha256,
+    unreferenced,
 )
 from training.checkpoints.serialization import Payload, deserialize, serialize, snapshot
 from training.checkpoints.storage import ObjectStore
@@ -111,7 +112,7 @@ class CheckpointRepository:
         self.keep = keep
         self.prefix = prefix
         self.grace_s = grace_s
-        self._clock = clock
+        self.clock = clock
         self.writer = uuid.uuid4().hex[:8]
         # Guards only the number below, never a store call: a stalled writer blocks no one.
         self._lock = threading.Lock()
@@ -227,6 +228,9 @@ class CheckpointRepository:
         deadline: Deadline | None = None,
         prune: bool = True,
         newer_only: bool = False,
+        files: tuple[StoredFile, ...] = (),
+        name: str | None = None,
+        since: float | None = None,
     ) -> Entry:
         """Check, write, then publish a checkpoint; returns only once it is acknowledged.
 
@@ -236,11 +240,13 @@ class CheckpointRepository:
         its manifest says (another node's agent was first). CheckpointError when publishing
         took so long that a concurrent prune may have removed the object; DeadlineExceeded
         when ``deadline`` passed first (it bounds every store call). ``prune``: prune once
-        acknowledged."""
+        acknowledged. A sharded checkpoint's ``files`` are in the store already: ``data`` is its
+        metadata, written as ``name``, and the grace runs from ``since`` (on this clock)."""
         payload = data if isinstance(data, Payload) else Payload.of(data)
-        entry = Entry(object_name(self.prefix, step), step, payload.sha256, payload.size)
+        entry = Entry(name or object_name(self.prefix, step), step, payload.sha256, payload.size)
+        entry = Entry.from_json({**entry.to_json(), "files": [vars(f) for f in files]})
         store = self.store.bounded(deadline) if deadline is not None else self.store
-        uploaded, newer = self._publish_entry(entry, payload, store, deadline, newer_only)
+        uploaded, newer = self._publish_entry(entry, payload, store, deadline, newer_only, since)
         if newer is not None:
             older = f"is older than step {newer}," if newer != step else "is"
             raise StaleCheckpoint(
@@ -248,7 +254,7 @@ class CheckpointRepository:
                 f"{self.store.describe()}; dropped"
             )
         assert uploaded is not None  # published
-        late = self._clock() - uploaded
+        late = self.clock() - uploaded
         with self._lock:
             self._newest_published = max(self._newest_published, step)
         if late >= self.grace_s / 2:
@@ -268,7 +274,7 @@ class CheckpointRepository:
         grace period runs from that date, whatever the size of the upload.
         """
         stored = store.put(entry.name, payload.source)
-        uploaded = self._clock()
+        uploaded = self.clock()
         if stored != entry.size:
             self._discard(entry, store)
             raise CheckpointError(
@@ -278,11 +284,12 @@ class CheckpointRepository:
         return uploaded
 
     def _discard(self, entry: Entry, store: ObjectStore) -> None:
-        """Delete an object of ours that no manifest names (best effort: pruning retries)."""
-        try:
-            store.delete(entry.name)
-        except OSError as exc:
-            logger.warning("could not delete unpublished %s: %s", entry.name, exc)
+        """Delete objects of ours that no manifest names (best effort: pruning retries)."""
+        for name in entry.objects:
+            try:
+                store.delete(name)
+            except OSError as exc:
+                logger.warning("could not delete unpublished %s: %s", name, exc)
 
     def _publish_entry(
         self,
@@ -291,6 +298,7 @@ class CheckpointRepository:
         store: ObjectStore,
         deadline: Deadline | None,
         newer_only: bool,
+        since: float | None,
     ) -> tuple[float | None, int | None]:
         """Upload ``entry``, publish it on top of the newest manifest: (the earlier of when the
         upload returned and when the log the manifest builds on was read, or None; the step
@@ -305,20 +313,22 @@ class CheckpointRepository:
         by an older step.
         """
         uploaded: float | None = None
-        read_at = self._clock()  # before the read: a manifest listed later is younger still
+        read_at = self.clock()  # before the read: a manifest listed later is younger still
         top, manifests, whole = self._read_log(1, store)
         while True:
             base = manifests[0] if manifests else None
             head = base.entries[0] if base and base.entries else None
             newer = self._newer_than(entry, head, store, newer_only)
             if newer is not None:
-                if uploaded is not None:
+                if uploaded is not None or entry.files:  # a sharded one's are in already
                     self._discard(entry, store)
                 return uploaded, newer
             if uploaded is None:
                 # An error after this leaves the object to pruning: a manifest may name it.
                 uploaded = self._write(entry, payload, store)
-            if self._clock() - uploaded >= self.grace_s / 2:
+                if since is not None:  # the grace runs from the first file
+                    uploaded = min(uploaded, since)
+            if self.clock() - uploaded >= self.grace_s / 2:
                 self._discard(entry, store)
                 raise CheckpointError(
                     f"checkpoint of step {entry.step} could not be published within half the "
@@ -326,10 +336,10 @@ class CheckpointRepository:
                 )
             if deadline is not None:
                 deadline.check(f"publishing the checkpoint of step {entry.step}")
-            if not whole or self._clock() - read_at >= self.grace_s / 2:
+            if not whole or self.clock() - read_at >= self.grace_s / 2:
                 if not whole:  # building on an older manifest could move the head back: wait
                     time.sleep(STALE_RETRY_S)
-                read_at = self._clock()
+                read_at = self.clock()
                 top, manifests, whole = self._read_log(1, store)
                 continue
             older = [e for e in base.entries if e.step < entry.step] if base else []
@@ -342,7 +352,7 @@ class CheckpointRepository:
                     manifest.seq,
                     store.describe(),
                 )
-                read_at = self._clock()
+                read_at = self.clock()
                 top, manifests, whole = self._read_log(1, store)
                 continue
             return min(uploaded, read_at), None
@@ -362,11 +372,14 @@ class CheckpointRepository:
         return None
 
     def _verifies(self, entry: Entry, store: ObjectStore) -> bool:
-        """True when ``entry``'s object is in the store and matches its checksum."""
+        """True when ``entry``'s object is in the store and matches its checksum, and a sharded
+        checkpoint's files are all there (readers hash those: their size is the state's)."""
         try:
-            return sha256(store.get(entry.name)) == entry.sha256
+            whole = sha256(store.get(entry.name)) == entry.sha256
         except FileNotFoundError:
             return False
+        listed = set(store.list(entry.checkpoint_id)) if whole and entry.files else set()
+        return whole and all(f.name in listed for f in entry.files)
 
     def prune(self) -> None:
         """Delete what is provably unreferenced; a store error is logged (pruning retries)."""
@@ -383,18 +396,5 @@ class CheckpointRepository:
         objects = self.store.list_modified(self.prefix + "-")
         old = {name for name, modified in objects.items() if now - modified > self.grace_s}
         top, manifests = self._log(depth=RETAINED_MANIFESTS)
-        if not manifests:
-            return  # nothing valid to keep: deleting would leave nothing to repair by hand
-        # What the newest *valid* manifests name, however many newer ones failed to decode.
-        named = {e.name for m in manifests for e in m.entries}
-        oldest_kept = min(m.seq for m in manifests)
-        for name in sorted(old - named):
-            if self._prunable(name, min(top - RETAINED_MANIFESTS, oldest_kept - 1)):
-                self.store.delete(name)
-
-    def _prunable(self, name: str, newest_retired: int) -> bool:
-        """Ours, and a checkpoint object or a manifest no newer than ``newest_retired``."""
-        if is_object_of(name, self.prefix):
-            return True
-        seq = manifest_seq(name, self.prefix)
-        return seq is not None and seq <= newest_retired
+        for name in unreferenced(old, manifests, top, self.prefix, RETAINED_MANIFESTS):
+            self.store.delete(name)

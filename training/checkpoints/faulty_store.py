@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.storage import ObjectStore
@@ -138,6 +138,9 @@ class FaultyStore:
 
     def get(self, name: str) -> bytes:
         return self._call("get", name, lambda: self.inner.get(name))
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        return self._call("get", name, lambda: self.inner.get_into(name, sink))
 
     def delete(self, name: str) -> None:
         self._call("delete", name, lambda: self.inner.delete(name))

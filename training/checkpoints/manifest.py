@@ -1,9 +1,13 @@
 """The checkpoint store's records: object and manifest names, manifests, a loaded checkpoint.
 
 Everything here is a pure function of bytes and names; ``training/checkpoints/checkpoint.py`` does
-the I/O. A manifest read from a store is data from outside this process (another version, a torn or
-hand-edited object), so decoding validates every field and turns anything unexpected into
-"not a manifest" (None), never into an exception or a half-valid entry.
+the I/O. A checkpoint is one object (``<prefix>-<step>-<nonce>.pt``, a single file), or a
+sharded one (``training/checkpoints/sharded/``): its ``.metadata`` object is the entry, and the
+entry lists the ranks' files (``<prefix>-<step>-<nonce>.<rank>-<k>.distcp``), each with its size
+and SHA-256, so a manifest commits every object of the checkpoint at once. A manifest read from
+a store is data from outside this process (another version, a torn or hand-edited object), so
+decoding validates every field and turns anything unexpected into "not a manifest" (None),
+never into an exception or a half-valid entry.
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_OBJECT = re.compile(r"^(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8}\.pt$")
+_OBJECT = re.compile(
+    r"^(?P<id>(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8})"
+    r"(?P<kind>\.pt|\.metadata|\.\d{1,6}-\d{1,6}\.distcp)$"
+)
+_HEADS = (".pt", ".metadata")
+"""What an entry may name: a single-file checkpoint, or a sharded one's metadata."""
 _MANIFEST = re.compile(r"^(?P<prefix>[a-z]+)-manifest-(?P<seq>\d{10})\.json$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ENTRY_FIELDS = frozenset({"name", "step", "sha256", "size"})
+_FILE_FIELDS = frozenset({"name", "sha256", "size"})
 
 
 class CheckpointError(RuntimeError):
@@ -49,13 +59,80 @@ def manifest_seq(name: str, prefix: str) -> int | None:
 
 
 def is_object_of(name: str, prefix: str) -> bool:
-    """Whether ``name`` is a checkpoint object of ``prefix``."""
+    """Whether ``name`` is a checkpoint object of ``prefix`` (a file of a sharded one too)."""
     match = _OBJECT.match(name)
     return bool(match) and match["prefix"] == prefix
 
 
+def unreferenced(
+    old: set[str], manifests: list[Manifest], top: int, prefix: str, retained: int
+) -> list[str]:
+    """Which of the ``old`` objects a durable prune deletes (``checkpoint.py`` says why that is
+    safe): ours, named by none of ``manifests`` (the newest ``retained`` valid ones, newest
+    first), and a checkpoint's object or a manifest no newer than the retired ones; nothing
+    when no manifest is valid (then nothing would be left to repair by hand)."""
+    if not manifests:
+        return []
+    named = {name for m in manifests for e in m.entries for name in e.objects}
+    newest_retired = min(top - retained, min(m.seq for m in manifests) - 1)
+    doomed = []
+    for name in sorted(old - named):
+        seq = manifest_seq(name, prefix)
+        if is_object_of(name, prefix) or (seq is not None and seq <= newest_retired):
+            doomed.append(name)
+    return doomed
+
+
+def sharded_id(prefix: str, step: int) -> str:
+    """A new, unique id for a sharded checkpoint of ``step``; its objects all start with it."""
+    return object_name(prefix, step).removesuffix(".pt")
+
+
+def metadata_name(checkpoint_id: str) -> str:
+    """The object that holds a sharded checkpoint's DCP metadata: the manifest's entry."""
+    return f"{checkpoint_id}.metadata"
+
+
+def shard_name(checkpoint_id: str, rank: int, index: int) -> str:
+    """The ``index``-th file rank ``rank`` writes for a sharded checkpoint."""
+    return f"{checkpoint_id}.{rank}-{index}.distcp"
+
+
+def _checkpoint_id(name: str) -> str | None:
+    match = _OBJECT.match(name)
+    return match["id"] if match else None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_digest_and_size(digest: Any, size: Any) -> None:
+    if not isinstance(digest, str) or not _SHA256.match(digest):
+        raise ValueError(f"sha256 {digest!r} is not 64 lowercase hex digits")
+    if not _is_int(size) or size < 0:
+        raise ValueError(f"size {size!r} is not an integer >= 0")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of a sharded checkpoint: its object, and what its bytes must be."""
+
+    name: str
+    size: int
+    sha256: str
+
+    @staticmethod
+    def from_json(value: Any, checkpoint_id: str) -> StoredFile:
+        """A file an entry lists; ValueError unless it is a shard file of ``checkpoint_id``."""
+        if not isinstance(value, dict) or set(value) != _FILE_FIELDS:
+            raise ValueError(f"file {value!r} does not have exactly {sorted(_FILE_FIELDS)}")
+        name = value["name"]
+        match = _OBJECT.match(name) if isinstance(name, str) else None
+        if match is None or match["id"] != checkpoint_id or not name.endswith(".distcp"):
+            raise ValueError(f"file name {name!r} is not a shard of {checkpoint_id}")
+        _check_digest_and_size(value["sha256"], value["size"])
+        return StoredFile(name, value["size"], value["sha256"])
 
 
 @dataclass(frozen=True)
@@ -66,6 +143,8 @@ class Entry:
     step: int
     sha256: str
     size: int
+    files: tuple[StoredFile, ...] = ()
+    """A sharded checkpoint's files (``name`` is then its metadata); none for a single file."""
 
     @staticmethod
     def from_json(value: Any) -> Entry:
@@ -74,23 +153,43 @@ class Entry:
         The name is what the store is asked for, so it must be one this program writes
         (``<prefix>-<step>-<nonce>.pt``, no path separators) and carry the entry's own step.
         """
-        if not isinstance(value, dict) or set(value) != _ENTRY_FIELDS:
+        if not isinstance(value, dict) or set(value) - {"files"} != _ENTRY_FIELDS:
             raise ValueError(f"entry {value!r} does not have exactly {sorted(_ENTRY_FIELDS)}")
         name, step, digest, size = value["name"], value["step"], value["sha256"], value["size"]
         if not _is_int(step) or not 0 <= step < 10**10:
             raise ValueError(f"entry step {step!r} is not an integer in [0, 10^10)")
         match = _OBJECT.match(name) if isinstance(name, str) else None
-        if match is None or int(match["step"]) != step:
+        if match is None or int(match["step"]) != step or match["kind"] not in _HEADS:
             raise ValueError(f"entry name {name!r} is not a checkpoint object of step {step}")
-        if not isinstance(digest, str) or not _SHA256.match(digest):
-            raise ValueError(f"entry sha256 {digest!r} is not 64 lowercase hex digits")
-        if not _is_int(size) or size < 0:
-            raise ValueError(f"entry size {size!r} is not an integer >= 0")
-        return Entry(name, step, digest, size)
+        _check_digest_and_size(digest, size)
+        files = value.get("files", [])
+        if not isinstance(files, list) or bool(files) != (match["kind"] == ".metadata"):
+            raise ValueError(f"entry {name!r}: files {files!r} do not fit its kind")
+        listed = tuple(StoredFile.from_json(f, match["id"]) for f in files)
+        if len({f.name for f in listed}) != len(listed):
+            raise ValueError(f"entry {name!r} lists a file twice")
+        return Entry(name, step, digest, size, listed)
 
     @property
     def prefix(self) -> str:
         return self.name.split("-", 1)[0]
+
+    @property
+    def objects(self) -> tuple[str, ...]:
+        """Every object of this checkpoint: what pruning keeps and a discard deletes."""
+        return (self.name, *(f.name for f in self.files))
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The name every object of this checkpoint starts with."""
+        found = _checkpoint_id(self.name)
+        assert found is not None, self.name  # validated when built from a manifest
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        """As a manifest holds it; a single-file entry keeps the fields it always had."""
+        body = {k: v for k, v in asdict(self).items() if k != "files"}
+        return {**body, "files": [asdict(f) for f in self.files]} if self.files else body
 
 
 @dataclass(frozen=True)
@@ -108,7 +207,7 @@ class Manifest:
     def encode(self) -> bytes:
         body = {
             "seq": self.seq,
-            "entries": [asdict(e) for e in self.entries],
+            "entries": [e.to_json() for e in self.entries],
             "writer": self.writer,
         }
         text = json.dumps(body, sort_keys=True)

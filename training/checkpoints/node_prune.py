@@ -211,7 +211,7 @@ def _doomed(root: Path, prefix: str, keep: int) -> list[str]:
     newest = _newest_valid(root, prefix, seqs)
     if newest is None:
         return []
-    kept = {entry.name for entry in newest.entries[:keep]}
+    kept = {name for entry in newest.entries[:keep] for name in entry.objects}
     objects = [n for n in names if is_object_of(n, prefix) and n not in kept]
     # Newer manifests than the newest valid one stay: torn, they still hold their number.
     return objects + [manifest_name(prefix, seq) for seq in seqs if seq < newest.seq]

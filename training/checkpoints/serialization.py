@@ -95,7 +95,7 @@ class Payload:
         return cls(data, len(data), sha256(data))
 
 
-class _HashingWriter:
+class HashingWriter:
     """A file that hashes what it writes, hashing on a second thread while the disk writes.
 
     hashlib and file writes both release the GIL on large buffers, so a large state costs
@@ -132,7 +132,7 @@ def spool(state: dict[str, Any], path: Path) -> Payload:
         open(path, "xb") as f,
         _without_crc(),
     ):
-        writer = _HashingWriter(f, pool)
+        writer = HashingWriter(f, pool)
         torch.save(state, writer)  # type: ignore[arg-type]
         writer.flush()
     return Payload(path, writer.size, writer.hash.hexdigest())

@@ -16,13 +16,15 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from training.checkpoints.deadline import Deadline
 
 # FUSE filesystems (blobfuse2 shows as "fuse" or "fuse.blobfuse2") cache listings and reads
 # per node, and most cannot link: none is trusted with a manifest.
 _UNSAFE_FILESYSTEM_PREFIX = "fuse"
+CHUNK_BYTES = 4 * 1024 * 1024
+"""What a streamed read holds at once."""
 
 
 class ObjectStore(Protocol):
@@ -41,6 +43,10 @@ class ObjectStore(Protocol):
 
     def get(self, name: str) -> bytes:
         """The object's bytes; raise ``FileNotFoundError`` when there is none."""
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        """Stream the object's bytes, in order, into ``sink`` (which need not seek); the number
+        written. ``FileNotFoundError`` when there is none. For objects too large to hold."""
 
     def delete(self, name: str) -> None:
         """Remove the object; a missing object is not an error."""
@@ -119,6 +125,14 @@ class FileStore:
 
     def get(self, name: str) -> bytes:
         return self._path(name).read_bytes()
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        written = 0
+        with open(self._path(name), "rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                sink.write(chunk)
+                written += len(chunk)
+        return written
 
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)

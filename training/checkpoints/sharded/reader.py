@@ -1,0 +1,117 @@
+"""A DCP ``StorageReader`` on an object store that verifies every file before it loads.
+
+DCP calls (torch 2.13 ``state_dict_loader.py``, ``_load_state_dict``): ``read_metadata``, then
+``set_up_storage_reader`` and ``prepare_local_plan`` on every rank, gathered by the coordinator
+(``_DistWrapper.reduce_scatter``: one rank's exception fails the step on every rank), then
+``read_data``. So the checks run before any tensor is written:
+
+- ``read_metadata`` reads the metadata object, checks its SHA-256 against the manifest's entry
+  and reads it as data (``metadata.py``);
+- ``prepare_local_plan`` streams each file this rank's plan reads into a local directory,
+  hashing as it downloads, and compares size and SHA-256 with the manifest. A file that is
+  missing, torn or not listed fails the load on every rank, naming the file.
+
+``read_data`` is torch's ``FileSystemReader`` on that directory (one tensor at a time). Values
+that are not tensors go through ``VerifiedLoadPlanner``, which unpickles them with
+``weights_only`` (DCP's default planner does not).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from training.checkpoints.manifest import CheckpointError, Entry, StoredFile, sha256
+from training.checkpoints.serialization import HashingWriter
+from training.checkpoints.sharded.metadata import decode
+from training.checkpoints.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+
+class StoreReader(FileSystemReader):
+    """Reads the sharded checkpoint ``entry`` of ``store``, through copies in ``cache``."""
+
+    def __init__(self, store: ObjectStore, entry: Entry, cache: Path) -> None:
+        super().__init__(cache)
+        self.store, self.entry, self.cache = store, entry, cache
+        self._files = {f.name: f for f in entry.files}
+
+    def read_metadata(self) -> Metadata:  # type: ignore[override]
+        """No ``rank`` keyword: DCP then never looks for per-rank metadata, which we never
+        write."""
+        name = self.entry.name
+        try:
+            data = self.store.get(name)
+        except FileNotFoundError as exc:
+            raise self._failed(name, "is missing") from exc
+        if len(data) != self.entry.size or sha256(data) != self.entry.sha256:
+            raise self._failed(name, f"fails its checksum ({len(data)} bytes)")
+        metadata = decode(data, name)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        needed = sorted({self.storage_data[i.storage_index].relative_path for i in plan.items})
+        self.cache.mkdir(parents=True, exist_ok=True)
+        for name in needed:
+            listed = self._files.get(name)
+            if listed is None:
+                raise self._failed(name, "is not listed in the manifest")
+            self._fetch(listed)
+        return plan
+
+    def _fetch(self, listed: StoredFile) -> None:
+        """Stream ``listed`` into the cache, checking its size and SHA-256 on the way."""
+        path = self.cache / listed.name
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
+                sink = HashingWriter(f, pool)
+                self.store.get_into(listed.name, sink)  # type: ignore[arg-type]
+                sink.flush()
+        except FileNotFoundError as exc:
+            path.unlink(missing_ok=True)
+            raise self._failed(listed.name, "is missing") from exc
+        digest = sink.hash.hexdigest()
+        if sink.size != listed.size or digest != listed.sha256:
+            path.unlink(missing_ok=True)
+            raise self._failed(
+                listed.name,
+                f"is torn: {sink.size} bytes with SHA-256 {digest[:12]}…, the manifest lists "
+                f"{listed.size} bytes with {listed.sha256[:12]}…",
+            )
+
+    def _failed(self, name: str, what: str) -> CheckpointError:
+        message = (
+            f"file {name} of the checkpoint of step {self.entry.step} in "
+            f"{self.store.describe()} {what}"
+        )
+        logger.warning("%s", message)
+        return CheckpointError(message)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False  # chosen explicitly, never inferred from a path
+
+
+class VerifiedLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, but values that are not tensors are read as data
+    (``torch.load(weights_only=True)``), never as code."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, map_location="cpu", weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded

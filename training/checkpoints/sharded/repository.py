@@ -1,0 +1,169 @@
+"""Sharded checkpoints of one run: save with every rank, load the newest that verifies.
+
+The commit protocol is ``CheckpointRepository``'s (sequence numbers, create-if-absent
+manifests, the grace and lateness rules, pruning): a sharded checkpoint is one entry whose
+object is the DCP metadata and which lists the ranks' files. Pruning and ``keep`` thus count
+whole checkpoints, and remove every file of one they drop.
+
+Loading takes the entries the coordinator read (every rank tries the same checkpoints in the
+same order, even if one rank's store answered from a stale cache), and falls back entry by
+entry: a file missing or torn on any rank fails that checkpoint on every rank before any tensor
+is written (``reader.py``), and the log names the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from training.checkpoints.checkpoint import (
+    GRACE_S,
+    CheckpointError,
+    CheckpointRepository,
+    Entry,
+    StaleCheckpoint,
+)
+from training.checkpoints.sharded.reader import StoreReader, VerifiedLoadPlanner
+from training.checkpoints.sharded.state import CoordinatorSavePlanner
+from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
+from training.checkpoints.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "dcp"
+"""Sharded checkpoints' objects: apart from the single-file ones (``ckpt``) in one store."""
+
+
+class ShardedCheckpoints:
+    """Sharded checkpoints in ``store``; ``scratch`` is local disk for each rank's file on its
+    way up and the files a load reads on their way down (removed after each)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        scratch: Path,
+        keep: int = 3,
+        prefix: str = PREFIX,
+        grace_s: float = GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.repository = CheckpointRepository(store, keep, prefix, grace_s, clock)
+        self.store = store
+        self.scratch = scratch
+
+    def save(
+        self,
+        state_dict: dict[str, Any],
+        step: int,
+        *,
+        group: Any = None,
+        options: SaveOptions | None = None,
+    ) -> Entry | None:
+        """Every rank of ``group`` calls this with its part of the state; returns the committed
+        entry on the coordinator (rank 0 of ``group``), None on the others.
+
+        Raises StaleCheckpoint when a newer step is committed already, CheckpointError when any
+        rank's file, the metadata or the manifest could not be written: then nothing is
+        committed, on every rank alike."""
+        spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=self._scratch()))
+        writer = StoreWriter(self.repository, step, spool, options)
+        try:
+            planner = CoordinatorSavePlanner()
+            dcp.save(state_dict, storage_writer=writer, planner=planner, process_group=group)
+        except CheckpointException as exc:
+            stale = _failures(exc, StaleCheckpoint)
+            if stale:
+                raise StaleCheckpoint(stale[0]) from None
+            raise CheckpointError(f"checkpoint of step {step}: {_summary(exc)}") from None
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
+        return writer.entry
+
+    def load(self, state_dict: dict[str, Any], *, group: Any = None) -> Entry | None:
+        """Load the newest checkpoint that verifies into ``state_dict`` (every rank of ``group``
+        calls this); its entry, or None when none does (``state_dict`` is then untouched)."""
+        for entry in self._entries(group):
+            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self._scratch()))
+            reader = StoreReader(self.store, entry, cache)
+            try:
+                dcp.load(
+                    state_dict,
+                    storage_reader=reader,
+                    planner=VerifiedLoadPlanner(),
+                    process_group=group,
+                )
+                return entry
+            except CheckpointException as exc:
+                if not _unverified(exc):  # the files verified: they do not fit this state
+                    raise CheckpointError(
+                        f"checkpoint of step {entry.step} in {self.store.describe()} does not "
+                        f"fit this state: {_summary(exc)}"
+                    ) from None
+                logger.warning(
+                    "checkpoint of step %d (%s) cannot be loaded: %s; trying the previous one",
+                    entry.step,
+                    entry.name,
+                    _summary(exc),
+                )
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+        return None
+
+    def entries(self) -> list[Entry]:
+        """Every checkpoint the retained manifests name, newest first (this rank's read)."""
+        return [e for e in self.repository.entries() if e.files]
+
+    def prune(self) -> None:
+        self.repository.prune()
+
+    def _entries(self, group: Any) -> list[Entry]:
+        """The coordinator's ``entries``, on every rank."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.entries()
+        found: list[Any] = [self.entries() if dist.get_rank(group) == 0 else None]
+        dist.broadcast_object_list(found, src=_global_rank(group, 0), group=group)
+        return found[0]
+
+    def _scratch(self) -> Path:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return self.scratch
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _failures(exc: CheckpointException, kind: type[BaseException]) -> list[str]:
+    """The messages of the ranks' errors of ``kind`` inside DCP's exception."""
+    return [str(error) for error, _ in exc.failures.values() if isinstance(error, kind)]
+
+
+_METADATA_FAILED = "metadata is None"
+"""How DCP words a ``read_metadata`` that raised (torch 2.13 ``state_dict_loader.py``)."""
+
+
+def _unverified(exc: CheckpointException) -> bool:
+    """Whether every rank failed on a file that is missing, torn or unreadable (``reader.py``):
+    then an older checkpoint may serve. Anything else (a key or a shape this state does not
+    have) fails every checkpoint alike."""
+    return all(
+        isinstance(error, CheckpointError) or str(error).startswith(_METADATA_FAILED)
+        for error, _ in exc.failures.values()
+    )
+
+
+def _summary(exc: CheckpointException) -> str:
+    """Each failed rank's error in one line (DCP's own text carries whole tracebacks)."""
+    return "; ".join(
+        f"rank {rank}: {type(error).__name__}: {(str(error).strip().splitlines() or [''])[-1]}"
+        for rank, (error, _) in sorted(exc.failures.items())
+    )

@@ -1,0 +1,121 @@
+"""What a sharded checkpoint holds, as DCP ``Stateful`` objects: the model and optimizer through
+``torch.distributed.checkpoint.state_dict``, and the trainer's own state.
+
+``get_state_dict``/``set_state_dict`` (torch 2.13 ``checkpoint/state_dict.py``) hand DCP the
+model and optimizer keyed by parameter name, unwrapped from DDP and, with FSDP2, as DTensors of
+this rank's shards: DCP saves each rank's shards and reshards on load, so a checkpoint saved at
+world N loads at world M. Replicated tensors (DDP) are written once, by one rank.
+
+The trainer's state is small and the same on every rank (the step, the samples consumed, the
+scheduler), except torch's RNG streams: those of the coordinator are saved
+(``CoordinatorSavePlanner``) and restored on every rank, as the single-file path restores the
+holder's. A task's extras (an EMA, a GradScaler) are ``Stateful`` too; an EMA of FSDP2
+parameters holds DTensors and is sharded like them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+TRAINER = "trainer"
+RNG = "rng"
+COORDINATOR_ONLY = f"{TRAINER}.{RNG}."
+"""Keys (DCP's flattened names) only the coordinator writes: per-rank values where one rank's
+is restored everywhere."""
+
+
+class ModelState(Stateful):
+    """A model (plain, DDP or FSDP2) and its optimizer, as DCP saves and loads them."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optimizer"],
+        )
+
+
+class TrainerState(Stateful):
+    """The loop's position and what it owns besides the model: the step, the samples consumed
+    (the sampler's position), the LR scheduler, torch's RNG streams and the task's extras."""
+
+    def __init__(
+        self,
+        step: int = 0,
+        consumed_samples: int = 0,
+        scheduler: Any | None = None,
+        extras: Mapping[str, Stateful] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.step, self.consumed_samples = step, consumed_samples
+        self.scheduler = scheduler
+        self.extras = dict(extras or {})
+        self.device = device or torch.device("cpu")
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "step": self.step,
+            "consumed_samples": self.consumed_samples,
+            RNG: rng_state(self.device),
+            "extras": {name: extra.state_dict() for name, extra in self.extras.items()},
+        }
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+        self.consumed_samples = int(state_dict["consumed_samples"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state_dict["scheduler"])
+        for name, extra in self.extras.items():
+            extra.load_state_dict(state_dict["extras"][name])
+        set_rng_state(state_dict[RNG], self.device)
+
+
+def training_state(model_state: ModelState, trainer: TrainerState) -> dict[str, Stateful]:
+    """The state dict a sharded checkpoint saves and loads: ``dcp.save``/``dcp.load`` call
+    each part's ``state_dict`` (and ``load_state_dict`` after a load)."""
+    return {"model": model_state, TRAINER: trainer}
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+class CoordinatorSavePlanner(DefaultSavePlanner):
+    """DCP's default planner, but the items of ``COORDINATOR_ONLY`` come from the coordinator:
+    which rank writes a replicated item is otherwise whichever had written least so far."""
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        if self.is_coordinator:
+            return plan
+        items = [i for i in plan.items if not i.index.fqn.startswith(COORDINATOR_ONLY)]
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
