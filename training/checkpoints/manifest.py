@@ -4,10 +4,11 @@ Everything here is a pure function of bytes and names; ``training/checkpoints/ch
 the I/O. A checkpoint is one object (``<prefix>-<step>-<nonce>.pt``, a single file), or a
 sharded one (``training/checkpoints/sharded/``): its ``.metadata`` object is the entry, and the
 entry lists the ranks' files (``<prefix>-<step>-<nonce>.<rank>-<k>.distcp``), each with its size
-and SHA-256, so a manifest commits every object of the checkpoint at once. A manifest read from
-a store is data from outside this process (another version, a torn or hand-edited object), so
-decoding validates every field and turns anything unexpected into "not a manifest" (None),
-never into an exception or a half-valid entry.
+and SHA-256, so a manifest commits every object of the checkpoint at once. A rank that saved its
+part alone (an emergency) wrote a record of it too (``<prefix>-<step>-<nonce>.<rank>.part``).
+A manifest read from a store is data from outside this process (another version, a torn or
+hand-edited object), so decoding validates every field and turns anything unexpected into "not
+a manifest" (None), never into an exception or a half-valid entry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 _OBJECT = re.compile(
     r"^(?P<id>(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8})"
-    r"(?P<kind>\.pt|\.metadata|\.\d{1,6}-\d{1,6}\.distcp)$"
+    r"(?P<kind>\.pt|\.metadata|\.\d{1,6}-\d{1,6}\.distcp|\.\d{1,6}\.part)$"
 )
 _HEADS = (".pt", ".metadata")
 """What an entry may name: a single-file checkpoint, or a sharded one's metadata."""
@@ -96,6 +97,19 @@ def metadata_name(checkpoint_id: str) -> str:
 def shard_name(checkpoint_id: str, rank: int, index: int) -> str:
     """The ``index``-th file rank ``rank`` writes for a sharded checkpoint."""
     return f"{checkpoint_id}.{rank}-{index}.distcp"
+
+
+def part_name(checkpoint_id: str, rank: int) -> str:
+    """The record of the part rank ``rank`` saved alone (``sharded/parts.py``)."""
+    return f"{checkpoint_id}.{rank}.part"
+
+
+def parse_part(name: str, prefix: str) -> tuple[str, int, int] | None:
+    """(checkpoint id, step, rank) of a part's record of ``prefix``, or None."""
+    match = _OBJECT.match(name)
+    if not match or match["prefix"] != prefix or not match["kind"].endswith(".part"):
+        return None
+    return match["id"], int(match["step"]), int(match["kind"].split(".")[1])
 
 
 def _checkpoint_id(name: str) -> str | None:

@@ -74,7 +74,7 @@ class ShardedCheckpoints:
         Raises StaleCheckpoint when a newer step is committed already, CheckpointError when any
         rank's file, the metadata or the manifest could not be written: then nothing is
         committed, on every rank alike."""
-        spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=self._scratch()))
+        spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=self.scratch_dir()))
         writer = StoreWriter(self.repository, step, spool, options)
         try:
             planner = CoordinatorSavePlanner()
@@ -92,7 +92,7 @@ class ShardedCheckpoints:
         """Load the newest checkpoint that verifies into ``state_dict`` (every rank of ``group``
         calls this); its entry, or None when none does (``state_dict`` is then untouched)."""
         for entry in self._entries(group):
-            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self._scratch()))
+            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
             reader = StoreReader(self.store, entry, cache)
             try:
                 dcp.load(
@@ -133,7 +133,7 @@ class ShardedCheckpoints:
         dist.broadcast_object_list(found, src=_global_rank(group, 0), group=group)
         return found[0]
 
-    def _scratch(self) -> Path:
+    def scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)
         return self.scratch
 

@@ -43,7 +43,7 @@ from training.checkpoints.sharded.metadata import encode
 
 
 @dataclass(frozen=True)
-class _Shard:
+class Shard:
     """What the coordinator's plan tells a rank: the checkpoint's id and the rank's place."""
 
     checkpoint_id: str
@@ -51,7 +51,7 @@ class _Shard:
 
 
 @dataclass(frozen=True)
-class _Written:
+class Written:
     """Where one item landed, and the file it is in (the coordinator lists the files)."""
 
     offset: int
@@ -109,12 +109,12 @@ class StoreWriter(StorageWriter):
         self._since = self.repository.clock()
         checkpoint_id = sharded_id(self.repository.prefix, self.step)
         return [
-            dataclasses.replace(plan, storage_data=_Shard(checkpoint_id, rank))
+            dataclasses.replace(plan, storage_data=Shard(checkpoint_id, rank))
             for rank, plan in enumerate(plans)
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        shard: _Shard = plan.storage_data
+        shard: Shard = plan.storage_data
         self.checkpoint_id = shard.checkpoint_id
         results: list[WriteResult] = []
         if plan.items:  # a rank the planner gave nothing (replicated state) writes no file
@@ -145,7 +145,7 @@ class StoreWriter(StorageWriter):
             )
         file = StoredFile(name, sink.size, sink.hash.hexdigest())
         return [
-            WriteResult(index, length, _Written(offset, length, file))
+            WriteResult(index, length, Written(offset, length, file))
             for index, offset, length in placed
         ]
 
@@ -155,7 +155,7 @@ class StoreWriter(StorageWriter):
         files: dict[str, StoredFile] = {}
         storage: dict[MetadataIndex, _StorageInfo] = {}
         for result in (r for rank in results for r in rank):
-            written: _Written = result.storage_data
+            written: Written = result.storage_data
             files[written.file.name] = written.file
             storage[result.index] = _StorageInfo(written.file.name, written.offset, written.length)
         metadata.version = CURRENT_DCP_VERSION

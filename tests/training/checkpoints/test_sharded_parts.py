@@ -1,0 +1,131 @@
+"""Parts: each rank saves its share of an FSDP2 state alone (no collective: its peers may be
+gone), and the next round's coordinator joins a whole world's parts into one checkpoint that
+loads, resharded, at another world size and resumes exactly (float64, within 1e-9)."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.support.waiting import wait_until
+from tests.training.checkpoints.test_sharded_state import (
+    GLOBAL_BATCH,
+    OTHER_SEED,
+    SAVE_AT,
+    SAVED_SEED,
+    STEPS,
+    Run,
+    _reference,
+)
+from training.checkpoints.manifest import part_name
+from training.checkpoints.sharded.parts import Part, complete, part_set_id, save_part
+from training.checkpoints.sharded.repository import ShardedCheckpoints
+from training.checkpoints.storage import FileStore
+
+PART_ID = part_set_id("dcp", SAVE_AT, "round-1")
+
+
+def _checkpoints(base: Path, rank: int) -> ShardedCheckpoints:
+    return ShardedCheckpoints(FileStore(base / "store"), base / f"scratch-{rank}")
+
+
+def _init(base: Path, phase: str, rank: int, world: int) -> None:
+    store = dist.FileStore(str(base / f"init-{phase}"), world)
+    store.set_timeout(timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
+def _save_parts(rank: int, world: int, root: str) -> None:
+    """Every rank trains, then saves its part alone, the higher ranks first and gone before
+    rank 0 saves: a collective inside ``save_part`` would find them missing."""
+    base = Path(root)
+    _init(base, "save", rank, world)
+    run = Run("fsdp2", SAVED_SEED, rank, world)
+    run.train_to(SAVE_AT)
+    torch.manual_seed(1234 + rank)
+    if rank == 0:
+        torch.save(torch.get_rng_state(), base / "rng.pt")
+    dist.barrier()
+    checkpoints = _checkpoints(base, rank)
+    if rank != 0:
+        save_part(checkpoints, run.state, PART_ID, SAVE_AT, rank, world)
+        return  # no destroy_process_group: a peer that left says nothing either
+    others = [base / "store" / part_name(PART_ID, r) for r in range(1, world)]
+    wait_until(lambda: all(p.exists() for p in others), 120, "the other ranks' parts")
+    part = save_part(checkpoints, run.state, PART_ID, SAVE_AT, rank, world)
+    assert (part.rank, part.world, part.step) == (0, world, SAVE_AT)
+
+
+def _complete_and_load(rank: int, world: int, root: str) -> None:
+    base = Path(root)
+    _init(base, "load", rank, world)
+    try:
+        checkpoints = _checkpoints(base, rank)
+        if rank == 0:
+            entry = complete(checkpoints, newer_than=-1)
+            assert entry is not None and entry.step == SAVE_AT, entry
+        run = Run("fsdp2", OTHER_SEED, rank, world)
+        entry = checkpoints.load(run.state)
+        assert entry is not None and entry.step == SAVE_AT, entry
+        assert (run.trainer.step, run.trainer.consumed_samples) == (SAVE_AT, SAVE_AT * GLOBAL_BATCH)
+        # The coordinator's RNG streams of the world that saved, on every rank.
+        assert torch.equal(torch.get_rng_state(), torch.load(base / "rng.pt")), rank
+        run.train_to(STEPS)
+        full = run.full()
+        if rank == 0:
+            torch.save({**full, "lr": torch.tensor(run.scheduler.get_last_lr())}, base / "out.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("saved_at", "loaded_at"), [(2, 3), (3, 2)])
+def test_parts_saved_alone_join_into_a_checkpoint_that_resumes_exactly_at_another_world_size(
+    tmp_path: Path, saved_at: int, loaded_at: int
+) -> None:
+    mp.spawn(_save_parts, args=(saved_at, str(tmp_path)), nprocs=saved_at)
+    store = FileStore(tmp_path / "store")
+    records = [
+        Part.decode(store.get(part_name(PART_ID, r)), part_name(PART_ID, r), "dcp")
+        for r in range(saved_at)
+    ]
+    # Each rank's file holds its shards only: none holds the whole state.
+    sizes = [r.file.size for r in records if r.file]
+    assert len(sizes) == saved_at and max(sizes) < sum(sizes) * 0.75, sizes
+    mp.spawn(_complete_and_load, args=(loaded_at, str(tmp_path)), nprocs=loaded_at)
+    resumed, expected = torch.load(tmp_path / "out.pt"), _reference()
+    assert resumed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        error = float((resumed[name] - tensor).norm() / tensor.norm())
+        assert error <= 1e-9, (name, error)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(300)
+def test_a_set_with_a_part_missing_or_torn_is_never_committed(tmp_path: Path) -> None:
+    mp.spawn(_save_parts, args=(2, str(tmp_path)), nprocs=2)
+    store = tmp_path / "store"
+    kept = tmp_path / "kept"
+    shutil.copytree(store, kept)
+    (store / part_name(PART_ID, 1)).unlink()  # a node killed without notice
+    assert complete(_checkpoints(tmp_path, 0), newer_than=-1) is None
+    shutil.rmtree(store)
+    shutil.copytree(kept, store)
+    record = store / part_name(PART_ID, 0)
+    record.write_bytes(record.read_bytes()[:-10])  # a record cut short
+    assert complete(_checkpoints(tmp_path, 0), newer_than=-1) is None
+    assert _checkpoints(tmp_path, 0).entries() == []  # nothing committed either time
+    shutil.rmtree(store)
+    shutil.copytree(kept, store)
+    assert complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT) is None  # not newer
+    entry = complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT - 1)
+    assert entry is not None and entry.step == SAVE_AT and len(entry.files) == 2
