@@ -1,7 +1,8 @@
 """An eviction's save with the model state made large: how long from SIGTERM to the node-local
 copy, and to the durable commit, on a directory and on Azurite (Azure Blob's emulator).
 
-Measured in this process with the code a worker runs on SIGTERM (``training/loop/emergency.py``):
+Measured in this process with the code a worker runs on SIGTERM
+(``training/loop/saves/emergency.py``):
 ``note_stop`` at the signal, then ``EmergencySave.save`` with the node going away, rank 0, the
 default 25 s deadline. The state is a dict of float32 tensors of the given size, standing in
 for a model and its optimizer; each repetition uses fresh stores, so no page cache or blob is
@@ -37,9 +38,9 @@ from training.checkpoints.resume import NodeLocalState
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv
-from training.loop.emergency import DurableProgress, EmergencySave
 from training.loop.metrics import EventLog
-from training.loop.periodic_save import BackgroundSaver
+from training.loop.saves.emergency import DurableProgress, EmergencySave
+from training.loop.saves.periodic import BackgroundSaver
 
 STORES = ("directory", "azurite")
 LOCAL_MAX_S = 2.0

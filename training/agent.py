@@ -230,7 +230,7 @@ def _commit_node_save(args: list[str]) -> None:
     from the SIGTERM (training/emergency.py, ``commit_node_save``)."""
     from training.launcher import STOP, torchrun_config
     from training.loop.config import ConfigError, parse_config
-    from training.loop.emergency import commit_node_save
+    from training.loop.saves.emergency import commit_node_save
 
     try:
         parsed, config = torchrun_config(args)

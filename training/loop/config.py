@@ -119,6 +119,8 @@ class RunConfig:
     """fp32, bf16-mixed or fp16-mixed: the forward and the loss under torch.autocast in bf16
     or fp16 (fp16 with a gradient scaler); parameters, optimizer state and checkpoints stay
     float32. Part of the run's identity (docs/your-own-model.md)."""
+    parallelism: str = "ddp"
+    """ddp (every rank holds the whole model) or fsdp2 (each rank a shard of it)."""
     resume_check: bool = True
     """Before training, take one step twice: from the state in memory, and from that state
     as a checkpoint restores it; stop with an error naming what differs (state the task

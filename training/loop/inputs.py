@@ -16,6 +16,7 @@ from training.checkpoints.checkpoint import CheckpointError, CheckpointRepositor
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
+from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
 from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
@@ -109,6 +110,25 @@ def open_durable(
         ) from exc
 
 
+def check_layout(cfg: TrainConfig, durable: CheckpointRepository, run_id: str) -> None:
+    """ConfigError when the store holds only the other layout's checkpoints: a sharded run
+    (``--parallelism=fsdp2``) reads sharded ones, a DDP run single files. Resuming neither
+    would start the run over at step 0 beside its own history."""
+    uri = cfg.checkpoint.checkpoint_uri
+    sharded = bool(durable.store.list(SHARDED_PREFIX + "-"))
+    whole = durable.head()
+    mine, theirs = ("fsdp2", "ddp") if cfg.run.parallelism == "fsdp2" else ("ddp", "fsdp2")
+    if (mine == "fsdp2" and whole is not None and not sharded) or (
+        mine == "ddp" and whole is None and sharded
+    ):
+        kind = "single-file" if mine == "fsdp2" else "sharded"
+        raise ConfigError(
+            f"--checkpoint-uri {uri} holds {kind} checkpoints of run {run_id}, written with "
+            f"--parallelism={theirs}; this run has --parallelism={mine}: resume it with "
+            f"--parallelism={theirs}, or start fresh with a new --checkpoint-uri"
+        )
+
+
 def _unreadable(uri: str, exc: Exception) -> ConfigError:
     return ConfigError(
         f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint store: {exc}"
@@ -158,5 +178,6 @@ def load_inputs(
     check_batch_fits(cfg, None if is_stream(train) else len(train), env.world_size)  # type: ignore[arg-type]
     later = env.restart_count > 0 or env.rdzv_round > 1
     durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
+    check_layout(cfg, durable, env.run_id)
     check_init_from(cfg)
     return cfg, data, durable, open_node_local(cfg, env, data.train, lineage)

@@ -125,6 +125,11 @@ def check_init_from(cfg: TrainConfig) -> None:
     uri = cfg.checkpoint.init_from
     if not uri:
         return
+    if cfg.run.parallelism != "ddp":
+        raise ConfigError(
+            f"{INIT_FROM} reads a whole model into every rank: not with --parallelism="
+            f"{cfg.run.parallelism} (use --parallelism=ddp, or leave {INIT_FROM} out)"
+        )
     try:
         head = CheckpointRepository(open_store(uri)).head()
     except (ValueError, OSError, CheckpointError) as exc:

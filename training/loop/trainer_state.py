@@ -4,8 +4,8 @@ The state is the task's model (unwrapped from DDP), its optimiser and LR schedul
 and epoch (the data position derives from the step), the run's identity and torch's RNG
 streams (the task's own randomness is keyed by step and sample: training/api/keyed_random.py).
 Rank 0 saves it in the background while the loop
-trains (training/loop/periodic_save.py); a stop or a lost peer saves the last completed step
-(training/loop/emergency.py), on the SIGTERM's own thread when the loop may be stuck in a
+trains (training/loop/saves/periodic.py); a stop or a lost peer saves the last completed step
+(training/loop/saves/emergency.py), on the SIGTERM's own thread when the loop may be stuck in a
 collective. A state lock keeps every save to the state of a completed step.
 """
 
@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,10 +32,11 @@ from training.elastic.faults import StopRequest
 from training.loop import run_changes
 from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
-from training.loop.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
 from training.loop.inputs import STORAGE_KEY, run_identity
 from training.loop.metrics import EventLog
-from training.loop.periodic_save import BackgroundSaver, SavePolicy, report_failure
+from training.loop.saves.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
+from training.loop.saves.periodic import BackgroundSaver, SavePolicy, report_failure
+from training.loop.saves.sharded import ShardedState
 from training.loop.step.precision import Precision
 from training.loop.step_guard import StepGuard, cpu_state
 
@@ -108,7 +110,18 @@ class StatefulTrainer:
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
         )
-        self.saver = BackgroundSaver(durable, self._on_saved, self._on_save_failed)
+        self.sharded = (
+            ShardedState(self, Path(cfg.checkpoint.local_dir) / ".scratch")
+            if cfg.run.parallelism == "fsdp2"
+            else None
+        )
+        """The state path of a sharded model (training/loop/saves/sharded.py); None: DDP's."""
+        self.saver = BackgroundSaver(
+            durable,
+            self._on_saved,
+            self._on_save_failed,
+            write=self.sharded.write if self.sharded is not None else None,
+        )
         self._stalls: dict[int, float] = {}
         self.committed = DurableProgress()
         self.emergency = EmergencySave(
@@ -201,24 +214,9 @@ class StatefulTrainer:
             logger.info("initialized the model from %s, step %d", uri, step)
 
     def restore(self) -> Resume:
-        """The newest state any rank holds, loaded on every rank (``agree_on_resume``)."""
-        # A gloo checkpoint group carries CPU tensors, whatever the default backend.
-        device = self.device if self.checkpoint_group is None else torch.device("cpu")
-        resume = agree_on_resume(
-            self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
-        )
-        with self._state_lock:
-            if resume.state is not None:
-                self.load_state_dict(resume.state)
-            elif self.cfg.checkpoint.init_from:
-                self._initialize_from(self.cfg.checkpoint.init_from)
-            self.restored = True
-        if resume.source == "durable":
-            self.committed.advance(resume.step)
-        elif resume.source == "local" and self.env.rank == 0:
-            # The step lives only on the nodes' disks: commit it now, in the background, so
-            # an eviction of every node before the next periodic save does not lose it.
-            self.saver.submit(resume.step, snapshot(self.state_dict()))
+        """The newest state any rank holds, loaded on every rank (``agree_on_resume``; a
+        sharded model's: ``ShardedState.restore``)."""
+        resume = self.sharded.restore() if self.sharded is not None else self._restore_whole()
         if self.env.rank == 0:
             self.events.event(
                 "resumed",
@@ -239,6 +237,26 @@ class StatefulTrainer:
             )
         return resume
 
+    def _restore_whole(self) -> Resume:
+        # A gloo checkpoint group carries CPU tensors, whatever the default backend.
+        device = self.device if self.checkpoint_group is None else torch.device("cpu")
+        resume = agree_on_resume(
+            self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
+        )
+        with self._state_lock:
+            if resume.state is not None:
+                self.load_state_dict(resume.state)
+            elif self.cfg.checkpoint.init_from:
+                self._initialize_from(self.cfg.checkpoint.init_from)
+            self.restored = True
+        if resume.source == "durable":
+            self.committed.advance(resume.step)
+        elif resume.source == "local" and self.env.rank == 0:
+            # The step lives only on the nodes' disks: commit it now, in the background, so
+            # an eviction of every node before the next periodic save does not lose it.
+            self.saver.submit(resume.step, snapshot(self.state_dict()))
+        return resume
+
     # -- checkpoints ----------------------------------------------------------------------------
     def _on_saved(self, entry: Entry, seconds: float) -> None:
         self.committed.advance(entry.step)
@@ -256,7 +274,10 @@ class StatefulTrainer:
         report_failure(self.events, step, error, in_a_row, self.committed.step, self.state.step)
 
     def maybe_save(self, last: list[float]) -> None:
-        """Rank 0 only: snapshot in the loop (the stall), write in the background."""
+        """Rank 0 only: snapshot in the loop (the stall), write in the background (a sharded
+        model: every rank, ``ShardedState.maybe_save``)."""
+        if self.sharded is not None:
+            return self.sharded.maybe_save(last)
         now = time.monotonic()
         if self.env.rank != 0 or not self.policy.should_save(
             self.state.step, int(last[0]), last[1], now
@@ -270,7 +291,7 @@ class StatefulTrainer:
 
     def emergency_save(self, reason: str, stop: StopRequest | None = None) -> Outcome | None:
         """Save the last completed step before exiting: node-local, then durable when the node
-        is going away (training/loop/emergency.py says who commits when, and the deadline)."""
+        is going away (training/loop/saves/emergency.py says who commits when, and the deadline)."""
 
         def stopping() -> bool:  # asked more than once: a SIGTERM may come in the middle
             requested = reason == "sigterm" or (stop is not None and stop.requested)
@@ -278,6 +299,8 @@ class StatefulTrainer:
                 self.emergency.note_stop(stop.at if stop is not None else None)
             return requested or self.env.last_round
 
+        if self.sharded is not None:  # every rank its own part
+            return self.sharded.emergency_save(reason, stopping)
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
         return self.emergency.save(
             self.state.step, lambda: cpu_state(self.state_dict()), reason, stopping

@@ -23,7 +23,7 @@ from training.checkpoints.checkpoint import (
 )
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.storage import FileStore, ObjectStore
-from training.loop.periodic_save import BackgroundSaver, SavePolicy
+from training.loop.saves.periodic import BackgroundSaver, SavePolicy
 
 
 def _state(step: int) -> bytes:

@@ -24,8 +24,8 @@ from tests.support.trainer_harness import Harness, harness, sigterm_during
 from training.checkpoints.storage import FileStore
 from training.elastic.faults import StopRequest
 from training.loop import inputs, trainer_state
-from training.loop.emergency import EXIT_NOT_DURABLE, commit_node_save
 from training.loop.metrics import Phases
+from training.loop.saves.emergency import EXIT_NOT_DURABLE, commit_node_save
 from training.loop.trainer_state import EXIT_RESTART
 
 

@@ -17,13 +17,16 @@ import logging
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from training.checkpoints.checkpoint import (
     GRACE_S,
@@ -118,6 +121,32 @@ class ShardedCheckpoints:
                 shutil.rmtree(cache, ignore_errors=True)
         return None
 
+    def read_whole(self, under: str) -> tuple[Entry, dict[str, torch.Tensor]] | None:
+        """The tensors whose names start with ``under`` (DCP's flattened names, e.g.
+        ``model.model.``) of the newest checkpoint that verifies, whole, on the CPU, in this
+        process alone: for a comparison or an export, never for training (it holds them all).
+        """
+        for entry in self.entries():
+            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
+            try:
+                metadata = StoreReader(self.store, entry, cache).read_metadata()
+                whole = {
+                    name: torch.empty(item.size, dtype=item.properties.dtype)
+                    for name, item in metadata.state_dict_metadata.items()
+                    if name.startswith(under) and isinstance(item, TensorStorageMetadata)
+                }
+                with warnings.catch_warnings():  # DCP warns that it loads "in a single process"
+                    warnings.simplefilter("ignore", UserWarning)
+                    dcp.load(
+                        whole, storage_reader=StoreReader(self.store, entry, cache), no_dist=True
+                    )
+                return entry, whole
+            except (CheckpointError, CheckpointException) as exc:
+                logger.warning("checkpoint of step %d cannot be read: %s", entry.step, exc)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+        return None
+
     def entries(self) -> list[Entry]:
         """Every checkpoint the retained manifests name, newest first (this rank's read)."""
         return [e for e in self.repository.entries() if e.files]
@@ -130,7 +159,7 @@ class ShardedCheckpoints:
         if not (dist.is_available() and dist.is_initialized()):
             return self.entries()
         found: list[Any] = [self.entries() if dist.get_rank(group) == 0 else None]
-        dist.broadcast_object_list(found, src=_global_rank(group, 0), group=group)
+        dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
         return found[0]
 
     def scratch_dir(self) -> Path:
@@ -138,7 +167,7 @@ class ShardedCheckpoints:
         return self.scratch
 
 
-def _global_rank(group: Any, group_rank: int) -> int:
+def global_rank(group: Any, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 

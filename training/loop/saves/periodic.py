@@ -54,9 +54,13 @@ class BackgroundSaver:
         repository: CheckpointRepository,
         on_saved: Callable[[Entry, float], None],
         on_failed: Callable[[int, BaseException, int], None] | None = None,
+        write: Callable[[int, Any], Entry | None] | None = None,
     ) -> None:
-        """``on_failed(step, error, failures_in_a_row)`` runs on the saver's thread."""
+        """``on_failed(step, error, failures_in_a_row)`` runs on the saver's thread. ``write``
+        commits a snapshot instead of ``repository`` (a sharded save: every rank writes, the
+        coordinator commits and gets the entry; ``on_saved`` runs where there is one)."""
         self.repository = repository
+        self.write = write or self._commit
         self.on_saved = on_saved
         self.on_failed = on_failed
         self._thread: threading.Thread | None = None
@@ -89,7 +93,7 @@ class BackgroundSaver:
     def _write(self, step: int, state: dict[str, Any]) -> None:
         started = time.monotonic()
         try:
-            entry = self.repository.commit(step, serialize(state))
+            entry = self.write(step, state)
         except StaleCheckpoint as exc:  # a newer step is committed: nothing is missing
             logger.info("periodic checkpoint of step %d not needed: %s", step, exc)
             return
@@ -101,7 +105,11 @@ class BackgroundSaver:
                 self.on_failed(step, exc, self.failures)
             return
         self.error, self.failures = None, 0
-        self.on_saved(entry, time.monotonic() - started)
+        if entry is not None:
+            self.on_saved(entry, time.monotonic() - started)
+
+    def _commit(self, step: int, state: dict[str, Any]) -> Entry:
+        return self.repository.commit(step, serialize(state))
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the save in flight (if any) is done, or ``timeout_s`` has passed.

@@ -41,7 +41,7 @@ from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
 from training.loop.inputs import open_durable
 from training.loop.metrics import EventLog
-from training.loop.periodic_save import BackgroundSaver
+from training.loop.saves.periodic import BackgroundSaver
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,0 +1,232 @@
+"""How a sharded run (``--parallelism=fsdp2``) keeps its state: each rank its own shards.
+
+A checkpoint holds what the DDP path's does (the model, the optimizer, the step, the
+scheduler, the RNG streams, fp16's scaler, the run's identity and settings), through
+``torch.distributed.checkpoint`` on the durable store (training/checkpoints/sharded/):
+
+- **periodic saves**: every rank writes its shards at the same steps, in the background, one
+  save in flight; at a due step the ranks agree (one small all-reduce) that none is still
+  writing the previous one, so no rank is ever left alone in a save's collective;
+- **an emergency save** (SIGTERM, a lost peer, the group re-forming): every rank saves its part
+  alone (no collective: a peer may be gone) to the durable store, under the eviction's
+  deadline when it is stopping;
+- **the restore**: the coordinator commits the newest step that every rank of a world saved
+  its part of, then every rank loads the newest checkpoint that verifies, resharded to this
+  world. A node killed without notice leaves a part missing: the newest whole checkpoint
+  serves, and the steps since are trained again (the same steps: docs/training.md);
+- **finish**: one collective save of the final step, unless it is durable already.
+
+No node-local copy yet: a re-form uploads and downloads the parts. Serving the survivors'
+parts from their own disks would take the store off that path (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
+
+from training.checkpoints.checkpoint import CheckpointError, Entry
+from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
+from training.checkpoints.resume import NONE, Resume
+from training.checkpoints.serialization import snapshot
+from training.checkpoints.sharded.parts import complete, part_set_id, save_part
+from training.checkpoints.sharded.repository import ShardedCheckpoints, global_rank
+from training.checkpoints.sharded.state import ModelState, TrainerState
+from training.elastic.faults import sigterm_from_outside
+from training.loop.saves.emergency import Outcome
+
+logger = logging.getLogger("training")
+
+
+class _Scaler(Stateful):
+    """fp16's gradient scaler as a task's extra (``Precision`` owns it)."""
+
+    def __init__(self, precision: Any) -> None:
+        self.precision = precision
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.precision.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.precision.load_state_dict(state_dict)
+
+
+def pack(value: Any) -> bytes:
+    """A small tree (the identity, the settings) as one value: DCP would otherwise flatten it
+    into one item per leaf, and a checkpoint then only loads into the very same keys."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)  # data, never code
+
+
+class ShardedState:
+    """The state path of ``trainer`` when its model is sharded."""
+
+    def __init__(self, trainer: Any, scratch: Path) -> None:
+        """``trainer``: the ``StatefulTrainer`` (training/loop/trainer_state.py) that owns this
+        (typed loosely: that module imports this one)."""
+        self.t = trainer
+        cfg = trainer.cfg.checkpoint
+        self.checkpoints = ShardedCheckpoints(trainer.durable.store, scratch, cfg.checkpoint_keep)
+        self.round_nonce = uuid.uuid4().hex
+        """Names this round's parts; the coordinator's, agreed on at the restore."""
+        self._emergency: Outcome | None = None
+
+    # -- what a checkpoint holds ---------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], TrainerState]:
+        """What DCP saves and loads, and the trainer's part of it (its step after a load)."""
+        t = self.t
+        step = t.state.step
+        extras = {"scaler": _Scaler(t.precision)} if t.precision.state_dict() else {}
+        progress = TrainerState(
+            step, t.sampler.consumed_samples(step), t.scheduler, extras, t.device
+        )
+        state = {
+            "model": ModelState(t.model, t.optimizer),
+            "trainer": progress,
+            "run": pack(dict(t.identity)),
+            "settings": pack(t.settings),
+        }
+        return state, progress
+
+    def snapshot(self) -> dict[str, Any]:
+        """A CPU copy of every rank's part (its shards stay DTensors: DCP places them)."""
+        state, _ = self.state()
+        resolved = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+        return snapshot(resolved)
+
+    # -- restore -------------------------------------------------------------------------------
+    def restore(self) -> Resume:
+        t, group = self.t, self.t.checkpoint_group
+        started = time.monotonic()
+        progress = t.local.progress() if t.local is not None else NONE
+        known = torch.tensor([progress], dtype=torch.int64)
+        dist.all_reduce(known, op=dist.ReduceOp.MAX, group=group)
+        plan: list[Any] = [self.round_nonce, False]
+        if t.env.rank == 0:  # the newest whole set of parts committed, by one process
+            head = self.checkpoints.repository.head()
+            completed = complete(self.checkpoints, head.step if head is not None else NONE)
+            plan = [self.round_nonce, completed is not None]
+        dist.broadcast_object_list(plan, src=global_rank(group, 0), group=group)
+        self.round_nonce, from_parts = plan
+        state, trainer_state = self.state()
+        entry = self.checkpoints.load(state, group=group)
+        with t._state_lock:
+            if entry is not None:
+                self._apply(state, trainer_state)
+            t.restored = True
+        step = entry.step if entry is not None else 0
+        if entry is not None:
+            t.committed.advance(step)
+        source = "fresh" if entry is None else "parts" if from_parts else "durable"
+        lost = max(int(known) - step, 0) if int(known) != NONE else None
+        return Resume(None, step, source, 0, lost, time.monotonic() - started)
+
+    def _apply(self, state: dict[str, Any], trainer_state: TrainerState) -> None:
+        """After a load: the step, the identity's check and any changed settings."""
+        t = self.t
+        t.state.step = trainer_state.step
+        saved = {"run": unpack(state["run"]), "settings": unpack(state["settings"])}
+        t._check_identity(saved)
+        t._apply_changed_settings(saved)
+
+    # -- periodic saves ------------------------------------------------------------------------
+    def maybe_save(self, last: list[float]) -> None:
+        """Every rank, at the same steps: snapshot in the loop (the stall), write behind it."""
+        t = self.t
+        now = time.monotonic()
+        due = t.policy.should_save(t.state.step, int(last[0]), last[1], now)
+        if not due and not t.policy.every_seconds:
+            return  # a step-based save comes due at the same step on every rank
+        votes = t.guard.all_reduce(torch.tensor([float(due), float(t.saver.busy)]))
+        if votes[0] == 0 or votes[1] > 0:
+            return  # not due anywhere, or some rank still writes the previous one
+        started = time.perf_counter()
+        staged = self.snapshot()
+        t._stalls[t.state.step] = time.perf_counter() - started
+        if t.saver.submit(t.state.step, staged):
+            last[0], last[1] = t.state.step, now
+
+    def write(self, step: int, staged: dict[str, Any]) -> Entry | None:
+        """The saver's thread: every rank's shards, committed by the coordinator."""
+        entry = self.checkpoints.save(staged, step, group=self.t.checkpoint_group)
+        self.t.committed.advance(step)  # the save returned on every rank only once committed
+        return entry
+
+    # -- emergency -----------------------------------------------------------------------------
+    def emergency_save(self, reason: str, stopping: Callable[[], bool]) -> Outcome:
+        """This rank's part of the last completed step, durably, once per step."""
+        t = self.t
+        step = t.state.step
+        if self._emergency is not None and self._emergency.step == step:
+            return self._emergency
+        going = stopping()
+        deadline = t.emergency.note_stop() if going else None
+        # Torch closing this node's workers (a re-form) needs the part, but the node stays.
+        required = going and (t.env.last_round or sigterm_from_outside())
+        started = time.monotonic()
+        durable, gave_up = t.committed.step >= step, None
+        if not durable:
+            durable, gave_up = self._save_part(step, deadline)
+        self._emergency = Outcome(step, required, durable, gave_up)
+        if t.env.local_rank == 0:  # one line per node, as the DDP path's
+            t.events.event(
+                "emergency_save",
+                step=step,
+                reason=reason,
+                seconds=round(time.monotonic() - started, 4),
+                durable=durable,
+                local=False,
+                deadline_s=t.emergency.deadline_s if deadline else None,
+                gave_up=gave_up,
+            )
+        return self._emergency
+
+    def _save_part(self, step: int, deadline: Deadline | None) -> tuple[bool, str | None]:
+        t = self.t
+        state, _ = self.state()
+        part_id = part_set_id(self.checkpoints.repository.prefix, step, self.round_nonce)
+
+        env = t.env
+
+        def save() -> None:
+            save_part(self.checkpoints, state, part_id, step, env.rank, env.world_size, deadline)
+
+        what = f"part {t.env.rank} of step {step}"
+        try:
+            if deadline is None:
+                save()
+            else:  # a store failing for a moment gets tried again within the deadline
+                within(deadline, lambda: retrying(deadline, save, what), what)
+        except (OSError, CheckpointError) as exc:  # DeadlineExceeded is a TimeoutError
+            logger.error("%s could not be saved: %s", what, exc)
+            return False, "deadline" if isinstance(exc, DeadlineExceeded) else str(exc)[:200]
+        return True, None
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The final step, saved by every rank unless it is durable already."""
+        t, group = self.t, self.t.checkpoint_group
+        t.saver.wait()
+        needed = [True]
+        if t.env.rank == 0:
+            head = self.checkpoints.repository.head()
+            needed = [head is None or head.step < t.state.step]
+        dist.broadcast_object_list(needed, src=global_rank(group, 0), group=group)
+        if needed[0]:
+            state, _ = self.state()
+            self.checkpoints.save(state, t.state.step, group=group)
+        t.committed.advance(t.state.step)
