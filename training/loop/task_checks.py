@@ -9,15 +9,21 @@ Two ways a task can break it without any error of its own:
   task's loss and raises at the first micro-batch that moved them.
 - **State kept outside the checkpoint.** A scheduler the loop was not given, a private
   ``torch.Generator``, a counter in a closure: all survive in memory but not in a restore.
-  ``rehearse_resume`` takes one step from the state as it is, then the same step again from
-  the state as a checkpoint restores it (serialized and loaded back into the same objects),
-  and compares the loss, the learning rates and the parameters' update. Hidden state has
-  moved on by then, so the second step differs. It runs once per round, on each rank, before
-  DDP: local computation only, no collective, and the state is restored afterwards.
+  ``rehearse_resume`` takes one micro-batch's forward and backward from the state as it is,
+  then again after putting back what a restore would (the learning rates, the scheduler, the
+  RNG streams, the buffers: the parameters and the optimizer's moments are not changed by a
+  pass, so no copy of them is made, at any size), and compares the loss, the learning rates
+  and each gradient's norm. Hidden state has moved on by then, so the second pass differs.
+  It runs once per round on each rank (before DDP wraps the model; under FSDP2 every rank
+  together), and what it changed is put back afterwards. Hidden state read only by
+  ``optimizer.step`` (an optimizer whose own state_dict misses some) is not seen: the step
+  is not taken, which is what makes the check cheap.
 """
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +31,6 @@ import torch
 from torch import nn
 
 from training.api import MicroBatch, TaskContractError
-from training.checkpoints.serialization import deserialize, serialize
 
 RELATIVE_TOLERANCE = 1e-4
 """Rehearsal differences allowed relative to the step's own size: none on the CPU, where the
@@ -89,46 +94,57 @@ def _described(value: Any) -> str:
 
 def _fingerprint(
     optimizer: torch.optim.Optimizer, model: nn.Module
-) -> tuple[list[float], list[torch.Tensor]]:
+) -> tuple[list[float], list[float]]:
+    """The learning rates, and each gradient's norm (of this rank's shard, under FSDP2)."""
     lrs = [float(group["lr"]) for group in optimizer.param_groups]
-    return lrs, [p.detach().to("cpu", torch.float64, copy=True) for p in model.parameters()]
+    norms = []
+    for param in model.parameters():
+        grad = param.grad
+        if grad is not None and hasattr(grad, "to_local"):
+            grad = grad.to_local()
+        norms.append(
+            0.0 if grad is None else float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+        )
+    return lrs, norms
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor, start: torch.Tensor) -> bool:
-    """Whether two updates from ``start`` differ by more than rounding."""
-    size = max(float((a - start).abs().max()), float((b - start).abs().max()))
-    return float((a - b).abs().max()) > RELATIVE_TOLERANCE * size
+def _differs(a: float, b: float) -> bool:
+    return abs(a - b) > RELATIVE_TOLERANCE * max(abs(a), abs(b), 1e-12)
 
 
 def rehearse_resume(
     task: str,
-    state_dict: Callable[[], dict[str, Any]],
-    load_state_dict: Callable[[dict[str, Any]], None],
-    one_step: Callable[[], float],
+    small_state: Callable[[], Any],
+    load_small_state: Callable[[Any], None],
+    one_pass: Callable[[], float],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-) -> None:
-    """Take ``one_step`` twice from the same state, the second time from that state as a
-    checkpoint restores it; TaskContractError when they differ. The state is restored after.
-    """
-    saved = serialize(state_dict())
-    start = [p.detach().to("cpu", torch.float64, copy=True) for p in model.parameters()]
+) -> float:
+    """Take ``one_pass`` (one micro-batch forward and backward, no optimizer step) twice from
+    the same state, the second time after putting back what a restore puts back besides the
+    parameters and the optimizer's moments, which a pass does not change: ``small_state``
+    (the learning rates, the scheduler, the RNG streams, the buffers). TaskContractError when
+    the loss, the learning rates or a gradient differ. Its cost in seconds: two passes and
+    copies of small things, whatever the size of the model."""
+    started = time.perf_counter()
+    saved = copy.deepcopy(small_state())
     try:
-        first_loss = one_step()
+        first_loss = one_pass()
         first_lrs, first = _fingerprint(optimizer, model)
-        load_state_dict(deserialize(saved))
-        second_loss = one_step()
+        load_small_state(copy.deepcopy(saved))
+        second_loss = one_pass()
         second_lrs, second = _fingerprint(optimizer, model)
     finally:
-        load_state_dict(deserialize(saved))
+        load_small_state(saved)
+        optimizer.zero_grad(set_to_none=True)
     problems = []
     if first_lrs != second_lrs:
         problems.append(f"learning rates {first_lrs} then {second_lrs}")
-    if abs(first_loss - second_loss) > RELATIVE_TOLERANCE * max(abs(first_loss), 1e-12):
+    if _differs(first_loss, second_loss):
         problems.append(f"loss {first_loss!r} then {second_loss!r}")
-    moved = [1 for a, b, s in zip(first, second, start, strict=True) if _differs(a, b, s)]
+    moved = [1 for a, b in zip(first, second, strict=True) if _differs(a, b)]
     if moved:
-        problems.append(f"the update of {len(moved)} parameter tensor(s)")
+        problems.append(f"the gradient of {len(moved)} parameter tensor(s)")
     if problems:
         raise TaskContractError(
             f"task {task!r} keeps state outside the checkpoint: the same step taken again from "
@@ -136,3 +152,4 @@ def rehearse_resume(
             "(TrainParts.scheduler), draw randomness from where.sample_seeds(stream), and keep "
             "no counters of your own (docs/your-own-model.md, what breaks exactness)"
         )
+    return time.perf_counter() - started

@@ -118,33 +118,29 @@ class Trainer(StatefulTrainer):
 
     def rehearse_resume(self) -> None:
         """The API's check that the task keeps no state outside the checkpoint
-        (training/loop/task_checks.py): this rank's first micro-batch, locally, twice."""
-        if self.sharded is not None:  # a local step cannot run on a shard of the model
-            if self.env.rank == 0:
-                logger.warning("--resume-check is not run under --parallelism=fsdp2 yet")
-            return
+        (training/loop/task_checks.py): this rank's first micro-batch, twice, no step."""
         indices = self.sampler.rank_indices(self.state.step, self.env.world_size, self.env.rank)
         first = indices[: self.cfg.optim.micro_batch_size]
         scale = loss_scale(len(indices), self.env.world_size, self.cfg.optim.global_batch_size)
 
-        def one_step() -> float:
+        def one_pass() -> float:
             self.optimizer.zero_grad(set_to_none=True)
             losses = StepLosses(self.spec.name)
             self._backward(self.model, first, scale, losses)
             normalize_gradients(self.model.parameters(), losses, 1, None)  # local: no collective
-            self._apply_gradients()
             return losses.loss_sum
 
         with self._state_lock:
-            rehearse_resume(
+            seconds = rehearse_resume(
                 self.spec.name,
-                self.state_dict,
-                self.load_state_dict,
-                one_step,
+                self.small_state,
+                self.load_small_state,
+                one_pass,
                 self.model,
                 self.optimizer,
             )
-            self.optimizer.zero_grad(set_to_none=True)
+        if self.env.rank == 0:
+            logger.info("resume check: two passes of one micro-batch in %.3f s", seconds)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:

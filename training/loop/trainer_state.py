@@ -160,6 +160,31 @@ class StatefulTrainer:
             state["scaler"] = scaler
         return state
 
+    def small_state(self) -> dict[str, Any]:
+        """What a restore puts back besides the parameters and the optimizer's moments: the
+        optimizer's hyperparameters, the scheduler, the RNG streams and the buffers (e.g.
+        BatchNorm's statistics: small next to the parameters)."""
+        return {
+            "param_groups": [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in self.optimizer.param_groups
+            ],
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": rng_state(self.device),
+            "buffers": {name: b.detach().clone() for name, b in self.model.named_buffers()},
+        }
+
+    def load_small_state(self, state: dict[str, Any]) -> None:
+        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"], self.device)
+        buffers = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, saved in state["buffers"].items():
+                buffers[name].copy_(saved)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check_identity(state)
         self.model.load_state_dict(state["model"])

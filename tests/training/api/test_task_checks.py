@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.exactness import flags, make_data, run_here
+from tests.support.trainer_harness import harness, one_process_world
 from training.api import TaskContractError, TrainParts, TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
@@ -153,3 +154,22 @@ def test_a_loss_that_is_not_a_scalar_or_a_sum_and_count_is_refused(
 def test_the_real_tasks_pass_the_checks(data: Path, tmp_path: Path) -> None:
     _, code = run_here(tmp_path, data, flags("charlm", "--max-steps=2", "--dropout=0.5"))
     assert code == EXIT_OK
+
+
+def _small_state_bytes(tmp_path: Path, data: Path, width: int) -> tuple[int, int]:
+    """(bytes of tensors the resume check copies, bytes of the parameters) at ``width``."""
+    with one_process_world():
+        h = harness(tmp_path / str(width), data, *flags("charlm", f"--n-embd={width}"), tiny=())
+        small = h.trainer.small_state()
+        copied = [t for t in small["rng"].values()] + list(small["buffers"].values())
+        params = sum(p.numel() * p.element_size() for p in h.trainer.model.parameters())
+        return sum(t.numel() * t.element_size() for t in copied), params
+
+
+def test_the_resume_check_copies_nothing_that_grows_with_the_model(
+    data: Path, tmp_path: Path
+) -> None:
+    small_copied, small_params = _small_state_bytes(tmp_path, data, 16)
+    large_copied, large_params = _small_state_bytes(tmp_path, data, 64)
+    assert large_params > 8 * small_params
+    assert large_copied == small_copied
