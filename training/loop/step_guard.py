@@ -42,7 +42,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -229,8 +230,18 @@ def mark_state_written(device: torch.device) -> None:
 def cpu_state(obj: Any) -> Any:
     """A CPU copy of a state tree, read on a CUDA stream of its own (none stuck behind NCCL),
     after the last write ``mark_state_written`` recorded."""
+    with state_reads():
+        return _to_cpu(obj)
+
+
+@contextmanager
+def state_reads() -> Iterator[None]:
+    """Inside: this thread's CUDA work runs on a stream of its own that starts after the last
+    write ``mark_state_written`` recorded, and is done when the block ends (a sharded part's
+    tensor-by-tensor copy runs in it). Nothing off CUDA."""
     if not torch.cuda.is_available():
-        return obj
+        yield
+        return
     stream = torch.cuda.Stream()
     written = _WRITES.event
     if written is not None:
@@ -243,9 +254,8 @@ def cpu_state(obj: Any) -> Any:
         # stuck on a dead peer never holds it up.
         stream.wait_event(written)
     with torch.cuda.stream(stream):
-        copied = _to_cpu(obj)
+        yield
     stream.synchronize()
-    return copied
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -43,6 +43,7 @@ from training.checkpoints.sharded.repository import ShardedCheckpoints, global_r
 from training.checkpoints.sharded.state import ModelState, TrainerState
 from training.elastic.faults import sigterm_from_outside
 from training.loop.saves.emergency import Outcome
+from training.loop.step_guard import state_reads
 
 logger = logging.getLogger("training")
 
@@ -203,7 +204,10 @@ class ShardedState:
         env = t.env
 
         def save() -> None:
-            save_part(self.checkpoints, state, part_id, step, env.rank, env.world_size, deadline)
+            with state_reads():  # after the last optimizer step's kernels, as cpu_state
+                save_part(
+                    self.checkpoints, state, part_id, step, env.rank, env.world_size, deadline
+                )
 
         what = f"part {t.env.rank} of step {step}"
         try:
