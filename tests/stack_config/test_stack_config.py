@@ -327,6 +327,13 @@ def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
     assert "3-24 lowercase alphanumerics" in message
 
 
+def test_fsdp2_with_fp16_mixed_is_refused_naming_both_keys() -> None:
+    message = _problems({"parallelism": "fsdp2", "precision": "fp16-mixed"})
+    assert "spot-lab:parallelism fsdp2 does not take spot-lab:precision fp16-mixed" in message
+    assert "use bf16-mixed or fp32" in message
+    assert _cfg({"parallelism": "fsdp2", "precision": "bf16-mixed"}).job.parallelism == "fsdp2"
+
+
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
@@ -350,6 +357,11 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
             "precision",
             "fp8",
             "spot-lab:precision must be one of fp32, bf16-mixed, fp16-mixed, got 'fp8'",
+        ),
+        (
+            "parallelism",
+            "zero3",
+            "spot-lab:parallelism must be one of ddp, fsdp2, got 'zero3'",
         ),
         ("runId", "Run 2", "spot-lab:runId must be 1-20 lowercase letters, digits or '-'"),
         ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),
