@@ -328,10 +328,17 @@ def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
 
 
 def test_fsdp2_with_fp16_mixed_is_refused_naming_both_keys() -> None:
-    message = _problems({"parallelism": "fsdp2", "precision": "fp16-mixed"})
+    message = _problems({"parallelism": "fsdp2", "precision": "fp16-mixed", "task": "charlm"})
     assert "spot-lab:parallelism fsdp2 does not take spot-lab:precision fp16-mixed" in message
     assert "use bf16-mixed or fp32" in message
-    assert _cfg({"parallelism": "fsdp2", "precision": "bf16-mixed"}).job.parallelism == "fsdp2"
+    raw = {"parallelism": "fsdp2", "precision": "bf16-mixed", "task": "charlm"}
+    assert _cfg(raw).job.parallelism == "fsdp2"
+
+
+def test_fsdp2_with_a_task_that_cannot_be_sharded_is_refused_at_preview() -> None:
+    message = _problems({"parallelism": "fsdp2", "task": "cifar"})
+    assert "spot-lab:parallelism fsdp2: spot-lab:task cifar cannot be sharded" in message
+    assert "(fsdp2 tasks: charlm); use ddp" in message
 
 
 @pytest.mark.parametrize(
