@@ -51,6 +51,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("maxSteps", "job.max_steps", int),
     Setting("globalBatchSize", "job.global_batch_size", int),
     Setting("precision", "job.precision", str),
+    Setting("parallelism", "job.parallelism", str),
     Setting("runId", "job.run_id", str),
     Setting("activeDeadlineSeconds", "job.active_deadline_s", int, optional=True),
     Setting("task", "task", str),

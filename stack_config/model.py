@@ -87,6 +87,8 @@ class JobConfig:
     global_batch_size: int = 256
     precision: str = "fp32"
     """The workers' ``--precision``: fp32, bf16-mixed or fp16-mixed (training/loop/step/)."""
+    parallelism: str = "ddp"
+    """The workers' ``--parallelism``: ddp or fsdp2 (training/loop/parallel/)."""
     hpa_cpu_utilization: int = 0
     """0: no HPA; else elasticPolicy.metrics targets this average CPU utilisation (%)."""
     active_deadline_s: int | None = None

@@ -14,8 +14,8 @@ from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.sources import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
-from training.loop.config import PRECISIONS
-from training.tasks import REFERENCE_FORM, is_task_reference
+from training.loop.config import PARALLELISMS, PRECISIONS
+from training.tasks import REFERENCE_FORM, SHARDABLE_TASKS, is_task_reference
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -235,6 +235,19 @@ def _training_problems(cfg: LabConfig) -> list[str]:
     if job.precision not in PRECISIONS:
         problems.append(
             f"{cfg.key('precision')} must be one of {', '.join(PRECISIONS)}, got {job.precision!r}"
+        )
+    if job.parallelism not in PARALLELISMS:
+        allowed, got = ", ".join(PARALLELISMS), job.parallelism
+        problems.append(f"{cfg.key('parallelism')} must be one of {allowed}, got {got!r}")
+    elif job.parallelism == "fsdp2" and cfg.task in TASKS and cfg.task not in SHARDABLE_TASKS:
+        problems.append(
+            f"{cfg.key('parallelism')} fsdp2: {cfg.key('task')} {cfg.task} cannot be sharded "
+            f"(fsdp2 tasks: {', '.join(sorted(SHARDABLE_TASKS))}); use ddp"
+        )
+    elif job.parallelism == "fsdp2" and job.precision == "fp16-mixed":
+        problems.append(
+            f"{cfg.key('parallelism')} fsdp2 does not take {cfg.key('precision')} fp16-mixed "
+            "(its gradient scaler does not unscale sharded gradients): use bf16-mixed or fp32"
         )
     if job.checkpoint_every_steps == 0 and job.checkpoint_every_seconds == 0:
         problems.append(

@@ -327,6 +327,20 @@ def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
     assert "3-24 lowercase alphanumerics" in message
 
 
+def test_fsdp2_with_fp16_mixed_is_refused_naming_both_keys() -> None:
+    message = _problems({"parallelism": "fsdp2", "precision": "fp16-mixed", "task": "charlm"})
+    assert "spot-lab:parallelism fsdp2 does not take spot-lab:precision fp16-mixed" in message
+    assert "use bf16-mixed or fp32" in message
+    raw = {"parallelism": "fsdp2", "precision": "bf16-mixed", "task": "charlm"}
+    assert _cfg(raw).job.parallelism == "fsdp2"
+
+
+def test_fsdp2_with_a_task_that_cannot_be_sharded_is_refused_at_preview() -> None:
+    message = _problems({"parallelism": "fsdp2", "task": "cifar"})
+    assert "spot-lab:parallelism fsdp2: spot-lab:task cifar cannot be sharded" in message
+    assert "(fsdp2 tasks: charlm); use ddp" in message
+
+
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
@@ -350,6 +364,11 @@ def test_unknown_enum_values(key: str, value: str, allowed: str) -> None:
             "precision",
             "fp8",
             "spot-lab:precision must be one of fp32, bf16-mixed, fp16-mixed, got 'fp8'",
+        ),
+        (
+            "parallelism",
+            "zero3",
+            "spot-lab:parallelism must be one of ddp, fsdp2, got 'zero3'",
         ),
         ("runId", "Run 2", "spot-lab:runId must be 1-20 lowercase letters, digits or '-'"),
         ("runId", "", "spot-lab:runId must be 1-20 lowercase letters"),

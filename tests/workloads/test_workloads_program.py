@@ -150,6 +150,13 @@ def test_the_stacks_precision_is_the_workers_flag() -> None:
     assert "--precision=fp32" in default["command"]
 
 
+def test_the_stacks_parallelism_is_the_workers_flag() -> None:
+    run = run_program("dev", {"task": "charlm", "parallelism": "fsdp2"})
+    assert "--parallelism=fsdp2" in _pod_spec(run.one(PYTORCHJOB))["containers"][0]["command"]
+    default = _pod_spec(run_program("dev").one(PYTORCHJOB))["containers"][0]
+    assert "--parallelism=ddp" in default["command"]
+
+
 def test_run_id_gives_a_new_rendezvous_and_an_unchanged_config_keeps_it() -> None:
     first, again = run_program("dev"), run_program("dev", fresh=True)
     assert first.outputs["rdzvId"] == again.outputs["rdzvId"]

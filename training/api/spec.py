@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from training.api.keyed_random import sample_seed_tensor
 
@@ -98,13 +99,23 @@ class TrainParts:
     """What ``TrainSpec.build`` returns: the objects whose state the loop keeps."""
 
     model: nn.Module
-    """The network, on the CPU; the loop moves it to the device and dtype, wraps it in DDP."""
+    """The network, on the CPU; the loop moves it to the device and dtype, wraps it in DDP.
+    Under ``--parallelism fsdp2`` it is built on the meta device (no memory) and the loop
+    shards and materializes it (``TrainSpec.parallelize``, ``TrainSpec.init_weights``)."""
     optimizer: torch.optim.Optimizer
     """Over ``model``'s parameters; stepped by the loop once per global batch."""
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     """Stepped by the loop after each optimizer step, saved and restored with it."""
     max_grad_norm: float | None = None
     """Clip the global gradient's norm to this before each optimizer step (None: no clip)."""
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """What ``TrainSpec.parallelize`` needs to shard a model (``--parallelism fsdp2``)."""
+
+    mesh: DeviceMesh
+    """The 1-D mesh over all ranks: pass it to ``fully_shard(module, mesh=ctx.mesh)``."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,20 @@ class TrainSpec:
     run with the loop's own checks, before any collective."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """The task's own defaults for the loop's settings (``{"lr": 3e-4}``); flags and env win."""
+    parallelize: Callable[[nn.Module, ParallelContext], None] | None = None
+    """``parallelize(model, ctx)``: shard the model in place with ``fully_shard`` (from
+    ``torch.distributed.fsdp``), its units first (each transformer block), then the root,
+    as torchtitan's ``parallelize_fn``: one unit's parameters are gathered whole only while
+    it runs. Called on the meta-device model of ``build``. None: the task runs under DDP
+    only, and ``--parallelism fsdp2`` is refused."""
+    init_weights: Callable[[nn.Module], None] | None = None
+    """``init_weights(model)``: set every parameter and buffer (torchtitan's
+    ``init_weights``). The sharded model is materialized uninitialized, so its values come
+    from this alone; torch is seeded with ``--seed`` first, and random in-place inits
+    (``nn.init.normal_``...) give every shard its part of the whole tensor's draw, so the
+    initial model is the same at any world size (not the DDP run's: that one's draw follows
+    the layers' own default inits). Call it from the model's constructor too, so that under
+    DDP the model is initialized by it as well."""
     state_options: tuple[str, ...] | None = None
     """The options that change what the saved state means (the parameters' shapes, the
     samples): part of the run's identity, so a state is never resumed under other values. The

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 ENV_PREFIX = "TRAIN_"
 DTYPES = ("float32", "float64")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+PARALLELISMS = ("ddp", "fsdp2")
 MAX_STOP_DEADLINE_S = 600.0
 """A longer termination grace than this is no eviction notice anyone gets."""
 
@@ -120,7 +121,10 @@ class RunConfig:
     or fp16 (fp16 with a gradient scaler); parameters, optimizer state and checkpoints stay
     float32. Part of the run's identity (docs/your-own-model.md)."""
     parallelism: str = "ddp"
-    """ddp (every rank holds the whole model) or fsdp2 (each rank a shard of it)."""
+    """How the model is spread over the ranks: ddp (a whole copy on every rank, gradients
+    all-reduced) or fsdp2 (parameters, gradients and optimizer state sharded with
+    fully_shard, built on the meta device: for a model one rank cannot hold; the task must
+    define parallelize and init_weights). Not part of the run's identity."""
     resume_check: bool = True
     """Before training, take one step twice: from the state in memory, and from that state
     as a checkpoint restores it; stop with an error naming what differs (state the task
@@ -312,6 +316,7 @@ def validate(cfg: TrainConfig) -> None:
             f"--precision {cfg.run.precision} computes from float32 parameters: --dtype (or "
             f"TRAIN_DTYPE) must be float32 with it, got {cfg.run.dtype}"
         )
+    _validate_parallelism(cfg)
     unknown = sorted(set(cfg.spec.state_options or ()) - {f.name for f in fields(cfg.options)})
     if unknown:
         raise ConfigError(f"task {cfg.run.task}: state_options names no option: {unknown}")
@@ -320,6 +325,35 @@ def validate(cfg: TrainConfig) -> None:
             cfg.spec.check(cfg.options)
         except ValueError as exc:
             raise ConfigError(f"task {cfg.run.task}: {exc}") from None
+
+
+def _validate_parallelism(cfg: TrainConfig) -> None:
+    """``--parallelism`` and what fsdp2 cannot combine with: one line naming the flag, the
+    task or option, and the alternative."""
+    run, flag = cfg.run, f"--parallelism (or {ENV_PREFIX}PARALLELISM)"
+    if run.parallelism not in PARALLELISMS:
+        raise ConfigError(
+            f"{flag} must be one of {', '.join(PARALLELISMS)}, got {run.parallelism!r}"
+        )
+    if run.parallelism != "fsdp2":
+        return
+    spec = cfg.spec
+    if spec.parallelize is None or spec.init_weights is None:
+        raise ConfigError(
+            f"{flag} fsdp2: task {run.task} cannot be sharded (its TrainSpec has no "
+            "parallelize and init_weights: docs/your-own-model.md); use --parallelism ddp"
+        )
+    if run.compile:
+        raise ConfigError(
+            f"{flag} fsdp2 does not take --compile (task {run.task}): use --parallelism ddp "
+            "with --compile, or fsdp2 without it"
+        )
+    if run.precision == "fp16-mixed":
+        raise ConfigError(
+            f"{flag} fsdp2 does not take --precision fp16-mixed (task {run.task}: its gradient "
+            "scaler does not unscale sharded gradients): use --precision bf16-mixed or fp32, "
+            "or --parallelism ddp"
+        )
 
 
 def check_batch_fits(cfg: TrainConfig, num_samples: int | None, world_size: int) -> None:

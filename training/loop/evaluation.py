@@ -3,7 +3,8 @@ sums the shares, rank 0 logs the result (an ``evaluated`` event with ``eval_loss
 task's line of text as ``sample`` if it gave one; the lab's report shows them).
 
 In ``eval()`` mode and without gradients; it reads the state and changes none of it, so a run
-with evaluations follows the same trajectory as one without.
+with evaluations follows the same trajectory as one without. A sharded model is sharded again
+after it (FSDP2's root keeps its parameters gathered after a forward without a backward).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from training.api import Data, EvalContext, TrainSpec
+from training.loop.parallel import reshard
 
 
 def evaluate(
@@ -35,6 +37,7 @@ def evaluate(
             result = spec.evaluate(model, data, ctx)
     finally:
         model.train(was_training)
+        reshard(model)  # a sharded root keeps its gathered parameters after a forward
     totals = all_reduce(torch.tensor([result.loss_sum, float(result.count)], dtype=torch.float64))
     if totals[1] <= 0:
         return None

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from training.api import EvalContext, MicroBatch
 from training.checkpoints.checkpoint import CheckpointError, serialize
@@ -30,14 +28,10 @@ from training.elastic.faults import StopRequest, is_peer_failure
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
+from training.loop.parallel import clip_grad_norm, gradient_sync, wrap_model
 from training.loop.saves.emergency import Outcome
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
-from training.loop.step_guard import (
-    EmulatedStream,
-    abort_collectives,
-    mark_state_written,
-    stream_ordered_allreduce_hook,
-)
+from training.loop.step_guard import abort_collectives, mark_state_written
 from training.loop.task_checks import checked_loss, rehearse_resume
 from training.loop.trainer_state import EXIT_OK, EXIT_RESTART, StatefulTrainer, stop_exit_code
 
@@ -48,8 +42,9 @@ class Trainer(StatefulTrainer):
     """The loop over a ``StatefulTrainer``'s state: one optimiser step at a time, its log lines,
     the failures it survives and the final commit."""
 
-    ddp: DistributedDataParallel | None = None
-    """The model wrapped in DDP, once the state is restored."""
+    ddp: nn.Module | None = None
+    """The model as the step runs it, once the state is restored: in DDP, or the model
+    itself under FSDP2 (training/loop/parallel/wrap.py)."""
     last_loss: float | None = None
     """The global mean loss at the last log step (rank 0)."""
     last_eval_loss: float | None = None
@@ -70,8 +65,8 @@ class Trainer(StatefulTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         losses = StepLosses(self.spec.name)
         for i, (offset, size) in enumerate(chunks):
-            # Gradients are all-reduced once per step, on the last micro-batch only.
-            with self.ddp.no_sync() if i < len(chunks) - 1 else nullcontext():
+            # DDP all-reduces the gradients on the last micro-batch only (parallel/wrap.py).
+            with gradient_sync(self.ddp, i == len(chunks) - 1):
                 self._backward(self.ddp, indices[offset : offset + size], scale, losses)
         # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
         # a half-reduced gradient changes the state every rank must agree on.
@@ -110,7 +105,7 @@ class Trainer(StatefulTrainer):
         """Clip (the gradients are the global batch's, the same on every rank), step, schedule."""
         self.precision.unscale(self.optimizer)  # fp16: clip the gradients, not the scaled ones
         if self.parts.max_grad_norm:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.parts.max_grad_norm)
+            clip_grad_norm(self.model.parameters(), self.parts.max_grad_norm)
         self.precision.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -156,7 +151,7 @@ class Trainer(StatefulTrainer):
             if self.cfg.run.resume_check:
                 self.rehearse_resume()
                 phases.mark("resume_check")
-            self._wrap_in_ddp(phases)
+            self._wrap(phases)
             if not self._train(stop):
                 return stop_exit_code(self._stopped)
             self.finish()
@@ -182,19 +177,12 @@ class Trainer(StatefulTrainer):
             return stop_exit_code(self.emergency_save(kind, stop))
         return EXIT_RESTART
 
-    def _wrap_in_ddp(self, phases: Phases) -> None:
-        if self.cfg.run.compile:
+    def _wrap(self, phases: Phases) -> None:
+        """The parallelism's wrap step: DDP, or nothing more for a sharded model."""
+        if self.cfg.run.compile:  # config.validate refuses it with fsdp2
             compile_model(self.model)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        stream = self.guard.stream
-        if isinstance(stream, EmulatedStream):  # NCCL's ordering on gloo (tests, the lab)
-            # Gradients are views of the buckets, which the queued all-reduce fills later.
-            self.ddp = DistributedDataParallel(
-                self.model, device_ids=device_ids, gradient_as_bucket_view=True
-            )
-            self.ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
-        else:
-            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        parallelism, stream = self.cfg.run.parallelism, self.guard.stream
+        self.ddp = wrap_model(self.model, parallelism, self.device, stream)
         phases.mark("ddp")
         if self.env.rank == 0:
             self.events.event(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.api import BuildContext, Data, TrainSpec
+from training.api import Data, TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
 from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
 from training.data.loader import open_loader, sampler_for
@@ -34,6 +34,7 @@ from training.loop.config import ConfigError, TrainConfig
 from training.loop.dist import DistEnv
 from training.loop.inputs import STORAGE_KEY, run_identity
 from training.loop.metrics import EventLog
+from training.loop.parallel import build_parts
 from training.loop.saves.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
 from training.loop.saves.periodic import BackgroundSaver, SavePolicy, report_failure
 from training.loop.saves.sharded import ShardedState
@@ -88,11 +89,8 @@ class StatefulTrainer:
         self.identity = run_identity(cfg, self.dataset)
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
-        self.parts = self.spec.build(
-            cfg.options, data, BuildContext(cfg.optim.lr, cfg.optim.global_batch_size)
-        )
-        # In place: the optimizer's references to the parameters stay valid.
-        self.model = self.parts.model.to(device=device, dtype=self.dtype)
+        self.parts = build_parts(self.spec, cfg, data, device, self.dtype)  # --parallelism
+        self.model = self.parts.model
         self.optimizer = self.parts.optimizer
         self.scheduler = self.parts.scheduler
         self.precision = Precision(cfg.run.precision, device)  # fp16's scaler is state

@@ -23,6 +23,11 @@ _MODULES = {
 """Each task's name and its module, whose ``SPEC`` carries the same name."""
 
 TASK_NAMES: tuple[str, ...] = tuple(sorted(_MODULES))
+SHARDABLE_TASKS = frozenset({"charlm"})
+"""The built-in tasks whose spec has ``parallelize`` and ``init_weights`` (``--parallelism
+fsdp2``), known without importing them: the stack's config refuses fsdp2 for the others at
+preview, before any GPU node starts (tests/training/tasks/test_task_registry.py holds it to the
+specs)."""
 DEFAULT_TASK = "cifar"
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from training.api import (
     BuildContext,
@@ -34,6 +35,7 @@ from training.api import (
     EvalContext,
     Evaluation,
     MicroBatch,
+    ParallelContext,
     TrainParts,
     TrainSpec,
     keyed_dropout,
@@ -192,11 +194,7 @@ class CharGPT(nn.Module):
         self.norm = nn.LayerNorm(options.n_embd)
         self.head = nn.Linear(options.n_embd, vocab_size, bias=False)
         self.head.weight = self.tokens.weight  # weight tying, as in GPT-2
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        init_weights(self)
 
     def forward(self, idx: torch.Tensor, seeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for each position; ``seeds`` (one per sample) turn dropout on."""
@@ -205,6 +203,30 @@ class CharGPT(nn.Module):
         for block in self.blocks:
             x = block(x, seeds)
         return self.head(self.norm(x))
+
+
+def init_weights(model: nn.Module) -> None:
+    """Every parameter (the model has no buffers): the matrices and embeddings N(0, 0.02),
+    the biases 0, the norms as built. Sets the norms too: a sharded model is materialized
+    uninitialized (``--parallelism fsdp2``)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+
+def parallelize(model: nn.Module, ctx: ParallelContext) -> None:
+    """FSDP2: each block one unit, then the root, whose unit holds the embeddings, the final
+    norm and the head, tied to the token embedding: one parameter, gathered once."""
+    assert isinstance(model, CharGPT)
+    for block in model.blocks:
+        fully_shard(block, mesh=ctx.mesh)
+    fully_shard(model, mesh=ctx.mesh)
 
 
 def warmup_cosine(warmup: int, total: int, floor: float) -> Any:
@@ -270,8 +292,10 @@ def evaluate(model: nn.Module, data: Corpus, ctx: EvalContext) -> Evaluation:
     loss_sum = 0.0
     if windows:
         loss_sum = float(_char_losses(model, torch.stack(windows).to(ctx.device)).mean(1).sum())
-    text = sample_line(model, data, ctx, options.sample_chars) if ctx.rank == 0 else None
-    return Evaluation(loss_sum, len(windows), text)
+    # Every rank samples the same line (keyed by the step): a sharded model's forward is a
+    # collective. Rank 0's is logged.
+    text = sample_line(model, data, ctx, options.sample_chars)
+    return Evaluation(loss_sum, len(windows), text if ctx.rank == 0 else None)
 
 
 def sample_line(model: nn.Module, data: Corpus, ctx: EvalContext, chars: int = 80) -> str:
@@ -301,6 +325,8 @@ SPEC = TrainSpec(
     loss=loss,
     evaluate=evaluate,
     check=check,
+    parallelize=parallelize,
+    init_weights=init_weights,
     defaults={"lr": 1e-3, "global_batch_size": 32, "micro_batch_size": 16, "eval_every": 50},
     # The parameters' shapes, and the windows a sample index means: the rest may change.
     state_options=("block_size", "n_layer", "n_head", "n_embd", "line_ends"),

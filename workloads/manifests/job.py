@@ -97,6 +97,8 @@ class ElasticJobSpec:
     """What the workers train (``--task``: training/tasks/)."""
     precision: str = "fp32"
     """The workers' ``--precision``: fp32, bf16-mixed or fp16-mixed."""
+    parallelism: str = "ddp"
+    """The workers' ``--parallelism``: ddp or fsdp2."""
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
     workers prefer the Spot one (``spot_preference``)."""
@@ -196,6 +198,7 @@ def training_args(spec: ElasticJobSpec) -> list[str]:
         f"--max-steps={spec.max_steps}",
         f"--global-batch-size={spec.global_batch_size}",
         f"--precision={spec.precision}",
+        f"--parallelism={spec.parallelism}",
         f"--checkpoint-every-steps={spec.checkpoint_every_steps}",
         f"--checkpoint-every-seconds={spec.checkpoint_every_seconds}",
         # The eviction's save is done or given up before the kubelet's SIGKILL.
@@ -388,6 +391,7 @@ def elastic_job_spec(
         prefer_spot=fallback,
         task=config.task,
         precision=job.precision,
+        parallelism=job.parallelism,
     )
 
 

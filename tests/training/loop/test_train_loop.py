@@ -31,10 +31,11 @@ from training import train
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
-from training.loop import inputs, trainer
+from training.loop import inputs
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
+from training.loop.parallel import wrap
 from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 
 # --- Emergency saves --------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
     def ddp(*args: object, **kwargs: object) -> None:
         raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
 
-    monkeypatch.setattr(trainer, "DistributedDataParallel", ddp)
+    monkeypatch.setattr(wrap, "DistributedDataParallel", ddp)
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
     assert [e["step"] for e in h.events("peer_failure")] == [3]
     assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.lab_runs import fresh_python
-from training.tasks import DEFAULT_TASK, TASK_NAMES, TASKS
+from training.tasks import DEFAULT_TASK, SHARDABLE_TASKS, TASK_NAMES, TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -20,6 +20,12 @@ def test_each_name_is_its_specs_name() -> None:
     for name in TASK_NAMES:
         assert TASKS[name].name == name
     assert len(TASKS) == len(TASK_NAMES)
+
+
+def test_the_shardable_tasks_are_those_whose_spec_can_be_sharded() -> None:
+    specs = {name: TASKS[name] for name in TASK_NAMES}
+    can = {n for n, s in specs.items() if s.parallelize is not None and s.init_weights}
+    assert SHARDABLE_TASKS == can == {"charlm"}
 
 
 def test_an_unknown_task_is_a_key_error() -> None:

@@ -1,0 +1,59 @@
+"""The loop's side of the parallelism: what the step runs the model through, when the
+micro-batches' gradients are synchronized, and the global gradient's norm.
+
+DDP wraps the model and all-reduces the gradients once per step, on the last micro-batch
+(``no_sync`` before). FSDP2 needs no wrapper (``fully_shard`` made the model its own) and
+reduce-scatters every micro-batch's gradients: ``set_requires_gradient_sync(False)`` would
+keep each unit's gradients unsharded until the last micro-batch, the whole model's gradient
+on every rank, which is what FSDP2 is chosen to avoid (torchtitan accumulates the same way).
+The mean over the ranks of the micro-batches' sums is the same gradient, within rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
+
+from training.loop.step_guard import EmulatedStream, stream_ordered_allreduce_hook
+
+
+def wrap_model(model: nn.Module, parallelism: str, device: torch.device, stream: Any) -> nn.Module:
+    """The module the step runs: ``model`` in DDP, or, sharded, ``model`` itself. ``stream``
+    is the step guard's: an ``EmulatedStream`` gives NCCL's ordering on gloo (tests, the lab)."""
+    if parallelism == "fsdp2":
+        return model
+    device_ids = [device.index] if device.type == "cuda" else None
+    if isinstance(stream, EmulatedStream):
+        # Gradients are views of the buckets, which the queued all-reduce fills later.
+        ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
+        return ddp
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def gradient_sync(wrapped: nn.Module, sync: bool) -> AbstractContextManager[Any]:
+    """Around one micro-batch's backward: DDP all-reduces only when ``sync`` (the step's last
+    micro-batch); FSDP2 reduce-scatters each one (see above)."""
+    if not sync and isinstance(wrapped, DistributedDataParallel):
+        return wrapped.no_sync()
+    return nullcontext()
+
+
+def reshard(model: nn.Module) -> None:
+    """Free a sharded model's gathered parameters: FSDP2's root unit keeps them after a
+    forward that no backward follows (an evaluation), whole on every rank until the next
+    step's backward, and a state read then would not be the shards."""
+    if isinstance(model, FSDPModule):
+        model.reshard()
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
+    """Clip the global gradient's norm to ``max_norm``: on sharded (DTensor) gradients the
+    norm is reduced over the ranks' shards, so every rank scales by the same factor."""
+    nn.utils.clip_grad_norm_(list(parameters), max_norm)
