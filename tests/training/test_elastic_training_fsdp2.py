@@ -150,6 +150,7 @@ def test_a_join_reshards_onto_three_with_no_step_lost(
     cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "3 steps at world size 2")
     joined_ts = max(r["ts"] for r in cluster.records())
     cluster.start("d", paced)
+    cluster.wait_until(lambda: cluster.steps_at(3) >= 2, 120, "2 steps at world size 3")
     for node in ("a", "b", "d"):
         assert cluster.wait_exit(node, 240) == 0, cluster.tail()
     resumed = _after(cluster, "resumed", joined_ts)[0]
