@@ -156,7 +156,10 @@ class Cluster:
 def final_parameters(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     loaded = CheckpointRepository(FileStore(checkpoint_dir)).load_latest()
     assert loaded is not None, f"no checkpoint in {checkpoint_dir}"
-    return deserialize(loaded.data)["model"]
+    state = deserialize(loaded.data)
+    # A task's EMA, when it keeps one, is compared as exactly as the parameters.
+    ema = state.get("extras", {}).get("ema", {}).get("shadow", {})
+    return {**state["model"], **{f"ema:{name}": t for name, t in ema.items()}}
 
 
 def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -28,6 +28,7 @@ ARGS = [
     "--n-head=2",
     "--n-embd=16",
     "--dropout=0.2",
+    "--ema-decay=0.9",  # an extra's state: saved, restored and compared like the parameters
     "--warmup-steps=16",
     "--decay-steps=40",
     "--eval-every=8",

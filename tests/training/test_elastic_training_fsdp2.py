@@ -35,6 +35,7 @@ ARGS = [
     "--n-head=2",
     "--n-embd=16",
     "--dropout=0.2",
+    "--ema-decay=0.9",  # an extra sharded like the parameters, resharded with them
     "--warmup-steps=8",
     "--decay-steps=24",
     "--global-batch-size=12",
@@ -48,10 +49,12 @@ ARGS = [
 
 
 def final_parameters(checkpoints: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    read = ShardedCheckpoints(FileStore(checkpoints), scratch).read_whole("model.model.")
+    under = ("model.model.", "trainer.extras.ema.")
+    read = ShardedCheckpoints(FileStore(checkpoints), scratch).read_whole(under)
     assert read is not None, f"no sharded checkpoint in {checkpoints}"
     entry, whole = read
     assert entry.step == MAX_STEPS, entry
+    assert any(name.startswith(under[1]) for name in whole), sorted(whole)
     return whole
 
 
@@ -143,8 +146,9 @@ def test_a_node_killed_without_notice_resumes_from_the_newest_whole_checkpoint(
 def test_a_join_reshards_onto_three_with_no_step_lost(
     cluster: Cluster, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
-    # The steps left outlast a new node's cold start; no periodic save: only parts can serve.
-    paced = [*ARGS, "--min-step-time-s=0.75", "--checkpoint-every-steps=0"]
+    # The 21 steps left outlast a new node's cold start (20 s at load 15); no periodic save:
+    # only the parts can serve.
+    paced = [*ARGS, "--min-step-time-s=1.5", "--checkpoint-every-steps=0"]
     for node in ("a", "b"):
         cluster.start(node, paced)
     cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "3 steps at world size 2")

@@ -4,6 +4,7 @@ A task is a ``TrainSpec`` (``training/api/spec.py``) in one file under ``trainin
 named in ``training/tasks/__init__.py``; docs/your-own-model.md is the guide.
 """
 
+from training.api.extras import EMA, Extra
 from training.api.keyed_random import keyed_dropout, keyed_seed, keyed_uniform
 from training.api.spec import (
     BuildContext,
@@ -24,8 +25,10 @@ from training.api.spec import (
 __all__ = [
     "BuildContext",
     "Data",
+    "EMA",
     "EvalContext",
     "Evaluation",
+    "Extra",
     "MicroBatch",
     "ParallelContext",
     "Samples",

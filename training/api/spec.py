@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from training.api.extras import Extra
 from training.api.keyed_random import sample_seed_tensor
 
 
@@ -108,6 +109,9 @@ class TrainParts:
     """Stepped by the loop after each optimizer step, saved and restored with it."""
     max_grad_norm: float | None = None
     """Clip the global gradient's norm to this before each optimizer step (None: no clip)."""
+    extras: Mapping[str, Extra] = field(default_factory=dict)
+    """State the loop keeps with the model: updated after each optimizer step, saved and
+    restored with the checkpoint, by name (an EMA of the parameters: ``EMA(decay)``)."""
 
 
 @dataclass(frozen=True)

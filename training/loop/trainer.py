@@ -109,6 +109,8 @@ class Trainer(StatefulTrainer):
         self.precision.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
+        for extra in self.extras.values():  # an EMA follows the step it averages
+            extra.update(self.model)
         mark_state_written(self.device)  # a save's GPU copy waits for these kernels
 
     def rehearse_resume(self) -> None:

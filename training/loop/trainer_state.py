@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.api import Data, TrainSpec
+from training.api import Data, Extra, TaskContractError, TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
 from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
+from training.checkpoints.sharded.state import rng_state, set_rng_state
 from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
@@ -90,6 +92,9 @@ class StatefulTrainer:
         torch.manual_seed(cfg.run.seed)  # same init on every rank, before any restore
         self.dtype: torch.dtype = getattr(torch, cfg.run.dtype)
         self.parts = build_parts(self.spec, cfg, data, device, self.dtype)  # --parallelism
+        self.extras = checked_extras(self.spec.name, self.parts.extras)
+        for extra in self.extras.values():  # the model is final: on its device, sharded
+            extra.attach(self.parts.model)
         self.model = self.parts.model
         self.optimizer = self.parts.optimizer
         self.scheduler = self.parts.scheduler
@@ -156,6 +161,8 @@ class StatefulTrainer:
             state["scheduler"] = self.scheduler.state_dict()
         if (scaler := self.precision.state_dict()) is not None:
             state["scaler"] = scaler
+        if self.extras:
+            state["extras"] = {name: extra.state_dict() for name, extra in self.extras.items()}
         return state
 
     def small_state(self) -> dict[str, Any]:
@@ -190,6 +197,8 @@ class StatefulTrainer:
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler"))  # the identity says it is there
+        for name, extra in self.extras.items():  # the task's options (its identity) made them
+            extra.load_state_dict(state["extras"][name])
         self.state.step = int(state["trainer"]["step"])
         set_rng_state(state["rng"], self.device)
         self._apply_changed_settings(state)
@@ -352,18 +361,15 @@ class StatefulTrainer:
                 exit_now(code)
 
 
-def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    """torch's RNG streams this worker uses: the CPU generator's, and its GPU's."""
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+def checked_extras(task: str, extras: Mapping[str, Extra]) -> dict[str, Extra]:
+    """A task's extras, by names a checkpoint can hold beside the loop's own state."""
+    for name in extras:
+        if not name.isidentifier() or name == "scaler":
+            raise TaskContractError(
+                f"task {task!r}: an extra's name must be a Python identifier other than "
+                f"'scaler' (the loop's), got {name!r}"
+            )
+    return dict(extras)
 
 
 def stop_exit_code(outcome: Outcome | None) -> int:

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from training.api import (
+    EMA,
     BuildContext,
     Data,
     EvalContext,
@@ -78,6 +79,9 @@ class CharLMOptions:
     line_ends: bool = False
     """A training sample stops at the last line break of its window (the whole window when
     it has none): variable lengths, padded, the padding not counted in the loss."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the parameters with this decay, saved and
+    restored with them (0 = none)."""
 
 
 class CharChunks:
@@ -152,6 +156,8 @@ def check(options: CharLMOptions) -> None:
             f"--decay-steps ({options.decay_steps}) must be >= --warmup-steps "
             f"({options.warmup_steps})"
         )
+    if not 0.0 <= options.ema_decay < 1.0:
+        raise ValueError(f"--ema-decay must be in [0, 1), got {options.ema_decay}")
     if not 0.0 <= options.min_lr_ratio <= 1.0:
         raise ValueError(f"--min-lr-ratio must be in [0, 1], got {options.min_lr_ratio}")
 
@@ -253,7 +259,8 @@ def build(options: CharLMOptions, data: Corpus, run: BuildContext) -> TrainParts
     )
     schedule = warmup_cosine(options.warmup_steps, options.decay_steps, options.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    return TrainParts(model, optimizer, scheduler, options.grad_clip or None)
+    extras = {"ema": EMA(options.ema_decay)} if options.ema_decay else {}
+    return TrainParts(model, optimizer, scheduler, options.grad_clip or None, extras)
 
 
 def collate(items: Sequence[torch.Tensor], where: MicroBatch) -> dict[str, torch.Tensor]:

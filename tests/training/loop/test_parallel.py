@@ -132,13 +132,14 @@ def _worker(rank: int, world: int, root: str, data_dir: str, flags: list[str]) -
 @pytest.mark.parametrize(
     ("world", "flags", "tolerance"),
     [
+        # At 3 ranks: tests/training/test_elastic_training_fsdp2.py ends runs at world 3
+        # within 1e-9 of a world-2 run.
         (2, FLOAT64, 1e-9),
-        (3, FLOAT64, 1e-9),
         # Autocast in bf16 from float32 parameters: the same computation, float32's rounding
         # (measured: at most 1.2e-8).
         (2, BF16_MIXED, 1e-6),
     ],
-    ids=["float64-2", "float64-3", "bf16-mixed-2"],
+    ids=["float64-2", "bf16-mixed-2"],
 )
 def test_fsdp2_trains_charlm_as_ddp_does(
     tmp_path: Path, world: int, flags: list[str], tolerance: float

@@ -121,7 +121,9 @@ class ShardedCheckpoints:
                 shutil.rmtree(cache, ignore_errors=True)
         return None
 
-    def read_whole(self, under: str) -> tuple[Entry, dict[str, torch.Tensor]] | None:
+    def read_whole(
+        self, under: str | tuple[str, ...]
+    ) -> tuple[Entry, dict[str, torch.Tensor]] | None:
         """The tensors whose names start with ``under`` (DCP's flattened names, e.g.
         ``model.model.``) of the newest checkpoint that verifies, whole, on the CPU, in this
         process alone: for a comparison or an export, never for training (it holds them all).

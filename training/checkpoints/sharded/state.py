@@ -96,6 +96,7 @@ def training_state(model_state: ModelState, trainer: TrainerState) -> dict[str, 
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """torch's RNG streams this worker uses: the CPU generator's, and its GPU's."""
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)

@@ -91,7 +91,10 @@ class ShardedState:
         """What DCP saves and loads, and the trainer's part of it (its step after a load)."""
         t = self.t
         step = t.state.step
-        extras = {"scaler": _Scaler(t.precision)} if t.precision.state_dict() else {}
+        extras = {
+            **t.extras,
+            **({"scaler": _Scaler(t.precision)} if t.precision.state_dict() else {}),
+        }
         progress = TrainerState(
             step, t.sampler.consumed_samples(step), t.scheduler, extras, t.device
         )
