@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.lab_runs import LabCommands
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +23,16 @@ def lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+@pytest.fixture(scope="module")
+def refused(processes: None) -> Iterator[LabCommands]:
+    """``lab run`` with bad input, each test's command in one shared Python: its checks load
+    torch (training's own validation), about 2 s a process. The other tests here spawn
+    ``python -m lab`` as a user does."""
+    commands = LabCommands()
+    yield commands
+    commands.close()
 
 
 @pytest.mark.parametrize(
@@ -55,31 +68,33 @@ def lab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 )
 @pytest.mark.usefixtures("processes")
 def test_bad_input_exits_2_and_names_the_setting(
-    tmp_path: Path, args: list[str], message: str
+    refused: LabCommands, tmp_path: Path, args: list[str], message: str
 ) -> None:
     scenario = [] if "--scenario" in args else ["--ci"]
-    result = lab("run", *scenario, "--out", str(tmp_path / "out"), *args, cwd=tmp_path)
+    result = refused.run("run", *scenario, "--out", str(tmp_path / "out"), *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was started or written
 
 
 @pytest.mark.usefixtures("processes")
-def test_an_existing_run_dir_is_not_reused(tmp_path: Path) -> None:
+def test_an_existing_run_dir_is_not_reused(refused: LabCommands, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.json").write_text("{}")
-    result = lab("run", "--ci", "--out", str(out), cwd=tmp_path)
+    result = refused.run("run", "--ci", "--out", str(out), cwd=tmp_path)
     assert result.returncode == 2
     assert f"--out: {out} already exists and is not empty" in result.stderr
     assert [p.name for p in out.iterdir()] == ["report.json"]
 
 
 @pytest.mark.usefixtures("processes")
-def test_an_out_dir_that_cannot_be_created_names_the_flag(tmp_path: Path) -> None:
+def test_an_out_dir_that_cannot_be_created_names_the_flag(
+    refused: LabCommands, tmp_path: Path
+) -> None:
     (tmp_path / "file").write_text("not a directory")
     out = tmp_path / "file" / "out"
-    result = lab("run", "--ci", "--out", str(out), cwd=tmp_path)
+    result = refused.run("run", "--ci", "--out", str(out), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"error: --out: cannot create {out}: Not a directory" in result.stderr
 
@@ -117,10 +132,12 @@ def test_unknown_command_is_an_argparse_error(tmp_path: Path) -> None:
 )
 @pytest.mark.usefixtures("processes")
 def test_a_bad_scenario_file_exits_2_and_names_the_key(
-    tmp_path: Path, toml: str, message: str
+    refused: LabCommands, tmp_path: Path, toml: str, message: str
 ) -> None:
     (tmp_path / "bad.toml").write_text(toml)
-    result = lab("run", "--scenario", "bad.toml", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    result = refused.run(
+        "run", "--scenario", "bad.toml", "--out", str(tmp_path / "out"), cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -137,14 +154,14 @@ def test_a_bad_scenario_file_exits_2_and_names_the_key(
 )
 @pytest.mark.usefixtures("processes")
 def test_a_data_dir_the_loader_cannot_read_is_refused(
-    tmp_path: Path, files: dict[str, bytes], message: str
+    refused: LabCommands, tmp_path: Path, files: dict[str, bytes], message: str
 ) -> None:
     data = tmp_path / "cifar"
     data.mkdir()
     for name, content in files.items():
         (data / name).write_bytes(content)
     out = str(tmp_path / "out")
-    result = lab("run", "--ci", "--out", out, "--data-dir", str(data), cwd=tmp_path)
+    result = refused.run("run", "--ci", "--out", out, "--data-dir", str(data), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
@@ -160,13 +177,13 @@ def test_a_data_dir_the_loader_cannot_read_is_refused(
 )
 @pytest.mark.usefixtures("processes")
 def test_an_etcd_outside_the_supported_minors_is_refused(
-    tmp_path: Path, version: str, message: str
+    refused: LabCommands, tmp_path: Path, version: str, message: str
 ) -> None:
     fake = tmp_path / "etcd"
     fake.write_text(f"#!/bin/sh\necho '{version}'\n")
     fake.chmod(0o755)
     out = str(tmp_path / "out")
-    result = lab("run", "--ci", "--out", out, "--etcd-binary", str(fake), cwd=tmp_path)
+    result = refused.run("run", "--ci", "--out", out, "--etcd-binary", str(fake), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"--etcd-binary: {fake} {message}" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -36,3 +36,73 @@ def fresh_python(*args: str, timeout_s: float = 300) -> subprocess.CompletedProc
         text=True,
         timeout=timeout_s,
     )
+
+
+REPLY = "lab-command-done: "
+# Runs ``python -m lab ARGS`` as runpy does for ``-m``, once per request line (JSON: args,
+# cwd), and answers on the real stdout with what the command printed and its exit code: what
+# the interpreter makes of a SystemExit or an uncaught exception, as a fresh process would.
+SERVE = f"""
+import contextlib, io, json, os, runpy, sys, traceback
+for request in sys.stdin:
+    request = json.loads(request)
+    os.chdir(request["cwd"])
+    sys.argv = ["-m", *request["args"]]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("lab", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+            if stop.code is not None and not isinstance(stop.code, int):
+                print(stop.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    answer = {{"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}}
+    sys.__stdout__.write({REPLY!r} + json.dumps(answer) + "\\n")
+    sys.__stdout__.flush()
+"""
+
+
+class LabCommands:
+    """``python -m lab ARGS`` run one after another in one fresh Python (the environment of
+    ``fresh_python``): the exit code and output of each, as its own process gives them, for
+    tests of commands that are refused before they start anything. A command that must load
+    torch to check its input then pays for the import once, not once per test."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", SERVE],
+            cwd=REPO,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        """``python -m lab ARGS`` in ``cwd``: its exit code, stdout and stderr."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(json.dumps({"args": list(args), "cwd": str(cwd)}) + "\n")
+        self._process.stdin.flush()
+        for line in self._process.stdout:
+            if line.startswith(REPLY):  # anything else is a child's output on the shared fd
+                answer = json.loads(line.removeprefix(REPLY))
+                return subprocess.CompletedProcess(
+                    ["python", "-m", "lab", *args],
+                    answer["code"],
+                    answer["stdout"],
+                    answer["stderr"],
+                )
+        raise AssertionError(f"python -m lab {' '.join(args)} ended its interpreter")
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
