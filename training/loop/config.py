@@ -126,9 +126,11 @@ class RunConfig:
     fully_shard, built on the meta device: for a model one rank cannot hold; the task must
     define parallelize and init_weights). Not part of the run's identity."""
     resume_check: bool = True
-    """Before training, take one step twice: from the state in memory, and from that state
-    as a checkpoint restores it; stop with an error naming what differs (state the task
-    keeps outside the checkpoint: docs/your-own-model.md). Costs one local step per round."""
+    """Before training, run one micro-batch forward and backward twice: from the state in
+    memory, and after putting back what a restore would besides the parameters and the
+    optimizer's moments; stop with an error naming what differs (state the task keeps
+    outside the checkpoint: docs/your-own-model.md). Costs two passes per round, no copy
+    of anything that grows with the model."""
     compile: bool = False
     """torch.compile the model (inductor), on the module DDP then wraps: compile time at each
     round's first steps, for faster steps after."""
