@@ -91,3 +91,48 @@ def test_a_denied_store_is_a_setting_in_any_round(
     with pytest.raises(ConfigError, match="access denied"):
         load_inputs(argv, LATER)
     assert store.calls == 1
+
+
+@pytest.fixture
+def charlm(argv: list[str], tmp_path: Path) -> list[str]:
+    """``argv`` for the character LM (a task that can be sharded), on a small corpus."""
+    from tests.support.exactness import CORPUS_SAMPLE
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "input.txt").write_text(CORPUS_SAMPLE.read_text()[:4000])
+    return [*argv, f"--data-dir={corpus}", "--task=charlm", "--block-size=16"]
+
+
+def _with_single_file_checkpoint(root: Path) -> None:
+    from training.checkpoints.checkpoint import CheckpointRepository
+
+    CheckpointRepository(FileStore(root)).commit(7, b"a single-file checkpoint")
+
+
+def test_a_sharded_run_refuses_a_store_of_single_file_checkpoints_naming_the_run(
+    charlm: list[str], tmp_path: Path
+) -> None:
+    _with_single_file_checkpoint(tmp_path / "durable")
+    with pytest.raises(ConfigError) as refused:
+        load_inputs([*charlm, "--parallelism=fsdp2"], FIRST)
+    message = str(refused.value)
+    assert "single-file checkpoints of run job" in message and "\n" not in message
+    assert "--parallelism=ddp" in message and "a new --checkpoint-uri" in message
+
+
+def test_a_ddp_run_refuses_a_store_of_sharded_checkpoints(argv: list[str], tmp_path: Path) -> None:
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    (durable / "dcp-0000000004-0123abcd.metadata").write_bytes(b"sharded")
+    with pytest.raises(ConfigError, match="sharded checkpoints of run job.*--parallelism=fsdp2"):
+        load_inputs(argv, FIRST)
+
+
+def test_a_sharded_run_with_init_from_is_refused_before_any_collective(
+    charlm: list[str], tmp_path: Path
+) -> None:
+    _with_single_file_checkpoint(tmp_path / "other")
+    flags = [*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"]
+    with pytest.raises(ConfigError, match="--init-from.*--parallelism=fsdp2"):
+        load_inputs(flags, FIRST)
