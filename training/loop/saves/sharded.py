@@ -112,6 +112,14 @@ class ShardedState:
         resolved = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
         return snapshot(resolved)
 
+    def untrained(self) -> bool:
+        """Whether no step was trained yet (the optimizer holds no state): the state is then
+        the seed's, which a fresh start rebuilds. torch's ``get_state_dict`` would fill such an
+        optimizer by stepping it with zero gradients (torch 2.13 ``checkpoint/state_dict.py``,
+        ``_init_optim_state``): AdamW's count would then say one step was taken, and a restore
+        of it would change the bias correction of every later step."""
+        return not self.t.optimizer.state
+
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> Resume:
         t, group = self.t, self.t.checkpoint_group
@@ -127,10 +135,13 @@ class ShardedState:
         dist.broadcast_object_list(plan, src=global_rank(group, 0), group=group)
         self.round_nonce, from_parts = plan
         state, trainer_state = self.state()
+        untrained = self.untrained()
         entry = self.checkpoints.load(state, group=group)
         with t._state_lock:
             if entry is not None:
                 self._apply(state, trainer_state)
+            elif untrained:  # DCP asked for the state to load into, which made some up
+                t.optimizer.state.clear()
             t.restored = True
         step = entry.step if entry is not None else 0
         if entry is not None:
@@ -178,6 +189,8 @@ class ShardedState:
         if self._emergency is not None and self._emergency.step == step:
             return self._emergency
         going = stopping()
+        if self.untrained():
+            return Outcome(step, False, True)  # the seed rebuilds it: nothing to save
         deadline = t.emergency.note_stop() if going else None
         # Torch closing this node's workers (a re-form) needs the part, but the node stays.
         required = going and (t.env.last_round or sigterm_from_outside())
@@ -233,7 +246,7 @@ class ShardedState:
             head = self.checkpoints.repository.head()
             needed = [head is None or head.step < t.state.step]
         dist.broadcast_object_list(needed, src=global_rank(group, 0), group=group)
-        if needed[0]:
+        if needed[0] and not self.untrained():
             state, _ = self.state()
             self.checkpoints.save(state, t.state.step, group=group)
         t.committed.advance(t.state.step)

@@ -1,0 +1,51 @@
+"""A sharded run's saves in one process (a world of one, FSDP2 on gloo): what an emergency at
+step 0 leaves, and what a save between steps holds.
+
+torch's ``get_state_dict`` fills an optimizer that has no state yet by calling ``step()`` with
+zero gradients and a zero learning rate (torch 2.13 ``checkpoint/state_dict.py``,
+``_init_optim_state``): AdamW's step count becomes 1 with zero moments, though no step was
+trained. Saved and restored, that count changes the bias correction of every later step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.exactness import CORPUS_SAMPLE
+from tests.support.trainer_harness import harness, one_process_world
+
+FLAGS = [
+    "--task=charlm",
+    "--parallelism=fsdp2",
+    "--block-size=16",
+    "--n-layer=1",
+    "--n-embd=16",
+    "--n-head=2",
+    "--global-batch-size=4",
+    "--micro-batch-size=4",
+]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "input.txt").write_text(CORPUS_SAMPLE.read_text()[:4000])
+    return root
+
+
+def test_an_emergency_at_step_0_leaves_no_optimizer_step_to_restore(
+    tmp_path: Path, corpus: Path
+) -> None:
+    with one_process_world():
+        first = harness(tmp_path, corpus, *FLAGS, tiny=())
+        first.trainer.restore()
+        first.trainer.emergency_save("peer_failure")
+        assert not first.trainer.optimizer.state  # nothing trained, nothing made up
+        again = harness(tmp_path, corpus, *FLAGS, tiny=())
+        resume = again.trainer.restore()
+        assert resume.step == 0
+        steps = [int(s["step"]) for s in again.trainer.optimizer.state.values() if "step" in s]
+        assert steps == [], steps  # a fresh AdamW: its first step is step 1
