@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from training.loop.step_guard import (
     cpu_state,
     mark_state_written,
     needs_guard,
+    state_reads,
     stream_ordered_allreduce_hook,
 )
 from training.loop.trainer_state import EXIT_RESTART
@@ -152,10 +154,19 @@ def test_off_cuda_no_event_is_recorded_and_the_save_holds_the_last_step(
         assert torch.equal(saved["model"][name], value), name
 
 
+def _copied_in_state_reads(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """As a sharded part is written: tensor by tensor, inside ``state_reads``."""
+    with state_reads():
+        return [t.cpu() for t in tensors]
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: only there can a copy overtake"
 )
-def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole() -> None:
+@pytest.mark.parametrize("copy_state", [cpu_state, _copied_in_state_reads])
+def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole(
+    copy_state: Any,
+) -> None:
     device = torch.device("cuda")
     params = [torch.nn.Parameter(torch.zeros(1 << 16, device=device)) for _ in range(4)]
 
@@ -181,7 +192,7 @@ def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole() -> N
 
         def sigterm(into: list[list[torch.Tensor]]) -> None:  # the stop thread: lock, copy
             with lock:
-                into.append(cpu_state([p.detach() for p in params]))
+                into.append(copy_state([p.detach() for p in params]))
 
         thread = threading.Thread(target=sigterm, args=(saved,))
         thread.start()
