@@ -38,7 +38,7 @@ from training.checkpoints.checkpoint import (
     deserialize,
     sha256,
 )
-from training.checkpoints.node_prune import Pin, Pruner, reading
+from training.checkpoints.node_prune import Pin, Pruner, reading, retire
 from training.checkpoints.node_prune import prune as prune_saves
 from training.checkpoints.serialization import file_sha256, load_mapped, spool
 from training.checkpoints.state_transfer import share
@@ -108,6 +108,7 @@ class NodeLocalState:
         self._progress_fd: int | None = None
         for leftover in self.root.glob(".spool-*"):  # a save cut off by its deadline
             leftover.unlink(missing_ok=True)
+        self._pruner.request()  # what an earlier process retired but had no time to delete
 
     def mark_progress(self, step: int) -> None:
         """Record the last completed step: one small pwrite, cheap enough for every step."""
@@ -145,8 +146,8 @@ class NodeLocalState:
         finally:
             spooled.unlink(missing_ok=True)
         self._hold(pin)
-        # On a thread: unlinking a large file takes 50 to 70 ms per GiB on ext4, time an
-        # eviction's durable commit needs more.
+        # Retired now (renames), deleted on a thread (node_prune.py says why both).
+        retire(self.root, self.repository.prefix, self.keep)
         self._pruner.request()
         return Payload(self.root / entry.name, payload.size, payload.sha256)
 
