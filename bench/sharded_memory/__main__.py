@@ -1,7 +1,8 @@
-"""``python -m bench.sharded_memory [--mode fsdp2|ddp] [--state-mib N] [--worlds 1 2 3]``: each
-rank's peak RSS while it saves and while it restores a sharded checkpoint of a model whose
+"""``python -m bench.sharded_memory [--mode fsdp2|ddp|ddp-file] [--state-mib N] [--worlds 1 2 3]``:
+each rank's peak RSS while it saves and while it restores a sharded checkpoint of a model whose
 training state (parameters and AdamW's two moments) is N MiB, at each world size; one line per
-rank, in MiB."""
+rank, in MiB. ``ddp-file``: the DDP path's single-file restore, from rank 0's node-local save
+and from the durable store (``single_file.py``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.sharded_memory import single_file
 from bench.sharded_memory.peak_rss import MIB, measure
 
-MODES = ("fsdp2", "ddp")
+MODES = ("fsdp2", "ddp", "ddp-file")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for world in flags.worlds:
         with tempfile.TemporaryDirectory(prefix="sharded-memory-") as root:
-            for phase, rows in measure(flags.mode, flags.state_mib, world, Path(root)).items():
+            if flags.mode == "ddp-file":
+                measured = single_file.measure(flags.state_mib, world, Path(root))
+            else:
+                measured = measure(flags.mode, flags.state_mib, world, Path(root))
+            for phase, rows in measured.items():
                 for row in rows:
                     sys.stdout.write(_line(world, phase, row))
                     sys.stdout.flush()

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from bench.sharded_memory import single_file
 from bench.sharded_memory.__main__ import main
 from bench.sharded_memory.peak_rss import MIB, _peak, _reset_peak
+from training.checkpoints.state_transfer import BUCKET_BYTES
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--mode", "tp"], "--mode must be one of fsdp2, ddp, got 'tp'"),
+        (["--mode", "tp"], "--mode must be one of fsdp2, ddp, ddp-file, got 'tp'"),
         (["--state-mib", "2"], "--state-mib must be >= 3 and each of --worlds >= 1"),
         (["--worlds", "2", "0"], "--state-mib must be >= 3 and each of --worlds >= 1"),
     ],
@@ -33,3 +37,18 @@ def test_the_peak_is_reset_and_then_counts_what_was_held_since() -> None:
     assert _peak() - before >= 63 * MIB
     del held
     assert _reset_peak() - before < 32 * MIB  # gone again, and the mark follows it down
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(300)
+def test_a_ddp_restore_holds_the_state_once_per_rank(tmp_path: Path) -> None:
+    # Before the state went tensor by tensor, the receiver held it twice and its holder three
+    # (local) or four (durable) times. A durable holder still parses the bytes it downloaded;
+    # small tensors go packed in a bucket.
+    rows = single_file.measure(96, 2, tmp_path)
+    for source, source_rows in rows.items():
+        for row in source_rows:
+            copies = 2 if (source, row["rank"]) == ("durable", 0) else 1
+            grew = row["peak"] - row["before"]
+            bound = copies * row["share"] + BUCKET_BYTES + 32 * MIB
+            assert grew < bound, (source, row, grew / MIB)

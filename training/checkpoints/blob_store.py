@@ -240,6 +240,18 @@ class BlobStore:
                     f"object {name!r} in {self.describe()} went away during its download"
                 ) from e
 
+    def size(self, name: str) -> int:
+        """The blob's size from Get Blob Properties, a HEAD request that returns the blob's
+        properties and not its content (learn.microsoft.com/rest/api/storageservices/
+        get-blob-properties); FileNotFoundError when the blob (or container) is missing."""
+        _check_object_name(name)
+        blob = self._container.get_blob_client(self.location.blob_name(name))
+        with self._errors(f"size {name!r}"):
+            try:
+                return int(blob.get_blob_properties(**self._call_options()).size)
+            except ResourceNotFoundError as e:
+                raise FileNotFoundError(f"no object {name!r} in {self.describe()}") from e
+
     def delete(self, name: str) -> None:
         """Delete the object; a missing blob or container is not an error."""
         _check_object_name(name)

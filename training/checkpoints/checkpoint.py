@@ -194,6 +194,10 @@ class CheckpointRepository:
         loaded = self.load_latest()
         return loaded.entry if loaded else None
 
+    def newest_intact(self) -> Entry | None:
+        """The newest checkpoint whose objects are in the store at their sizes (``_intact``)."""
+        return next((e for e in self.entries() if self._intact(e, self.store)), None)
+
     def load_latest(self, parse: bool = False) -> Loaded | None:
         """The newest checkpoint whose checksum verifies, falling back to older ones.
 
@@ -202,14 +206,11 @@ class CheckpointRepository:
         """
         for entry in self.entries():
             try:
-                data = self.store.get(entry.name)
+                data: bytes | None = self.store.get(entry.name)
             except FileNotFoundError:
-                logger.warning("checkpoint %s is missing; trying the previous one", entry.name)
-                continue
-            if sha256(data) != entry.sha256:
-                logger.warning(
-                    "checkpoint %s fails its checksum (torn); trying the previous one", entry.name
-                )
+                data = None
+            if data is None or sha256(data) != entry.sha256:
+                logger.warning("checkpoint %s is missing or torn; trying an older one", entry.name)
                 continue
             if not parse:
                 return Loaded(entry, data)
@@ -365,36 +366,34 @@ class CheckpointRepository:
             return self._newest_published
         if head is not None and newer_only and head.step >= entry.step:
             return head.step  # as its manifest says
-        if head is not None and head.step > entry.step and self._verifies(head, store):
+        if head is not None and head.step > entry.step and self._intact(head, store):
             with self._lock:
                 self._newest_published = max(self._newest_published, head.step)
             return head.step
         return None
 
-    def _verifies(self, entry: Entry, store: ObjectStore) -> bool:
-        """True when ``entry``'s object is in the store and matches its checksum, and a sharded
-        checkpoint's files are all there (readers hash those: their size is the state's)."""
+    def _intact(self, entry: Entry, store: ObjectStore) -> bool:
+        """Whether ``entry``'s object is in the store at its listed size and a sharded one's
+        files are all there; not its checksum, which means downloading the whole state. A lost
+        or torn object fails this; bytes damaged at their size fail the readers' checksums."""
         try:
-            whole = sha256(store.get(entry.name)) == entry.sha256
+            whole = store.size(entry.name) == entry.size
         except FileNotFoundError:
             return False
         listed = set(store.list(entry.checkpoint_id)) if whole and entry.files else set()
         return whole and all(f.name in listed for f in entry.files)
 
     def prune(self) -> None:
-        """Delete what is provably unreferenced; a store error is logged (pruning retries)."""
+        """Delete what is provably unreferenced (the module docstring says why that is safe);
+        a store error is logged (pruning retries)."""
         try:
-            self._prune()
+            now = self.store.now()
+            # Ages are read before the manifests: an object old enough now was old enough when
+            # the manifests below were read, so any manifest naming it was visible to that read.
+            objects = self.store.list_modified(self.prefix + "-")
+            old = {name for name, modified in objects.items() if now - modified > self.grace_s}
+            top, manifests = self._log(depth=RETAINED_MANIFESTS)
+            for name in unreferenced(old, manifests, top, self.prefix, RETAINED_MANIFESTS):
+                self.store.delete(name)
         except (OSError, DeadlineExceeded) as exc:
             logger.warning("pruning %s failed (the next commit retries): %s", self.prefix, exc)
-
-    def _prune(self) -> None:
-        """The module docstring says why this is safe."""
-        now = self.store.now()
-        # Ages are read before the manifests: an object old enough now was old enough when
-        # the manifests below were read, so any manifest naming it was visible to that read.
-        objects = self.store.list_modified(self.prefix + "-")
-        old = {name for name, modified in objects.items() if now - modified > self.grace_s}
-        top, manifests = self._log(depth=RETAINED_MANIFESTS)
-        for name in unreferenced(old, manifests, top, self.prefix, RETAINED_MANIFESTS):
-            self.store.delete(name)

@@ -142,6 +142,9 @@ class FaultyStore:
     def get_into(self, name: str, sink: BinaryIO) -> int:
         return self._call("get", name, lambda: self.inner.get_into(name, sink))
 
+    def size(self, name: str) -> int:  # a read of the object's properties: "get"'s trouble
+        return self._call("get", name, lambda: self.inner.size(name))
+
     def delete(self, name: str) -> None:
         self._call("delete", name, lambda: self.inner.delete(name))
 

@@ -2,8 +2,10 @@
 
 On every (re)start each rank reports the newest state it can reach: its node's emergency save
 (node-local disk, already verified) and the durable checkpoint the manifest names. The ranks
-all-gather those claims, the holder of the newest one loads and verifies it, and broadcasts the
-bytes. Every rank thus restores the same state, even if one node read a stale cached manifest.
+all-gather those claims, the holder of the newest one loads and verifies it, and sends it to the
+others tensor by tensor (``state_transfer.py``): no rank holds the state serialized, and a
+node-local save is mapped from its file, not read into memory. Every rank thus restores the
+same state, even if one node read a stale cached manifest.
 
 The agreement reads storage while the other ranks wait in a collective, so it runs on a
 process group of its own whose timeout allows a slow store (``--restore-timeout-s``), not on
@@ -30,20 +32,30 @@ import torch.distributed as dist
 from training.checkpoints.checkpoint import (
     CheckpointError,
     CheckpointRepository,
+    Entry,
     Loaded,
     Payload,
     deserialize,
     sha256,
 )
-from training.checkpoints.node_prune import Pin, Pruner, reading
+from training.checkpoints.node_prune import Pin, Pruner, reading, retire
 from training.checkpoints.node_prune import prune as prune_saves
-from training.checkpoints.serialization import spool
+from training.checkpoints.serialization import file_sha256, load_mapped, spool
+from training.checkpoints.state_transfer import share
 from training.checkpoints.storage import FileStore
 
 logger = logging.getLogger(__name__)
 
 NONE = -1
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A verified checkpoint's entry and its state (a node-local one's tensors mapped)."""
+
+    entry: Entry
+    state: dict[str, Any]
 
 
 def uri_digest(checkpoint_uri: str) -> str:
@@ -96,6 +108,7 @@ class NodeLocalState:
         self._progress_fd: int | None = None
         for leftover in self.root.glob(".spool-*"):  # a save cut off by its deadline
             leftover.unlink(missing_ok=True)
+        self._pruner.request()  # what an earlier process retired but had no time to delete
 
     def mark_progress(self, step: int) -> None:
         """Record the last completed step: one small pwrite, cheap enough for every step."""
@@ -133,8 +146,8 @@ class NodeLocalState:
         finally:
             spooled.unlink(missing_ok=True)
         self._hold(pin)
-        # On a thread: unlinking a large file takes 50 to 70 ms per GiB on ext4, time an
-        # eviction's durable commit needs more.
+        # Retired now (renames), deleted on a thread (node_prune.py says why both).
+        retire(self.root, self.repository.prefix, self.keep)
         self._pruner.request()
         return Payload(self.root / entry.name, payload.size, payload.sha256)
 
@@ -163,42 +176,70 @@ class NodeLocalState:
         The file stays pinned (no prune deletes it) until this process's next save or
         ``newest``, ``close``, or its end: a durable commit streams it after this returns.
         """
-        loaded = self._load(pin=True)
-        if loaded is None:
-            return None
-        entry = loaded.entry
+        with reading(self.root):  # no prune between the manifests' read and the save's
+            held = self._verified_file(parse=self.expected_run is not None)
+            if held is None:
+                return None
+            self._hold(Pin(self.root / held[0].name))
+        entry = held[0]
         return entry.step, Payload(self.root / entry.name, entry.size, entry.sha256)
 
+    def restorable(self) -> Held | None:
+        """The verified emergency save of this run with its state, its tensors mapped from the
+        file (read as they are used), or None (none, another run's, or unreadable)."""
+        with reading(self.root):  # the mapping is made before a prune may unlink the file
+            held = self._verified_file(parse=True)
+        return Held(*held) if held is not None and held[1] is not None else None
+
+    def _verified_file(self, parse: bool) -> tuple[Entry, dict[str, Any] | None] | None:
+        """The newest save whose file matches its checksum (hashed as it is read, never held
+        whole), with its state when ``parse``; None when none does or it is not this run's."""
+        for entry in self.repository.entries():
+            try:
+                intact = file_sha256(self.root / entry.name) == entry.sha256
+            except FileNotFoundError:
+                intact = False
+            if not intact:
+                logger.warning(
+                    "emergency save %s is missing or torn; trying the one before", entry.name
+                )
+                continue
+            if not parse:
+                return entry, None
+            try:
+                state: dict[str, Any] | None = load_mapped(self.root / entry.name)
+                found = state.get("run")  # type: ignore[union-attr]
+            except CheckpointError as exc:  # verified bytes, but not a state this program reads
+                state, found = None, f"unreadable ({exc})"
+            return (entry, state) if self._is_ours(entry, state, found) else None
+        return None
+
     def load(self) -> Loaded | None:
-        """The verified emergency save of this run, or None (none, or another run's)."""
-        return self._load(pin=False)
-
-    def _load(self, pin: bool) -> Loaded | None:
+        """The verified emergency save of this run, read into memory, or None (none, or
+        another run's)."""
         with reading(self.root):  # no prune between the manifests' read and the save's
-            loaded = self._verified()
-            if loaded is not None and pin:
-                self._hold(Pin(self.root / loaded.entry.name))
-        return loaded
-
-    def _verified(self) -> Loaded | None:
-        loaded = self.repository.load_latest()
+            loaded = self.repository.load_latest()
         if loaded is None or self.expected_run is None:
             return loaded
         try:
-            state = deserialize(loaded.data)
-            found = state.get("run")
+            state: dict[str, Any] | None = deserialize(loaded.data)
+            found = state.get("run")  # type: ignore[union-attr]
         except CheckpointError as exc:  # verified bytes, but not a state this program can read
             state, found = None, f"unreadable ({exc})"
-        if found != self.expected_run:
-            logger.warning(
-                "ignoring the emergency save of step %d in %s: written by run %s, this run is %s",
-                loaded.entry.step,
-                self.root,
-                found,
-                self.expected_run,
-            )
-            return None
-        return Loaded(loaded.entry, loaded.data, state)
+        ours = self._is_ours(loaded.entry, state, found)
+        return Loaded(loaded.entry, loaded.data, state) if ours else None
+
+    def _is_ours(self, entry: Entry, state: dict[str, Any] | None, found: Any) -> bool:
+        if state is not None and (self.expected_run is None or found == self.expected_run):
+            return True
+        logger.warning(
+            "ignoring the emergency save of step %d in %s: written by run %s, this run is %s",
+            entry.step,
+            self.root,
+            found,
+            self.expected_run,
+        )
+        return False
 
 
 def _write_new(path: Path, data: bytes) -> Payload:
@@ -223,7 +264,7 @@ class Resume:
 
 # The holder's answer after it tried to materialise the winning claim.
 _OK = 0
-"""The bytes follow; the header's value is their size."""
+"""The state follows (``state_transfer.share``)."""
 _LOWERED = 1
 """The durable checkpoint did not verify; every rank lowers that claim to the header's value."""
 _UNREADABLE = 2
@@ -243,36 +284,41 @@ class _Claims:
     """This rank's candidates: a verified local save and the durable head (claimed, then loaded)."""
 
     def __init__(self, local: NodeLocalState | None, durable: CheckpointRepository | None) -> None:
-        self.local: Loaded | None = None
+        self.local: Held | None = None
         if local is not None:
-            self.local, _ = _read("node-local emergency save", local.load)
+            self.local, _ = _read("node-local emergency save", local.restorable)
         self.durable = durable
         head, self.durable_failed = (None, False)
         if durable is not None:
             head, self.durable_failed = _read("durable checkpoint manifest", durable.head)
         self.durable_step = head.step if head else NONE
-        self.durable_loaded: Loaded | None = None
+        self.durable_loaded: Held | None = None
 
     def row(self, progress: int) -> list[int]:
         local_step = self.local.entry.step if self.local else NONE
         return [local_step, self.durable_step, progress, int(self.durable_failed)]
 
-    def materialize(self, source: str, step: int) -> tuple[int, int, Loaded | None]:
-        """(outcome, value, bytes) for the winning claim, which this rank holds."""
+    def materialize(self, source: str, step: int) -> tuple[int, int, Held | None]:
+        """(outcome, value, state) for the winning claim, which this rank holds."""
         if source == "local":
             assert self.local is not None
-            return _OK, len(self.local.data), self.local
+            return _OK, 0, self.local
         if self.durable_loaded is None or self.durable_loaded.entry.step != step:
             assert self.durable is not None
-            self.durable_loaded, failed = _read(
-                "durable checkpoint", lambda: self.durable.load_latest(parse=True)
-            )
+            self.durable_loaded, failed = _read("durable checkpoint", self._load_durable)
             if failed:
                 return _UNREADABLE, NONE, None
-        loaded = self.durable_loaded
-        if loaded is not None and loaded.entry.step == step:
-            return _OK, len(loaded.data), loaded
-        return _LOWERED, loaded.entry.step if loaded else NONE, None
+        held = self.durable_loaded
+        if held is not None and held.entry.step == step:
+            return _OK, 0, held
+        return _LOWERED, held.entry.step if held else NONE, None
+
+    def _load_durable(self) -> Held | None:
+        """The newest durable checkpoint that verifies and parses; its bytes are dropped once
+        parsed, so the state is held once."""
+        assert self.durable is not None
+        loaded = self.durable.load_latest(parse=True)
+        return Held(loaded.entry, loaded.state) if loaded and loaded.state is not None else None
 
     def settle(self, outcome: int, value: int, step: int, holder: bool) -> None:
         """Apply a failed materialisation, so the next round agrees on what can be read."""
@@ -299,17 +345,6 @@ def _gather(row: list[int], device: torch.device, group: Any) -> torch.Tensor:
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     return torch.stack(gathered).cpu()
-
-
-def _broadcast_bytes(
-    data: bytes | None, size: int, src: int, device: torch.device, group: Any
-) -> bytes:
-    if data is not None:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buffer = torch.empty(size, dtype=torch.uint8, device=device)
-    dist.broadcast(buffer, src=_global_rank(group, src), group=group)
-    return buffer.cpu().numpy().tobytes()
 
 
 def _global_rank(group: Any, group_rank: int) -> int:
@@ -349,7 +384,7 @@ def agree_on_resume(
         if int(rows[:, :2].max()) == NONE:
             return _nothing_to_resume(rows, known, started)
         step, source, holder = _pick(rows)
-        outcome, value, loaded = (
+        outcome, value, held = (
             claims.materialize(source, step) if rank == holder else (_OK, 0, None)
         )
         header = torch.tensor([outcome, value], dtype=torch.int64, device=device)
@@ -358,10 +393,8 @@ def agree_on_resume(
         if outcome != _OK:
             claims.settle(outcome, value, step, rank == holder)
             continue
-        data = _broadcast_bytes(loaded.data if loaded else None, value, holder, device, group)
+        # The holder parsed the checkpoint (one that verifies but cannot be read was passed
+        # over there), so the others receive exactly the state the holder could read.
+        state = share(held.state if held else None, _global_rank(group, holder), device, group)
         lost = max(known - step, 0) if known != NONE else None
-        # The holder parsed the bytes already (a checkpoint that verifies but cannot be read
-        # was passed over there), so the others parse exactly what the holder could.
-        state = loaded.state if loaded is not None and loaded.state is not None else None
-        state = state if state is not None else deserialize(data)
         return Resume(state, step, source, holder, lost, time.monotonic() - started)

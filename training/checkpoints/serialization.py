@@ -71,6 +71,28 @@ def deserialize(data: bytes) -> dict[str, Any]:
     return state
 
 
+def load_mapped(path: Path) -> dict[str, Any]:
+    """The state in the checkpoint file ``path``, its tensors mapped from the file, not read:
+    the pages are read as they are used, so a reader that wants only the small entries pays
+    for those. A ``MAP_PRIVATE`` mapping (torch's default): writes to the tensors stay in this
+    process. Needs the zip format ``torch.save`` writes by default, as ``serialize`` and
+    ``spool`` do (torch 2.13's serialization.py: "mmap can only be used with files saved with
+    `torch.save(_use_new_zipfile_serialization=True)`"). CheckpointError as ``deserialize``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise CheckpointError(f"not a checkpoint this program can read: {exc}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"not a checkpoint this program can read: a {type(state)}")
+    return state
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in small pieces: never the whole file in memory."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def snapshot(obj: Any) -> Any:
     """A CPU copy of every tensor in a state tree, so training can go on while it is written."""
     if isinstance(obj, torch.Tensor):

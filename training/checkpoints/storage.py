@@ -48,6 +48,10 @@ class ObjectStore(Protocol):
         """Stream the object's bytes, in order, into ``sink`` (which need not seek); the number
         written. ``FileNotFoundError`` when there is none. For objects too large to hold."""
 
+    def size(self, name: str) -> int:
+        """The object's size as the store holds it, without reading it; ``FileNotFoundError``
+        when there is none."""
+
     def delete(self, name: str) -> None:
         """Remove the object; a missing object is not an error."""
 
@@ -133,6 +137,9 @@ class FileStore:
                 sink.write(chunk)
                 written += len(chunk)
         return written
+
+    def size(self, name: str) -> int:
+        return self._path(name).stat().st_size
 
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)

@@ -307,7 +307,7 @@ class Trainer(StatefulTrainer):
             self.saver.wait()
             # The store, not this process's memory, says what is durable: another writer or a
             # damaged object may have changed it since this process last committed.
-            durable = self.durable.newest_verified()
+            durable = self.durable.newest_intact()
             if durable is None or durable.step < self.state.step:
                 self.durable.commit(self.state.step, serialize(self.state_dict()))
             self.committed.advance(self.state.step)

@@ -56,6 +56,13 @@ def test_missing_object_raises_file_not_found(object_store: ObjectStore) -> None
         object_store.get("never-written")
 
 
+def test_size_is_the_stored_size_and_a_missing_object_has_none(object_store: ObjectStore) -> None:
+    object_store.put("a.pt", b"x" * 1234)
+    assert object_store.size("a.pt") == 1234
+    with pytest.raises(FileNotFoundError):
+        object_store.size("never-written")
+
+
 def test_delete_missing_is_not_an_error(object_store: ObjectStore) -> None:
     object_store.delete("never-written")
     assert object_store.list() == []
@@ -390,8 +397,9 @@ def _silent_store(port: int, monkeypatch: pytest.MonkeyPatch, **options: Any) ->
         lambda s: s.put_new("m.json", b"x"),
         lambda s: s.delete("a.pt"),
         lambda s: s.list_modified(""),
+        lambda s: s.size("a.pt"),
     ],
-    ids=["get", "put", "put_new", "delete", "list"],
+    ids=["get", "put", "put_new", "delete", "list", "size"],
 )
 def test_within_a_deadline_every_call_to_a_hanging_store_times_out(
     silent_endpoint: int, monkeypatch: pytest.MonkeyPatch, call: Any

@@ -240,6 +240,41 @@ def test_a_commit_behind_the_stores_head_uploads_nothing(tmp_path) -> None:
     assert store.puts == []
 
 
+class _Reads(FileStore):
+    """Records each checkpoint object read back."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def get(self, name: str) -> bytes:
+        if name.endswith(".pt"):
+            self.reads.append(name)
+        return super().get(name)
+
+
+def test_a_commit_behind_an_intact_head_never_downloads_the_head(tmp_path) -> None:
+    # The head may be a whole state of tens of GB: its size in the store is what a writer
+    # checks; readers still hash it before they load it.
+    _repo(FileStore(tmp_path)).commit(8, _state(8))
+    store = _Reads(tmp_path)
+    with pytest.raises(CheckpointError, match="step 6 is older than step 8"):
+        _repo(store).commit(6, _state(6))
+    assert store.reads == []
+    assert _repo(store).newest_intact().step == 8 and store.reads == []
+
+
+def test_a_commit_may_replace_a_head_that_is_gone(tmp_path) -> None:
+    store = FileStore(tmp_path)
+    earlier_run = _repo(store, keep=1)
+    earlier_run.commit(6, _state(6))
+    store.delete(earlier_run.commit(8, _state(8)).name)
+    assert earlier_run.newest_intact().step == 6
+    resumed = _repo(store, keep=1)
+    resumed.commit(7, _state(7))
+    assert resumed.head().step == 7 and resumed.load_latest().entry.step == 7
+
+
 def test_the_head_never_goes_back_when_another_group_writes_the_same_store(tmp_path) -> None:
     # A rendezvous that split in two: both groups commit to one store, one of them behind.
     ahead, behind = _repo(FileStore(tmp_path)), _repo(FileStore(tmp_path))

@@ -268,6 +268,9 @@ class MemoryService:
                 raise FileNotFoundError(name)
             return self.objects[name][0]
 
+    def size(self, name: str) -> int:
+        return len(self.get(name))
+
     def delete(self, name: str) -> None:
         with self.lock:
             if self.objects.pop(name, None) is not None:
@@ -356,6 +359,9 @@ class ServiceWithLatency:
 
     def get(self, name: str) -> bytes:
         return self._call(lambda: self.service.get(name))
+
+    def size(self, name: str) -> int:
+        return self._call(lambda: self.service.size(name))
 
     def delete(self, name: str) -> None:
         self._call(lambda: self.service.delete(name))

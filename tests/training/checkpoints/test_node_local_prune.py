@@ -23,7 +23,7 @@ def _state(step: int) -> dict[str, torch.Tensor | int]:
 
 def _saves(root: Path) -> tuple[list[str], list[str]]:
     """(checkpoint files, manifests) of the node-local directory."""
-    names = sorted(p.name for p in (root / RUN).iterdir())
+    names = sorted(p.name for p in (root / RUN).iterdir() if not p.name.startswith("."))
     return (
         [n for n in names if n.endswith(".pt")],
         [n for n in names if n.startswith("emergency-manifest-")],
@@ -40,6 +40,46 @@ def test_ten_reforms_leave_at_most_keep_node_local_saves(tmp_path: Path, keep: i
         assert len(files) <= keep and len(manifests) <= keep, (step, files, manifests)
         loaded = NodeLocalState(tmp_path, RUN, keep=keep).load()
         assert loaded is not None and deserialize(loaded.data)["step"] == step
+
+
+def _on_disk(root: Path) -> list[str]:
+    """Every checkpoint file of the node-local directory, a save or one being deleted."""
+    return sorted(p.name for p in (root / RUN).iterdir() if p.name.endswith(".pt"))
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.parametrize("keep", [1, 2])
+def test_ten_reforms_that_end_right_after_their_save_leave_at_most_keep(
+    tmp_path: Path, keep: int
+) -> None:
+    # As the trainer makes them: each round is a process that opens the node's directory,
+    # restores from it, saves once and ends with os._exit (``exit_now``), which no thread of
+    # the process outlives.
+    identity = {"global_batch_size": 8}
+    for step in range(1, 11):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                local = NodeLocalState(tmp_path, RUN, expected_run=identity, keep=keep)
+                held = local.restorable()
+                local.wait_pruned()  # the round trains, far longer than its opening prune
+                if step == 1 or (held is not None and held.entry.step == step - 1):
+                    local.save_state(step, {**_state(step), "run": identity})
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"round {step} did not resume and save"
+        files, manifests = _saves(tmp_path)
+        assert len(files) <= keep and len(manifests) <= keep, (step, files, manifests)
+        # A save retired just before the exit may wait on disk for the next round to delete it.
+        assert len(_on_disk(tmp_path)) <= keep + 1, (step, _on_disk(tmp_path))
+    next_round = NodeLocalState(tmp_path, RUN, expected_run=identity, keep=keep)
+    next_round.wait_pruned()
+    assert len(_on_disk(tmp_path)) <= keep, _on_disk(tmp_path)
+    held = next_round.restorable()
+    assert held is not None and held.entry.step == 10
 
 
 def test_saves_through_bytes_are_pruned_too(tmp_path: Path) -> None:

@@ -260,6 +260,26 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
     assert h.local.load().entry.step == 2 and h.durable.head().step == 2
 
 
+def test_a_run_never_reads_its_checkpoints_back_to_finish(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    # A fresh run restores nothing; its saves and its end check what the store holds by size,
+    # not by downloading a whole state again.
+    class Reads(FileStore):
+        reads: list[str] = []
+
+        def get(self, name: str) -> bytes:
+            if name.endswith(".pt"):
+                self.reads.append(name)
+            return super().get(name)
+
+    store = Reads(tmp_path / "durable")
+    h = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=1", store=store)
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert h.durable.head().step == 3
+    assert store.reads == []
+
+
 def test_finish_commits_when_the_claimed_head_does_not_verify(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:

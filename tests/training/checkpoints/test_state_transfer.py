@@ -1,0 +1,112 @@
+"""A state sent from its holder to the other ranks tensor by tensor: every rank ends with exactly
+the holder's state, whatever its tensors (tied, strided, empty, of any dtype, larger than a
+bucket), on real gloo process groups."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from training.checkpoints import state_transfer
+from training.checkpoints.serialization import deserialize, serialize
+from training.checkpoints.state_transfer import plan, share
+
+BUCKET = 1000  # small, so a test's tensors span buckets and are packed several to one
+
+
+def _state() -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(7)
+    tied = torch.randn(30, 20, generator=generator, dtype=torch.float64)
+    model: OrderedDict[str, Any] = OrderedDict(
+        [("embed.weight", tied), ("head.weight", tied), ("norm.bias", torch.zeros(5))]
+    )
+    model._metadata = OrderedDict([("", {"version": 1}), ("norm", {"version": 2})])  # type: ignore[attr-defined]
+    return {
+        "model": model,
+        "optimizer": {
+            "state": {
+                0: {
+                    "step": torch.tensor(3.0),
+                    "exp_avg": torch.randn(7, 3, generator=generator).t(),
+                },
+                1: {"step": torch.tensor(3.0), "big": torch.randn(900, generator=generator)},
+            },
+            "param_groups": [{"lr": 0.1, "params": [0, 1], "betas": (0.9, 0.99)}],
+        },
+        "rng": torch.randint(0, 255, (13,), dtype=torch.uint8, generator=generator),
+        "mask": torch.rand(11, generator=generator) > 0.5,
+        "half": torch.randn(9, generator=generator).to(torch.bfloat16),
+        "empty": torch.empty(0, 4),
+        "ids": torch.arange(6, dtype=torch.int64),
+        "parameter": torch.nn.Parameter(torch.ones(3)),
+        "trainer": {"step": 12, "name": "run", "none": None},
+    }
+
+
+def _worker(rank: int, root: str, results: dict) -> None:
+    store = dist.FileStore(str(Path(root) / "init"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(60))
+    try:
+        state_transfer.BUCKET_BYTES = BUCKET
+        # The holder is rank 1: ``src`` is a global rank, not always 0.
+        got = share(
+            deserialize(serialize(_state())) if rank == 1 else None, 1, torch.device("cpu"), None
+        )
+        results[rank] = serialize(got)
+        model = got["model"]
+        results[f"{rank}-tied"] = model["embed.weight"] is model["head.weight"] or (
+            model["embed.weight"].untyped_storage().data_ptr()
+            == model["head.weight"].untyped_storage().data_ptr()
+        )
+        results[f"{rank}-metadata"] = getattr(model, "_metadata", None)
+    finally:
+        dist.destroy_process_group()
+
+
+def _same(a: Any, b: Any) -> None:
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.requires_grad) == (b.dtype, b.shape, b.requires_grad)
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            _same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(120)
+def test_every_rank_ends_with_exactly_the_holders_state(tmp_path: Path) -> None:
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(str(tmp_path), results), nprocs=2, join=True)
+    expected = _state()
+    for rank in (0, 1):
+        _same(deserialize(results[rank]), expected)
+        assert results[f"{rank}-tied"], "tied weights arrived as two tensors"
+        assert results[f"{rank}-metadata"] == expected["model"]._metadata
+
+
+def test_the_plan_packs_small_tensors_and_slices_large_ones() -> None:
+    assert plan([300, 0, 500, 300, 2500, 100], bucket=1000) == [
+        [(0, 0, 300), (2, 0, 500)],
+        [(3, 0, 300)],
+        [(4, 0, 1000)],
+        [(4, 1000, 2000)],
+        [(4, 2000, 2500)],
+        [(5, 0, 100)],
+    ]
+    assert plan([1000, 1000], bucket=1000) == [[(0, 0, 1000)], [(1, 0, 1000)]]
+    assert plan([], bucket=1000) == []
