@@ -10,7 +10,8 @@ one reconcile, ``ReconcileJobs`` in pkg/controller.v1/common/job.go, in this ord
   Failed whose exit code is not retryable under ``restartPolicy: ExitCode`` sets the job's
   condition ``Failed`` (``Pod ... has a non-retryable exit code. Failing job.``);
 - line 354: ``UpdateJobStatus``, pkg/controller.v1/pytorch/pytorchjob_controller.go line 409:
-  with an ``elasticPolicy``, any worker Succeeded sets ``Succeeded``;
+  with an ``elasticPolicy``, any worker Succeeded sets ``Succeeded`` (added by kubeflow/trainer
+  PR #1752 for issue #1751: a worker scheduled only after the others had succeeded);
 - pkg/util/status.go lines 104-107, ``setCondition``: once ``Failed`` is set, no condition is
   set after it ("Do nothing if JobStatus have failed condition").
 
