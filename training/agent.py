@@ -213,11 +213,13 @@ def run_warm(args: list[str]) -> int:
     STOP.hold()  # the agent's work is done: a SIGTERM from now on is recorded, not raised
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
     # here it closes only when the run is over for good, and the node leaves the round at
-    # once, so nobody waits out its heartbeat (training/elastic/rendezvous.py).
+    # once, so nobody waits out its heartbeat (training/elastic/rendezvous.py). The closing
+    # says why, for a node that starts after the end (training/elastic/closing.py).
+    from training.elastic.closing import why
     from training.elastic.rendezvous import created
 
     for handler in created():
-        handler.settle(close=close)
+        handler.settle(close=close, why=why(code))
     # The node goes (its SIGTERM came before or after its ending): its save must not go with
     # it. A finished run committed its final state already.
     if code != OK and (code == signal_exit(signal.SIGTERM) or STOP.at is not None):
@@ -278,6 +280,7 @@ def _ending(exc: BaseException) -> tuple[int, bool]:
         RendezvousTimeoutError,
     )
 
+    from training.elastic.closing import RunFailedError, RunFinishedError
     from training.elastic.rendezvous import BadInputAfterJoin, ReformTimeoutError
     from training.launcher import DeviceFault
 
@@ -318,7 +321,20 @@ def _ending(exc: BaseException) -> tuple[int, bool]:
                 exc.get_first_failure()[1].message if exc.failures else exc,
             )
         return code, code != RETRY_ME
-    except RendezvousClosedError:
+    except RunFinishedError:
+        # A replacement pod scheduled as training ended, a slow cold start. Exit 1 here could
+        # fail the finished job: training-operator v1.9.x sets Failed for a pod's exit 1 before
+        # Succeeded for its peers' 0 in the same reconcile, and keeps Failed
+        # (tests/training/test_late_join.py cites the lines).
+        logger.info("the run finished before this node joined: nothing to do")
+        return OK, False
+    except RunFailedError:
+        logger.error(
+            "the rendezvous is closed for this id: the run failed for good before this node "
+            "joined (the first nodes' logs say why); start a new run with a new runId"
+        )
+        return PERMANENT, False
+    except RendezvousClosedError:  # closed by an agent that kept no reason
         logger.error(
             "the rendezvous is closed for this id (the run finished, or failed for good): "
             "start a new run with a new runId"

@@ -16,7 +16,9 @@ from training.elastic.exit_codes import ENDINGS, Ending
 SIGTERM_ENDING = "eviction or pod deletion (SIGTERM), after the emergency save"
 SIGKILL_ENDING = "killed (SIGKILL, out of memory): the kernel's code"
 FINISHED_ENDING = "training finished"
-CLOSED_ENDING = "rendezvous closed for this id (the run finished, or failed for good)"
+CLOSED_ENDING = (
+    "rendezvous closed for this id as failed for good (or by an agent that kept no reason)"
+)
 
 AGENT_SAYS: tuple[tuple[str, str], ...] = (
     ("stopped by signal 15:", SIGTERM_ENDING),
@@ -40,6 +42,10 @@ AGENT_SAYS: tuple[tuple[str, str], ...] = (
     (
         "rendezvous failed (",
         "etcd unreachable, or the rendezvous state broken (RendezvousConnectionError)",
+    ),
+    (
+        "the run finished before this node joined",
+        "started after the run finished (its rendezvous closed as finished)",
     ),
     ("the rendezvous is closed for this id", CLOSED_ENDING),
     (

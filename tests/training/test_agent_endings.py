@@ -27,9 +27,9 @@ from training import agent, launcher
 from training.elastic import rendezvous
 
 class Settling:
-    def settle(self, close):
+    def settle(self, close, why):
         os.kill(os.getpid(), signal.SIGTERM)
-        print("settled", close, flush=True)
+        print("settled", close, why, flush=True)
 
 launcher.STOP.install()
 agent._launch_warm = lambda args: {ending}
@@ -44,8 +44,8 @@ sys.exit(agent.main([], env={{}}))
     [
         # The sequence: the peers evicted, this node's restarts spent, its own
         # eviction's SIGTERM inside settle. The node's save is still made durable.
-        ((RETRY_ME, False), RETRY_ME, ["settled False", "committed True"]),
-        ((OK, True), OK, ["settled True"]),  # finished: the run is over, nothing to commit
+        ((RETRY_ME, False), RETRY_ME, ["settled False failed", "committed True"]),
+        ((OK, True), OK, ["settled True finished"]),  # finished: the run is over, nothing to commit
     ],
     ids=["restarts-spent", "finished"],
 )

@@ -13,6 +13,7 @@ import pytest
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.closing import FAILED, FINISHED, RunFailedError, RunFinishedError, why
 from training.elastic.exit_codes import (
     BAD_INPUT,
     DEVICE_FAULT,
@@ -251,6 +252,8 @@ def _raises(exc: BaseException):
         (lambda: _rendezvous("RendezvousTimeoutError"), PERMANENT, True),
         (lambda: _reform_timeout(), RETRY_ME, False),
         (lambda: _rendezvous("RendezvousClosedError"), PERMANENT, False),
+        (lambda: RunFinishedError("test"), 0, False),
+        (lambda: RunFailedError("test"), PERMANENT, False),
         (lambda: _rendezvous("RendezvousConnectionError"), RETRY_ME, False),
         (lambda: _launcher_unusable(), BAD_INPUT, False),
         (lambda: _device_fault(), RETRY_ME, False),
@@ -268,7 +271,9 @@ def _raises(exc: BaseException):
         "spent-on-a-crash",
         "first-round-timeout",
         "later-round-timeout",
-        "closed",
+        "closed-with-no-reason",
+        "closed-as-finished",
+        "closed-as-failed-for-good",
         "etcd-outage",
         "launcher-unusable",
         "device-fault",
@@ -284,6 +289,25 @@ def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
     exc = make()
     monkeypatch.setattr(launcher, "launch", (lambda args: None) if exc is None else _raises(exc))
     assert agent._launch_warm([]) == (code, closes)
+
+
+@pytest.mark.parametrize("closing_code", [0, BAD_INPUT, PERMANENT])
+def test_a_late_node_exits_0_only_when_the_run_closed_as_finished(closing_code: int) -> None:
+    """The reason an agent records as it closes the run (from its own code, ``run_warm``) is
+    what a node that starts later reads: only a finished run lets it exit 0, since its exit 1
+    could fail the finished job (tests/training/test_late_join.py cites the operator)."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    from training import agent
+    from training.elastic.closing import closed_error, closed_value
+
+    state = closed_value({"round": 3, "members": ["a", "b"]}, why(closing_code))
+    late = agent._ending(closed_error("run", state))
+    assert late == ((0, False) if closing_code == 0 else (PERMANENT, False))
+    # The first agent's reason stays; a key closed with no reason reads as before: exit 1.
+    assert closed_value({"closed": FAILED}, FINISHED)["closed"] == FAILED
+    assert type(closed_error("run", {"closed": True})) is RendezvousClosedError
+    assert agent._ending(closed_error("run", {"closed": True})) == (PERMANENT, False)
 
 
 def _signal(sig: signal.Signals) -> BaseException:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 OK = 0
 PERMANENT = 1
-"""A real bug (a worker's uncaught exception), or a rendezvous closed for good."""
+"""A real bug (a worker's uncaught exception), or a rendezvous closed as failed for good."""
 BAD_INPUT = 2
 """A bad flag or config, a dataset missing or unreadable, an endpoint that is not etcd's v3 API."""
 RETRY_ME = 138
@@ -109,7 +109,11 @@ ENDINGS: tuple[Ending, ...] = (
         "a later round did not complete within rdzvJoinTimeout; the rendezvous stays open", RETRY_ME
     ),
     Ending("the warm launcher cannot run (a preload fails to import, torch changed)", BAD_INPUT),
-    Ending("rendezvous closed for this id (the run finished, or failed for good)", PERMANENT),
+    Ending("started after the run finished (its rendezvous closed as finished)", OK),
+    Ending(
+        "rendezvous closed for this id as failed for good (or by an agent that kept no reason)",
+        PERMANENT,
+    ),
     Ending("this node left the rendezvous, its peers re-formed without it", RETRY_ME),
     Ending("a fault of this node's GPU (CUDA or NCCL): the node leaves at once", RETRY_ME),
     Ending("the agent failed (an exception of its own, not the job's)", RETRY_ME),

@@ -43,7 +43,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.rendezvous import (
-    RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
     RendezvousGracefulExitError,
@@ -55,7 +54,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from training.elastic import rounds
+from training.elastic import closing, rounds
 from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
@@ -147,7 +146,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.round = 0
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
-        self.closed_by_us = False
+        self.closing = closing.Closing(self.keys, run_id)
         self.check_stop: Callable[[], None] = _no_stop
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
@@ -175,28 +174,21 @@ class SpotRendezvousHandler(RendezvousHandler):
         return self.run_id
 
     def is_closed(self) -> bool:
-        state = self.keys.read_state()[0]
-        return bool(state and state.get("closed"))
+        return self.closing.is_closed()
 
     def set_closed(self) -> None:
-        self.keys.update_state(lambda s: {**s, "closed": True}, self.round)
+        """torch's interface gives no reason: a late node must not take the run for finished."""
+        self.closing.close(closing.FAILED, self.round)
 
     def shutdown(self) -> bool:
         """Called by torch's launcher whatever the outcome: nothing here, the agent settles it
         (``settle``), since torch's launcher would close the id on every ending but a signal."""
         return True
 
-    def settle(self, close: bool) -> None:
-        """Close the rendezvous for good (the run is over), or leave it open for a new pod."""
-        if close and not self.closed_by_us:
-            try:
-                self.set_closed()
-                self.closed_by_us = True
-                logger.info("rendezvous %s closed: the run is over", self.run_id)
-            except EtcdError as exc:
-                logger.error("could not close rendezvous %s: %s", self.run_id, exc)
-        elif not close:
-            logger.info("rendezvous %s left open for a new pod to join", self.run_id)
+    def settle(self, close: bool, why: str = closing.FAILED) -> None:
+        """Close the rendezvous for good (the run is over: ``why``, training/elastic/closing.py),
+        or leave it open for a new pod; either way, leave it."""
+        self.closing.settle(close, why, self.round)
         self.leave()
 
     def leave(self) -> None:
@@ -288,7 +280,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
         )
         if isinstance(action, rounds.Closed):
-            raise RendezvousClosedError(f"rendezvous {self.run_id} is closed")
+            raise self.closing.found(state)
         if isinstance(action, rounds.Member):
             return self._member(action.state, action.index)
         if isinstance(action, rounds.Create):

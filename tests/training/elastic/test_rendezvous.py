@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import socket
 import threading
@@ -35,6 +36,7 @@ from lab.local.etcd_server import EmbeddedEtcd, free_port
 from tests.support.waiting import wait_until
 from training.elastic import liveness
 from training.elastic.agent_store import StoreTimeout
+from training.elastic.closing import FAILED, FINISHED, RunFailedError, RunFinishedError
 from training.elastic.etcd_v3 import Etcd
 from training.elastic.liveness import ProbeServer, Progress, Verdict, probe
 from training.elastic.rendezvous import (
@@ -342,7 +344,9 @@ def test_a_round_that_cannot_reach_etcd_gives_up_for_a_new_pod() -> None:
     handler.keys.probe.close()
 
 
-def test_only_the_agent_closes_the_rendezvous(nodes: Nodes, tmp_path: Path) -> None:
+def test_only_the_agent_closes_the_rendezvous(
+    nodes: Nodes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     a = nodes.new()
     nodes.min_nodes = 1
     a.min_nodes = 1
@@ -351,11 +355,32 @@ def test_only_the_agent_closes_the_rendezvous(nodes: Nodes, tmp_path: Path) -> N
     a.settle(close=False)
     assert not a.is_closed()
     b = nodes.new()
-    b.settle(close=True)
-    assert a.is_closed()
+    b.settle(close=True, why=FINISHED)
+    assert a.is_closed() and _state(a)["closed"] == FINISHED
+    nodes.new().settle(close=True, why=FAILED)  # a peer that ended otherwise just after
+    assert _state(a)["closed"] == FINISHED  # the first closing's reason stays
     late = nodes.new()
-    with pytest.raises(RendezvousClosedError):
+    with pytest.raises(RunFinishedError):
         late.next_rendezvous()
+    with caplog.at_level(logging.INFO, logger="training.elastic.rendezvous"):
+        late.settle(close=False)  # it neither reopens nor closes the run again
+    assert _state(a)["closed"] == FINISHED and "left open" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("closed", "raised"),
+    [(FAILED, RunFailedError), (True, RendezvousClosedError)],
+    ids=["failed-for-good", "closed-with-no-reason"],
+)
+def test_a_late_node_reads_why_the_run_closed(
+    nodes: Nodes, closed: object, raised: type[Exception]
+) -> None:
+    # ``True``: the key as agents wrote it before they kept the reason.
+    a = nodes.new()
+    a.keys.update_state(lambda s: {**s, "closed": closed}, 0)
+    with pytest.raises(raised) as error:
+        nodes.new().next_rendezvous()
+    assert type(error.value) is raised and not isinstance(error.value, RunFinishedError)
 
 
 def test_a_verdict_stops_the_next_round_before_it_joins(nodes: Nodes, tmp_path: Path) -> None:
