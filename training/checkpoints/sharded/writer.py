@@ -169,8 +169,22 @@ class StoreWriter(StorageWriter):
             newer_only=self.options.newer_only,
             files=tuple(sorted(files.values(), key=lambda f: f.name)),
             name=metadata_name(self.checkpoint_id),
-            since=self._since,
+            since=self._grace_start(files),
         )
+
+    def _grace_start(self, files: dict[str, StoredFile]) -> float:
+        """When the grace of this checkpoint began, on the repository's clock: when its oldest
+        file reached the store. Pruning counts an object's age from its own last write
+        (``list_modified``, against the store's ``now``), so a save whose ranks wrote for
+        minutes is safe while each file is young; counting from the plan would refuse every
+        save that takes longer than half the grace (a GB-scale state on a slow link)."""
+        assert self.checkpoint_id is not None and self._since is not None
+        modified = self.store.list_modified(self.checkpoint_id)
+        written = [modified[name] for name in files if name in modified]
+        if len(written) < len(files):  # one is gone already: the plan's time, the strict one
+            return self._since
+        age = max(self.store.now() - min(written), 0.0)
+        return max(self.repository.clock() - age, self._since)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
