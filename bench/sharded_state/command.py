@@ -1,9 +1,10 @@
 """``python -m bench sharded-state``: the flags, the cases in order, the bandwidth probe, the
 JSON and the table.
 
-The single-stream bandwidth is one ``put`` of a file of the largest part's size, through the
-same store call a part's file takes (a directory: the file linked in and fsynced; Azurite: one
-streamed upload), in this process, after the ranks are done.
+The single-stream bandwidth is one ``put`` of a file of the largest part's size, alone, through
+the same store call a part's file takes (a directory: the file linked in and fsynced; Azurite:
+one upload in blocks, with the store's own block concurrency), in this process, after the ranks
+are done.
 """
 
 from __future__ import annotations
