@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         "campaign are also commands of their own: python -m bench rendezvous-scale --help, "
         "python -m bench chaos --help, python -m bench commit-deadline "
         "--help; charlm's keyed randomness before and after: python -m bench keyed-random; "
-        "loader threads against fetching in the step: python -m bench input-pipeline",
+        "loader threads against fetching in the step: python -m bench input-pipeline; an FSDP2 "
+        "run's sharded state path at GB scale: python -m bench sharded-state",
     )
     parser.add_argument("--reps", type=int, help="repetitions per fault kind (default 3)")
     parser.add_argument(
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.input_pipeline.command import main as input_pipeline_main
 
         return input_pipeline_main(argv[1:])
+    if argv[:1] == ["sharded-state"]:
+        from bench.sharded_state.command import main as sharded_state_main
+
+        return sharded_state_main(argv[1:])
     if argv[:1] == ["chaos"]:
         from bench.chaos.command import main as chaos_main
 

@@ -1,0 +1,87 @@
+"""Today's DDP path, beside the sharded one: the single-file emergency save
+(``bench/commit_deadline.py``'s ``one_eviction``, on fresh stores) and the restore's peak RSS
+per rank: ``agree_on_resume`` (training/checkpoints/resume.py) reads the whole file on the
+holder and broadcasts it, serialized, to every rank, which parses it whole.
+
+Each restoring rank first holds a state of the same size (its live replica of the model and
+optimizer, as a DDP trainer's) and then resumes; the peak is read from the kernel's high-water
+mark, reset before the resume.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from bench.commit_deadline import CommitPlan, large_state, measure_store
+from bench.sharded_memory.peak_rss import _peak, _reset_peak
+from bench.sharded_state.model import MIB, init_world
+from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.resume import agree_on_resume
+from training.checkpoints.serialization import spool
+from training.checkpoints.storage import FileStore
+
+RESTORE_WORLD = 2
+
+
+def _state_bytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_state_bytes(v) for v in state.values())
+    return 0
+
+
+def _restore_rank(rank: int, world: int, state_mib: int, root: str) -> None:
+    import torch.distributed as dist
+
+    base = Path(root)
+    init_world(base, "ddp-restore", rank, world)
+    try:
+        runtime = _reset_peak()
+        replica = large_state(state_mib)  # the live model and optimizer a trainer holds
+        durable = CheckpointRepository(FileStore(base / "durable"))
+        dist.barrier()
+        before = _reset_peak()
+        started = time.perf_counter()
+        resume = agree_on_resume(rank, torch.device("cpu"), None, durable)
+        seconds, peak = time.perf_counter() - started, _peak()
+        assert resume.step == 1 and resume.state is not None, resume
+        row = {
+            "rank": rank,
+            "share": _state_bytes(replica["model"]),
+            "runtime": runtime,
+            "before": before,
+            "peak": peak,
+            "restore_s": seconds,
+        }
+        (base / f"ddp-restore-{rank}.json").write_text(json.dumps(row))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ddp_restore(state_mib: int, root: Path) -> list[dict[str, Any]]:
+    """One checkpoint of ``state_mib`` MiB committed to a directory, restored by 2 ranks."""
+    durable = CheckpointRepository(FileStore(root / "durable"))
+    durable.commit(1, spool(large_state(state_mib), root / "ddp-state.pt"))
+    (root / "ddp-state.pt").unlink()
+    mp.spawn(_restore_rank, args=(RESTORE_WORLD, state_mib, str(root)), nprocs=RESTORE_WORLD)
+    return [json.loads((root / f"ddp-restore-{r}.json").read_text()) for r in range(RESTORE_WORLD)]
+
+
+def measure_ddp(state_mib: int, stores: tuple[str, ...], say: Any) -> dict[str, Any]:
+    """The emergency save per store (one eviction each) and the restore's peak RSS."""
+    say(f"ddp: the single-file emergency save of {state_mib} MiB on {', '.join(stores)} ...")
+    plan = CommitPlan(state_mb=state_mib, reps=1, stores=stores)
+    plan.validate()
+    evictions = {kind: measure_store(plan, kind, say) for kind in stores}
+    say(f"ddp: the restore (agree_on_resume) at world {RESTORE_WORLD} ...")
+    with tempfile.TemporaryDirectory(prefix="bench-ddp-restore-") as tmp:
+        restore = measure_ddp_restore(state_mib, Path(tmp))
+    return {"state_bytes": state_mib * MIB, "eviction": evictions, "restore": restore}
