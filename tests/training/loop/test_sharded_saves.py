@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.exactness import CORPUS_SAMPLE
 from tests.support.trainer_harness import harness, one_process_world
+from training.checkpoints.checkpoint import CheckpointError
+from training.checkpoints.storage import FileStore
 
 FLAGS = [
     "--task=charlm",
@@ -49,3 +51,22 @@ def test_an_emergency_at_step_0_leaves_no_optimizer_step_to_restore(
         assert resume.step == 0
         steps = [int(s["step"]) for s in again.trainer.optimizer.state.values() if "step" in s]
         assert steps == [], steps  # a fresh AdamW: its first step is step 1
+
+
+class _Unreadable(FileStore):
+    def list(self, prefix: str = "") -> list[str]:
+        raise OSError("list: the store went away")
+
+
+def test_a_coordinator_that_cannot_read_the_store_fails_the_restore_on_every_rank(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """The coordinator reads the store alone and broadcasts what it read: its storage error
+    is broadcast too, as a CheckpointError every rank raises (a restart), rather than one
+    rank raising while the others wait out the group's timeout in the broadcast."""
+    with one_process_world():
+        h = harness(tmp_path, corpus, *FLAGS, tiny=())
+        h.trainer.sharded.checkpoints.store = _Unreadable(tmp_path / "durable")
+        h.trainer.sharded.checkpoints.repository.store = h.trainer.sharded.checkpoints.store
+        with pytest.raises(CheckpointError, match="the coordinator cannot read"):
+            h.trainer.restore()

@@ -157,16 +157,39 @@ class ShardedCheckpoints:
         self.repository.prune()
 
     def _entries(self, group: Any) -> list[Entry]:
-        """The coordinator's ``entries``, on every rank."""
+        """The coordinator's ``entries``, on every rank; CheckpointError on every rank when
+        the coordinator cannot read them (the others would otherwise wait out the group's
+        timeout in the broadcast)."""
         if not (dist.is_available() and dist.is_initialized()):
             return self.entries()
-        found: list[Any] = [self.entries() if dist.get_rank(group) == 0 else None]
+        found: list[Any] = [None]
+        if dist.get_rank(group) == 0:
+            found = [coordinator_read(self.entries)]
         dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
-        return found[0]
+        return raise_if_failed(found[0])
 
     def scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)
         return self.scratch
+
+
+class _Failed(str):
+    """What the coordinator could not read, sent in place of what it read."""
+
+
+def coordinator_read(read: Callable[[], Any]) -> Any:
+    """``read()`` on the coordinator, or its storage error as a ``_Failed`` to broadcast."""
+    try:
+        return read()
+    except (OSError, CheckpointError) as exc:
+        return _Failed(f"the coordinator cannot read the checkpoint store: {exc}")
+
+
+def raise_if_failed(value: Any) -> Any:
+    """``value`` as broadcast; CheckpointError on every rank when the coordinator failed."""
+    if isinstance(value, _Failed):
+        raise CheckpointError(str(value))
+    return value
 
 
 def global_rank(group: Any, group_rank: int) -> int:

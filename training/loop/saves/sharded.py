@@ -39,7 +39,12 @@ from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, 
 from training.checkpoints.resume import NONE, Resume
 from training.checkpoints.serialization import snapshot
 from training.checkpoints.sharded.parts import complete, part_set_id, save_part
-from training.checkpoints.sharded.repository import ShardedCheckpoints, global_rank
+from training.checkpoints.sharded.repository import (
+    ShardedCheckpoints,
+    coordinator_read,
+    global_rank,
+    raise_if_failed,
+)
 from training.checkpoints.sharded.state import ModelState, TrainerState
 from training.elastic.faults import sigterm_from_outside
 from training.loop.saves.emergency import Outcome
@@ -127,13 +132,11 @@ class ShardedState:
         progress = t.local.progress() if t.local is not None else NONE
         known = torch.tensor([progress], dtype=torch.int64)
         dist.all_reduce(known, op=dist.ReduceOp.MAX, group=group)
-        plan: list[Any] = [self.round_nonce, False]
+        plan: list[Any] = [None]
         if t.env.rank == 0:  # the newest whole set of parts committed, by one process
-            head = self.checkpoints.repository.head()
-            completed = complete(self.checkpoints, head.step if head is not None else NONE)
-            plan = [self.round_nonce, completed is not None]
+            plan = [coordinator_read(self._complete_parts)]
         dist.broadcast_object_list(plan, src=global_rank(group, 0), group=group)
-        self.round_nonce, from_parts = plan
+        self.round_nonce, from_parts = raise_if_failed(plan[0])
         state, trainer_state = self.state()
         untrained = self.untrained()
         entry = self.checkpoints.load(state, group=group)
@@ -149,6 +152,13 @@ class ShardedState:
         source = "fresh" if entry is None else "parts" if from_parts else "durable"
         lost = max(int(known) - step, 0) if int(known) != NONE else None
         return Resume(None, step, source, 0, lost, time.monotonic() - started)
+
+    def _complete_parts(self) -> tuple[str, bool]:
+        """(this round's nonce, whether a whole set of parts newer than the head was
+        committed): the coordinator's, before every rank loads."""
+        head = self.checkpoints.repository.head()
+        completed = complete(self.checkpoints, head.step if head is not None else NONE)
+        return self.round_nonce, completed is not None
 
     def _apply(self, state: dict[str, Any], trainer_state: TrainerState) -> None:
         """After a load: the step, the identity's check and any changed settings."""
@@ -241,12 +251,12 @@ class ShardedState:
         """The final step, saved by every rank unless it is durable already."""
         t, group = self.t, self.t.checkpoint_group
         t.saver.wait()
-        needed = [True]
+        needed: list[Any] = [None]
         if t.env.rank == 0:
-            head = self.checkpoints.repository.head()
-            needed = [head is None or head.step < t.state.step]
+            needed = [coordinator_read(self.checkpoints.repository.head)]
         dist.broadcast_object_list(needed, src=global_rank(group, 0), group=group)
-        if needed[0] and not self.untrained():
+        head = raise_if_failed(needed[0])
+        if (head is None or head.step < t.state.step) and not self.untrained():
             state, _ = self.state()
             self.checkpoints.save(state, t.state.step, group=group)
         t.committed.advance(t.state.step)
