@@ -41,6 +41,7 @@ from training.checkpoints.checkpoint import (
 from training.checkpoints.node_prune import Pin, Pruner, reading, retire
 from training.checkpoints.node_prune import prune as prune_saves
 from training.checkpoints.serialization import file_sha256, load_mapped, spool
+from training.checkpoints.sharded.repository import global_rank
 from training.checkpoints.state_transfer import share
 from training.checkpoints.storage import FileStore
 
@@ -347,10 +348,6 @@ def _gather(row: list[int], device: torch.device, group: Any) -> torch.Tensor:
     return torch.stack(gathered).cpu()
 
 
-def _global_rank(group: Any, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
 def _nothing_to_resume(rows: torch.Tensor, known: int, started: float) -> Resume:
     failed = (rows[:, 3] != 0).nonzero().flatten().tolist()
     if failed:
@@ -388,13 +385,13 @@ def agree_on_resume(
             claims.materialize(source, step) if rank == holder else (_OK, 0, None)
         )
         header = torch.tensor([outcome, value], dtype=torch.int64, device=device)
-        dist.broadcast(header, src=_global_rank(group, holder), group=group)
+        dist.broadcast(header, src=global_rank(group, holder), group=group)
         outcome, value = int(header[0]), int(header[1])
         if outcome != _OK:
             claims.settle(outcome, value, step, rank == holder)
             continue
         # The holder parsed the checkpoint (one that verifies but cannot be read was passed
         # over there), so the others receive exactly the state the holder could read.
-        state = share(held.state if held else None, _global_rank(group, holder), device, group)
+        state = share(held.state if held else None, global_rank(group, holder), device, group)
         lost = max(known - step, 0) if known != NONE else None
         return Resume(state, step, source, holder, lost, time.monotonic() - started)
