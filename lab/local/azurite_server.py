@@ -37,7 +37,10 @@ def serve(workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[int]:
     port = free_port()
     log = workdir / "azurite.log"
     args = [str(AZURITE_BLOB), "--blobHost", "127.0.0.1", "--blobPort", str(port)]
-    args += ["--location", str(workdir), "--skipApiVersionCheck", "--loose", *extra_args]
+    args += ["--location", str(workdir), "--skipApiVersionCheck", "--loose"]
+    # Azurite sends usage data to Application Insights by default; tests and benchmarks stay
+    # off the network.
+    args += ["--disableTelemetry", *extra_args]
     with open(log, "wb") as out:
         # Its own session: the whole group is signalled, so no node child outlives it.
         proc = subprocess.Popen(
