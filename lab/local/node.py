@@ -192,6 +192,21 @@ def stop_nodes(nodes: list[TorchrunNode], grace_s: float) -> None:
     process_tree.reap([p for p in killed if p not in agents])
 
 
+def logged_bytes(node: NodeProcess) -> int:
+    """How much the node has logged so far, both files (a restart in place appends)."""
+    return sum(p.stat().st_size for p in (node.stdout_path, node.stderr_path) if p.exists())
+
+
+def wait_for_first_word(node: NodeProcess, logged_at_start: int, timeout_s: float) -> None:
+    """Until the node logs its first line since its start (``logged_at_start``), exits, or
+    ``timeout_s`` passes. Its first line comes once Python and torch are loaded."""
+    deadline = time.monotonic() + timeout_s
+    while logged_bytes(node) <= logged_at_start and node.poll() is None:
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
+
+
 def wait_for_exit(node: NodeProcess, timeout_s: float) -> int | None:
     """Poll until the node's agent exits or ``timeout_s`` passes; the exit code or None."""
     deadline = time.monotonic() + timeout_s

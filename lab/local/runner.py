@@ -18,7 +18,7 @@ from typing import Protocol
 from lab.live.event_log import LabEventLog
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
-from lab.local.node import NodeProcess, wait_for_exit
+from lab.local.node import NodeProcess, logged_bytes, wait_for_exit, wait_for_first_word
 from lab.local.run_extension import StepRate, extended_end, margin_steps
 from lab.local.scenario import Fault, MembershipChange, Scenario
 from lab.report.node_logs import LogTail, Record, parse_record
@@ -81,6 +81,7 @@ class FaultRunner:
     live: set[int] = field(default_factory=set)
     view: JobView = field(default_factory=JobView)
     _tails: dict[int, LogTail] = field(default_factory=dict)
+    _logged_at_start: dict[int, int] = field(default_factory=dict)
     _follow_ups: list[_FollowUp] = field(default_factory=list)
     _frozen: list[int] = field(default_factory=list)
     _restarts: dict[int, int] = field(default_factory=dict)
@@ -145,6 +146,7 @@ class FaultRunner:
         node = self.nodes.get(number) or self.make_node(number)
         self.nodes[number] = node
         self._tails.setdefault(number, LogTail(node.stdout_path))
+        self._logged_at_start[number] = logged_bytes(node)
         node.start()
         self.live.add(number)
         self.lab_log.write("node_started", node=node.name)
@@ -342,13 +344,18 @@ class FaultRunner:
     # -- the end ----------------------------------------------------------------------------
     def _finish(self) -> RunOutcome:
         """Training finished: give the agents ``finish_grace_s`` in all to leave their exit
-        barrier; the session stops any that are still there (and the log says which)."""
+        barrier; the session stops any that are still there (and the log says which). A node
+        still starting (silent since its start: a cold start on a loaded machine) gets its
+        grace from its first line, for which it waits up to the scenario's timeout."""
         for follow_up in [f for f in self._follow_ups if f.action == "kill"]:
             self.nodes[follow_up.node].kill()
         self._follow_ups.clear()
         deadline = time.monotonic() + self.finish_grace_s
         for number in sorted(self.live):
             node = self.nodes[number]
+            if logged_bytes(node) <= self._logged_at_start[number]:
+                wait_for_first_word(node, self._logged_at_start[number], self.scenario.timeout_s)
+                deadline = max(deadline, time.monotonic() + self.finish_grace_s)
             code = wait_for_exit(node, max(deadline - time.monotonic(), 0.0))
             if code is None:
                 self._message(f"{node.name} still runs {self.finish_grace_s:g} s after the end")

@@ -86,6 +86,12 @@ class FakeNode:
         self.running, self.frozen, self.code = True, False, None
         self.starts += 1
         self.job.calls.append(("start", self.name))
+        self.say_first_word()
+
+    def say_first_word(self) -> None:
+        """torchrun's first line, once Python and torch are loaded."""
+        with open(self.stderr_path, "a") as handle:
+            handle.write(f"{self.name}: Using nproc_per_node=1.\n")
 
     def poll(self) -> int | None:
         if self.number == min(
@@ -312,6 +318,53 @@ def test_an_agent_that_lingers_after_the_end_is_logged_not_waited_for(
     assert runner.run().status == "finished"
     events = read_jsonl(tmp_path / "lab-events.jsonl")
     assert [e["node"] for e in events if e["event"] == "node_lingered"] == ["node-1"]
+
+
+@dataclasses.dataclass
+class SlowStarter(FakeNode):
+    """A node started on a loaded machine: silent, not training, until ``silent_polls`` polls
+    after the training finished; then it says its first line, finds the run over and exits 0
+    two polls later."""
+
+    silent_polls: int = 10
+    polls_after_end: int = 0
+
+    def say_first_word(self) -> None:
+        pass
+
+    def trains(self) -> bool:
+        return False
+
+    def poll(self) -> int | None:
+        if self.job.step < self.job.max_steps:
+            return super().poll()
+        self.polls_after_end += 1
+        if self.polls_after_end == self.silent_polls:
+            super().say_first_word()
+        elif self.polls_after_end == self.silent_polls + 2:
+            self.exit(0)
+        return None if self.running else self.code
+
+
+def test_a_node_still_starting_at_the_end_gets_its_grace_from_its_first_line(
+    tmp_path: Path,
+) -> None:
+    runner, job = _runner(tmp_path, _scenario(nodes=2))
+    runner.finish_grace_s = 0.2  # the runner's polls every 50 ms make 10 silent polls longer
+
+    def make_node(number: int) -> FakeNode:
+        kind = SlowStarter if number == 1 else FakeNode
+        job.nodes[number] = kind(job, number)
+        return job.nodes[number]
+
+    runner.make_node = make_node
+    assert runner.run().status == "finished"
+    slow = job.nodes[1]
+    assert isinstance(slow, SlowStarter) and slow.polls_after_end >= slow.silent_polls + 2
+    events = read_jsonl(tmp_path / "lab-events.jsonl")
+    assert not [e for e in events if e["event"] == "node_lingered"]
+    exited = {e["node"]: e["code"] for e in events if e["event"] == "node_exited"}
+    assert exited == {"node-0": 0, "node-1": 0}
 
 
 def test_an_etcd_restart_settles_only_after_the_keep_alive_bound_without_a_resume(
