@@ -92,3 +92,16 @@ def retrying(deadline: Deadline, work: Callable[[], T], what: str, pause_s: floa
             logger.warning("%s failed (%s); trying again in %.1f s", what, exc, pause_s)
             time.sleep(pause_s)
             pause_s = min(2 * pause_s, 1.0)
+
+
+def persisting(deadline: Deadline | None, work: Callable[[], T], what: str) -> T:
+    """``work()`` as an eviction's save runs it: inline when nothing bounds it; else on a
+    thread given up at ``deadline``, tried again after the store errors a retry may fix."""
+    if deadline is None:
+        return work()
+    return within(deadline, lambda: retrying(deadline, work, what), what)
+
+
+def why_not(exc: BaseException) -> str:
+    """What a save that failed with ``exc`` records: ``deadline``, or the error's start."""
+    return "deadline" if isinstance(exc, DeadlineExceeded) else str(exc)[:200]

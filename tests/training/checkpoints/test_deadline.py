@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
+from training.checkpoints.deadline import (
+    Deadline,
+    DeadlineExceeded,
+    persisting,
+    retrying,
+    why_not,
+    within,
+)
 
 
 def test_within_returns_the_result_or_the_error_of_the_work() -> None:
@@ -70,3 +78,22 @@ def test_retrying_raises_the_last_error_when_no_time_is_left() -> None:
     with pytest.raises(OSError, match="503"):
         retrying(Deadline.after(0.0), work, "a commit")  # type: ignore[arg-type]
     assert len(calls) == 1
+
+
+def test_persisting_runs_inline_without_a_deadline_and_retries_within_one() -> None:
+    here = threading.current_thread()
+    assert persisting(None, lambda: threading.current_thread(), "inline") is here
+    tries: list[int] = []
+
+    def flaky() -> int:
+        tries.append(1)
+        if len(tries) < 3:
+            raise ConnectionResetError("the store hung up")
+        return len(tries)
+
+    assert persisting(Deadline(time.monotonic() + 30), flaky, "flaky") == 3
+
+
+def test_why_not_names_the_deadline_or_the_errors_start() -> None:
+    assert why_not(DeadlineExceeded("no time left")) == "deadline"
+    assert why_not(OSError("x" * 300)) == "x" * 200

@@ -33,7 +33,14 @@ from training.checkpoints.checkpoint import (
     StaleCheckpoint,
     serialize,
 )
-from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
+from training.checkpoints.deadline import (
+    Deadline,
+    DeadlineExceeded,
+    persisting,
+    retrying,
+    why_not,
+    within,
+)
 from training.checkpoints.resume import NONE, NodeLocalState, node_local_key
 from training.elastic.exit_codes import RETRY_ME
 from training.elastic.faults import sigterm_from_outside
@@ -207,11 +214,7 @@ class EmergencySave:
             self.durable.commit(step, data, deadline=deadline, prune=False)
 
         try:
-            if deadline is None:
-                commit()
-            else:  # a store failing for a moment gets tried again within the deadline
-                what = "durable emergency commit"
-                within(deadline, lambda: retrying(deadline, commit, what), what)
+            persisting(deadline, commit, "durable emergency commit")
         except StaleCheckpoint as exc:  # a newer step is durable already: nothing is lost
             logger.info("durable emergency commit not needed: %s", exc)
             return True, None
@@ -226,7 +229,7 @@ class EmergencySave:
                 where,
                 EXIT_NOT_DURABLE,
             )
-            return False, "deadline" if isinstance(exc, DeadlineExceeded) else str(exc)[:200]
+            return False, why_not(exc)
         self.committed.advance(step)
         return True, None
 
@@ -240,7 +243,7 @@ class EmergencySave:
         deadline = self.note_stop()
         what = "durable commit of the node-local save"
         try:
-            found = within(deadline, lambda: retrying(deadline, self._leftover, what), what)
+            found = persisting(deadline, self._leftover, what)
         except (OSError, CheckpointError) as exc:
             logger.error("could not make the node-local save durable before exiting: %s", exc)
             return Outcome(NONE, True, False, str(exc)[:200])

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from training.checkpoints.checkpoint import CheckpointError, Entry
-from training.checkpoints.deadline import Deadline, DeadlineExceeded, retrying, within
+from training.checkpoints.deadline import Deadline, persisting, why_not
 from training.checkpoints.resume import NONE, Resume
 from training.checkpoints.serialization import snapshot
 from training.checkpoints.sharded.parts import complete, part_set_id, save_part
@@ -237,13 +237,10 @@ class ShardedState:
 
         what = f"part {t.env.rank} of step {step}"
         try:
-            if deadline is None:
-                save()
-            else:  # a store failing for a moment gets tried again within the deadline
-                within(deadline, lambda: retrying(deadline, save, what), what)
+            persisting(deadline, save, what)
         except (OSError, CheckpointError) as exc:  # DeadlineExceeded is a TimeoutError
             logger.error("%s could not be saved: %s", what, exc)
-            return False, "deadline" if isinstance(exc, DeadlineExceeded) else str(exc)[:200]
+            return False, why_not(exc)
         return True, None
 
     # -- the end -------------------------------------------------------------------------------
