@@ -30,7 +30,7 @@ _crc_lock = threading.Lock()  # held only to flip the flag, never across a save
 
 
 @contextmanager
-def _without_crc() -> Iterator[None]:
+def without_crc() -> Iterator[None]:
     """torch.save without its per-record CRC-32 while any of our saves runs (a save on the
     background thread and the eviction's may overlap); the setting is restored after."""
     with _crc_lock:
@@ -49,7 +49,7 @@ def _without_crc() -> Iterator[None]:
 
 def serialize(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
-    with _without_crc():
+    with without_crc():
         torch.save(state, buffer)
     return buffer.getvalue()
 
@@ -152,7 +152,7 @@ def spool(state: dict[str, Any], path: Path) -> Payload:
     with (
         ThreadPoolExecutor(1, thread_name_prefix="hash") as pool,
         open(path, "xb") as f,
-        _without_crc(),
+        without_crc(),
     ):
         writer = HashingWriter(f, pool)
         torch.save(state, writer)  # type: ignore[arg-type]
