@@ -132,7 +132,8 @@ class RunConfig:
     outside the checkpoint: docs/your-own-model.md). Costs two passes per round, no copy
     of anything that grows with the model."""
     compile: bool = False
-    """torch.compile the model (inductor), on the module DDP then wraps: compile time at each
+    """torch.compile the model (inductor), in place: under ddp the module DDP then wraps,
+    under fsdp2 each unit the task sharded (each transformer block). Compile time at each
     round's first steps, for faster steps after."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
@@ -344,11 +345,6 @@ def _validate_parallelism(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"{flag} fsdp2: task {run.task} cannot be sharded (its TrainSpec has no "
             "parallelize and init_weights: docs/your-own-model.md); use --parallelism ddp"
-        )
-    if run.compile:
-        raise ConfigError(
-            f"{flag} fsdp2 does not take --compile (task {run.task}): use --parallelism ddp "
-            "with --compile, or fsdp2 without it"
         )
     if run.precision == "fp16-mixed":
         raise ConfigError(
