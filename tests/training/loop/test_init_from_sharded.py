@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 
 from tests.support.elastic_cluster import final_parameters
 from tests.support.exactness import flags, make_data, run_here
-from tests.support.trainer_harness import harness
+from tests.support.trainer_harness import harness, one_process_world
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.loop.config import ConfigError
@@ -100,3 +101,24 @@ def test_a_source_of_another_shape_is_one_line(tmp_path: Path, source: str) -> N
         run_here(tmp_path / "new", data, [*args, f"--init-from={tmp_path / 'source' / 'durable'}"])
     message = str(refused.value)
     assert "its model does not fit this task's" in message and "\n" not in message, message
+
+
+@pytest.mark.usefixtures("training")
+def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    data = make_data("charlm", tmp_path / "data")
+    made = [*ARGS, "--max-steps=4", "--checkpoint-every-steps=2"]
+    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
+    durable = tmp_path / "source" / "durable"
+    newest, before = CheckpointRepository(FileStore(durable)).entries()[:2]
+    assert (newest.step, before.step) == (4, 2)
+    torn = durable / newest.name
+    torn.write_bytes(torn.read_bytes()[:-100])
+    expected = deserialize((durable / before.name).read_bytes())["model"]
+    args = [*ARGS, "--parallelism=fsdp2", f"--init-from={durable}"]
+    with one_process_world():
+        h = harness(tmp_path / "new", data, *args, tiny=())
+        h.trainer.restore()
+        (initialized,) = h.events("initialized")
+        assert initialized["from_step"] == 2
+        for name, param in h.trainer.model.named_parameters():
+            assert torch.equal(param.full_tensor(), expected[name]), name

@@ -9,5 +9,4 @@ is what a checkpoint holds: the model and optimizer through
 ``torch.distributed.checkpoint.state_dict``, and the trainer's own state as a ``Stateful``.
 ``initial.py`` reads another run's model into a sharded one (``--init-from``), each rank
 only its shards.
-Nothing in the loop uses this package yet.
 """

@@ -1,5 +1,5 @@
-"""A sharded model's weights from another run's checkpoint (``--init-from``), each rank reading
-only what its own shards need, never the whole state.
+"""A sharded model's weights from another run's checkpoint (``--init-from``), each rank holding
+in memory only its own shards, never the whole model.
 
 - **A sharded checkpoint** (DCP): ``dcp.load`` of the model's entries alone into this model's
   DTensors, resharded from the world it was saved at (``ShardedCheckpoints.load``: each rank
@@ -14,6 +14,7 @@ Both raise ``DoesNotFit`` when the source's model is not this one's (names, shap
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,8 @@ from training.checkpoints.sharded.repository import (
     raise_if_failed,
 )
 from training.checkpoints.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
 
 MODEL_KEY = "model"
 """Where a checkpoint keeps the model: the single file's ``state["model"]``, and the sharded
@@ -130,9 +133,13 @@ def _fetch_verified(store: ObjectStore, entry: Entry, path: Path) -> bool:
             sink = HashingWriter(f, pool)
             store.get_into(entry.name, sink)  # type: ignore[arg-type]
             sink.flush()
-    except (FileNotFoundError, OSError):
+    except OSError as exc:
+        logger.warning("checkpoint %s cannot be read: %s", entry.name, exc)
         return False
-    return sink.size == entry.size and sink.hash.hexdigest() == entry.sha256
+    if sink.size != entry.size or sink.hash.hexdigest() != entry.sha256:
+        logger.warning("checkpoint %s is torn; trying an older one", entry.name)
+        return False
+    return True
 
 
 def _made(scratch: Path) -> Path:
