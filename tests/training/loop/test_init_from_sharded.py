@@ -1,7 +1,8 @@
-"""``--init-from`` under ``--parallelism=fsdp2``: a sharded run at world size 2 starts from a
-DDP run's single-file checkpoint and from a sharded run's checkpoint saved at world size 1
-(resharded), both float64. The parameters its first step starts from are the source's
-weights, exactly; the optimizer is fresh, the step 0; and the run trains on from them."""
+"""``--init-from`` under ``--parallelism=fsdp2``: a sharded run at world size 3 (uneven shards:
+16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's single-file
+checkpoint and from a sharded run's checkpoint saved at world size 1 (resharded), float64.
+The parameters its first step starts from are the source's weights, exactly; the optimizer is
+fresh, the step 0; and the run trains on from them."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
 from training.loop.trainer_state import EXIT_OK
 
-WORLD = 2
+WORLD = 3
 ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
 """Float64 (``GLOBAL_BATCH`` of tests/support/exactness.py), a tiny charlm."""
 
