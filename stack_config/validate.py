@@ -247,7 +247,8 @@ def _training_problems(cfg: LabConfig) -> list[str]:
     elif job.parallelism == "fsdp2" and job.precision == "fp16-mixed":
         problems.append(
             f"{cfg.key('parallelism')} fsdp2 does not take {cfg.key('precision')} fp16-mixed "
-            "(its gradient scaler does not unscale sharded gradients): use bf16-mixed or fp32"
+            "(the steps its gradient scaler skips leave the optimizer without state, which a "
+            "sharded checkpoint cannot save): use bf16-mixed or fp32"
         )
     if job.checkpoint_every_steps == 0 and job.checkpoint_every_seconds == 0:
         problems.append(

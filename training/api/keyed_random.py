@@ -103,6 +103,17 @@ def _shift_right32(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits) & ((1 << (32 - bits)) - 1)
 
 
+def _site_hash(site: int, device: torch.device) -> int | torch.Tensor:
+    """``splitmix64(site)`` as an int64. Under ``torch.compile`` with tensor ops, bit for bit
+    the same: the site may be a symbolic int there (dynamo makes a block's index one when the
+    blocks are compiled one by one, ``--compile`` under fsdp2), and Python arithmetic on it
+    with 64-bit constants becomes an index expression that inductor cannot print in C++ (an
+    OverflowError, torch 2.13)."""
+    if not torch.compiler.is_compiling():
+        return _signed(splitmix64(site & _MASK64))
+    return _mix(torch.scalar_tensor(site, dtype=torch.int64, device=device) + _signed(_GAMMA))
+
+
 def keyed_bits(
     seeds: Sequence[int] | torch.Tensor, site: int, shape: Sequence[int], device: torch.device
 ) -> torch.Tensor:
@@ -115,7 +126,7 @@ def keyed_bits(
     if count > MAX_ELEMENTS:
         raise ValueError(f"{count} elements per sample: at most {MAX_ELEMENTS} can be keyed")
     # Each sample's key: (seed ^ hash(site)) mixed, its low 32 bits as an int32.
-    stream = _mix((seeds ^ _signed(splitmix64(site & _MASK64))) + _signed(_GAMMA))
+    stream = _mix((seeds ^ _site_hash(site, device)) + _signed(_GAMMA))
     key = (((stream & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000).to(torch.int32)
     # 32-bit arithmetic: int64 multiplies have no vector instruction on most CPUs, int32 ones
     # do. The element's index is XORed in, not multiplied: inductor's index arithmetic

@@ -132,7 +132,8 @@ class RunConfig:
     outside the checkpoint: docs/your-own-model.md). Costs two passes per round, no copy
     of anything that grows with the model."""
     compile: bool = False
-    """torch.compile the model (inductor), on the module DDP then wraps: compile time at each
+    """torch.compile the model (inductor), in place: under ddp the module DDP then wraps,
+    under fsdp2 each unit the task sharded (each transformer block). Compile time at each
     round's first steps, for faster steps after."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
@@ -345,16 +346,18 @@ def _validate_parallelism(cfg: TrainConfig) -> None:
             f"{flag} fsdp2: task {run.task} cannot be sharded (its TrainSpec has no "
             "parallelize and init_weights: docs/your-own-model.md); use --parallelism ddp"
         )
-    if run.compile:
-        raise ConfigError(
-            f"{flag} fsdp2 does not take --compile (task {run.task}): use --parallelism ddp "
-            "with --compile, or fsdp2 without it"
-        )
     if run.precision == "fp16-mixed":
+        # Not the scaler: torch.amp.GradScaler unscales DTensor gradients, and DTensor
+        # all-reduces its found_inf as a Partial("max") (torch 2.13
+        # distributed/tensor/_dispatch.py, found_inf_reduce_handler), so every rank skips
+        # alike. The sharded state: the scaler's first steps overflow and skip, leaving
+        # steps done and the optimizer without state, which the sharded save cannot hold
+        # (saves/sharded.py ``untrained``: torch's get_state_dict would make a step-1 state
+        # up, distributed/checkpoint/state_dict.py ``_init_optim_state``).
         raise ConfigError(
-            f"{flag} fsdp2 does not take --precision fp16-mixed (task {run.task}: its gradient "
-            "scaler does not unscale sharded gradients): use --precision bf16-mixed or fp32, "
-            "or --parallelism ddp"
+            f"{flag} fsdp2 does not take --precision fp16-mixed (task {run.task}: the steps "
+            "its gradient scaler skips leave the optimizer without state, which a sharded "
+            "checkpoint cannot save): use --precision bf16-mixed or fp32, or --parallelism ddp"
         )
 
 

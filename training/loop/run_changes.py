@@ -14,18 +14,25 @@ resume under other values logs each change, old and new, and applies it from the
   schedule from its own next step.
 
 ``--init-from URI`` starts a new run from another run's newest verified checkpoint: its
-model's weights, a fresh optimizer and step 0.
+model's weights, a fresh optimizer and step 0. A DDP run reads a single-file checkpoint whole;
+a sharded run (``--parallelism=fsdp2``) reads a sharded or a single-file one, each rank only
+its own shards.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, fields
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
+from training.checkpoints.sharded.initial import DoesNotFit, load_file_source, load_sharded_source
+from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
+from training.checkpoints.sharded.repository import coordinator_read, global_rank, raise_if_failed
 from training.checkpoints.stores import open_store
 from training.loop.config import ConfigError, TrainConfig
 
@@ -120,25 +127,70 @@ def apply_changes(
 
 
 def check_init_from(cfg: TrainConfig) -> None:
-    """ConfigError naming ``--init-from`` when its store is unreadable or holds no checkpoint:
-    before any collective, as every other input."""
+    """ConfigError naming ``--init-from`` when its store is unreadable or holds no checkpoint
+    this run can start from: before any collective, as every other input. A sharded run
+    starts from either layout; a DDP run from a single file."""
     uri = cfg.checkpoint.init_from
     if not uri:
         return
-    if cfg.run.parallelism != "ddp":
+    whole, sharded = _heads(uri)
+    if whole is None and sharded is not None and cfg.run.parallelism == "ddp":
         raise ConfigError(
-            f"{INIT_FROM} reads a whole model into every rank: not with --parallelism="
-            f"{cfg.run.parallelism} (use --parallelism=ddp, or leave {INIT_FROM} out)"
+            f"{INIT_FROM} {uri}: holds sharded checkpoints (written with --parallelism=fsdp2), "
+            "which a --parallelism=ddp run does not start from: use --parallelism=fsdp2, or "
+            "another run's single-file checkpoints"
         )
-    try:
-        head = CheckpointRepository(open_store(uri)).head()
-    except (ValueError, OSError, CheckpointError) as exc:
-        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
-    if head is None:
+    if whole is None and sharded is None:
         raise ConfigError(
             f"{INIT_FROM} {uri}: no checkpoint there to start from (give another run's "
             "--checkpoint-uri, once it committed a step)"
         )
+
+
+def _heads(uri: str) -> tuple[Entry | None, Entry | None]:
+    """The newest single-file and sharded checkpoints at ``uri``; ConfigError when unreadable."""
+    try:
+        store = open_store(uri)
+        whole = CheckpointRepository(store).head()
+        sharded = CheckpointRepository(store, prefix=SHARDED_PREFIX).head()
+    except (ValueError, OSError, CheckpointError) as exc:
+        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
+    return whole, sharded
+
+
+def load_initial_shards(uri: str, model: nn.Module, scratch: Path, group: Any) -> int:
+    """A sharded model's weights from the newest verified checkpoint at ``uri``, sharded or
+    a single file, each rank reading only its shards (training/checkpoints/sharded/
+    initial.py); its step. Every rank calls this. ConfigError when there is none or its
+    model does not fit this one."""
+    kind: list[Any] = [None]
+    if dist.get_rank(group) == 0:  # one reading of the heads, so every rank takes one path
+        kind = [coordinator_read(lambda: _newer_layout(uri))]
+    dist.broadcast_object_list(kind, src=global_rank(group, 0), group=group)
+    try:
+        store = open_store(uri)
+        load = load_sharded_source if raise_if_failed(kind[0]) == "sharded" else load_file_source
+        entry = load(store, scratch, model, group)
+    except (ValueError, OSError, CheckpointError) as exc:
+        if isinstance(exc, DoesNotFit):
+            raise ConfigError(
+                f"{INIT_FROM} {uri}: its model does not fit this task's ({exc})"
+            ) from None
+        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
+    if entry is None:
+        raise ConfigError(f"{INIT_FROM} {uri}: no verified checkpoint there to start from")
+    return entry.step
+
+
+def _newer_layout(uri: str) -> str:
+    """Which layout's newest checkpoint at ``uri`` is newer (sharded on a tie)."""
+    try:
+        whole, sharded = _heads(uri)
+    except ConfigError as exc:
+        raise OSError(str(exc)) from None
+    if sharded is not None and (whole is None or sharded.step >= whole.step):
+        return "sharded"
+    return "file"
 
 
 def load_initial_weights(uri: str, model: nn.Module) -> int:

@@ -28,7 +28,7 @@ from training.elastic.faults import StopRequest, is_peer_failure
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
-from training.loop.parallel import clip_grad_norm, gradient_sync, wrap_model
+from training.loop.parallel import clip_grad_norm, compile_model, gradient_sync, wrap_model
 from training.loop.saves.emergency import Outcome
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import abort_collectives, mark_state_written
@@ -181,9 +181,9 @@ class Trainer(StatefulTrainer):
 
     def _wrap(self, phases: Phases) -> None:
         """The parallelism's wrap step: DDP, or nothing more for a sharded model."""
-        if self.cfg.run.compile:  # config.validate refuses it with fsdp2
-            compile_model(self.model)
         parallelism, stream = self.cfg.run.parallelism, self.guard.stream
+        if self.cfg.run.compile:  # in place, after the resume rehearsal, which stays eager
+            compile_model(self.model, parallelism)
         self.ddp = wrap_model(self.model, parallelism, self.device, stream)
         phases.mark("ddp")
         if self.env.rank == 0:
@@ -316,16 +316,6 @@ class Trainer(StatefulTrainer):
                 "finished", step=self.state.step, loss=self.last_loss, eval_loss=self.last_eval_loss
             )
         dist.barrier(group=self.checkpoint_group)
-
-
-def compile_model(model: nn.Module) -> None:
-    """``--compile``: the module compiled in place, before DDP wraps it. PyTorch's "Where to
-    apply torch.compile?" (docs.pytorch.org/docs/stable/compile/
-    programming_model.where_to_apply_compile.html): torch.compile does not handle wrappers
-    such as DDP or FSDP well, so compile the inner module passed to the wrapper, with
-    ``model.compile()`` (its state_dict keeps its keys, so checkpoints are the same). After the
-    resume rehearsal, which stays eager."""
-    model.compile()
 
 
 def _to_device(batch: Any, device: torch.device, dtype: torch.dtype) -> Any:

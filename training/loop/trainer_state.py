@@ -239,8 +239,13 @@ class StatefulTrainer:
             )
 
     def _initialize_from(self, uri: str) -> None:
-        """``--init-from``: another run's newest weights, this run's fresh optimizer, step 0."""
-        step = run_changes.load_initial_weights(uri, self.model)
+        """``--init-from``: another run's newest weights, this run's fresh optimizer, step 0;
+        a sharded model's on every rank together, each its own shards."""
+        if self.sharded is None:
+            step = run_changes.load_initial_weights(uri, self.model)
+        else:
+            scratch = self.sharded.checkpoints.scratch_dir()
+            step = run_changes.load_initial_shards(uri, self.model, scratch, self.checkpoint_group)
         if self.env.rank == 0:
             self.events.event("initialized", uri=uri, from_step=step)
             logger.info("initialized the model from %s, step %d", uri, step)

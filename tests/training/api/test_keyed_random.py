@@ -95,3 +95,23 @@ def test_it_compiles_with_inductor_on_the_cpu() -> None:
     compiled = torch.compile(_dropout_twice, fullgraph=True)
     assert torch.equal(compiled(x, seeds) != 0, _dropout_twice(x, seeds) != 0)
     torch.testing.assert_close(compiled(x, seeds), _dropout_twice(x, seeds))
+
+
+@pytest.mark.usefixtures("processes")  # inductor runs the C++ compiler
+def test_a_site_that_is_a_symbolic_int_compiles_with_inductor() -> None:
+    """Blocks compiled one by one (``--compile`` under fsdp2) share one code object, so the
+    second block's site index makes dynamo trace it as a symbolic int: its hash must not be
+    Python arithmetic on 64-bit constants, which inductor cannot print as an index."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("g++") is None:
+        pytest.skip("inductor's CPU backend needs a C++ compiler, and this machine has none")
+    x = torch.randn(8, 6, 10)
+    seeds = where(list(range(100, 108))).sample_seeds(1)
+
+    def site_dropout(x: torch.Tensor, seeds: torch.Tensor, site: int) -> torch.Tensor:
+        return keyed_dropout(x, 0.3, seeds, 2 * site + 1)
+
+    compiled = torch.compile(site_dropout, dynamic=True, fullgraph=True)
+    for site in (0, 3):
+        expected = site_dropout(x, seeds, site)
+        assert torch.equal(compiled(x, seeds, site) != 0, expected != 0)
+        torch.testing.assert_close(compiled(x, seeds, site), expected)

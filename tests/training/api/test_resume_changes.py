@@ -162,13 +162,15 @@ def test_init_from_a_uri_with_no_checkpoint_is_one_line(
 
 
 @pytest.mark.usefixtures("processes")
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_train_exits_2_for_init_from_a_uri_with_no_checkpoint(
-    data: dict[str, Path], tmp_path: Path
+    data: dict[str, Path], tmp_path: Path, parallelism: str
 ) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "training.train", *flags("charlm")]
+        + [f"--parallelism={parallelism}"]
         + [f"--data-dir={data['charlm']}", f"--checkpoint-uri={tmp_path / 'durable'}"]
         + [f"--local-dir={tmp_path / 'local'}", f"--init-from={empty}"],
         cwd=REPO_ROOT,

@@ -1,12 +1,15 @@
 """``--compile``: charlm compiled (inductor, on the CPU) trains through a fault in the middle of
 gradient accumulation and loses no step; the resumed run ends where an uninterrupted compiled
-run ends."""
+run ends. Under fsdp2, which modules are compiled (the elastic run with a fault:
+tests/training/test_elastic_training_fsdp2_compile.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from tests.support.exactness import (
     TOLERANCE,
@@ -18,6 +21,8 @@ from tests.support.exactness import (
     run_here,
 )
 from tests.support.peer_failures import gloo_peer_closed
+from tests.support.trainer_harness import one_process_world
+from training.loop.parallel import compile_model
 from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
 from training.tasks import TASKS
 
@@ -40,3 +45,38 @@ def test_compiled_charlm_loses_no_step_to_a_fault(tmp_path: Path) -> None:
     (resumed,) = second.events("resumed")
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     assert matches(tmp_path / "run", expected) < TOLERANCE
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.out = nn.Linear(4, 4), nn.Linear(4, 4)
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList(_Block() for _ in range(2))
+
+
+def test_under_fsdp2_the_outermost_sharded_units_below_the_root_compile_in_place() -> None:
+    """As torchtitan compiles each transformer block: a unit inside a block rides along with
+    it, the root stays eager; the keys of the state stay the same (``module.compile()``, not
+    ``torch.compile(module)``, which would add ``_orig_mod.``). A model sharded only at its
+    root gets the root compiled."""
+    with one_process_world():
+        model = _Model()
+        keys = list(model.state_dict())
+        for block in model.blocks:
+            fully_shard(block.inner)
+            fully_shard(block)
+        fully_shard(model)
+        compile_model(model, "fsdp2")
+        compiled = {n for n, m in model.named_modules() if m._compiled_call_impl is not None}
+        assert compiled == {"blocks.0", "blocks.1"}
+        assert list(model.state_dict()) == keys
+        alone = _Model()
+        fully_shard(alone)
+        compile_model(alone, "fsdp2")
+        assert alone._compiled_call_impl is not None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.loop import inputs
 from training.loop.config import ConfigError
@@ -129,10 +130,26 @@ def test_a_ddp_run_refuses_a_store_of_sharded_checkpoints(argv: list[str], tmp_p
         load_inputs(argv, FIRST)
 
 
-def test_a_sharded_run_with_init_from_is_refused_before_any_collective(
+def test_a_sharded_run_may_init_from_a_single_file_checkpoint(
     charlm: list[str], tmp_path: Path
 ) -> None:
     _with_single_file_checkpoint(tmp_path / "other")
-    flags = [*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"]
-    with pytest.raises(ConfigError, match="--init-from.*--parallelism=fsdp2"):
-        load_inputs(flags, FIRST)
+    load_inputs([*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"], FIRST)
+
+
+def test_a_ddp_run_refuses_to_init_from_sharded_checkpoints_before_any_collective(
+    charlm: list[str], tmp_path: Path
+) -> None:
+    CheckpointRepository(FileStore(tmp_path / "other"), prefix="dcp").commit(4, b"sharded")
+    with pytest.raises(ConfigError) as refused:
+        load_inputs([*charlm, f"--init-from={tmp_path / 'other'}"], FIRST)
+    message = str(refused.value)
+    assert message.startswith(f"--init-from (or TRAIN_INIT_FROM) {tmp_path / 'other'}: holds ")
+    assert "sharded checkpoints" in message and "use --parallelism=fsdp2" in message
+    assert "\n" not in message
+    # A sharded run starts from it; with nothing there, it is refused all the same.
+    load_inputs([*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"], FIRST)
+    (tmp_path / "empty").mkdir()
+    argv = [*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'empty'}"]
+    with pytest.raises(ConfigError, match="--init-from .*: no checkpoint there to start from"):
+        load_inputs(argv, FIRST)

@@ -199,10 +199,6 @@ def test_the_optimizer_follows_the_shards_with_its_groups_and_schedule(
             "use --parallelism ddp",
         ),
         (
-            ["--task=charlm", "--parallelism=fsdp2", "--compile=true"],
-            "fsdp2 does not take --compile .*task charlm.*use --parallelism ddp with --compile",
-        ),
-        (
             ["--task=charlm", "--parallelism=fsdp2", "--precision=fp16-mixed"],
             "fsdp2 does not take --precision fp16-mixed .*use --precision bf16-mixed or fp32",
         ),

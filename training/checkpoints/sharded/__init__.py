@@ -7,5 +7,6 @@ before any tensor is touched (``reader.py``), falling back to the previous check
 (``repository.py``). ``metadata.py`` reads DCP's metadata as data, never code; ``state.py``
 is what a checkpoint holds: the model and optimizer through
 ``torch.distributed.checkpoint.state_dict``, and the trainer's own state as a ``Stateful``.
-Nothing in the loop uses this package yet.
+``initial.py`` reads another run's model into a sharded one (``--init-from``), each rank
+only its shards.
 """

@@ -7,6 +7,19 @@ step runs through, the micro-batches' gradient sync, and clipping the global gra
 """
 
 from training.loop.parallel.build import build_parts
-from training.loop.parallel.wrap import clip_grad_norm, gradient_sync, reshard, wrap_model
+from training.loop.parallel.wrap import (
+    clip_grad_norm,
+    compile_model,
+    gradient_sync,
+    reshard,
+    wrap_model,
+)
 
-__all__ = ["build_parts", "clip_grad_norm", "gradient_sync", "reshard", "wrap_model"]
+__all__ = [
+    "build_parts",
+    "clip_grad_norm",
+    "compile_model",
+    "gradient_sync",
+    "reshard",
+    "wrap_model",
+]

@@ -45,6 +45,37 @@ def gradient_sync(wrapped: nn.Module, sync: bool) -> AbstractContextManager[Any]
     return nullcontext()
 
 
+def compile_model(model: nn.Module, parallelism: str) -> None:
+    """``--compile``, in place (``module.compile()``: the state_dict keeps its keys, where
+    ``torch.compile(module)`` would add ``_orig_mod.``), so checkpoints are the same either way.
+
+    DDP: the whole module DDP then wraps. PyTorch's "Where to apply torch.compile?"
+    (docs.pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html):
+    torch.compile does not handle wrappers such as DDP well, so compile the inner module.
+
+    FSDP2: each unit the task's ``parallelize`` sharded (its outermost ones below the root),
+    as torchtitan compiles each transformer block (``apply_compile`` in
+    torchtitan/models/llama3/infra/parallelize.py, before ``apply_fsdp``): a repeated
+    structure, compiled once per distinct block, and the root's embedding and head stay
+    eager. torchtitan compiles before ``fully_shard`` because it wraps the block; in place,
+    the order makes no difference: FSDP2's hooks are ``torch._dynamo.disable``d (torch 2.13
+    ``distributed/fsdp/_fully_shard/_fsdp_common.py`` ``_dynamo_disable``, on
+    ``_fsdp_state.py``'s ``_pre_forward``/``_post_forward``), so they run eagerly around the
+    compiled forward either way, and the loop needs nothing from the task. A task that
+    sharded only the root gets the root compiled."""
+    if parallelism != "fsdp2":
+        model.compile()
+        return
+    units: list[str] = []
+    for name, module in model.named_modules():
+        below = any(name.startswith(f"{unit}.") for unit in units)
+        if name and isinstance(module, FSDPModule) and not below:
+            units.append(name)
+            module.compile()
+    if not units:
+        model.compile()
+
+
 def reshard(model: nn.Module) -> None:
     """Free a sharded model's gathered parameters: FSDP2's root unit keeps them after a
     forward that no backward follows (an evaluation), whole on every rank until the next

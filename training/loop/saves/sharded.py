@@ -140,6 +140,8 @@ class ShardedState:
         state, trainer_state = self.state()
         untrained = self.untrained()
         entry = self.checkpoints.load(state, group=group)
+        if entry is None and t.cfg.checkpoint.init_from:  # collectives: outside the lock
+            t._initialize_from(t.cfg.checkpoint.init_from)
         with t._state_lock:
             if entry is not None:
                 self._apply(state, trainer_state)

@@ -1,0 +1,125 @@
+"""``--init-from`` under ``--parallelism=fsdp2``: a sharded run at world size 3 (uneven shards:
+16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's single-file
+checkpoint and from a sharded run's checkpoint saved at world size 1 (resharded), float64.
+The parameters its first step starts from are the source's weights, exactly; the optimizer is
+fresh, the step 0; and the run trains on from them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.support.elastic_cluster import final_parameters
+from tests.support.exactness import flags, make_data, run_here
+from tests.support.trainer_harness import harness, one_process_world
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.sharded.repository import ShardedCheckpoints
+from training.checkpoints.storage import FileStore
+from training.loop.config import ConfigError
+from training.loop.dist import DistEnv, new_checkpoint_group
+from training.loop.metrics import Phases
+from training.loop.trainer_state import EXIT_OK
+
+WORLD = 3
+ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
+"""Float64 (``GLOBAL_BATCH`` of tests/support/exactness.py), a tiny charlm."""
+
+
+def _worker(rank: int, root: str, data: str, sources: dict[str, str]) -> None:
+    base = Path(root)
+    base.mkdir(exist_ok=True)
+    store = dist.FileStore(str(base / "init"), WORLD)
+    store.set_timeout(timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
+    try:
+        found: dict[str, object] = {}
+        for kind, uri in sources.items():
+            args = [*ARGS, "--parallelism=fsdp2", f"--init-from={uri}", "--max-steps=2"]
+            env = DistEnv(rank=rank, world_size=WORLD, group_rank=rank, run_id=kind)
+            group = new_checkpoint_group(60)
+            node = base / kind / f"node{rank}"
+            durable = FileStore(base / kind / "durable")
+            h = harness(node, Path(data), *args, tiny=(), store=durable, env=env, group=group)
+            h.trainer.restore()
+            weights = {n: p.full_tensor() for n, p in h.trainer.model.named_parameters()}
+            fresh = (h.trainer.state.step, len(h.trainer.optimizer.state))
+            # Then a run: it restores (nothing of its own yet: the source again) and trains.
+            again = harness(node, Path(data), *args, tiny=(), store=durable, env=env, group=group)
+            code = again.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
+            initialized = again.events("initialized") + h.events("initialized")
+            found[kind] = (weights, fresh, code, initialized)
+        if rank == 0:
+            torch.save(found, base / "found.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("processes", "training")
+@pytest.mark.timeout(300)
+def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
+    tmp_path: Path,
+) -> None:
+    data = make_data("charlm", tmp_path / "data")
+    assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == EXIT_OK
+    sharded = [*ARGS, "--parallelism=fsdp2", "--max-steps=4"]  # saved at world size 1
+    assert run_here(tmp_path / "fsdp2", data, sharded)[1] == EXIT_OK
+    ddp_weights = final_parameters(tmp_path / "ddp" / "durable")
+    read = ShardedCheckpoints(FileStore(tmp_path / "fsdp2" / "durable"), tmp_path / "s").read_whole(
+        "model.model."
+    )
+    assert read is not None
+    fsdp2_weights = {k.removeprefix("model.model."): v for k, v in read[1].items()}
+    expected = {"ddp": (ddp_weights, 3), "fsdp2": (fsdp2_weights, 4)}
+    sources = {kind: str(tmp_path / kind / "durable") for kind in expected}
+    mp.spawn(_worker, args=(str(tmp_path / "new"), str(data), sources), nprocs=WORLD, join=True)
+    found = torch.load(tmp_path / "new" / "found.pt", weights_only=False)
+    for kind, (source, step) in expected.items():
+        weights, fresh, code, initialized = found[kind]
+        assert weights and weights.keys() <= source.keys(), kind
+        for name, value in weights.items():
+            assert value.dtype == torch.float64 and torch.equal(value, source[name]), (kind, name)
+        assert fresh == (0, 0), (kind, fresh)  # step 0, an optimizer with no state
+        assert code == EXIT_OK, kind
+        assert [e["from_step"] for e in initialized] == [step, step], (kind, initialized)
+
+
+@pytest.mark.usefixtures("training")
+@pytest.mark.parametrize("source", ["ddp", "fsdp2"])
+def test_a_source_of_another_shape_is_one_line(tmp_path: Path, source: str) -> None:
+    data = make_data("charlm", tmp_path / "data")
+    made = [*ARGS, f"--parallelism={source}", "--max-steps=1"]
+    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
+    args = [*ARGS, "--parallelism=fsdp2", "--n-embd=32"]
+    with pytest.raises(ConfigError) as refused:
+        run_here(tmp_path / "new", data, [*args, f"--init-from={tmp_path / 'source' / 'durable'}"])
+    message = str(refused.value)
+    assert "its model does not fit this task's" in message and "\n" not in message, message
+
+
+@pytest.mark.usefixtures("training")
+def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    data = make_data("charlm", tmp_path / "data")
+    made = [*ARGS, "--max-steps=4", "--checkpoint-every-steps=2"]
+    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
+    durable = tmp_path / "source" / "durable"
+    newest, before = CheckpointRepository(FileStore(durable)).entries()[:2]
+    assert (newest.step, before.step) == (4, 2)
+    torn = durable / newest.name
+    torn.write_bytes(torn.read_bytes()[:-100])
+    expected = deserialize((durable / before.name).read_bytes())["model"]
+    args = [*ARGS, "--parallelism=fsdp2", f"--init-from={durable}"]
+    with one_process_world():
+        h = harness(tmp_path / "new", data, *args, tiny=())
+        h.trainer.restore()
+        (initialized,) = h.events("initialized")
+        assert initialized["from_step"] == 2
+        for name, param in h.trainer.model.named_parameters():
+            assert torch.equal(param.full_tensor(), expected[name]), name
