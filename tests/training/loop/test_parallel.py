@@ -198,10 +198,6 @@ def test_the_optimizer_follows_the_shards_with_its_groups_and_schedule(
             r"--parallelism \(or TRAIN_PARALLELISM\) fsdp2: task cifar cannot be sharded .*"
             "use --parallelism ddp",
         ),
-        (
-            ["--task=charlm", "--parallelism=fsdp2", "--precision=fp16-mixed"],
-            "fsdp2 does not take --precision fp16-mixed .*use --precision bf16-mixed or fp32",
-        ),
     ],
 )
 def test_bad_combinations_name_the_flag_the_task_and_the_alternative(

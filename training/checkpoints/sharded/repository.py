@@ -91,10 +91,23 @@ class ShardedCheckpoints:
             shutil.rmtree(spool, ignore_errors=True)
         return writer.entry
 
-    def load(self, state_dict: dict[str, Any], *, group: Any = None) -> Entry | None:
+    def load(
+        self,
+        state_dict: dict[str, Any],
+        *,
+        group: Any = None,
+        fit: Callable[[frozenset[str]], None] | None = None,
+    ) -> Entry | None:
         """Load the newest checkpoint that verifies into ``state_dict`` (every rank of ``group``
-        calls this); its entry, or None when none does (``state_dict`` is then untouched)."""
+        calls this); its entry, or None when none does (``state_dict`` is then untouched).
+        ``fit``, when given, is told the names (DCP's flattened keys) each checkpoint holds
+        before it is loaded, to shape ``state_dict``'s ``Stateful`` objects to them."""
         for entry in self._entries(group):
+            if fit is not None:
+                names = self._names(entry, group)
+                if names is None:
+                    continue
+                fit(names)
             cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
             reader = StoreReader(self.store, entry, cache)
             try:
@@ -167,6 +180,26 @@ class ShardedCheckpoints:
             found = [coordinator_read(self.entries)]
         dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
         return raise_if_failed(found[0])
+
+    def _names(self, entry: Entry, group: Any) -> frozenset[str] | None:
+        """The names ``entry``'s metadata holds, as the coordinator read them, on every rank;
+        None on every rank when it could not (the previous checkpoint is tried)."""
+
+        def read() -> frozenset[str]:
+            metadata = StoreReader(self.store, entry, self.scratch).read_metadata()
+            return frozenset(metadata.state_dict_metadata)
+
+        if not (dist.is_available() and dist.is_initialized()):
+            found = [coordinator_read(read)]
+        else:
+            found = [None]
+            if dist.get_rank(group) == 0:
+                found = [coordinator_read(read)]
+            dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
+        if isinstance(found[0], _Failed):
+            logger.warning("checkpoint of step %d cannot be loaded: %s", entry.step, found[0])
+            return None
+        return found[0]
 
     def scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)
