@@ -36,7 +36,7 @@ from training.checkpoints.checkpoint import (
     StaleCheckpoint,
 )
 from training.checkpoints.sharded.reader import StoreReader, VerifiedLoadPlanner
-from training.checkpoints.sharded.state import CoordinatorSavePlanner
+from training.checkpoints.sharded.state import CoordinatorSavePlanner, ModelState
 from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
 from training.checkpoints.storage import ObjectStore
 
@@ -91,23 +91,19 @@ class ShardedCheckpoints:
             shutil.rmtree(spool, ignore_errors=True)
         return writer.entry
 
-    def load(
-        self,
-        state_dict: dict[str, Any],
-        *,
-        group: Any = None,
-        fit: Callable[[frozenset[str]], None] | None = None,
-    ) -> Entry | None:
+    def load(self, state_dict: dict[str, Any], *, group: Any = None) -> Entry | None:
         """Load the newest checkpoint that verifies into ``state_dict`` (every rank of ``group``
         calls this); its entry, or None when none does (``state_dict`` is then untouched).
-        ``fit``, when given, is told the names (DCP's flattened keys) each checkpoint holds
-        before it is loaded, to shape ``state_dict``'s ``Stateful`` objects to them."""
+        A ``ModelState`` in it is told first which names (DCP's flattened keys) the
+        checkpoint holds: whether its optimizer's state is there to load."""
+        models = {k: v for k, v in state_dict.items() if isinstance(v, ModelState)}
         for entry in self._entries(group):
-            if fit is not None:
+            if models:
                 names = self._names(entry, group)
                 if names is None:
                     continue
-                fit(names)
+                for key, model in models.items():
+                    model.fit(names, key)
             cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
             reader = StoreReader(self.store, entry, cache)
             try:

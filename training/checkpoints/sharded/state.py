@@ -55,9 +55,9 @@ class ModelState(Stateful):
         self.with_optimizer_state: bool | None = None
         """What a load expects of the checkpoint (``fit``); None: as the optimizer is."""
 
-    def fit(self, names: frozenset[str], key: str = "model") -> None:
-        """Before a load: expect the optimizer's state only if the checkpoint (its DCP names,
-        this object under ``key``) holds one."""
+    def fit(self, names: frozenset[str], key: str) -> None:
+        """Before a load (``ShardedCheckpoints.load``): expect the optimizer's state only if
+        the checkpoint (its DCP names, this object under ``key``) holds one."""
         self.with_optimizer_state = f"{key}.{HYPERPARAMETERS}" not in names
 
     def state_dict(self) -> dict[str, Any]:

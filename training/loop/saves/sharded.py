@@ -126,7 +126,7 @@ class ShardedState:
         self.round_nonce, from_parts = raise_if_failed(plan[0])
         state, trainer_state = self.state()
         fresh = not t.optimizer.state
-        entry = self.checkpoints.load(state, group=group, fit=state["model"].fit)
+        entry = self.checkpoints.load(state, group=group)
         if entry is None and t.cfg.checkpoint.init_from:  # collectives: outside the lock
             t._initialize_from(t.cfg.checkpoint.init_from)
         with t._state_lock:
