@@ -5,9 +5,11 @@ fresh optimizer; a checkpoint with a state still loads it into a fresh one, as b
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.support.trainer_harness import one_process_world
@@ -85,3 +87,28 @@ def test_a_save_before_the_optimizers_first_step_loads_into_a_fresh_optimizer(
         assert entry is not None and entry.step == 3
         assert [int(s["step"]) for s in again.optimizer.state.values()] == [1, 1]
         assert torch.equal(again.model.weight, saved.model.weight)
+
+
+def test_damaged_metadata_of_the_newest_falls_back_before_any_state_is_shaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator reads each checkpoint's metadata for its names: one it cannot read is
+    skipped on every rank alike, and the previous one loads (here, one holding no state)."""
+    with one_process_world():
+        store = FileStore(tmp_path / "store")
+        checkpoints = ShardedCheckpoints(store, tmp_path / "scratch")
+        saved = Run(seed=0)
+        saved.step(skipped=True)
+        checkpoints.save(saved.state, 1)
+        saved.step(skipped=False)
+        newest = checkpoints.save(saved.state, 2)
+        assert newest is not None
+        data = bytearray(store.get(newest.name))
+        data[len(data) // 2] ^= 0xFF
+        store.put(newest.name, bytes(data))
+        loaded = Run(seed=1)
+        with caplog.at_level(logging.WARNING):
+            entry = checkpoints.load(loaded.state)
+        assert entry is not None and entry.step == 1 and loaded.trainer.step == 1
+        assert not loaded.optimizer.state
+        assert f"file {newest.name} of the checkpoint of step 2" in caplog.text
