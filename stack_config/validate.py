@@ -244,12 +244,6 @@ def _training_problems(cfg: LabConfig) -> list[str]:
             f"{cfg.key('parallelism')} fsdp2: {cfg.key('task')} {cfg.task} cannot be sharded "
             f"(fsdp2 tasks: {', '.join(sorted(SHARDABLE_TASKS))}); use ddp"
         )
-    elif job.parallelism == "fsdp2" and job.precision == "fp16-mixed":
-        problems.append(
-            f"{cfg.key('parallelism')} fsdp2 does not take {cfg.key('precision')} fp16-mixed "
-            "(the steps its gradient scaler skips leave the optimizer without state, which a "
-            "sharded checkpoint cannot save): use bf16-mixed or fp32"
-        )
     if job.checkpoint_every_steps == 0 and job.checkpoint_every_seconds == 0:
         problems.append(
             f"{cfg.key('checkpointEverySteps')} and {cfg.key('checkpointEverySeconds')} are both "

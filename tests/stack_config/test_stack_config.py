@@ -327,12 +327,12 @@ def test_name_prefix_must_fit_storage_account_rules(prefix: str) -> None:
     assert "3-24 lowercase alphanumerics" in message
 
 
-def test_fsdp2_with_fp16_mixed_is_refused_naming_both_keys() -> None:
-    message = _problems({"parallelism": "fsdp2", "precision": "fp16-mixed", "task": "charlm"})
-    assert "spot-lab:parallelism fsdp2 does not take spot-lab:precision fp16-mixed" in message
-    assert "use bf16-mixed or fp32" in message
-    raw = {"parallelism": "fsdp2", "precision": "bf16-mixed", "task": "charlm"}
-    assert _cfg(raw).job.parallelism == "fsdp2"
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed"])
+def test_fsdp2_takes_every_precision(precision: str) -> None:
+    # fp16-mixed too: the cheapest Spot GPUs (T4, V100) have no bf16.
+    raw = {"parallelism": "fsdp2", "precision": precision, "task": "charlm"}
+    job = _cfg(raw).job
+    assert (job.parallelism, job.precision) == ("fsdp2", precision)
 
 
 def test_fsdp2_with_a_task_that_cannot_be_sharded_is_refused_at_preview() -> None:

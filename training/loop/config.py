@@ -346,19 +346,6 @@ def _validate_parallelism(cfg: TrainConfig) -> None:
             f"{flag} fsdp2: task {run.task} cannot be sharded (its TrainSpec has no "
             "parallelize and init_weights: docs/your-own-model.md); use --parallelism ddp"
         )
-    if run.precision == "fp16-mixed":
-        # Not the scaler: torch.amp.GradScaler unscales DTensor gradients, and DTensor
-        # all-reduces its found_inf as a Partial("max") (torch 2.13
-        # distributed/tensor/_dispatch.py, found_inf_reduce_handler), so every rank skips
-        # alike. The sharded state: the scaler's first steps overflow and skip, leaving
-        # steps done and the optimizer without state, which the sharded save cannot hold
-        # (saves/sharded.py ``untrained``: torch's get_state_dict would make a step-1 state
-        # up, distributed/checkpoint/state_dict.py ``_init_optim_state``).
-        raise ConfigError(
-            f"{flag} fsdp2 does not take --precision fp16-mixed (task {run.task}: the steps "
-            "its gradient scaler skips leave the optimizer without state, which a sharded "
-            "checkpoint cannot save): use --precision bf16-mixed or fp32, or --parallelism ddp"
-        )
 
 
 def check_batch_fits(cfg: TrainConfig, num_samples: int | None, world_size: int) -> None:

@@ -36,7 +36,7 @@ from training.checkpoints.checkpoint import (
     StaleCheckpoint,
 )
 from training.checkpoints.sharded.reader import StoreReader, VerifiedLoadPlanner
-from training.checkpoints.sharded.state import CoordinatorSavePlanner
+from training.checkpoints.sharded.state import CoordinatorSavePlanner, ModelState
 from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
 from training.checkpoints.storage import ObjectStore
 
@@ -93,8 +93,17 @@ class ShardedCheckpoints:
 
     def load(self, state_dict: dict[str, Any], *, group: Any = None) -> Entry | None:
         """Load the newest checkpoint that verifies into ``state_dict`` (every rank of ``group``
-        calls this); its entry, or None when none does (``state_dict`` is then untouched)."""
+        calls this); its entry, or None when none does (``state_dict`` is then untouched).
+        A ``ModelState`` in it is told first which names (DCP's flattened keys) the
+        checkpoint holds: whether its optimizer's state is there to load."""
+        models = {k: v for k, v in state_dict.items() if isinstance(v, ModelState)}
         for entry in self._entries(group):
+            if models:
+                names = self._names(entry, group)
+                if names is None:
+                    continue
+                for key, model in models.items():
+                    model.fit(names, key)
             cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
             reader = StoreReader(self.store, entry, cache)
             try:
@@ -167,6 +176,26 @@ class ShardedCheckpoints:
             found = [coordinator_read(self.entries)]
         dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
         return raise_if_failed(found[0])
+
+    def _names(self, entry: Entry, group: Any) -> frozenset[str] | None:
+        """The names ``entry``'s metadata holds, as the coordinator read them, on every rank;
+        None on every rank when it could not (the previous checkpoint is tried)."""
+
+        def read() -> frozenset[str]:
+            metadata = StoreReader(self.store, entry, self.scratch).read_metadata()
+            return frozenset(metadata.state_dict_metadata)
+
+        if not (dist.is_available() and dist.is_initialized()):
+            found = [coordinator_read(read)]
+        else:
+            found = [None]
+            if dist.get_rank(group) == 0:
+                found = [coordinator_read(read)]
+            dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
+        if isinstance(found[0], _Failed):
+            logger.warning("checkpoint of step %d cannot be loaded: %s", entry.step, found[0])
+            return None
+        return found[0]
 
     def scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)

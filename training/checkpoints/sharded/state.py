@@ -11,18 +11,30 @@ scheduler), except torch's RNG streams: those of the coordinator are saved
 (``CoordinatorSavePlanner``) and restored on every rank, as the single-file path restores the
 holder's. A task's extras (an EMA, a GradScaler) are ``Stateful`` too; an EMA of FSDP2
 parameters holds DTensors and is sharded like them.
+
+An optimizer may have no state after steps were counted: fp16's gradient scaler skips the
+steps whose gradients overflow, the first ones above all. ``get_state_dict`` would make such
+a state up by stepping the optimizer with zero gradients (``_init_optim_state``), so it is
+never asked: the checkpoint holds the model and the optimizer's hyperparameters only
+(``HYPERPARAMETERS``, the key that says so), and its restore leaves the optimizer fresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 TRAINER = "trainer"
@@ -30,6 +42,9 @@ RNG = "rng"
 COORDINATOR_ONLY = f"{TRAINER}.{RNG}."
 """Keys (DCP's flattened names) only the coordinator writes: per-rank values where one rank's
 is restored everywhere."""
+HYPERPARAMETERS = "optimizer_hyperparameters"
+"""Under ``ModelState``'s key in place of ``optimizer``: the optimizer had no state (its groups'
+hyperparameters only, e.g. the rate the scheduler set)."""
 
 
 class ModelState(Stateful):
@@ -37,12 +52,34 @@ class ModelState(Stateful):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
+        self.with_optimizer_state: bool | None = None
+        """What a load expects of the checkpoint (``fit``); None: as the optimizer is."""
+
+    def fit(self, names: frozenset[str], key: str) -> None:
+        """Before a load (``ShardedCheckpoints.load``): expect the optimizer's state only if
+        the checkpoint (its DCP names, this object under ``key``) holds one."""
+        self.with_optimizer_state = f"{key}.{HYPERPARAMETERS}" not in names
 
     def state_dict(self) -> dict[str, Any]:
+        with_state = self.with_optimizer_state
+        if with_state is None:
+            with_state = bool(self.optimizer.state)
+        if not with_state:  # never get_state_dict: it would make a step-1 state up
+            groups = [
+                {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+            ]
+            return {"model": get_model_state_dict(self.model), HYPERPARAMETERS: pack(groups)}
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if HYPERPARAMETERS in state_dict:
+            set_model_state_dict(self.model, state_dict["model"])
+            self.optimizer.state.clear()  # fresh: its first step is the first it takes
+            saved = unpack(state_dict[HYPERPARAMETERS])
+            for group, values in zip(self.optimizer.param_groups, saved, strict=True):
+                group.update(values)
+            return
         set_state_dict(
             self.model,
             self.optimizer,
@@ -93,6 +130,19 @@ def training_state(model_state: ModelState, trainer: TrainerState) -> dict[str, 
     """The state dict a sharded checkpoint saves and loads: ``dcp.save``/``dcp.load`` call
     each part's ``state_dict`` (and ``load_state_dict`` after a load)."""
     return {"model": model_state, TRAINER: trainer}
+
+
+def pack(value: Any) -> bytes:
+    """A small tree (hyperparameters, the identity, the settings) as one value: DCP would
+    otherwise flatten it into one item per leaf, and a checkpoint then only loads into the very
+    same keys."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)  # data, never code
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -22,7 +22,6 @@ parts from their own disks would take the store off that path (docs/training.md)
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 import uuid
@@ -45,7 +44,7 @@ from training.checkpoints.sharded.repository import (
     global_rank,
     raise_if_failed,
 )
-from training.checkpoints.sharded.state import ModelState, TrainerState
+from training.checkpoints.sharded.state import ModelState, TrainerState, pack, unpack
 from training.elastic.faults import sigterm_from_outside
 from training.loop.saves.emergency import Outcome
 from training.loop.step_guard import state_reads
@@ -64,18 +63,6 @@ class _Scaler(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.precision.load_state_dict(state_dict)
-
-
-def pack(value: Any) -> bytes:
-    """A small tree (the identity, the settings) as one value: DCP would otherwise flatten it
-    into one item per leaf, and a checkpoint then only loads into the very same keys."""
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def unpack(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=True)  # data, never code
 
 
 class ShardedState:
@@ -118,12 +105,12 @@ class ShardedState:
         return snapshot(resolved)
 
     def untrained(self) -> bool:
-        """Whether no step was trained yet (the optimizer holds no state): the state is then
-        the seed's, which a fresh start rebuilds. torch's ``get_state_dict`` would fill such an
-        optimizer by stepping it with zero gradients (torch 2.13 ``checkpoint/state_dict.py``,
-        ``_init_optim_state``): AdamW's count would then say one step was taken, and a restore
-        of it would change the bias correction of every later step."""
-        return not self.t.optimizer.state
+        """Whether no step was taken yet: the state is then the seed's, which a fresh start
+        rebuilds, so there is nothing to save. Not whether the optimizer holds state: fp16's
+        scaler skips its first steps (their gradients overflow), and those steps, the scaler's
+        backoff and the data consumed are state; a save of them holds the optimizer's
+        hyperparameters in place of its state (``ModelState``)."""
+        return self.t.state.step == 0
 
     # -- restore -------------------------------------------------------------------------------
     def restore(self) -> Resume:
@@ -138,14 +125,14 @@ class ShardedState:
         dist.broadcast_object_list(plan, src=global_rank(group, 0), group=group)
         self.round_nonce, from_parts = raise_if_failed(plan[0])
         state, trainer_state = self.state()
-        untrained = self.untrained()
+        fresh = not t.optimizer.state
         entry = self.checkpoints.load(state, group=group)
         if entry is None and t.cfg.checkpoint.init_from:  # collectives: outside the lock
             t._initialize_from(t.cfg.checkpoint.init_from)
         with t._state_lock:
             if entry is not None:
                 self._apply(state, trainer_state)
-            elif untrained:  # DCP asked for the state to load into, which made some up
+            elif fresh:  # a checkpoint that failed to load asked for a state, made up
                 t.optimizer.state.clear()
             t.restored = True
         step = entry.step if entry is not None else 0
