@@ -112,3 +112,23 @@ def test_damaged_metadata_of_the_newest_falls_back_before_any_state_is_shaped(
         assert entry is not None and entry.step == 1 and loaded.trainer.step == 1
         assert not loaded.optimizer.state
         assert f"file {newest.name} of the checkpoint of step 2" in caplog.text
+
+
+def test_a_state_loaded_from_a_save_without_optimizer_state_saves_its_later_one(
+    tmp_path: Path,
+) -> None:
+    # The same state objects serve a load and the saves after it: what the load expected of
+    # its checkpoint must not decide what a later save holds.
+    with one_process_world():
+        checkpoints = ShardedCheckpoints(FileStore(tmp_path / "store"), tmp_path / "scratch")
+        saved = Run(seed=0)
+        saved.step(skipped=True)
+        checkpoints.save(saved.state, 1)
+        loaded = Run(seed=1)
+        assert checkpoints.load(loaded.state) is not None
+        loaded.step(skipped=False)
+        assert loaded.optimizer.state
+        checkpoints.save(loaded.state, 2)
+        names = _names(checkpoints, tmp_path / "scratch")
+        assert f"model.{HYPERPARAMETERS}" not in names
+        assert any(n.startswith("model.optimizer.state.") for n in names), sorted(names)

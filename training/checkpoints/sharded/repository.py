@@ -128,6 +128,8 @@ class ShardedCheckpoints:
                 )
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
+                for model in models.values():  # a later save asks the optimizer again
+                    model.fit(None, "")
         return None
 
     def read_whole(

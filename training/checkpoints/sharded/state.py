@@ -55,9 +55,13 @@ class ModelState(Stateful):
         self.with_optimizer_state: bool | None = None
         """What a load expects of the checkpoint (``fit``); None: as the optimizer is."""
 
-    def fit(self, names: frozenset[str], key: str) -> None:
+    def fit(self, names: frozenset[str] | None, key: str) -> None:
         """Before a load (``ShardedCheckpoints.load``): expect the optimizer's state only if
-        the checkpoint (its DCP names, this object under ``key``) holds one."""
+        the checkpoint (its DCP names, this object under ``key``) holds one. After it (None):
+        as the optimizer is again."""
+        if names is None:
+            self.with_optimizer_state = None
+            return
         self.with_optimizer_state = f"{key}.{HYPERPARAMETERS}" not in names
 
     def state_dict(self) -> dict[str, Any]:
