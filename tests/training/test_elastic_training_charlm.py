@@ -7,8 +7,9 @@ Dropout is on and the scheduler is still warming up when the faults land.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree
 from tests.support.elastic_cluster import Cluster, final_parameters, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
+from training.elastic.launch import RendezvousSettings
 
 pytestmark = pytest.mark.usefixtures("torchrun")
 
@@ -69,10 +71,24 @@ def reference(
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd_server: EmbeddedEtcd, corpus: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, etcd_server.client_port, corpus)
-    yield made
-    made.close()
+def clusters(
+    tmp_path: Path, etcd_server: EmbeddedEtcd, corpus: Path
+) -> Iterator[Callable[..., Cluster]]:
+    """A cluster with the test's own elastic settings (``Cluster``'s keywords)."""
+    made: list[Cluster] = []
+
+    def make(**settings: Any) -> Cluster:
+        made.append(Cluster(tmp_path, etcd_server.client_port, corpus, **settings))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+# Every node started at once is in the first round: it completes as soon as the third joined
+# (max_nodes), with up to 60 s for a cold start on a loaded machine, not 1 s after the second.
+ALL_THREE_FIRST = {"rendezvous": RendezvousSettings(join_timeout_s=60, last_call_timeout_s=60)}
 
 
 def _after(cluster: Cluster, kind: str, ts: float) -> list[dict]:
@@ -81,11 +97,12 @@ def _after(cluster: Cluster, kind: str, ts: float) -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_a_node_killed_mid_warmup_loses_no_step_and_keeps_the_trajectory(
-    cluster: Cluster, reference: dict[str, torch.Tensor]
+    clusters: Callable[..., Cluster], reference: dict[str, torch.Tensor]
 ) -> None:
+    cluster = clusters(**ALL_THREE_FIRST)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
-    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    cluster.wait_until(lambda: cluster.steps_at(3) >= 5, 180, "step 5 at world size 3")
     fault_ts = max(r["ts"] for r in cluster.records())
     cluster.kill("c")
     for node in ("a", "b"):
@@ -98,8 +115,9 @@ def test_a_node_killed_mid_warmup_loses_no_step_and_keeps_the_trajectory(
 
 @pytest.mark.timeout(300)
 def test_a_new_node_joining_then_an_eviction_keep_the_trajectory(
-    cluster: Cluster, reference: dict[str, torch.Tensor]
+    clusters: Callable[..., Cluster], reference: dict[str, torch.Tensor]
 ) -> None:
+    cluster = clusters(min_nodes=2)  # a and b both in the first round, however late one starts
     # Slower pacing (it changes no number): the 37 steps left must outlast a new node's cold
     # start, which took 14 s on a machine loaded to 10 (the run had ended by then at 0.25 s).
     paced = [*ARGS, "--min-step-time-s=0.75"]
@@ -124,8 +142,9 @@ def test_a_new_node_joining_then_an_eviction_keep_the_trajectory(
 
 @pytest.mark.timeout(300)
 def test_a_frozen_node_is_left_behind_with_no_step_lost(
-    cluster: Cluster, reference: dict[str, torch.Tensor]
+    clusters: Callable[..., Cluster], reference: dict[str, torch.Tensor]
 ) -> None:
+    cluster = clusters(**ALL_THREE_FIRST)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
     cluster.wait_until(lambda: cluster.steps_at(3) >= 4, 180, "4 steps at world size 3")
