@@ -15,11 +15,11 @@ $(error TORCH=$(TORCH): allowed values are pypi (the default) and cpu)
 endif
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 # The tests' workers (pytest-xdist): the slow tier mostly waits on processes it starts (paced
-# steps, interpreter and torch start-up), so two workers on 2 cores cut its time nearly in half.
-# `--dist loadgroup` (not worksteal, which ignores groups) keeps a module whose fixture is shared
-# on one worker (one setup, not one per worker) and the tests that load the whole machine
-# (`heavy`) on one worker in turn; it hands out the groups first, largest first, then tests one
-# at a time. WORKERS=0 runs the tests in this process.
+# steps, interpreter and torch start-up), so two workers on 2 cores overlap those waits.
+# `--dist loadgroup` (worksteal and load ignore groups) keeps a module whose fixture is shared on
+# one worker (one setup, not one per worker) and the tests that load the whole machine (`heavy`)
+# on one worker in turn (tests/support/tiers.py); it hands out the groups with the most tests
+# first, then single tests as workers free up. WORKERS=0 runs the tests in this process.
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadgroup
 # The chaos campaign's schedule count for `make bench-chaos` (200: about 3 h 20 min on 2 cores).
