@@ -14,6 +14,14 @@ ifeq ($(filter $(TORCH),pypi cpu),)
 $(error TORCH=$(TORCH): allowed values are pypi (the default) and cpu)
 endif
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# The tests' workers (pytest-xdist): the slow tier mostly waits on processes it starts (paced
+# steps, interpreter and torch start-up), so two workers on 2 cores overlap those waits.
+# `--dist loadgroup` (worksteal and load ignore groups) keeps a module whose fixture is shared on
+# one worker (one setup, not one per worker) and the tests that load the whole machine (`heavy`)
+# on one worker in turn (tests/support/tiers.py); it hands out the groups with the most tests
+# first, then single tests as workers free up. WORKERS=0 runs the tests in this process.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
 # The chaos campaign's schedule count for `make bench-chaos` (200: about 3 h 20 min on 2 cores).
 SCHEDULES ?= 200
 
@@ -40,12 +48,12 @@ lab: $(VENV_STAMP)
 
 # The whole suite: real etcd, torchrun agents, Azurite and processes (what CI runs).
 test: $(VENV_STAMP) $(NPM_STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(ARGS)
 
 # Unit tests, mocks and recorded APIs only: no etcd, torchrun, Azurite, child process or long
 # training (tests/support/tiers.py marks the rest by the fixtures they use).
 test-fast: $(VENV_STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(ARGS)
 
 lint: $(VENV_STAMP)
 	$(BIN)/ruff check .

@@ -7,14 +7,22 @@ protocol is proven on a directory and on the Blob API alike.
 The two tiers (tests/support/tiers.py): a test's markers follow from the fixtures it uses, and
 a test that starts a process without declaring it fails; ``make test-fast`` runs ``-m "not
 slow"``.
+
+``make test`` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): every fixture
+here is per worker (a session fixture is set up once in each, in that worker's own temporary
+directory, on free ports), and a test that uses a module's fixture, or ``heavy``, runs on one
+worker with the rest of its group (``worker_group`` in tests/support/tiers.py).
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +34,14 @@ from lab.local import azurite_server as azurite_emulator
 from tests.support.lab_azure_fixtures import subscription_served, tools_on_path  # noqa: F401
 from tests.support.loopback import free_port
 from tests.support.registry_replay import hub_for_preflight  # noqa: F401
-from tests.support.tiers import MARKERS, mark_by_fixtures, no_undeclared_process
+from tests.support.tiers import (
+    GROUPS_DIR,
+    MARKERS,
+    WorkerGroups,
+    mark_by_fixtures,
+    no_undeclared_process,
+    write_groups,
+)
 from training.checkpoints.storage import FileStore, ObjectStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +57,40 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         mark_by_fixtures(item)
+
+
+_GROUPS_DIR = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WorkerGroups | None:
+    """``--dist loadgroup`` keeps each group of ``worker_group`` on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return WorkerGroups(config, log, _groups_dir(config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    if node.config.getvalue("dist") == "loadgroup":
+        node.workerinput[GROUPS_DIR] = str(_groups_dir(node.config))
+
+
+def _groups_dir(config: pytest.Config) -> Path:
+    if _GROUPS_DIR not in config.stash:
+        config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="worker-groups-"))
+    return config.stash[_GROUPS_DIR]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS_DIR in config.stash:
+        shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
+
+
+# First: the worker reports its collection to the scheduler in a hook of its own.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    write_groups(session.config, session.items)
 
 
 # Each phase of a test that is not marked ``processes``, its fixtures' setup and teardown included
@@ -89,6 +138,12 @@ def torchrun(processes: None) -> None:
 @pytest.fixture(scope="session")
 def etcd(processes: None) -> None:
     """Declares that the test starts a real etcd."""
+
+
+@pytest.fixture(scope="session")
+def heavy() -> None:
+    """Declares that the test loads the whole machine for a minute or more (both cores, or
+    several multi-process runs at once): with workers, every such test runs on one, in turn."""
 
 
 @pytest.fixture(scope="session")

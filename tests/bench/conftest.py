@@ -6,6 +6,11 @@ by side on two cores take little longer than the longer one alone, where one aft
 they took both. A test module that needs a run says how to start it (``bench_command``: the
 command line for an output dir, and its time limit); its fixture waits for the run's end
 (``bench_runs[module name].finished()``). Only the runs of the modules selected start.
+
+With workers (pytest-xdist), every test of these modules is ``heavy`` (tests/support/tiers.py),
+so they all run on one worker and start there together. A worker that may get only some of them
+(a ``--dist`` mode that keeps no group together) starts each run when its module asks for it,
+so no run is started twice.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -68,20 +74,50 @@ class BenchRun:
                 self.process.wait()
 
 
+class BenchRuns:
+    """The runs by module name, each started once: up front, or when its module asks for it."""
+
+    def __init__(self, modules: list[ModuleType], factory: pytest.TempPathFactory) -> None:
+        self._modules = {module.__name__: module for module in modules}
+        self._factory = factory
+        self._runs: dict[str, BenchRun] = {}
+
+    def start(self, name: str) -> BenchRun:
+        if name not in self._runs:
+            root = self._factory.mktemp(name.rsplit(".", 1)[-1])
+            command, timeout_s = self._modules[name].bench_command(root / "out")
+            self._runs[name] = BenchRun.start(root, command, timeout_s)
+        return self._runs[name]
+
+    def __getitem__(self, name: str) -> BenchRun:
+        return self.start(name)
+
+    def stop(self) -> None:
+        for run in self._runs.values():  # a run no test waited for (its module failed before)
+            run.stop()
+
+
+def _all_on_this_process(config: pytest.Config) -> bool:
+    """Whether every selected test of these modules runs in this process: no workers, or
+    workers that keep a group on one (``heavy``)."""
+    return not hasattr(config, "workerinput") or bool(config.getvalue("loadgroup"))
+
+
 @pytest.fixture(scope="session")
 def bench_runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, torchrun: None
-) -> Iterator[dict[str, BenchRun]]:
-    """Every selected module's run, all started at once; keyed by the module's name."""
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    torchrun: None,
+    heavy: None,
+) -> Iterator[BenchRuns]:
+    """Every selected module's run, all started at once (see above); keyed by module name."""
     modules = {item.module for item in request.session.items if getattr(item, "module", None)}
-    runs: dict[str, BenchRun] = {}
-    for module in sorted(modules, key=lambda m: m.__name__):
-        make = getattr(module, "bench_command", None)
-        if make is None:
-            continue
-        root = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1])
-        command, timeout_s = make(root / "out")
-        runs[module.__name__] = BenchRun.start(root, command, timeout_s)
+    with_runs = sorted(
+        (m for m in modules if hasattr(m, "bench_command")), key=lambda m: m.__name__
+    )
+    runs = BenchRuns(with_runs, tmp_path_factory)
+    if _all_on_this_process(request.config):
+        for module in with_runs:
+            runs.start(module.__name__)
     yield runs
-    for run in runs.values():  # a run no test waited for (its module failed before)
-        run.stop()
+    runs.stop()

@@ -17,7 +17,7 @@ import pytest
 from bench.stages import STAGES
 
 if TYPE_CHECKING:
-    from tests.bench.conftest import BenchRun
+    from tests.bench.conftest import BenchRuns
 
 RECOVERY_CAP_S = 15.0
 """The smoke's freeze: the lab recovers in 3-4 s (docs/benchmarks.md), torchrun's defaults not
@@ -32,7 +32,7 @@ def bench_command(out: Path) -> tuple[list[str], float]:
 
 
 @pytest.fixture(scope="module")
-def smoke(bench_runs: dict[str, BenchRun]) -> dict[str, Any]:
+def smoke(bench_runs: BenchRuns) -> dict[str, Any]:
     run = bench_runs[__name__]
     result = run.finished()
     assert result.returncode == 0, result.stderr[-3000:]

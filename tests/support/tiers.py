@@ -1,5 +1,6 @@
 """The test tiers: markers that follow from the fixtures a test uses, and a guard that keeps the
-fast tier honest.
+fast tier honest; and the groups that keep tests on one worker when ``make test`` runs them on
+several (pytest-xdist, ``--dist loadgroup``).
 
 A test that uses a fixture of ``FIXTURE_MARKERS`` gets that fixture's marker and ``slow``;
 ``make test-fast`` runs ``-m "not slow"``. A test without ``processes`` may start no process:
@@ -9,14 +10,17 @@ fixture to declare, so a test cannot slip a real process into the fast tier unma
 
 from __future__ import annotations
 
+import json
 import multiprocessing.util
 import os
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 SLOW = "slow"
 PROCESSES = "processes"
@@ -44,6 +48,12 @@ MARKERS: dict[str, str] = {
 }
 """Every marker the suite uses (pyproject.toml registers the same; --strict-markers)."""
 
+HEAVY = "heavy"
+"""The declaring fixture (tests/conftest.py) of a test that loads the whole machine for a minute
+or more: such tests share one worker, so no two of them run at once."""
+
+WIDER_SCOPES = ("module", "class", "package")
+
 
 def mark_by_fixtures(item: pytest.Item) -> None:
     """Add to ``item`` the markers of the declaring fixtures it uses, and ``slow`` with any."""
@@ -53,6 +63,56 @@ def mark_by_fixtures(item: pytest.Item) -> None:
         item.add_marker(marker)
     if markers and item.get_closest_marker(SLOW) is None:
         item.add_marker(SLOW)
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The worker group of ``item`` (xdist runs a group's tests on one worker, in turn):
+    ``heavy`` for a test that uses that declaration, else its module's path when it uses a
+    module's fixture (split over two workers, each would pay for the same setup: a reference
+    training run, a lab run, a Pulumi preview), else none."""
+    names = getattr(item, "fixturenames", ())
+    if HEAVY in names:
+        return HEAVY
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    definitions = fixtureinfo.name2fixturedefs.values() if fixtureinfo else ()
+    if any(defs[-1].scope in WIDER_SCOPES for defs in definitions if defs):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+class WorkerGroups(LoadGroupScheduling):
+    """``--dist loadgroup`` with the groups of ``worker_group``. xdist 3.8 marks a group by
+    setting ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``_id``), so its
+    groups never reach the scheduler; here each worker writes its collection's groups to
+    ``GROUPS_DIR`` before it reports the collection, and the scheduler reads them from there."""
+
+    def __init__(self, config: pytest.Config, log: Any, groups_dir: Path) -> None:
+        super().__init__(config, log)
+        self._groups_dir = groups_dir
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:  # every worker has reported its collection by now
+            self._groups = {}
+            for written in sorted(self._groups_dir.glob("*.json")):
+                self._groups |= json.loads(written.read_text())
+        return self._groups.get(nodeid, nodeid)
+
+
+GROUPS_DIR = "worker_groups_dir"
+"""The key of the workers' input that names where they write their groups."""
+
+
+def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker of ``WorkerGroups``: the group of every test of ``items`` that has one."""
+    workerinput = getattr(config, "workerinput", {})
+    if GROUPS_DIR not in workerinput:
+        return
+    groups = {item.nodeid: group for item in items if (group := worker_group(item)) is not None}
+    target = Path(workerinput[GROUPS_DIR]) / f"{workerinput['workerid']}.json"
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps(groups))
+    partial.rename(target)  # the scheduler never reads half a file
 
 
 class UndeclaredProcess(AssertionError):

@@ -50,7 +50,10 @@ def _is_core(resource: Registered) -> bool:
 
 
 def _core_objects() -> list[Registered]:
-    return [r for r in _dev_run().resources if _is_core(r)]
+    # Sorted: Pulumi registers resources in whatever order its tasks finish, and parallel test
+    # workers must each collect the same parameters in the same order.
+    core = [r for r in _dev_run().resources if _is_core(r)]
+    return sorted(core, key=lambda r: (r.type, r.name))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from bench.chaos.schedule import PARTITION, random_schedule
 from lab.local import netns
 
 if TYPE_CHECKING:
-    from tests.bench.conftest import BenchRun
+    from tests.bench.conftest import BenchRuns
 
 SEED = 1172
 MAX_STEPS = 160
@@ -44,7 +44,7 @@ def bench_command(out: Path) -> tuple[list[str], float]:
 
 
 @pytest.fixture(scope="module")
-def campaign(bench_runs: dict[str, BenchRun]) -> dict[str, Any]:
+def campaign(bench_runs: BenchRuns) -> dict[str, Any]:
     run = bench_runs[__name__]
     result = run.finished()
     return {

@@ -35,7 +35,7 @@ def _torchelastic_dirs() -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, torchrun: None) -> dict[str, Any]:
+def run(tmp_path_factory: pytest.TempPathFactory, torchrun: None, heavy: None) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("lab") / "run"
     temp_dirs_before = _torchelastic_dirs()
     result = subprocess.run(

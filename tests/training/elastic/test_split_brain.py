@@ -68,7 +68,8 @@ at_step = 170
 """
 
 
-@pytest.mark.usefixtures("torchrun")
+# heavy: its CPU hogs take both cores, so no other heavy test runs beside it.
+@pytest.mark.usefixtures("torchrun", "heavy")
 @pytest.mark.timeout(700)
 def test_no_two_groups_train_at_once_and_no_live_node_is_taken_for_dead(tmp_path: Path) -> None:
     scenario = tmp_path / "starved.toml"
