@@ -20,6 +20,11 @@ from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
+WHOLE_FIRST_ROUND = RendezvousSettings(join_timeout_s=60, last_call_timeout_s=60)
+"""Rendezvous clocks for a test that starts every node at once and means them all to be in the
+first round: it completes as soon as ``max_nodes`` joined, waiting up to 60 s for a cold start
+on a loaded machine (the default last call, 1 s after ``min_nodes``, can leave a late node to
+a second round, so a fault at step 5 may land before that node is in)."""
 TINY = [
     "--model-width",
     "4",

@@ -21,7 +21,13 @@ import torch
 
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree
-from tests.support.elastic_cluster import TINY, Cluster, final_parameters, max_abs_difference
+from tests.support.elastic_cluster import (
+    TINY,
+    WHOLE_FIRST_ROUND,
+    Cluster,
+    final_parameters,
+    max_abs_difference,
+)
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
@@ -165,10 +171,10 @@ def test_a_resume_exactly_at_an_epoch_boundary_matches_uninterrupted(
 def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
     cluster_factory, reference
 ) -> None:
-    cluster = cluster_factory("kill-one")
+    cluster = cluster_factory("kill-one", rendezvous=WHOLE_FIRST_ROUND)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
-    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    cluster.wait_until(lambda: cluster.steps_at(3) >= 5, 180, "step 5 at world size 3")
     killed_at = cluster.max_step()
     fault_ts = max(r["ts"] for r in cluster.records())
     cluster.kill("c")
@@ -199,10 +205,12 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     # returns normally. Emulated on gloo (training/loop/step_guard.py): without the step guard the
     # survivors apply a half-reduced gradient, and the trajectory leaves the reference.
     monkeypatch.setenv("TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE", "1")
-    cluster = cluster_factory("nccl-semantics", collective_timeout_s=5)
+    cluster = cluster_factory(
+        "nccl-semantics", collective_timeout_s=5, rendezvous=WHOLE_FIRST_ROUND
+    )
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
-    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    cluster.wait_until(lambda: cluster.steps_at(3) >= 5, 180, "step 5 at world size 3")
     fault_ts = max(r["ts"] for r in cluster.records())
     cluster.kill("c")
     for node in ("a", "b"):
@@ -297,10 +305,10 @@ def test_a_frozen_peer_is_found_by_the_rendezvous_long_before_the_collective_tim
     # The cluster's 30 s timeout: the survivors' collectives would wait that long for the
     # frozen peer. Its key expires (2 s), its probe goes unanswered, the survivors' agents
     # stop their workers, which save the last completed step although stuck in a collective.
-    cluster = cluster_factory("freeze", collective_timeout_s=30)
+    cluster = cluster_factory("freeze", collective_timeout_s=30, rendezvous=WHOLE_FIRST_ROUND)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
-    cluster.wait_until(lambda: cluster.max_step() >= 5, 180, "step 5")
+    cluster.wait_until(lambda: cluster.steps_at(3) >= 5, 180, "step 5 at world size 3")
     freeze_tree(cluster.nodes["c"].pid)  # a VM that vanished: no FIN, no RST
     fault_ts = max(r["ts"] for r in cluster.records())
     try:

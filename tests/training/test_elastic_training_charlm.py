@@ -16,9 +16,13 @@ import torch
 
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree
-from tests.support.elastic_cluster import Cluster, final_parameters, max_abs_difference
+from tests.support.elastic_cluster import (
+    WHOLE_FIRST_ROUND,
+    Cluster,
+    final_parameters,
+    max_abs_difference,
+)
 from tests.support.exactness import TOLERANCE, make_data
-from training.elastic.launch import RendezvousSettings
 
 pytestmark = pytest.mark.usefixtures("torchrun")
 
@@ -86,11 +90,6 @@ def clusters(
         cluster.close()
 
 
-# Every node started at once is in the first round: it completes as soon as the third joined
-# (max_nodes), with up to 60 s for a cold start on a loaded machine, not 1 s after the second.
-ALL_THREE_FIRST = {"rendezvous": RendezvousSettings(join_timeout_s=60, last_call_timeout_s=60)}
-
-
 def _after(cluster: Cluster, kind: str, ts: float) -> list[dict]:
     return [e for e in cluster.events(kind) if e["ts"] > ts]
 
@@ -99,7 +98,7 @@ def _after(cluster: Cluster, kind: str, ts: float) -> list[dict]:
 def test_a_node_killed_mid_warmup_loses_no_step_and_keeps_the_trajectory(
     clusters: Callable[..., Cluster], reference: dict[str, torch.Tensor]
 ) -> None:
-    cluster = clusters(**ALL_THREE_FIRST)
+    cluster = clusters(rendezvous=WHOLE_FIRST_ROUND)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
     cluster.wait_until(lambda: cluster.steps_at(3) >= 5, 180, "step 5 at world size 3")
@@ -144,7 +143,7 @@ def test_a_new_node_joining_then_an_eviction_keep_the_trajectory(
 def test_a_frozen_node_is_left_behind_with_no_step_lost(
     clusters: Callable[..., Cluster], reference: dict[str, torch.Tensor]
 ) -> None:
-    cluster = clusters(**ALL_THREE_FIRST)
+    cluster = clusters(rendezvous=WHOLE_FIRST_ROUND)
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS)
     cluster.wait_until(lambda: cluster.steps_at(3) >= 4, 180, "4 steps at world size 3")
