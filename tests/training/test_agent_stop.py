@@ -68,8 +68,16 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
         killed_ts = max(r["ts"] for r in cluster.records())  # a late c's join saved too
         cluster.kill("c")
         for name in ("a", "b"):
+            # Both: the agent's line, and the worker's event, which reaches the node's log
+            # through the agent's copy of the worker's output, possibly after that line.
             cluster.wait_until(
-                lambda n=name: "will restart worker group" in _log(cluster, n),
+                lambda n=name: (
+                    "will restart worker group" in _log(cluster, n)
+                    and any(
+                        e["node"] == n and e["ts"] > killed_ts
+                        for e in cluster.events("emergency_save")
+                    )
+                ),
                 60,
                 f"{name}'s worker to save and exit",
             )

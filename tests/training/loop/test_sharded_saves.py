@@ -9,14 +9,18 @@ trained. Saved and restored, that count changes the bias correction of every lat
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.exactness import CORPUS_SAMPLE
 from tests.support.trainer_harness import harness, one_process_world
+from tests.support.waiting import wait_until
 from training.checkpoints.checkpoint import CheckpointError
 from training.checkpoints.storage import FileStore
+from training.loop.saves import sharded as saves_sharded
 
 FLAGS = [
     "--task=charlm",
@@ -70,3 +74,53 @@ def test_a_coordinator_that_cannot_read_the_store_fails_the_restore_on_every_ran
         h.trainer.sharded.checkpoints.repository.store = h.trainer.sharded.checkpoints.store
         with pytest.raises(CheckpointError, match="the coordinator cannot read"):
             h.trainer.restore()
+
+
+def test_the_loop_and_the_sigterm_thread_save_one_part_the_second_waiting_for_the_first(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both may call it at once (a peer lost on the loop, the eviction's SIGTERM on its thread).
+    # Two writers of one part under one name left a file whose bytes were not the ones its
+    # record hashed (a CI run: the eviction resumed two steps back, from a periodic save).
+    with one_process_world():
+        run = harness(tmp_path, corpus, *FLAGS, tiny=())
+        trainer = run.trainer
+        trainer.restore()
+        trainer.state.step = 1  # as after a step whose gradients fp16's scaler skipped
+        sharded = trainer.sharded
+        calls: list[int] = []
+        release, second_asked = threading.Event(), threading.Event()
+        real = saves_sharded.save_part
+
+        def slow_save_part(*args: Any, **kwargs: Any) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                release.wait(60)
+            real(*args, **kwargs)
+
+        monkeypatch.setattr(saves_sharded, "save_part", slow_save_part)
+        outcomes: list[Any] = []
+        first = threading.Thread(
+            target=lambda: outcomes.append(sharded.emergency_save("peer_failure", lambda: False))
+        )
+        first.start()
+        wait_until(lambda: calls, 60, "the first save to start")
+
+        def asked() -> bool:
+            second_asked.set()
+            return False
+
+        second = threading.Thread(
+            target=lambda: outcomes.append(sharded.emergency_save("sigterm", asked))
+        )
+        second.start()
+        wait_until(
+            lambda: len(calls) > 1 or (second_asked.is_set() and sharded._emergency_lock.locked()),
+            60,
+            "the second save to start or to wait",
+        )
+        release.set()
+        first.join(60)
+        second.join(60)
+        assert len(calls) == 1
+        assert len(outcomes) == 2 and outcomes[0] == outcomes[1] and outcomes[0].durable

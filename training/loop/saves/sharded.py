@@ -23,6 +23,7 @@ parts from their own disks would take the store off that path (docs/training.md)
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class ShardedState:
         self.round_nonce = uuid.uuid4().hex
         """Names this round's parts; the coordinator's, agreed on at the restore."""
         self._emergency: Outcome | None = None
+        self._emergency_lock = threading.Lock()
 
     # -- what a checkpoint holds ---------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], TrainerState]:
@@ -182,15 +184,28 @@ class ShardedState:
 
     # -- emergency -----------------------------------------------------------------------------
     def emergency_save(self, reason: str, stopping: Callable[[], bool]) -> Outcome:
-        """This rank's part of the last completed step, durably, once per step."""
+        """This rank's part of the last completed step, durably, once per step. The loop (a
+        lost peer) and the SIGTERM thread may both get here: the second waits, within the
+        deadline, and returns what the first did; two writers of one part would leave a file
+        whose bytes are not those its record hashed."""
+        t = self.t
+        going = stopping()
+        deadline = t.emergency.note_stop() if going else None
+        if not self._emergency_lock.acquire(timeout=deadline.remaining() if deadline else -1):
+            logger.error("part of step %d: another save held on past the deadline", t.state.step)
+            return Outcome(t.state.step, going, False, "deadline")
+        try:
+            return self._emergency_save(reason, going, deadline)
+        finally:
+            self._emergency_lock.release()
+
+    def _emergency_save(self, reason: str, going: bool, deadline: Deadline | None) -> Outcome:
         t = self.t
         step = t.state.step
         if self._emergency is not None and self._emergency.step == step:
             return self._emergency
-        going = stopping()
         if self.untrained():
             return Outcome(step, False, True)  # the seed rebuilds it: nothing to save
-        deadline = t.emergency.note_stop() if going else None
         # Torch closing this node's workers (a re-form) needs the part, but the node stays.
         required = going and (t.env.last_round or sigterm_from_outside())
         started = time.monotonic()
