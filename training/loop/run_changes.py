@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
 from training.checkpoints.sharded.initial import DoesNotFit, load_file_source, load_sharded_source
 from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
-from training.checkpoints.sharded.repository import coordinator_read, global_rank, raise_if_failed
+from training.checkpoints.sharded.repository import coordinator_decides
 from training.checkpoints.stores import open_store
 from training.loop.config import ConfigError, TrainConfig
 
@@ -163,13 +162,10 @@ def load_initial_shards(uri: str, model: nn.Module, scratch: Path, group: Any) -
     a single file, each rank reading only its shards (training/checkpoints/sharded/
     initial.py); its step. Every rank calls this. ConfigError when there is none or its
     model does not fit this one."""
-    kind: list[Any] = [None]
-    if dist.get_rank(group) == 0:  # one reading of the heads, so every rank takes one path
-        kind = [coordinator_read(lambda: _newer_layout(uri))]
-    dist.broadcast_object_list(kind, src=global_rank(group, 0), group=group)
     try:
+        layout = coordinator_decides(lambda: _newer_layout(uri), group)  # one path for all
         store = open_store(uri)
-        load = load_sharded_source if raise_if_failed(kind[0]) == "sharded" else load_file_source
+        load = load_sharded_source if layout == "sharded" else load_file_source
         entry = load(store, scratch, model, group)
     except (ValueError, OSError, CheckpointError) as exc:
         if isinstance(exc, DoesNotFit):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
-from training.checkpoints.serialization import HashingWriter, load_mapped
+from training.checkpoints.serialization import load_mapped
+from training.checkpoints.sharded.reader import fetch_verified
 from training.checkpoints.sharded.repository import (
     ShardedCheckpoints,
-    coordinator_read,
-    global_rank,
-    raise_if_failed,
+    coordinator_decides,
 )
 from training.checkpoints.storage import ObjectStore
 
@@ -73,16 +71,18 @@ def load_file_source(
     """The newest single-file checkpoint in ``store`` whose bytes verify on every rank, its
     model's tensors copied into ``model``'s shards; its entry, or None. Every rank calls
     this; all try the coordinator's entries in the same order and agree on each."""
-    found: list[Any] = [None]
-    if dist.get_rank(group) == 0:
-        found = [coordinator_read(CheckpointRepository(store).entries)]
-    dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
-    for entry in raise_if_failed(found[0]):
-        folder = Path(tempfile.mkdtemp(prefix=".init-", dir=_made(scratch)))
+    for entry in coordinator_decides(CheckpointRepository(store).entries, group):
+        scratch.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".init-", dir=scratch))
         try:
             path = folder / "state"
-            fetched = _fetch_verified(store, entry, path)
-            every = torch.tensor([int(fetched)])
+            try:
+                problem = fetch_verified(store, entry, path)
+            except OSError as exc:
+                problem = f"cannot be read: {exc}"
+            if problem is not None:
+                logger.warning("checkpoint %s %s; trying an older one", entry.name, problem)
+            every = torch.tensor([int(problem is None)])
             dist.all_reduce(every, op=dist.ReduceOp.MIN, group=group)
             if not every.item():
                 continue  # torn or gone on some rank: the previous one, everywhere
@@ -124,24 +124,3 @@ def copy_into_shards(source: dict[str, torch.Tensor], model: nn.Module) -> None:
             )
             mine = whole[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))]
             target.to_local().copy_(mine)  # reads this slice's pages of the mapping only
-
-
-def _fetch_verified(store: ObjectStore, entry: Entry, path: Path) -> bool:
-    """``entry``'s object streamed into ``path``, hashed on the way: whether it is whole."""
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
-            sink = HashingWriter(f, pool)
-            store.get_into(entry.name, sink)  # type: ignore[arg-type]
-            sink.flush()
-    except OSError as exc:
-        logger.warning("checkpoint %s cannot be read: %s", entry.name, exc)
-        return False
-    if sink.size != entry.size or sink.hash.hexdigest() != entry.sha256:
-        logger.warning("checkpoint %s is torn; trying an older one", entry.name)
-        return False
-    return True
-
-
-def _made(scratch: Path) -> Path:
-    scratch.mkdir(parents=True, exist_ok=True)
-    return scratch

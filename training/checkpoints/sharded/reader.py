@@ -73,24 +73,9 @@ class StoreReader(FileSystemReader):
         return plan
 
     def _fetch(self, listed: StoredFile) -> None:
-        """Stream ``listed`` into the cache, checking its size and SHA-256 on the way."""
-        path = self.cache / listed.name
-        try:
-            with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
-                sink = HashingWriter(f, pool)
-                self.store.get_into(listed.name, sink)  # type: ignore[arg-type]
-                sink.flush()
-        except FileNotFoundError as exc:
-            path.unlink(missing_ok=True)
-            raise self._failed(listed.name, "is missing") from exc
-        digest = sink.hash.hexdigest()
-        if sink.size != listed.size or digest != listed.sha256:
-            path.unlink(missing_ok=True)
-            raise self._failed(
-                listed.name,
-                f"is torn: {sink.size} bytes with SHA-256 {digest[:12]}…, the manifest lists "
-                f"{listed.size} bytes with {listed.sha256[:12]}…",
-            )
+        problem = fetch_verified(self.store, listed, self.cache / listed.name)
+        if problem is not None:
+            raise self._failed(listed.name, problem)
 
     def _failed(self, name: str, what: str) -> CheckpointError:
         message = (
@@ -103,6 +88,31 @@ class StoreReader(FileSystemReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return False  # chosen explicitly, never inferred from a path
+
+
+def fetch_verified(store: ObjectStore, listed: StoredFile | Entry, path: Path) -> str | None:
+    """Stream the object ``listed`` names into ``path``, checking its size and SHA-256 on the
+    way: None when it is whole, else what is wrong with it (``path`` is then removed). Other
+    errors of the store (an outage) are raised: they say nothing about the checkpoint."""
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
+            sink = HashingWriter(f, pool)
+            store.get_into(listed.name, sink)  # type: ignore[arg-type]
+            sink.flush()
+    except FileNotFoundError:
+        path.unlink(missing_ok=True)
+        return "is missing"
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    digest = sink.hash.hexdigest()
+    if sink.size == listed.size and digest == listed.sha256:
+        return None
+    path.unlink(missing_ok=True)
+    return (
+        f"is torn: {sink.size} bytes with SHA-256 {digest[:12]}…, the manifest lists "
+        f"{listed.size} bytes with {listed.sha256[:12]}…"
+    )
 
 
 class VerifiedLoadPlanner(DefaultLoadPlanner):

@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,8 @@ from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
 from training.checkpoints.storage import ObjectStore
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PREFIX = "dcp"
 """Sharded checkpoints' objects: apart from the single-file ones (``ckpt``) in one store."""
@@ -168,16 +170,8 @@ class ShardedCheckpoints:
         self.repository.prune()
 
     def _entries(self, group: Any) -> list[Entry]:
-        """The coordinator's ``entries``, on every rank; CheckpointError on every rank when
-        the coordinator cannot read them (the others would otherwise wait out the group's
-        timeout in the broadcast)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.entries()
-        found: list[Any] = [None]
-        if dist.get_rank(group) == 0:
-            found = [coordinator_read(self.entries)]
-        dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
-        return raise_if_failed(found[0])
+        """The coordinator's ``entries``, on every rank."""
+        return coordinator_decides(self.entries, group)
 
     def _names(self, entry: Entry, group: Any) -> frozenset[str] | None:
         """The names ``entry``'s metadata holds, as the coordinator read them, on every rank;
@@ -187,17 +181,11 @@ class ShardedCheckpoints:
             metadata = StoreReader(self.store, entry, self.scratch).read_metadata()
             return frozenset(metadata.state_dict_metadata)
 
-        if not (dist.is_available() and dist.is_initialized()):
-            found = [coordinator_read(read)]
-        else:
-            found = [None]
-            if dist.get_rank(group) == 0:
-                found = [coordinator_read(read)]
-            dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
-        if isinstance(found[0], _Failed):
-            logger.warning("checkpoint of step %d cannot be loaded: %s", entry.step, found[0])
+        try:
+            return coordinator_decides(read, group)
+        except CheckpointError as exc:
+            logger.warning("checkpoint of step %d cannot be loaded: %s", entry.step, exc)
             return None
-        return found[0]
 
     def scratch_dir(self) -> Path:
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -208,19 +196,29 @@ class _Failed(str):
     """What the coordinator could not read, sent in place of what it read."""
 
 
-def coordinator_read(read: Callable[[], Any]) -> Any:
-    """``read()`` on the coordinator, or its storage error as a ``_Failed`` to broadcast."""
+def coordinator_decides(read: Callable[[], T], group: Any) -> T:
+    """``read()`` on the coordinator (rank 0 of ``group``), its answer on every rank, so that
+    every rank takes the same path. When the coordinator's storage fails, CheckpointError on
+    every rank: the others would otherwise wait out the group's timeout in the broadcast.
+    Without a process group, ``read()`` here, its storage errors as CheckpointError too."""
+    found: list[Any] = [None]
+    if not (dist.is_available() and dist.is_initialized()):
+        found = [_coordinator_read(read)]
+    else:
+        if dist.get_rank(group) == 0:
+            found = [_coordinator_read(read)]
+        dist.broadcast_object_list(found, src=global_rank(group, 0), group=group)
+    if isinstance(found[0], _Failed):
+        raise CheckpointError(str(found[0]))
+    return found[0]
+
+
+def _coordinator_read(read: Callable[[], Any]) -> Any:
+    """``read()``, or its storage error as a ``_Failed`` to broadcast."""
     try:
         return read()
     except (OSError, CheckpointError) as exc:
         return _Failed(f"the coordinator cannot read the checkpoint store: {exc}")
-
-
-def raise_if_failed(value: Any) -> Any:
-    """``value`` as broadcast; CheckpointError on every rank when the coordinator failed."""
-    if isinstance(value, _Failed):
-        raise CheckpointError(str(value))
-    return value
 
 
 def global_rank(group: Any, group_rank: int) -> int:

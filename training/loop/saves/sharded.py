@@ -41,9 +41,7 @@ from training.checkpoints.serialization import snapshot
 from training.checkpoints.sharded.parts import complete, part_set_id, save_part
 from training.checkpoints.sharded.repository import (
     ShardedCheckpoints,
-    coordinator_read,
-    global_rank,
-    raise_if_failed,
+    coordinator_decides,
 )
 from training.checkpoints.sharded.state import ModelState, TrainerState, pack, unpack
 from training.elastic.faults import sigterm_from_outside
@@ -121,11 +119,8 @@ class ShardedState:
         progress = t.local.progress() if t.local is not None else NONE
         known = torch.tensor([progress], dtype=torch.int64)
         dist.all_reduce(known, op=dist.ReduceOp.MAX, group=group)
-        plan: list[Any] = [None]
-        if t.env.rank == 0:  # the newest whole set of parts committed, by one process
-            plan = [coordinator_read(self._complete_parts)]
-        dist.broadcast_object_list(plan, src=global_rank(group, 0), group=group)
-        self.round_nonce, from_parts = raise_if_failed(plan[0])
+        # The newest whole set of parts committed, by one process.
+        self.round_nonce, from_parts = coordinator_decides(self._complete_parts, group)
         state, trainer_state = self.state()
         fresh = not t.optimizer.state
         entry = self.checkpoints.load(state, group=group)
@@ -252,11 +247,7 @@ class ShardedState:
         """The final step, saved by every rank unless it is durable already."""
         t, group = self.t, self.t.checkpoint_group
         t.saver.wait()
-        needed: list[Any] = [None]
-        if t.env.rank == 0:
-            needed = [coordinator_read(self.checkpoints.repository.head)]
-        dist.broadcast_object_list(needed, src=global_rank(group, 0), group=group)
-        head = raise_if_failed(needed[0])
+        head = coordinator_decides(self.checkpoints.repository.head, group)
         if (head is None or head.step < t.state.step) and not self.untrained():
             state, _ = self.state()
             self.checkpoints.save(state, t.state.step, group=group)
