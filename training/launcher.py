@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from training.elastic.exit_codes import BAD_INPUT, DEVICE_FAULT, DEVICE_FAULT_ENV, VERDICT_ENV
 from training.elastic.faults import AGENT_SIGNALLED_ENV
 from training.elastic.launch import ETCD_BACKENDS, LAUNCHER_ENV, ROUND_FILE_ENV, TRAIN_MODULE
+from training.elastic.permit import PERMIT_FILE_ENV
 from training.loop.config import parse_config
 
 if TYPE_CHECKING:
@@ -174,6 +175,9 @@ def launch(args: Sequence[str]) -> None:
     verdict.unlink(missing_ok=True)
     os.environ[VERDICT_ENV] = str(verdict)
     os.environ[ROUND_FILE_ENV] = str(verdict.with_name(f"spot-lab-round-{os.getpid()}"))
+    permit = verdict.with_name(f"spot-lab-permit-{os.getpid()}")
+    permit.unlink(missing_ok=True)  # the rendezvous handler makes it, lapsed
+    os.environ[PERMIT_FILE_ENV] = str(permit)
     fault = verdict.with_name(f"spot-lab-device-fault-{os.getpid()}")
     fault.unlink(missing_ok=True)
     os.environ[DEVICE_FAULT_ENV] = str(fault)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,8 @@ import pytest
 import torch
 
 from lab.local.etcd_server import EmbeddedEtcd
-from lab.local.process_tree import freeze_tree
+from lab.local.process_tree import descendants, freeze_tree, thaw_tree
+from lab.report.outcomes import groups_at_once
 from tests.support.elastic_cluster import (
     TINY,
     WHOLE_FIRST_ROUND,
@@ -296,6 +298,47 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
     assert restart.wait_exit("c", 180) == 0, restart.tail()
     resumed = restart.events("resumed")[0]
     assert (resumed["source"], resumed["step"]) == ("durable", durable)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
+    cluster_factory,
+) -> None:
+    # A paused VM that comes back. Alone in its round, its workers wait for no peer, so
+    # nothing in a collective tells them that the run went on without them; they may step
+    # only while their agent's permit holds (training/elastic/permit.py), which a thawed
+    # agent renews only once etcd says its round is still the run's (chaos seed 104).
+    cluster = cluster_factory("thaw", max_nodes=2)
+    args = _args(max_steps=20000)
+    cluster.start("a", args)
+
+    def trained(node: str) -> list[dict]:
+        return [r for r in cluster.records(node) if r["kind"] == "metrics"]
+
+    cluster.wait_until(lambda: len(trained("a")) >= 5, 180, "node a training alone")
+    freeze_tree(cluster.nodes["a"].pid)
+    left = trained("a")[-1]["rdzv_round"]
+    cluster.start("b", args)
+    cluster.wait_until(lambda: len(trained("b")) >= 5, 180, "node b training without a")
+    # The workers come back first: on a loaded host the agent may get a core last.
+    thawed, agent = time.time(), cluster.nodes["a"].pid
+    for pid in descendants(agent):
+        os.kill(pid, signal.SIGCONT)
+
+    def stepped_or_held() -> bool:
+        seen = [*trained("a"), *cluster.events("permit_wait")]
+        return any(r["ts"] > thawed for r in seen)
+
+    cluster.wait_until(stepped_or_held, 60, "node a's workers stepping or held")
+    thaw_tree(agent)
+    cluster.wait_until(
+        lambda: any((e.get("rdzv_round") or 0) > left for e in cluster.records("a")),
+        120,
+        "node a in a round after the one it left",
+    )
+    zombie = [r["step"] for r in trained("a") if r["rdzv_round"] == left and r["ts"] > thawed]
+    assert zombie == []
+    assert groups_at_once(cluster.records()) == []
 
 
 @pytest.mark.timeout(300)

@@ -61,6 +61,7 @@ from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
 from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
+from training.elastic.permit import PERMIT_FILE_ENV, Keeper, Permit
 from training.elastic.reachability import Reports
 from training.elastic.round_store import RoundStore
 from training.elastic.rounds import Me, Quorum, Timing, View
@@ -120,6 +121,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         verdict: Path | None = None,
         round_file: Path | None = None,
         watch_client: Etcd | None = None,
+        permit: Path | None = None,
     ) -> None:
         self.client, self.run_id, self.timing = client, run_id, timing
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
@@ -147,6 +149,8 @@ class SpotRendezvousHandler(RendezvousHandler):
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
         self.closing = closing.Closing(self.keys, run_id)
+        self.permit = Keeper(Permit(permit, writable=True) if permit else None, self._still_current)
+        """The workers' permit to step (training/elastic/permit.py)."""
         self.check_stop: Callable[[], None] = _no_stop
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
@@ -203,6 +207,12 @@ class SpotRendezvousHandler(RendezvousHandler):
         heartbeat (training/elastic/liveness.py: ``Progress``)."""
         self.progress.beat()
         self.check_stop()
+        if not self.permit.tick():
+            logger.warning(
+                "round %d: the run went on without this node while it was away: re-forming",
+                self.round,
+            )
+            return 1
         view = self.keys.view
         if view.state_index < self._known_index:
             return 0
@@ -328,6 +338,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         agents = AgentStore(self.client, f"{ROOT}/agents/{self.run_id}/{round_}", 300)
         if self.round_file is not None:
             self.round_file.write_text(json.dumps({"round": round_, "members": world}))
+        self.permit.started()
         logger.info(
             "node %s joined round %d of rendezvous %s as rank %d of %d",
             self.node,
@@ -337,6 +348,19 @@ class SpotRendezvousHandler(RendezvousHandler):
             world,
         )
         return RendezvousInfo(agents, rank, world, info)
+
+    def _still_current(self) -> bool | None:
+        """Whether etcd, read now (the watched copy may be as old as a pause), still has this
+        node in its round; None when etcd does not answer."""
+        try:
+            state, _ = self.keys.read_state()
+        except EtcdError:
+            return None
+        return (
+            state is not None
+            and state.get("round") == self.round
+            and self.node in (state.get("members") or ())
+        )
 
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)
@@ -366,6 +390,7 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
     """The handler for torchrun's parameters (the PET_* env the operator sets)."""
     verdict = os.environ.get(VERDICT_ENV)
     round_file = os.environ.get(ROUND_FILE_ENV)
+    permit = os.environ.get(PERMIT_FILE_ENV)
     handler = SpotRendezvousHandler(
         _client(params),
         params.run_id,
@@ -376,6 +401,7 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
         verdict=Path(verdict) if verdict else None,
         round_file=Path(round_file) if round_file else None,
         watch_client=_client(params),
+        permit=Path(permit) if permit else None,
     )
     _created.append(handler)
     return handler

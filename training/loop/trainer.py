@@ -24,7 +24,8 @@ from torch import nn
 from training.api import EvalContext, MicroBatch
 from training.checkpoints.checkpoint import CheckpointError, serialize
 from training.data.sampler import loss_scale, micro_batches
-from training.elastic.faults import StopRequest, is_peer_failure
+from training.elastic.faults import PeerLostError, StopRequest, is_peer_failure
+from training.elastic.permit import Permit
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
@@ -51,6 +52,9 @@ class Trainer(StatefulTrainer):
     """The validation loss of the last evaluation (rank 0)."""
     _stopped: Outcome | None = None
     """The loop's emergency save when a stop ended it."""
+    _stop: StopRequest | None = None
+    permit: Permit | None = None
+    """The agent's permit to apply a step (training/elastic/permit.py); None: not held."""
 
     # -- one optimiser step --------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -73,12 +77,33 @@ class Trainer(StatefulTrainer):
         self.guard.check()
         # A (sum, count) loss: the counts of every rank, then the gradient over their total.
         normalize_gradients(self.model.parameters(), losses, world, self.guard.all_reduce)
+        self._hold_permit()
         with self._state_lock:
             self._apply_gradients()
             self.state.step += 1
             if self.local is not None and self.env.local_rank == 0:
                 self.local.mark_progress(self.state.step)
         return losses.loss_sum, losses.count
+
+    def _hold_permit(self) -> None:
+        """Wait, before the step changes the state, while the agent has not confirmed this
+        round lately: a paused node that came back may be in a round the run left. A stop
+        while held is a lost peer's (the last completed step is saved)."""
+        if self.permit is None:
+            return
+
+        def waiting(lapsed_s: float) -> None:
+            self.events.event("permit_wait", step=self.state.step, lapsed_s=round(lapsed_s, 3))
+            logger.warning(
+                "step %d waits for its agent to confirm round %s (its permit ran out %.1f s ago)",
+                self.state.step + 1,
+                self.env.rdzv_round,
+                lapsed_s,
+            )
+
+        stop = self._stop
+        if not self.permit.hold(lambda: stop is not None and stop.requested, waiting):
+            raise PeerLostError(f"stopped while step {self.state.step + 1} waited for a permit")
 
     def micro_batch(self, indices: torch.Tensor) -> MicroBatch:
         step = self.state.step
@@ -197,6 +222,7 @@ class Trainer(StatefulTrainer):
 
     def _train(self, stop: StopRequest) -> bool:
         """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
+        self._stop, self.permit = stop, Permit.of_worker()
         log_every = self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]

@@ -1,0 +1,105 @@
+"""The workers' permit to step (training/elastic/permit.py): granted by the agent's polls,
+checked with etcd after a gap, held by the workers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from training.elastic.permit import PERMIT_FILE_ENV, Keeper, Permit
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_new_permit_has_run_out_until_the_agent_grants_it(tmp_path: Path) -> None:
+    agent = Permit(tmp_path / "permit", writable=True)
+    worker = Permit(tmp_path / "permit")
+    assert worker.until() == 0.0
+    agent.grant(1234.5)
+    assert worker.until() == 1234.5
+
+
+def test_a_worker_without_an_agents_permit_is_never_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PERMIT_FILE_ENV, raising=False)
+    assert Permit.of_worker() is None
+    monkeypatch.setenv(PERMIT_FILE_ENV, str(tmp_path / "not-made"))
+    assert Permit.of_worker() is None  # an agent whose handler keeps none
+    Permit(tmp_path / "made", writable=True)
+    monkeypatch.setenv(PERMIT_FILE_ENV, str(tmp_path / "made"))
+    assert Permit.of_worker() is not None
+
+
+def test_polls_on_time_renew_the_permit_without_asking_etcd(tmp_path: Path) -> None:
+    clock, asked = Clock(), []
+    permit = Permit(tmp_path / "permit", writable=True)
+    keeper = Keeper(permit, lambda: asked.append(1) or True, clock, gap_s=0.5)
+    keeper.started()
+    for _ in range(20):  # the monitor loop's polls, 0.1 s apart
+        clock.now += 0.1
+        assert keeper.tick()
+        assert permit.until() == pytest.approx(clock.now + 0.5)
+    assert asked == []  # an etcd outage between rounds changes nothing
+
+
+@pytest.mark.parametrize(
+    ("etcd_says", "renewed", "reform"),
+    [(True, True, False), (False, False, True), (None, False, False)],
+    ids=["still-its-round", "the-run-left-it", "etcd-silent"],
+)
+def test_after_a_gap_the_permit_is_renewed_only_once_etcd_confirms_the_round(
+    tmp_path: Path, etcd_says: bool | None, renewed: bool, reform: bool
+) -> None:
+    clock, asked = Clock(), []
+
+    def still_current() -> bool | None:
+        asked.append(clock.now)
+        return etcd_says
+
+    permit = Permit(tmp_path / "permit", writable=True)
+    keeper = Keeper(permit, still_current, clock, gap_s=0.5)
+    keeper.started()
+    clock.now += 3.0  # the agent was paused with its workers
+    assert keeper.tick() is not reform
+    assert asked == [clock.now]
+    assert (permit.until() > clock.now) is renewed
+    if etcd_says is None:  # silent: the next poll asks again, and the workers wait meanwhile
+        clock.now += 0.1
+        keeper.tick()
+        assert len(asked) == 2 and permit.until() < clock.now
+
+
+def test_a_held_worker_waits_for_the_grant_and_says_so_once(tmp_path: Path) -> None:
+    agent = Permit(tmp_path / "permit", writable=True)
+    worker = Permit(tmp_path / "permit")
+    told: list[float] = []
+    waiting = threading.Event()
+    result: list[bool] = []
+
+    def hold() -> None:
+        result.append(worker.hold(lambda: False, lambda s: (told.append(s), waiting.set())))
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert waiting.wait(30)  # it found the permit run out
+    assert result == []
+    agent.grant(float("inf"))
+    holder.join(30)
+    assert result == [True] and len(told) == 1
+
+
+def test_a_stop_ends_the_wait_without_a_permit(tmp_path: Path) -> None:
+    Permit(tmp_path / "permit", writable=True)  # never granted
+    worker = Permit(tmp_path / "permit")
+    told: list[float] = []
+    assert worker.hold(lambda: bool(told), told.append) is False
+    assert len(told) == 1

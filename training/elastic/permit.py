@@ -1,0 +1,134 @@
+"""The workers' permit to apply a step: a deadline their agent renews while it knows that its
+round is still the run's.
+
+A paused VM that comes back (a host's freeze; SIGSTOP and SIGCONT in the lab) resumes its
+workers where they were. In a group of several nodes their next collective waits for peers
+that went on without them, and fails. Alone in its round, nothing waits: the workers would
+train on in a round the run has left, beside the group that replaced it, until their agent's
+watch tells it (the chaos campaign's seed 104: a step 0.1 s after the thaw).
+
+So a worker applies a step only while the permit holds (``hold``, before the optimizer step:
+a read of 16 bytes of shared memory). The agent renews it on every poll of its monitor loop
+(0.1 s) for ``GAP_S`` ahead (``Keeper.tick``). A poll that finds it run out (no poll for
+``GAP_S``) means the agent itself was stopped or starved: it renews only once a read of etcd
+(not its watched copy, which is as old as the pause) shows its round is still the run's, and
+re-forms when it is not. Meanwhile the workers wait.
+
+Why ``GAP_S`` is short enough: the others leave this node out only once its key expired
+(``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 2 s by default, after its last
+keep-alive, at most ``keep_alive_interval_s`` before the pause) and a new round then starts its
+workers; a permit renewed before the pause runs out ``GAP_S`` (0.5 s) after it. What remains:
+a read that confirms the round a moment before another node completes the next one; the
+agent's watch then stops the workers within a poll, before the new round's workers have
+restored their state.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PERMIT_FILE_ENV = "TRAIN_PERMIT_FILE"
+"""The permit's file, which the warm launcher names and its rendezvous handler creates; a
+worker without one (plain torchrun, a test's trainer) is never held."""
+GAP_S = 0.5
+"""How far ahead a poll renews the permit."""
+POLL_S = 0.01
+"""How often a held worker looks again."""
+_LAYOUT = struct.Struct("<dd")
+"""The deadline twice (``time.monotonic``, one clock for every process of the host): a reader
+that sees two different values read it mid-write and reads again."""
+
+
+class Permit:
+    """The permit's file, mapped: the agent grants, its workers hold."""
+
+    def __init__(self, path: Path, writable: bool = False) -> None:
+        self.path = path
+        mode = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
+        fd = os.open(path, mode, 0o600)
+        try:
+            if writable and os.fstat(fd).st_size < _LAYOUT.size:
+                os.ftruncate(fd, _LAYOUT.size)  # zeros: lapsed until the first grant
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._map = mmap.mmap(fd, _LAYOUT.size, access=access)
+        finally:
+            os.close(fd)
+
+    def grant(self, until: float) -> None:
+        self._map[: _LAYOUT.size] = _LAYOUT.pack(until, until)
+
+    def until(self) -> float:
+        while True:
+            first, second = _LAYOUT.unpack(self._map[: _LAYOUT.size])
+            if first == second:
+                return first
+
+    def hold(self, stopped: Callable[[], bool], waiting: Callable[[float], None]) -> bool:
+        """Return True once the permit holds, False when ``stopped()`` first. ``waiting`` is
+        told once, with how long ago the permit ran out, when this call has to wait."""
+        told = False
+        while (now := time.monotonic()) >= (until := self.until()):
+            if stopped():
+                return False
+            if not told:
+                waiting(now - until)
+                told = True
+            time.sleep(POLL_S)
+        return True
+
+    @classmethod
+    def of_worker(cls) -> Permit | None:
+        """The permit this worker's agent keeps, or None when it keeps none."""
+        name = os.environ.get(PERMIT_FILE_ENV)
+        if not name or not Path(name).exists():
+            return None
+        return cls(Path(name))
+
+
+class Keeper:
+    """The agent's side: renews the permit on every poll; once it has run out (no poll for
+    ``gap_s``), only after ``still_current()`` says the round is still the run's (None: it
+    could not tell, and the next poll asks again)."""
+
+    def __init__(
+        self,
+        permit: Permit | None,
+        still_current: Callable[[], bool | None],
+        clock: Callable[[], float] = time.monotonic,
+        gap_s: float = GAP_S,
+    ) -> None:
+        self.permit, self.still_current, self.clock, self.gap_s = (
+            permit,
+            still_current,
+            clock,
+            gap_s,
+        )
+
+    def started(self) -> None:
+        """A round completed: its workers may step."""
+        if self.permit is not None:
+            self.permit.grant(self.clock() + self.gap_s)
+
+    def tick(self) -> bool:
+        """One poll of the monitor loop; False when etcd says the run left this round."""
+        if self.permit is None:
+            return True
+        now = self.clock()
+        if now >= (until := self.permit.until()):
+            current = self.still_current()
+            if not current:
+                return current is None
+            logger.info(
+                "the agent was away (its permit ran out %.1f s ago); etcd says its round goes on",
+                now - until,
+            )
+        self.permit.grant(now + self.gap_s)
+        return True
