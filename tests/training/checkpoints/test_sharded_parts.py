@@ -59,6 +59,13 @@ def _save_parts(rank: int, world: int, root: str) -> None:
     assert (part.rank, part.world, part.step) == (0, world, SAVE_AT)
 
 
+class _EvictedMidCommit(FileStore):
+    """The coordinator evicted as it commits: the merged metadata is up, no manifest is."""
+
+    def put_new(self, name: str, data: bytes) -> None:
+        raise OSError(f"put_new {name!r}: the node was evicted")
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("processes")
 @pytest.mark.timeout(300)
@@ -78,5 +85,12 @@ def test_a_set_with_a_part_missing_or_torn_is_never_committed(tmp_path: Path) ->
     shutil.rmtree(store)
     shutil.copytree(kept, store)
     assert complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT) is None  # not newer
+    cut = ShardedCheckpoints(_EvictedMidCommit(store), tmp_path / "scratch-0")
+    with pytest.raises(OSError, match="evicted"):
+        complete(cut, newer_than=SAVE_AT - 1)
+    assert _checkpoints(tmp_path, 0).entries() == []  # not half committed
+    # The next round's coordinator commits the same parts, once.
     entry = complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT - 1)
     assert entry is not None and entry.step == SAVE_AT and len(entry.files) == 2
+    assert complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT - 1) is None
+    assert _checkpoints(tmp_path, 0).entries() == [entry]
