@@ -12,7 +12,9 @@ a read of 16 bytes of shared memory). The agent renews it on every poll of its m
 (0.1 s) for ``GAP_S`` ahead (``Keeper.tick``). A poll that finds it run out (no poll for
 ``GAP_S``) means the agent itself was stopped or starved: it renews only once a read of etcd
 (not its watched copy, which is as old as the pause) shows its round is still the run's, and
-re-forms when it is not. Meanwhile the workers wait.
+re-forms when it is not. Meanwhile the workers wait, but only those that were paused too
+since the last grant (``Pauses``): an agent stopped alone, its workers running (a wedged
+agent), stops no one; its key decides, as before.
 
 Why ``GAP_S`` is short enough: the others leave this node out only once its key expired
 (``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 2 s by default, after its last
@@ -29,6 +31,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +45,8 @@ GAP_S = 0.5
 """How far ahead a poll renews the permit."""
 POLL_S = 0.01
 """How often a held worker looks again."""
+TICK_S = 0.05
+"""How often a worker's own watch looks at the clock (``Pauses``)."""
 _LAYOUT = struct.Struct("<dd")
 """The deadline twice (``time.monotonic``, one clock for every process of the host): a reader
 that sees two different values read it mid-write and reads again."""
@@ -71,11 +76,20 @@ class Permit:
             if first == second:
                 return first
 
-    def hold(self, stopped: Callable[[], bool], waiting: Callable[[float], None]) -> bool:
-        """Return True once the permit holds, False when ``stopped()`` first. ``waiting`` is
-        told once, with how long ago the permit ran out, when this call has to wait."""
+    def hold(
+        self,
+        stopped: Callable[[], bool],
+        waiting: Callable[[float], None],
+        pauses: Pauses | None = None,
+    ) -> bool:
+        """Return True once the permit holds, or at once when it ran out while this process
+        ran on (``pauses``: only its agent was away, a wedged agent stops no one); False when
+        ``stopped()`` first. ``waiting`` is told once, with how long ago the permit ran out,
+        when this call has to wait."""
         told = False
         while (now := time.monotonic()) >= (until := self.until()):
+            if pauses is not None and not pauses.since(until - GAP_S):
+                return True
             if stopped():
                 return False
             if not told:
@@ -91,6 +105,42 @@ class Permit:
         if not name or not Path(name).exists():
             return None
         return cls(Path(name))
+
+
+class Pauses:
+    """This process's own pauses, seen by a thread that looks at the clock every ``tick_s``:
+    a look later than ``gap_s`` means the process was stopped (its VM, or its tree, paused)
+    or starved that long."""
+
+    def __init__(
+        self,
+        gap_s: float = GAP_S,
+        tick_s: float = TICK_S,
+        clock: Callable[[], float] = time.monotonic,
+        watch: bool = True,
+    ) -> None:
+        self.gap_s, self.clock = gap_s, clock
+        self.last = clock()
+        self.resumed = float("-inf")
+        """When the latest pause ended (as this process's watch saw it)."""
+        if watch:
+            threading.Thread(target=self._watch, args=(tick_s,), name="pauses", daemon=True).start()
+
+    def _watch(self, tick_s: float) -> None:
+        while True:
+            time.sleep(tick_s)
+            self.look()
+
+    def look(self) -> None:
+        now = self.clock()
+        if now - self.last > self.gap_s:
+            self.resumed = now
+        self.last = now
+
+    def since(self, moment: float) -> bool:
+        """Whether this process paused after ``moment``, or is in a pause its watch has not
+        looked past yet (the first thread to run after a SIGCONT may be any)."""
+        return self.resumed > moment or self.clock() - self.last > self.gap_s
 
 
 class Keeper:

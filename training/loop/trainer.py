@@ -25,7 +25,7 @@ from training.api import EvalContext, MicroBatch
 from training.checkpoints.checkpoint import CheckpointError, serialize
 from training.data.sampler import loss_scale, micro_batches
 from training.elastic.faults import PeerLostError, StopRequest, is_peer_failure
-from training.elastic.permit import Permit
+from training.elastic.permit import Pauses, Permit
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
@@ -55,6 +55,8 @@ class Trainer(StatefulTrainer):
     _stop: StopRequest | None = None
     permit: Permit | None = None
     """The agent's permit to apply a step (training/elastic/permit.py); None: not held."""
+    pauses: Pauses | None = None
+    """This process's own pauses: a permit that ran out holds only a worker paused too."""
 
     # -- one optimiser step --------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -102,7 +104,7 @@ class Trainer(StatefulTrainer):
             )
 
         stop = self._stop
-        if not self.permit.hold(lambda: stop is not None and stop.requested, waiting):
+        if not self.permit.hold(lambda: stop is not None and stop.requested, waiting, self.pauses):
             raise PeerLostError(f"stopped while step {self.state.step + 1} waited for a permit")
 
     def micro_batch(self, indices: torch.Tensor) -> MicroBatch:
@@ -223,6 +225,7 @@ class Trainer(StatefulTrainer):
     def _train(self, stop: StopRequest) -> bool:
         """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
         self._stop, self.permit = stop, Permit.of_worker()
+        self.pauses = Pauses() if self.permit is not None else None
         log_every = self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.elastic.permit import PERMIT_FILE_ENV, Keeper, Permit
+from training.elastic.permit import PERMIT_FILE_ENV, Keeper, Pauses, Permit
 
 
 class Clock:
@@ -103,3 +103,30 @@ def test_a_stop_ends_the_wait_without_a_permit(tmp_path: Path) -> None:
     told: list[float] = []
     assert worker.hold(lambda: bool(told), told.append) is False
     assert len(told) == 1
+
+
+def test_a_process_sees_its_own_pause_even_before_its_watch_looks_again() -> None:
+    clock = Clock()
+    pauses = Pauses(gap_s=0.5, clock=clock, watch=False)
+    for _ in range(10):  # running: the watch looks every 0.05 s
+        clock.now += 0.05
+        pauses.look()
+    granted = clock.now
+    assert not pauses.since(granted - 1)
+    clock.now += 5.0  # SIGSTOP ... SIGCONT: this thread runs before the watch
+    assert pauses.since(granted)
+    pauses.look()
+    clock.now += 0.05
+    pauses.look()
+    assert pauses.since(granted)  # the pause came after the grant
+    assert not pauses.since(clock.now - 0.01)  # a grant after it
+
+
+def test_a_worker_that_ran_on_is_not_held_by_an_agent_stopped_alone(tmp_path: Path) -> None:
+    agent = Permit(tmp_path / "permit", writable=True)
+    clock = Clock(now=0.0)
+    running = Pauses(gap_s=0.5, clock=clock, watch=False)  # no pause of its own, ever
+    agent.grant(-1.0)  # a grant long run out: the agent stopped (a wedged agent)
+    told: list[float] = []
+    assert Permit(tmp_path / "permit").hold(lambda: False, told.append, running)
+    assert told == []
