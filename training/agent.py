@@ -6,7 +6,7 @@ waits a little first: worker pods may start before the etcd StatefulSet is ready
 agent runs in this same process, so it is what receives the eviction's SIGTERM: by default
 torch's elastic agent with warm workers (``training/launcher.py``), or, with
 ``TRAIN_LAUNCHER=torchrun``, torchrun itself exec'd with this rendezvous registered
-(``training/elastic/plain_torchrun.py``).
+(``training/plain_torchrun.py``).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def main(
         return code
     if launcher == "warm":
         return _run_warm_to_a_code(args)
-    execv(sys.executable, [sys.executable, "-m", "training.elastic.plain_torchrun", *args])
+    execv(sys.executable, [sys.executable, "-m", "training.plain_torchrun", *args])
     return 0  # only reached when execv is a test double
 
 

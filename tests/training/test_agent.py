@@ -38,7 +38,7 @@ def test_a_healthy_etcd_passes_and_torchrun_replaces_the_process(etcd_server: Em
     assert calls == [
         (
             sys.executable,
-            [sys.executable, "-m", "training.elastic.plain_torchrun", "--module", "training.train"],
+            [sys.executable, "-m", "training.plain_torchrun", "--module", "training.train"],
         )
     ]
 

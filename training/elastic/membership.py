@@ -101,6 +101,16 @@ class Membership:
         kv = self.client.get(f"{self.root}/state")
         return (None, 0) if kv is None else (json.loads(kv.value), kv.mod_revision)
 
+    def in_round(self, round_: int) -> bool | None:
+        """Whether etcd, read now (the watched copy may be as old as a pause), has this node
+        in ``round_``; None when etcd does not answer."""
+        try:
+            state, _ = self.read_state()
+        except EtcdError:
+            return None
+        members = (state or {}).get("members") or ()
+        return state is not None and state.get("round") == round_ and self.node in members
+
     @property
     def view(self) -> View:
         """The run's keys as the watch keeps them (an empty View before the first read)."""

@@ -99,6 +99,13 @@ class Permit:
         return True
 
     @classmethod
+    def of_agent(cls) -> Permit | None:
+        """The permit this agent keeps for its workers (made, run out), or None when its
+        launcher named none."""
+        name = os.environ.get(PERMIT_FILE_ENV)
+        return cls(Path(name), writable=True) if name else None
+
+    @classmethod
     def of_worker(cls) -> Permit | None:
         """The permit this worker's agent keeps, or None when it keeps none."""
         name = os.environ.get(PERMIT_FILE_ENV)
@@ -174,6 +181,8 @@ class Keeper:
         now = self.clock()
         if now >= (until := self.permit.until()):
             current = self.still_current()
+            if current is False:
+                logger.warning("the run went on without this node while it was away: re-forming")
             if not current:
                 return current is None
             logger.info(

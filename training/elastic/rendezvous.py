@@ -61,7 +61,7 @@ from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.launch import ROUND_FILE_ENV
 from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
-from training.elastic.permit import PERMIT_FILE_ENV, Keeper, Permit
+from training.elastic.permit import Keeper, Permit
 from training.elastic.reachability import Reports
 from training.elastic.round_store import RoundStore
 from training.elastic.rounds import Me, Quorum, Timing, View
@@ -121,7 +121,6 @@ class SpotRendezvousHandler(RendezvousHandler):
         verdict: Path | None = None,
         round_file: Path | None = None,
         watch_client: Etcd | None = None,
-        permit: Path | None = None,
     ) -> None:
         self.client, self.run_id, self.timing = client, run_id, timing
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
@@ -149,8 +148,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
         self.closing = closing.Closing(self.keys, run_id)
-        self.permit = Keeper(Permit(permit, writable=True) if permit else None, self._still_current)
-        """The workers' permit to step (training/elastic/permit.py)."""
+        self.permit = Keeper(Permit.of_agent(), lambda: self.keys.in_round(self.round))
         self.check_stop: Callable[[], None] = _no_stop
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
@@ -207,11 +205,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         heartbeat (training/elastic/liveness.py: ``Progress``)."""
         self.progress.beat()
         self.check_stop()
-        if not self.permit.tick():
-            logger.warning(
-                "round %d: the run went on without this node while it was away: re-forming",
-                self.round,
-            )
+        if not self.permit.tick():  # a paused node come back (training/elastic/permit.py)
             return 1
         view = self.keys.view
         if view.state_index < self._known_index:
@@ -349,19 +343,6 @@ class SpotRendezvousHandler(RendezvousHandler):
         )
         return RendezvousInfo(agents, rank, world, info)
 
-    def _still_current(self) -> bool | None:
-        """Whether etcd, read now (the watched copy may be as old as a pause), still has this
-        node in its round; None when etcd does not answer."""
-        try:
-            state, _ = self.keys.read_state()
-        except EtcdError:
-            return None
-        return (
-            state is not None
-            and state.get("round") == self.round
-            and self.node in (state.get("members") or ())
-        )
-
     def _dead(self, node: str, view: View, probe_live: bool) -> bool:
         return self.detector.dead(node, view.nodes.get(node), probe_live)
 
@@ -390,7 +371,6 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
     """The handler for torchrun's parameters (the PET_* env the operator sets)."""
     verdict = os.environ.get(VERDICT_ENV)
     round_file = os.environ.get(ROUND_FILE_ENV)
-    permit = os.environ.get(PERMIT_FILE_ENV)
     handler = SpotRendezvousHandler(
         _client(params),
         params.run_id,
@@ -401,7 +381,6 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
         verdict=Path(verdict) if verdict else None,
         round_file=Path(round_file) if round_file else None,
         watch_client=_client(params),
-        permit=Path(permit) if permit else None,
     )
     _created.append(handler)
     return handler

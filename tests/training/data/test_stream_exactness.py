@@ -64,15 +64,17 @@ def test_killed_everywhere_then_resumed_at_another_world_size(
 ) -> None:
     first = run_spawned(tmp_path, data, 2, [*ARGS, "--checkpoint-every-steps=2"], kill_at=5)
     assert first == {}  # both ranks exited at step 5's boundary, without a word
+    # Step 4's periodic save is skipped when step 2's is still being written (one in flight,
+    # training never waits): on a loaded machine the head may be step 2.
     head = CheckpointRepository(FileStore(tmp_path / "durable")).head()
-    assert head is not None and head.step == 4
+    assert head is not None and head.step in (2, 4)
     second = run_spawned(tmp_path, data, 3, [*ARGS, "--checkpoint-every-steps=2"])
     assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
     (resumed,) = events(second[0][1], "resumed")
-    assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 3)
-    # Steps 5..10 again from the durable step 4, in every node's log of the second round.
+    assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", head.step, 3)
+    # The steps after the durable head again, in every node's log of the second round.
     for _, log in second.values():
-        assert completed_steps(log) == set(range(5, MAX_STEPS + 1))
+        assert completed_steps(log) == set(range(head.step + 1, MAX_STEPS + 1))
     assert matches(tmp_path, expected) < TOLERANCE
 
 
