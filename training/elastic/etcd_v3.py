@@ -119,9 +119,15 @@ class Etcd:
         return self.client.post(self.client.get_url(path), json=body)
 
     # -- keys ----------------------------------------------------------------------------------
-    def range(self, prefix: str) -> tuple[list[KeyValue], int]:
-        """Every key under ``prefix``, and the store's revision when they were read."""
-        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+    def range(
+        self, prefix: str, end: str | None = None, first: int = 0
+    ) -> tuple[list[KeyValue], int]:
+        """Every key under ``prefix`` (from ``prefix`` up to ``end`` when given), and the
+        store's revision when they were read; ``first``: only that many, the oldest created
+        (``RangeRequest``'s ``limit`` with ``sort_target`` CREATE)."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(end or prefix_end(prefix))}
+        if first:
+            body.update(limit=first, sort_order="ASCEND", sort_target="CREATE")
         answer = self._post("/kv/range", body)
         return [_kv(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"])
 
@@ -179,8 +185,11 @@ class Etcd:
         self._post("/lease/revoke", {"ID": lease})
 
     # -- the watch -----------------------------------------------------------------------------
-    def watch(self, prefix: str, after: int, idle_s: float) -> Iterator[list[Event]]:
-        """Every change under ``prefix`` after revision ``after``, one list per watch response,
+    def watch(
+        self, prefix: str, after: int, idle_s: float, end: str | None = None
+    ) -> Iterator[list[Event]]:
+        """Every change under ``prefix`` (up to ``end`` when given) after revision ``after``,
+        one list per watch response,
         in revision order, on one stream; the stream ends once ``idle_s`` pass without a
         response, and the caller watches again from the last revision it saw.
 
@@ -193,7 +202,7 @@ class Etcd:
         body = {
             "create_request": {
                 "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix)),
+                "range_end": _b64(end or prefix_end(prefix)),
                 "start_revision": after + 1,
             }
         }

@@ -5,6 +5,9 @@ A watch event carries the key's new value, so the copy is kept without reading t
 keys again: a change costs each agent the decoding of the one key that changed. Re-reading
 the run's keys on every wake-up cost each agent all of them (every node's key and join), so
 N agents re-formed with about N changes, each re-read by N agents, of about 2N keys each.
+
+The joins are not in every agent's copy: N joins sent to N watches cost etcd N^2 messages a
+re-form. Only a node that may complete the round follows them (``Joins``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
-from training.elastic.etcd_v3 import Event, KeyValue
+from training.elastic.etcd_v3 import Etcd, EtcdError, Event, KeyValue
 from training.elastic.reachability import parse_report
-from training.elastic.rounds import View
+from training.elastic.rounds import Me, Reached, View, needs_joins
+
+HEAD = 8
+"""How many of a round's first joiners a new node reads to find one ahead of it."""
 
 
 class KeyCopy:
@@ -123,3 +130,63 @@ class KeyCopy:
             targets.discard(report[1])
             if not targets:
                 self._reports.pop(report[0], None)
+
+
+class Joins:
+    """The joins under ``root``, for the node that may complete the open round
+    (``rounds.needs_joins``): one range read, then the changes after it, one watch response
+    at a time, while the node waits in its rendezvous loop."""
+
+    def __init__(self, client: Etcd, root: str) -> None:
+        self._client, self._root = client, root
+        self._prefix = f"{root}/join/"
+        self._copy: KeyCopy | None = None
+        self._head: tuple[int, list[str]] = (0, [])
+
+    def for_view(self, view: View, me: Me, reached: Reached) -> View:
+        """``view`` with the joins when this node may complete the open round; else as it
+        is (no joins), and the joins are no longer followed."""
+        fresh: list[bool] = []
+
+        def head() -> list[str]:
+            if self._head[0] != me.joined_round:
+                kvs, _ = self._client.range(f"{self._prefix}{me.joined_round}/", first=HEAD)
+                self._head = (me.joined_round, [kv.key.rsplit("/", 1)[1] for kv in kvs])
+                fresh.append(True)
+            return self._head[1]
+
+        needs = needs_joins(view, me, reached, head)
+        if needs and self._head[0] == me.joined_round and not fresh:
+            self._head = (0, [])  # the head read before serves no one now: read it again
+            needs = needs_joins(view, me, reached, head)
+        if not needs:
+            self.drop()
+            return view
+        return replace(view, joined=self.joined())
+
+    @property
+    def following(self) -> bool:
+        return self._copy is not None
+
+    def joined(self) -> dict[int, dict[str, dict[str, Any]]]:
+        """Per round, the joiners in the order they joined (read once, then followed)."""
+        if self._copy is None:
+            copy = KeyCopy(self._root)
+            copy.load(*self._client.range(self._prefix))
+            self._copy = copy
+        return self._copy.view().joined
+
+    def wait(self, timeout_s: float) -> None:
+        """Apply the next change of the joins, or return after ``timeout_s`` without one."""
+        if self._copy is None:
+            return
+        try:
+            for events in self._client.watch(self._prefix, self._copy.revision, timeout_s):
+                self._copy.apply(events)
+                return
+        except EtcdError:
+            self._copy = None  # compacted, or etcd away: the next look reads them again
+
+    def drop(self) -> None:
+        """Stop following: another node completes the round, or none is open."""
+        self._copy = None

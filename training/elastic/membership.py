@@ -10,7 +10,8 @@ Layout under ``/spot-lab/rendezvous/<run_id>/`` (etcd v3 API, docs/rendezvous.md
   node's lease, which the agent keeps alive while its own loop makes progress.
 - ``join/<round>/<id>``: written once by each node that joins an open round, with the address
   and the port of the socket it holds for the workers' store, were it rank 0; on a lease of the
-  join timeout; withdrawn when the node leaves.
+  join timeout; withdrawn when the node leaves. Not watched: only the node that may complete
+  the round reads and follows them (training/elastic/key_copy.py, ``Joins``).
 - ``unreachable/<reporter>/<target>``: a peer the reporter cannot reach
   (training/elastic/reachability.py); on the reporter's lease.
 """
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from training.elastic import etcd_v3
-from training.elastic.etcd_v3 import Etcd, EtcdError, WatchCompacted
+from training.elastic.etcd_v3 import Etcd, EtcdError, WatchCompacted, prefix_end
 from training.elastic.key_copy import KeyCopy
 from training.elastic.liveness import ProbeServer, Progress
 from training.elastic.rounds import Timing, View
@@ -84,6 +85,9 @@ class Membership:
         self.probe: ProbeServer | None = None
         self.stop = threading.Event()
         self._copy = KeyCopy(self.root)
+        self._watched = (f"{self.root}/nodes/", prefix_end(f"{self.root}/"))
+        """The keys the copy holds: ``nodes/``, ``state`` and ``unreachable/`` sort after
+        ``join/``, so one range leaves the joins out."""
         self._changed = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._written_index = 0
@@ -119,30 +123,36 @@ class Membership:
     def read_view(self) -> View:
         """Read the run's keys (one range read) into the watched copy, unless the copy is
         newer already."""
-        kvs, revision = self.client.range(f"{self.root}/")
+        kvs, revision = self.client.range(*self._watched)
         self._saw(self._copy.load(kvs, revision))
         return self._copy.view()
 
     def current_view(self) -> View:
         """The watched view once it holds this node's last write (or the write that beat it):
-        waited for while the watch runs, read when it lags."""
+        waited for while the watch runs, read when it lags or runs no more."""
         target = self._written_index
 
         def caught_up() -> bool:
             return self._copy.revision >= max(target, 1)
 
-        if not caught_up() and self._threads and not self.stop.is_set():
+        if not self._threads or self.stop.is_set():
+            return self.read_view()
+        if not caught_up():
             with self._changed:
                 self._changed.wait_for(caught_up, CATCH_UP_S)
         return self._copy.view() if caught_up() else self.read_view()
 
     # -- transactions -------------------------------------------------------------------------
-    def _txn(self, compare: list[dict], success: list[dict], keys: list[str]) -> bool:
+    def _txn(
+        self, compare: list[dict], success: list[dict], keys: list[str], watched: bool = True
+    ) -> bool:
         """A transaction on ``keys`` (the compared ones, under the run's root). Its revision,
-        or the compared keys' own when the compare failed, is what the view must reach."""
+        or the compared keys' own when the compare failed, is what the view must reach when
+        the keys are ``watched``."""
         done, revision, current = self.client.txn_or_read(compare, success, keys)
         seen = revision if done else max((kv.mod_revision for kv in current), default=revision)
-        self._written_index = max(self._written_index, seen)
+        if watched:
+            self._written_index = max(self._written_index, seen)
         return done
 
     def write_state(self, state: dict[str, Any], index: int | None) -> bool:
@@ -167,7 +177,8 @@ class Membership:
         info = {"addr": self.addr, "port": self.port_held.getsockname()[1]}
         key = f"{self.root}/join/{round_}/{self.node}"
         lease = self.client.grant(self.timing.join_timeout_s)
-        if not self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, json.dumps(info), lease)], [key]):
+        put = [etcd_v3.put(key, json.dumps(info), lease)]
+        if not self._txn([etcd_v3.absent(key)], put, [key], watched=False):
             with contextlib.suppress(EtcdError):
                 self.client.revoke(lease)  # joined already (a retry after a lost answer)
         self.joined_round = round_
@@ -265,9 +276,8 @@ class Membership:
                     fresh = False
                     self._notify()
                 idle_s = self.timing.keep_alive_interval_s * 5
-                for events in self._watch_client.watch(
-                    f"{self.root}/", self._copy.revision, idle_s
-                ):
+                start, end = self._watched
+                for events in self._watch_client.watch(start, self._copy.revision, idle_s, end):
                     self._saw(self._copy.apply(events))
                     self._notify()
                     if self.stop.is_set():

@@ -58,6 +58,7 @@ from training.elastic import closing, rounds
 from training.elastic.agent_store import AgentStore
 from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
+from training.elastic.key_copy import Joins
 from training.elastic.launch import ROUND_FILE_ENV
 from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
@@ -142,6 +143,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
+        self.joins = Joins(client, self.root)
         self.reports = Reports(client, self.root, self.node, lambda: self.keys.lease)
         self.store = RoundStore()
         self.round = 0
@@ -236,6 +238,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         # A new round follows a fault: an answer from before it would make this round wait
         # for a node killed since, until the answer ran out.
         self.detector.forget()
+        self.joins.drop()
         self.store.close()  # the last round's workers are stopped: its store goes with them
         while True:
             self.progress.beat()
@@ -261,7 +264,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             if isinstance(done, RendezvousInfo):
                 return done
             opened = done
-            self.keys.wait_for_change(POLL_S)
+            (self.joins.wait if self.joins.following else self.keys.wait_for_change)(POLL_S)
 
     # -- one step of joining ------------------------------------------------------------------
     def _me(self) -> Me:
@@ -274,15 +277,10 @@ class SpotRendezvousHandler(RendezvousHandler):
         if state.get("members", ()) is None and not opened:
             opened = time.monotonic()
         self.reports.ask_again(view.nodes, self.detector.reached)  # a healed partition
-        action = rounds.decide(
-            view,
-            self._me(),
-            lambda n: self._dead(n, view, probe_live=True),
-            quorum,
-            opened,
-            time.monotonic(),
-            reached=lambda n: self.detector.reached(n, view.nodes.get(n)),
-        )
+        reached = lambda n: self.detector.reached(n, view.nodes.get(n))  # noqa: E731
+        view = self.joins.for_view(view, self._me(), reached)  # only a completer reads joins
+        dead = lambda n: self._dead(n, view, probe_live=True)  # noqa: E731
+        action = rounds.decide(view, self._me(), dead, quorum, opened, time.monotonic(), reached)
         if isinstance(action, rounds.Closed):
             raise self.closing.found(state)
         if isinstance(action, rounds.Member):

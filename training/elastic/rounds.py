@@ -278,6 +278,38 @@ def _may_complete(
     return not afresh or open_for_s >= quorum.last_call_s
 
 
+def needs_joins(view: View, me: Me, reached: Reached, head: Callable[[], list[str]]) -> bool:
+    """Whether this node may be the one to complete the open round it joined, and so must
+    follow every join (training/elastic/rendezvous.py reads them only then).
+
+    The first node of the round's order that it reaches completes the round. A node ahead of
+    this one in the order that it reaches, and that no report names, completes the round or
+    holds it (the round waits for every live previous member to join): this node then waits
+    without the joins, so a round's N joins go to one watcher instead of N. The previous
+    members come first, in their order, then the other joiners in the order they joined
+    (``head``: the first of them, asked only when no previous member serves). Waiting on
+    fewer joins than there are only delays a round: it completes once every node it expects
+    joined or is dead, and ``decide`` counts only joins it was given.
+    """
+    state = view.state
+    if state is None or state.get("members") is not None or me.joined_round != state["round"]:
+        return False
+    previous = list(state.get("previous") or [])
+    named = {n for reporter, targets in view.reports.items() for n in (reporter, *targets)}
+
+    def serves(node: str) -> bool:
+        return node != me.node and node not in named and reached(node)
+
+    if me.node in previous:
+        return not any(serves(n) for n in previous[: previous.index(me.node)])
+    if any(serves(n) for n in previous):
+        return False
+    first = head()
+    return not any(
+        serves(n) for n in (first[: first.index(me.node)] if me.node in first else first)
+    )
+
+
 @dataclass(frozen=True)
 class Reform:
     """Why the running group must re-form, and the nodes that make it so."""

@@ -292,6 +292,11 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
     world = _report(world, name, effects)
     reached, effects = _prober(world, name)
     view = _view_of(world)
+    # As the handler does: only a node that may complete the round is given its joins.
+    bare = replace(view, joined={})
+    order = list(view.joined.get(node.joined_round, {}))
+    if not rounds.needs_joins(bare, me, reached, lambda: order):
+        view = bare
     action = rounds.decide(view, me, lambda n: _dead(world, n), quorum, 0.0, now, reached)
     world = _report(world, name, effects)
     if isinstance(action, rounds.Create) and world.state is None:

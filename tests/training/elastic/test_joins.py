@@ -1,0 +1,120 @@
+"""The joins of an open round go to the node that may complete it, not to every node: N joins
+watched by N agents cost etcd N^2 messages a re-form (docs/benchmarks.md, the rendezvous at
+scale)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from lab.local.etcd_server import EmbeddedEtcd
+from tests.support.waiting import wait_until
+from training.elastic import etcd_v3
+from training.elastic.etcd_v3 import Etcd, KeyValue
+from training.elastic.key_copy import Joins
+from training.elastic.liveness import Progress
+from training.elastic.membership import Membership
+from training.elastic.rounds import Me, Timing, View, needs_joins
+
+
+def open_round(previous: list[str], reports: dict[str, set[str]] | None = None) -> View:
+    state = {"round": 2, "members": None, "previous": previous}
+    return View(state=state, state_index=5, reports=reports or {})
+
+
+def never() -> list[str]:
+    raise AssertionError("the head of the joins was read, though a previous member serves")
+
+
+def test_a_previous_member_follows_the_joins_only_when_none_ahead_of_it_serves() -> None:
+    view, me = open_round(["a", "b", "c"]), Me("c", 1, 2)
+    assert not needs_joins(view, me, lambda n: True, never)  # a completes
+    assert not needs_joins(view, me, lambda n: n == "b", never)  # a is gone: b does
+    assert needs_joins(view, me, lambda n: n == "c", never)  # a and b are gone
+    assert needs_joins(view, Me("a", 1, 2), lambda n: True, never)  # nobody is ahead of a
+
+
+def test_a_node_named_in_a_report_serves_no_one() -> None:
+    # b cannot reach a (or a b): the reports decide who is out, so c may have to complete.
+    view = open_round(["a", "b", "c"], reports={"b": {"a"}})
+    assert needs_joins(view, Me("c", 1, 2), lambda n: True, never)
+
+
+def test_a_new_node_looks_at_the_first_joiners_only_when_no_previous_member_serves() -> None:
+    me = Me("d", 0, 2)
+    assert not needs_joins(open_round(["a"]), me, lambda n: True, never)
+    # An afresh group (no previous member alive): the order is the order of the joins.
+    head = ["x", "d", "y"]
+    assert not needs_joins(open_round(["a"]), me, lambda n: n == "x", lambda: head)
+    assert needs_joins(open_round(["a"]), me, lambda n: n == "y", lambda: head)
+    # Not among the first joiners read, and none of them serves: it may have to complete.
+    assert needs_joins(open_round([]), me, lambda n: False, lambda: ["x", "y"])
+    assert not needs_joins(open_round([]), me, lambda n: n == "y", lambda: ["x", "y"])
+
+
+def test_nothing_to_follow_outside_an_open_round_this_node_joined() -> None:
+    assert not needs_joins(open_round(["a"]), Me("a", 1, 1), lambda n: True, never)
+    done = View(state={"round": 2, "members": ["a"], "previous": []}, state_index=5)
+    assert not needs_joins(done, Me("a", 1, 2), lambda n: True, never)
+    assert not needs_joins(View(), Me("a", 0, 0), lambda n: True, never)
+
+
+class CountingEtcd(Etcd):
+    """An etcd client that counts its range reads."""
+
+    ranges = 0
+
+    def range(
+        self, prefix: str, end: str | None = None, first: int = 0
+    ) -> tuple[list[KeyValue], int]:
+        self.ranges += 1
+        return super().range(prefix, end, first)
+
+
+@pytest.fixture
+def membership(etcd_server: EmbeddedEtcd) -> Iterator[Membership]:
+    port = etcd_server.client_port
+    keys = Membership(
+        Etcd("127.0.0.1", port),
+        Etcd("127.0.0.1", port),
+        f"joins-{time.monotonic_ns()}",
+        "c",
+        "127.0.0.1",
+        Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2),
+        Progress(60),
+    )
+    keys.start()
+    yield keys
+    keys.leave()
+
+
+def test_only_the_node_that_may_complete_a_round_reads_and_follows_its_joins(
+    membership: Membership,
+) -> None:
+    keys, port = membership, membership.client.client.port
+    other, client = Etcd("127.0.0.1", port), CountingEtcd("127.0.0.1", port)
+    keys.update_state(lambda s: {"round": 2, "members": None, "previous": ["a", "b", "c"]}, 2)
+    for name in ("a", "b"):
+        other.txn([], [etcd_v3.put(f"{keys.root}/join/2/{name}", json.dumps({"n": name}))])
+    keys.join(2)
+    wait_until(lambda: keys.view.state is not None, 10, "the watch to see the open round")
+    view = keys.current_view()
+    assert view.joined == {}, "the watched copy holds the joins"
+    me = Me("c", 1, 2)
+
+    joins = Joins(client, keys.root)
+    assert joins.for_view(view, me, lambda n: n == "b").joined == {}
+    assert not joins.following and client.ranges == 0, "a node that waits read the joins"
+
+    seen = joins.for_view(view, me, lambda n: n == "c")  # a and b gone: c completes
+    assert list(seen.joined[2]) == ["a", "b", "c"] and joins.following
+    other.txn([], [etcd_v3.put(f"{keys.root}/join/2/d", "{}")])
+    wait_until(lambda: (joins.wait(1.0), "d" in joins.joined()[2])[1], 10, "the join of d")
+    assert client.ranges == 1, "the joins were read again instead of followed"
+    assert keys.current_view().joined == {}, "the watched copy took the joins"
+
+    joins.for_view(view, me, lambda n: True)  # a serves again: no more following
+    assert not joins.following
