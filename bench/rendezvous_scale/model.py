@@ -9,9 +9,10 @@ rounds, per agent, one lease keep-alive per heartbeat interval and one new watch
 ``WATCH_IDLE_INTERVALS`` quiet intervals; in a re-form, per survivor, one transaction on the
 state's mod revision (opening the next round: all race, one wins, the losers' transactions
 read the state in their failure branch), one lease grant and one transaction for its join, and
-for the completer a transaction and a delete of the last round's joins. Every change reaches
-every agent's watch as an event with the key's value: etcd sends about N changes to N
-watchers per re-form, nobody reads the keys again.
+for the completer a transaction and a delete of the last round's joins. Every change but a join
+reaches every agent's watch as an event with the key's value; the joins reach only the node
+that may complete the round (training/elastic/key_copy.py, ``Joins``), so etcd sends a few
+changes to N watchers and N joins to one per re-form, and nobody reads the keys again.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ no read."""
 REQUESTS_PER_SURVIVOR = 3
 """A survivor's requests in a re-form, by design: the transaction that opens the next round,
 a lease grant and the join's transaction."""
-REQUESTS_PER_COMPLETION = 2
-"""The completer's: the transaction that completes the round and the delete of the last
-round's joins."""
+REQUESTS_PER_COMPLETION = 3
+"""The completer's: the range read of the joins it then follows, the transaction that
+completes the round and the delete of the last round's joins (besides one short watch per
+batch of joins it wakes on, at most one per survivor)."""
 ETCD_CORES = 1.0
 """The cores the modelled etcd gives a re-form: a re-form takes at least etcd's CPU seconds
 for it over these (the linear time alone would assume etcd keeps up at any N)."""
@@ -150,7 +152,7 @@ def expected_quiet_req_s(nodes: int, keep_alive_interval_s: float) -> float:
 
 def expected_reform_requests(nodes: int, reform_s: float, keep_alive_interval_s: float) -> float:
     """etcd requests of one re-form after a death from the handler's design: each of the
-    N - 1 survivors' three, the completer's two, and the keep-alives meanwhile."""
+    N - 1 survivors' three, the completer's three, and the keep-alives meanwhile."""
     survivors = nodes - 1
     keep_alives = survivors * reform_s / keep_alive_interval_s
     return REQUESTS_PER_SURVIVOR * survivors + REQUESTS_PER_COMPLETION + keep_alives
@@ -213,7 +215,8 @@ def assumptions(cal: Calibration) -> list[str]:
         f"etcd CPU per re-form = {cal.reform_etcd_cpu_s.b:.5f} * N + "
         f"{cal.reform_etcd_cpu_s.c:.7f} * N^2 s: the N term for the transactions and "
         "grants, which etcd orders through its log; the N^2 term for the watch's fan-out, "
-        "every change sent as an event to every agent's watch through the JSON gateway. "
+        "a change sent as an event to every agent's watch through the JSON gateway (every "
+        "change but the joins, which only the completer follows). "
         "etcd cores re-form = that CPU / modelled re-form time.",
         "False deaths are not modelled (n/a): they are measured only up to the largest real N. "
         "The model assumes a lease keep-alive still completes within the lease's TTL and a "

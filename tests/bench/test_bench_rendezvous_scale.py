@@ -49,7 +49,7 @@ def test_the_quiet_load_of_the_design_is_a_keep_alive_and_a_watch_stream_per_age
 def test_a_reform_of_the_design_is_three_requests_per_survivor_and_the_keep_alives() -> None:
     # 9 survivors: 3 each (open the round, lease grant, join), 2 for the completer, and
     # 9 keep-alives a second for 2 s.
-    assert model.expected_reform_requests(10, 2.0, 1.0) == pytest.approx(27 + 2 + 18)
+    assert model.expected_reform_requests(10, 2.0, 1.0) == pytest.approx(27 + 3 + 18)
 
 
 def _points() -> list[model.Point]:
@@ -75,7 +75,7 @@ def test_a_calibrated_model_predicts_larger_n_and_says_what_it_assumes() -> None
     )
     assert row["reform_etcd_cpu_s"] == pytest.approx(1e-6 * 1024**2, abs=1e-3)
     assert row["reform_etcd_cores"] == pytest.approx(1.049 / 10.44, abs=0.01)
-    assert row["expected_reform_requests"] == round(3 * 1023 + 2 + 1023 * 10.44)
+    assert row["expected_reform_requests"] == round(3 * 1023 + 3 + 1023 * 10.44)
     text = " ".join(model.assumptions(cal))
     assert "N = 8, 32, 64" in text and "N^2" in text and "not modelled" in text
     assert "lease keep-alive" in text and "watch" in text

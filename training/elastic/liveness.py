@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -217,11 +218,37 @@ class Detector:
             del self._verdicts[node]
             self._misses.pop(node, None)
 
+    def prefetch(self, nodes: dict[str, dict[str, Any] | None], side_by_side: int = 32) -> None:
+        """Probe every node of ``nodes`` (its key, or None once expired) that has no held
+        answer, side by side. The completer of a round asks about every joiner: one probe
+        after another would cost a round of N joiners N round trips."""
+        todo: dict[str, tuple[dict[str, Any], bool]] = {}
+        for node, info in nodes.items():
+            seen = info or self._last_seen.get(node)
+            cached = self._verdicts.get(node)
+            if seen is None or (info is not None and info["left"]):
+                continue
+            if cached is None or time.monotonic() >= cached[0]:
+                todo[node] = (seen, info is not None)
+        if len(todo) < 2:
+            return
+        with ThreadPoolExecutor(min(side_by_side, len(todo)), "rdzv-probes") as pool:
+            verdicts = pool.map(
+                lambda n: probe(todo[n][0]["addr"], todo[n][0]["port"], n, self.probe_timeout_s),
+                list(todo),
+            )
+            for node, verdict in zip(list(todo), verdicts, strict=True):
+                self._record(node, verdict, todo[node][1])
+
     def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         cached = self._verdicts.get(node)
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
+        return self._record(node, verdict, keyed)
+
+    def _record(self, node: str, verdict: Verdict, keyed: bool) -> Verdict:
+        """Hold a probe's answer, count its misses and tell ``on_probe``."""
         hold = self.retry_s if verdict in SILENT else self.hold_alive_s
         before = self._verdicts.get(node, (0.0, Verdict.ALIVE))[1]
         self._verdicts[node] = (time.monotonic() + hold, verdict)

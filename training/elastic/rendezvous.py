@@ -279,6 +279,9 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.reports.ask_again(view.nodes, self.detector.reached)  # a healed partition
         reached = lambda n: self.detector.reached(n, view.nodes.get(n))  # noqa: E731
         view = self.joins.for_view(view, self._me(), reached)  # only a completer reads joins
+        if self.joins.following:  # it asks about every joiner: side by side, not in turn
+            joiners = view.joined.get(self.keys.joined_round, {})
+            self.detector.prefetch({n: view.nodes.get(n) for n in joiners if n != self.node})
         dead = lambda n: self._dead(n, view, probe_live=True)  # noqa: E731
         action = rounds.decide(view, self._me(), dead, quorum, opened, time.monotonic(), reached)
         if isinstance(action, rounds.Closed):

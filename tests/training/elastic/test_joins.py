@@ -5,8 +5,11 @@ scale)."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
+from threading import current_thread
 
 import pytest
 
@@ -15,7 +18,7 @@ from tests.support.waiting import wait_until
 from training.elastic import etcd_v3
 from training.elastic.etcd_v3 import Etcd, KeyValue
 from training.elastic.key_copy import Joins
-from training.elastic.liveness import Progress
+from training.elastic.liveness import Detector, Progress, Verdict
 from training.elastic.membership import Membership
 from training.elastic.rounds import Me, Timing, View, needs_joins
 
@@ -118,3 +121,35 @@ def test_only_the_node_that_may_complete_a_round_reads_and_follows_its_joins(
 
     joins.for_view(view, me, lambda n: True)  # a serves again: no more following
     assert not joins.following
+
+
+def test_the_completer_probes_the_joiners_side_by_side_and_holds_the_answers() -> None:
+    # Four joiners that answer only once all four probes are connected at once: probes one
+    # after another would each wait out their timeout, unanswered.
+    names = ["j0", "j1", "j2", "j3"]
+    together = threading.Barrier(len(names))
+    listeners = {n: socket.create_server(("127.0.0.1", 0)) for n in names}
+
+    def serve(name: str) -> None:
+        conn, _ = listeners[name].accept()
+        together.wait(timeout=60)
+        with conn:
+            conn.sendall(name.encode() + b"\n")
+
+    servers = [threading.Thread(target=serve, args=(n,), daemon=True) for n in names]
+    for server in servers:
+        server.start()
+    told: list[tuple[str, Verdict, threading.Thread]] = []
+    detector = Detector(60.0, 60.0, 0.05, lambda n, v, k: told.append((n, v, current_thread())))
+    infos = {
+        n: {"addr": "127.0.0.1", "port": s.getsockname()[1], "left": False}
+        for n, s in listeners.items()
+    }
+    detector.prefetch(dict(infos))
+    assert sorted(n for n, _, _ in told) == names
+    assert {v for _, v, _ in told} == {Verdict.ALIVE}, "the probes were not side by side"
+    assert {t for _, _, t in told} == {current_thread()}, "a verdict was told off the caller"
+    for listener in listeners.values():
+        listener.close()  # from now on a probe would be refused
+    assert all(detector.reached(n, infos[n]) for n in names), "the held answers were not used"
+    assert len(told) == 4, "a held answer was asked again"
