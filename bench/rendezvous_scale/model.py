@@ -17,9 +17,12 @@ changes to N watchers and N joins to one per re-form, and nobody reads the keys 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from training.elastic.launch import MEASURED_HEARTBEATS_PER_S
 
 WATCH_IDLE_INTERVALS = 5
 """A watch stream that saw no event for this many heartbeat intervals ends, and the next one
@@ -28,10 +31,9 @@ no read."""
 REQUESTS_PER_SURVIVOR = 3
 """A survivor's requests in a re-form, by design: the transaction that opens the next round,
 a lease grant and the join's transaction."""
-REQUESTS_PER_COMPLETION = 3
-"""The completer's: the range read of the joins it then follows, the transaction that
-completes the round and the delete of the last round's joins (besides one short watch per
-batch of joins it wakes on, at most one per survivor)."""
+REQUESTS_PER_COMPLETION = 4
+"""The completer's: the range read of the joins and the watch that follows them, the
+transaction that completes the round and the delete of the last round's joins."""
 ETCD_CORES = 1.0
 """The cores the modelled etcd gives a re-form: a re-form takes at least etcd's CPU seconds
 for it over these (the linear time alone would assume etcd keeps up at any N)."""
@@ -71,7 +73,12 @@ class Point:
     reform_requests: float
     """etcd requests during one re-form after a death, from the kill to the last return."""
     reform_etcd_cpu_s: float
-    """etcd's CPU seconds over the same window."""
+    """etcd's CPU seconds over the same window, less what it spends between rounds
+    (``quiet_etcd_cores`` over the window): the keep-alives go on during a re-form whether
+    or not it happens, and counting them in made a re-form that takes longer at larger N
+    cost more again."""
+    quiet_etcd_cores: float = 0.0
+    """etcd's cores between rounds (keep-alives, watch streams)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Calibration:
     quiet_req_s: Line
     reform_requests: Quadratic
     reform_etcd_cpu_s: Quadratic
+    quiet_etcd_cores: Line = Line(0.0, 0.0)
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> Line:
@@ -140,6 +148,7 @@ def calibrate(points: Sequence[Point], keep_alive_interval_s: float) -> Calibrat
         quiet_req_s=fit_line(pairs("quiet_req_s")),
         reform_requests=fit_quadratic(pairs("reform_requests")),
         reform_etcd_cpu_s=fit_quadratic(pairs("reform_etcd_cpu_s")),
+        quiet_etcd_cores=fit_line(pairs("quiet_etcd_cores")),
     )
 
 
@@ -152,36 +161,54 @@ def expected_quiet_req_s(nodes: int, keep_alive_interval_s: float) -> float:
 
 def expected_reform_requests(nodes: int, reform_s: float, keep_alive_interval_s: float) -> float:
     """etcd requests of one re-form after a death from the handler's design: each of the
-    N - 1 survivors' three, the completer's three, and the keep-alives meanwhile."""
+    N - 1 survivors' three, the completer's four, and the keep-alives meanwhile."""
     survivors = nodes - 1
     keep_alives = survivors * reform_s / keep_alive_interval_s
     return REQUESTS_PER_SURVIVOR * survivors + REQUESTS_PER_COMPLETION + keep_alives
 
 
+def allowed_interval_s(nodes: int, interval_s: float) -> float:
+    """The heartbeat interval the stack config lets ``nodes`` agents run
+    (stack_config/validate.py: at most ``MEASURED_HEARTBEATS_PER_S`` heartbeats a second)."""
+    return max(interval_s, math.ceil(nodes / MEASURED_HEARTBEATS_PER_S))
+
+
 def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
     """One modelled row; false deaths are not modelled (None). A re-form takes the fitted
-    line's time, or etcd's CPU seconds for it over ``ETCD_CORES`` when that is longer."""
+    line's time, or etcd's CPU seconds for it over the cores etcd has left beside its work
+    between rounds (``ETCD_CORES`` less the quiet cores) when that is longer; when the
+    quiet work alone takes them all, etcd cannot keep up and the re-form has no time (None:
+    ``saturated``)."""
     requests = cal.reform_requests.at(nodes)
     cpu_s = cal.reform_etcd_cpu_s.at(nodes)
-    reform_s = max(cal.reform_death_s.at(nodes), cpu_s / ETCD_CORES, 1e-3)
+    # At the interval the stack allows N agents, the work between rounds (a keep-alive per
+    # interval, a watch stream per five) shrinks by the ratio of the intervals.
+    interval = allowed_interval_s(nodes, cal.keep_alive_interval_s)
+    slower = cal.keep_alive_interval_s / interval
+    quiet = cal.quiet_etcd_cores.a + cal.quiet_etcd_cores.b * nodes * slower
+    free = ETCD_CORES - quiet
+    reform_s = max(cal.reform_death_s.at(nodes), cpu_s / free, 1e-3) if free > 0 else None
     return {
         "nodes": nodes,
         "source": "model",
         "first_round_s": round(cal.first_round_s.at(nodes), 3),
-        "reform_death_s": round(reform_s, 3),
+        "reform_death_s": None if reform_s is None else round(reform_s, 3),
         "reform_leave_s": round(cal.reform_leave_s.at(nodes), 3),
         "false_deaths": None,
-        "quiet_req_s": round(cal.quiet_req_s.at(nodes), 1),
-        "expected_quiet_req_s": round(expected_quiet_req_s(nodes, cal.keep_alive_interval_s), 1),
+        "keep_alive_interval_s": interval,
+        "quiet_req_s": round(cal.quiet_req_s.a + cal.quiet_req_s.b * nodes * slower, 1),
+        "expected_quiet_req_s": round(expected_quiet_req_s(nodes, interval), 1),
         "reform_requests": round(requests),
-        "expected_reform_requests": round(
-            expected_reform_requests(nodes, reform_s, cal.keep_alive_interval_s)
-        ),
-        "reform_req_s": round(requests / reform_s, 1),
+        "expected_reform_requests": None
+        if reform_s is None
+        else round(expected_reform_requests(nodes, reform_s, interval)),
+        "reform_req_s": None if reform_s is None else round(requests / reform_s, 1),
         "reform_etcd_cpu_s": round(cpu_s, 3),
-        # Cores etcd must have to serve the re-form in the modelled time; beyond the cores
-        # it has, the re-form waits for etcd and the linear time is too low.
-        "reform_etcd_cores": round(cpu_s / reform_s, 2),
+        "quiet_etcd_cores": round(quiet, 3),
+        "saturated": reform_s is None,
+        # Cores etcd must have to serve the re-form in the modelled time beside its quiet
+        # work; beyond the cores it has, the re-form waits for etcd.
+        "reform_etcd_cores": None if reform_s is None else round(cpu_s / reform_s + quiet, 2),
     }
 
 
@@ -201,8 +228,12 @@ def assumptions(cal: Calibration) -> list[str]:
         f"Times are linear in N: {_line('first round s', cal.first_round_s)}, "
         f"{_line('re-form after a death s', cal.reform_death_s)}, "
         f"{_line('re-form after a leave s', cal.reform_leave_s)}. A re-form after a death "
-        f"takes at least etcd's CPU seconds for it on {ETCD_CORES:g} core: where that is "
-        "longer, it is the modelled time.",
+        f"takes at least etcd's CPU seconds for it on the part of {ETCD_CORES:g} core that "
+        "its work between rounds leaves free: where that is longer, it is the modelled time.",
+        "Each modelled N beats at the interval the stack config allows it "
+        f"(stack_config/validate.py: at most {MEASURED_HEARTBEATS_PER_S} heartbeats a "
+        "second, so N / that many seconds, and never faster than measured); the work between "
+        "rounds (keep-alives, watch streams) shrinks by the ratio of the intervals.",
         f"etcd requests/s between rounds are linear in N: {_line('req/s', cal.quiet_req_s)} "
         f"(fitted {slope:.2f} per agent; the design gives {design:.2f}: one lease keep-alive "
         f"per {cal.keep_alive_interval_s:g} s interval, and one new watch stream per "
@@ -217,7 +248,10 @@ def assumptions(cal: Calibration) -> list[str]:
         "grants, which etcd orders through its log; the N^2 term for the watch's fan-out, "
         "a change sent as an event to every agent's watch through the JSON gateway (every "
         "change but the joins, which only the completer follows). "
-        "etcd cores re-form = that CPU / modelled re-form time.",
+        "It is etcd's CPU over the re-form's window less its cores between rounds over that "
+        f"window ({_line('quiet cores', cal.quiet_etcd_cores)}), which the keep-alives "
+        "spend whether or not a round re-forms. etcd cores re-form = that CPU / modelled "
+        "re-form time + the quiet cores.",
         "False deaths are not modelled (n/a): they are measured only up to the largest real N. "
         "The model assumes a lease keep-alive still completes within the lease's TTL and a "
         "probe is answered within the probe timeout at that N.",
@@ -225,6 +259,7 @@ def assumptions(cal: Calibration) -> list[str]:
         "per request, and a write waits for a quorum of three members. On the calibrating "
         "machine all N agents share its few cores with etcd, so part of the measured growth "
         "with N is the agents' own CPU (each decodes every event of its watch, and the "
-        "completer probes every joiner in turn), which a cluster with one agent per node does "
+        "completer probes the joiners, up to 32 side by side), which a cluster with one agent "
+        "per node does "
         "not share.",
     ]

@@ -255,5 +255,5 @@ def run_scale(config: ScaleConfig, out: Path, say: Callable[[str], None]) -> dic
         "assumptions": harness_assumptions(config, conf),
         "measured": measured,
         "model": fitted,
-        "rows": [measured_row(m) for m in measured] + fitted.get("rows", []),
+        "rows": [measured_row(m, interval) for m in measured] + fitted.get("rows", []),
     }

@@ -34,6 +34,7 @@ def summarize_reps(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "reform_etcd_cpu_s": summarize_known(_values(reps, "death", "etcd", "etcd_cpu_s")),
         "reform_reads": summarize_known(_values(reps, "death", "etcd", "reads")),
         "reform_etcd_cores": summarize_known(_values(reps, "death", "etcd", "etcd_cpu_share")),
+        "quiet_etcd_cores": summarize_known(_values(reps, "quiet", "etcd", "etcd_cpu_share")),
         "false_deaths": sum(rep["false_deaths"] for rep in reps),
         "errors": [rep["error"] for rep in reps if rep["error"]],
     }
@@ -44,7 +45,8 @@ def _median(summary: dict[str, Any], key: str) -> float | None:
     return value["median"] if value else None
 
 
-def measured_row(result: dict[str, Any]) -> dict[str, Any]:
+def measured_row(result: dict[str, Any], interval_s: float | None = None) -> dict[str, Any]:
+    """``interval_s``: the heartbeat interval the agents ran with."""
     summary = result["summary"]
     keys = (
         "first_round_s",
@@ -60,6 +62,7 @@ def measured_row(result: dict[str, Any]) -> dict[str, Any]:
         "source": "measured",
         **{key: _median(summary, key) for key in keys},
         "false_deaths": summary["false_deaths"],
+        "keep_alive_interval_s": interval_s,
     }
 
 
@@ -73,7 +76,11 @@ def build_model(
         keys = ("first_round_s", "reform_death_s", "reform_leave_s", "quiet_req_s")
         medians = [_median(summary, key) for key in (*keys, "reform_requests", "reform_etcd_cpu_s")]
         if all(m is not None for m in medians):
-            points.append(model.Point(result["nodes"], *medians))  # type: ignore[arg-type]
+            *figures, cpu_s = medians
+            quiet = _median(summary, "quiet_etcd_cores") or 0.0  # not in older results
+            # The re-form's own etcd CPU: its window's less the quiet rate over that window.
+            own = max(cpu_s - quiet * medians[1], 0.0)  # type: ignore[operator]
+            points.append(model.Point(result["nodes"], *figures, own, quiet))  # type: ignore[arg-type]
     if len({p.nodes for p in points}) < 2:
         return {"error": "the model needs complete measurements at two node counts or more"}
     cal = model.calibrate(points, interval_s)
@@ -91,6 +98,7 @@ COLUMNS = (
     ("reform_death_s", "re-form after death s", "{:.2f}"),
     ("reform_leave_s", "re-form after leave s", "{:.2f}"),
     ("false_deaths", "false deaths", "{:d}"),
+    ("keep_alive_interval_s", "heartbeat s", "{:g}"),
     ("quiet_req_s", "etcd req/s quiet", "{:.1f}"),
     ("reform_req_s", "etcd req/s re-form", "{:.0f}"),
     ("reform_etcd_cores", "etcd cores re-form", "{:.2f}"),

@@ -114,6 +114,12 @@ class Etcd:
         self.client = Etcd3Client(host, port, protocol, timeout=timeout_s, api_path="/v3/")
         self.endpoint = f"{host}:{port}"
         self.timeout_s = timeout_s
+        self._args = (host, port, protocol, timeout_s)
+
+    def another(self) -> Etcd:
+        """A client of its own to the same etcd, for another thread (a ``requests`` session
+        is not shared across threads)."""
+        return Etcd(*self._args)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.client.post(self.client.get_url(path), json=body)

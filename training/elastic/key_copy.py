@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -134,11 +135,12 @@ class KeyCopy:
 
 class Joins:
     """The joins under ``root``, for the node that may complete the open round
-    (``rounds.needs_joins``): one range read, then the changes after it, one watch response
-    at a time, while the node waits in its rendezvous loop."""
+    (``rounds.needs_joins``): one range read, then a watch of their changes on a thread of
+    its own, which wakes the rendezvous loop (``changed``) as the node's other watch does."""
 
-    def __init__(self, client: Etcd, root: str) -> None:
-        self._client, self._root = client, root
+    def __init__(self, client: Etcd, watch_client: Etcd, root: str, changed: Callable[[], None]):
+        self._client, self._watch_client, self._root = client, watch_client, root
+        self._changed = changed
         self._prefix = f"{root}/join/"
         self._copy: KeyCopy | None = None
         self._head: tuple[int, list[str]] = (0, [])
@@ -170,23 +172,32 @@ class Joins:
 
     def joined(self) -> dict[int, dict[str, dict[str, Any]]]:
         """Per round, the joiners in the order they joined (read once, then followed)."""
-        if self._copy is None:
+        copy = self._copy
+        if copy is None:
             copy = KeyCopy(self._root)
             copy.load(*self._client.range(self._prefix))
             self._copy = copy
-        return self._copy.view().joined
+            threading.Thread(
+                target=self._follow, args=(copy,), name="rdzv-joins", daemon=True
+            ).start()
+        return copy.view().joined
 
-    def wait(self, timeout_s: float) -> None:
-        """Apply the next change of the joins, or return after ``timeout_s`` without one."""
-        if self._copy is None:
-            return
+    def _follow(self, copy: KeyCopy) -> None:
+        """Apply the joins' changes to ``copy`` while it is the one followed; a quiet stream
+        ends after a second and the next starts where it ended."""
         try:
-            for events in self._client.watch(self._prefix, self._copy.revision, timeout_s):
-                self._copy.apply(events)
-                return
-        except EtcdError:
-            self._copy = None  # compacted, or etcd away: the next look reads them again
+            while self._copy is copy:
+                for events in self._watch_client.watch(self._prefix, copy.revision, 1.0):
+                    if self._copy is not copy:
+                        return
+                    copy.apply(events)
+                    self._changed()
+        except EtcdError:  # compacted, or etcd away: the next look reads them again
+            if self._copy is copy:
+                self._copy = None
+                self._changed()
 
     def drop(self) -> None:
-        """Stop following: another node completes the round, or none is open."""
+        """Stop following (its thread ends with its stream): another node completes the
+        round, or none is open."""
         self._copy = None

@@ -89,6 +89,8 @@ class Membership:
         """The keys the copy holds: ``nodes/``, ``state`` and ``unreachable/`` sort after
         ``join/``, so one range leaves the joins out."""
         self._changed = threading.Condition()
+        self.changes = 0
+        """How many changes the watches applied (``notify``)."""
         self._threads: list[threading.Thread] = []
         self._written_index = 0
         self.etcd_down_since: float | None = None
@@ -259,8 +261,10 @@ class Membership:
             except EtcdError as exc:
                 self.note_down(exc)
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Wake whoever waits in ``wait_for_change``."""
         with self._changed:
+            self.changes += 1
             self._changed.notify_all()
 
     def _watch(self) -> None:
@@ -274,12 +278,12 @@ class Membership:
                 if fresh:
                     self.read_view()
                     fresh = False
-                    self._notify()
+                    self.notify()
                 idle_s = self.timing.keep_alive_interval_s * 5
                 start, end = self._watched
                 for events in self._watch_client.watch(start, self._copy.revision, idle_s, end):
                     self._saw(self._copy.apply(events))
-                    self._notify()
+                    self.notify()
                     if self.stop.is_set():
                         return
             except WatchCompacted:
@@ -293,9 +297,14 @@ class Membership:
                 logger.warning("rendezvous watch: %s", exc)
                 self.stop.wait(self.timing.keep_alive_interval_s / 2)
 
-    def wait_for_change(self, timeout_s: float) -> None:
+    def wait_for_change(self, timeout_s: float, since: int | None = None) -> bool:
+        """Until a change after ``changes`` was ``since`` (at once if one came meanwhile: a
+        change while the caller acted must not wait out the timeout), or ``timeout_s``;
+        whether one came."""
         with self._changed:
-            self._changed.wait(timeout_s)
+            return self._changed.wait_for(
+                lambda: since is not None and self.changes != since, timeout_s
+            )
 
     def leave(self) -> None:
         """Leave for good, at once: the port refuses, the key says so, the join is withdrawn."""

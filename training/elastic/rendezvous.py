@@ -143,7 +143,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
-        self.joins = Joins(client, self.root)
+        self.joins = Joins(client, client.another(), self.root, self.keys.notify)
         self.reports = Reports(client, self.root, self.node, lambda: self.keys.lease)
         self.store = RoundStore()
         self.round = 0
@@ -248,6 +248,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 raise RendezvousGracefulExitError(f"node {self.node} has left {self.run_id}")
             try:
                 self.keys.start()
+                seen = self.keys.changes  # a change while this step acts wakes the next at once
                 view = self.keys.current_view()
                 if time.monotonic() > deadline:
                     raise self._timed_out(view)
@@ -264,7 +265,7 @@ class SpotRendezvousHandler(RendezvousHandler):
             if isinstance(done, RendezvousInfo):
                 return done
             opened = done
-            (self.joins.wait if self.joins.following else self.keys.wait_for_change)(POLL_S)
+            self.keys.wait_for_change(POLL_S, seen)
 
     # -- one step of joining ------------------------------------------------------------------
     def _me(self) -> Me:

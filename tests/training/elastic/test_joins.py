@@ -108,14 +108,16 @@ def test_only_the_node_that_may_complete_a_round_reads_and_follows_its_joins(
     assert view.joined == {}, "the watched copy holds the joins"
     me = Me("c", 1, 2)
 
-    joins = Joins(client, keys.root)
+    woken = threading.Event()
+    joins = Joins(client, Etcd("127.0.0.1", port), keys.root, woken.set)
     assert joins.for_view(view, me, lambda n: n == "b").joined == {}
     assert not joins.following and client.ranges == 0, "a node that waits read the joins"
 
     seen = joins.for_view(view, me, lambda n: n == "c")  # a and b gone: c completes
     assert list(seen.joined[2]) == ["a", "b", "c"] and joins.following
     other.txn([], [etcd_v3.put(f"{keys.root}/join/2/d", "{}")])
-    wait_until(lambda: (joins.wait(1.0), "d" in joins.joined()[2])[1], 10, "the join of d")
+    wait_until(lambda: "d" in joins.joined()[2], 10, "the join of d")
+    assert woken.is_set(), "the join did not wake the loop"
     assert client.ranges == 1, "the joins were read again instead of followed"
     assert keys.current_view().joined == {}, "the watched copy took the joins"
 
@@ -153,3 +155,22 @@ def test_the_completer_probes_the_joiners_side_by_side_and_holds_the_answers() -
         listener.close()  # from now on a probe would be refused
     assert all(detector.reached(n, infos[n]) for n in names), "the held answers were not used"
     assert len(told) == 4, "a held answer was asked again"
+
+
+def test_a_change_while_the_loop_acts_wakes_its_next_wait_at_once() -> None:
+    # The completer's own completion reaches its watch while it still deletes the last
+    # round's joins: its next wait must not sleep out the poll (a re-form 50 ms late).
+    keys = Membership(
+        Etcd("127.0.0.1", 9),  # never asked: not started, no watch
+        Etcd("127.0.0.1", 9),
+        "wake",
+        "c",
+        "127.0.0.1",
+        Timing(),
+        Progress(60),
+    )
+    seen = keys.changes
+    assert not keys.wait_for_change(0.0, seen)
+    keys.notify()  # a watch applied an event while the loop acted
+    assert keys.wait_for_change(0.0, seen), "the change before the wait was missed"
+    assert not keys.wait_for_change(0.0, keys.changes)
