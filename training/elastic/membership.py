@@ -184,6 +184,7 @@ class Membership:
             with contextlib.suppress(EtcdError):
                 self.client.revoke(lease)  # joined already (a retry after a lost answer)
         self.joined_round = round_
+        self.notify()  # a change no watch of this node sees: the loop looks again at once
 
     def take_port(self) -> socket.socket | None:
         """The held socket, now the caller's (rank 0's workers' store)."""

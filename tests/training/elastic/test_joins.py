@@ -174,3 +174,14 @@ def test_a_change_while_the_loop_acts_wakes_its_next_wait_at_once() -> None:
     keys.notify()  # a watch applied an event while the loop acted
     assert keys.wait_for_change(0.0, seen), "the change before the wait was missed"
     assert not keys.wait_for_change(0.0, keys.changes)
+
+
+def test_a_nodes_own_join_wakes_its_loop(membership: Membership) -> None:
+    # Its watch no longer sees joins: without a word, the node that just joined would sleep
+    # out the poll before it looked whether it completes the round (a re-form 45 ms late).
+    keys = membership
+    keys.update_state(lambda s: {"round": 2, "members": None, "previous": []}, 2)
+    wait_until(lambda: keys.view.state is not None, 10, "the watch to see the open round")
+    seen = keys.changes
+    keys.join(2)
+    assert keys.wait_for_change(0.0, seen), "the join did not wake the loop"
