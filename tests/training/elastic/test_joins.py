@@ -7,16 +7,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
-from collections.abc import Iterator
 from threading import current_thread
 
-import pytest
-
-from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.waiting import wait_until
+from tests.training.elastic.conftest import CountingEtcd
 from training.elastic import etcd_v3
-from training.elastic.etcd_v3 import Etcd, KeyValue
+from training.elastic.etcd_v3 import Etcd
 from training.elastic.key_copy import Joins
 from training.elastic.liveness import Detector, Progress, Verdict
 from training.elastic.membership import Membership
@@ -65,63 +61,34 @@ def test_nothing_to_follow_outside_an_open_round_this_node_joined() -> None:
     assert not needs_joins(View(), Me("a", 0, 0), lambda n: True, never)
 
 
-class CountingEtcd(Etcd):
-    """An etcd client that counts its range reads."""
-
-    ranges = 0
-
-    def range(
-        self, prefix: str, end: str | None = None, first: int = 0
-    ) -> tuple[list[KeyValue], int]:
-        self.ranges += 1
-        return super().range(prefix, end, first)
-
-
-@pytest.fixture
-def membership(etcd_server: EmbeddedEtcd) -> Iterator[Membership]:
-    port = etcd_server.client_port
-    keys = Membership(
-        Etcd("127.0.0.1", port),
-        Etcd("127.0.0.1", port),
-        f"joins-{time.monotonic_ns()}",
-        "c",
-        "127.0.0.1",
-        Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2),
-        Progress(60),
-    )
-    keys.start()
-    yield keys
-    keys.leave()
-
-
 def test_only_the_node_that_may_complete_a_round_reads_and_follows_its_joins(
     membership: Membership,
 ) -> None:
     keys, port = membership, membership.client.client.port
     other, client = Etcd("127.0.0.1", port), CountingEtcd("127.0.0.1", port)
-    keys.update_state(lambda s: {"round": 2, "members": None, "previous": ["a", "b", "c"]}, 2)
-    for name in ("a", "b"):
+    keys.update_state(lambda s: {"round": 2, "members": None, "previous": ["x", "y", "a"]}, 2)
+    for name in ("x", "y"):
         other.txn([], [etcd_v3.put(f"{keys.root}/join/2/{name}", json.dumps({"n": name}))])
     keys.join(2)
     wait_until(lambda: keys.view.state is not None, 10, "the watch to see the open round")
     view = keys.current_view()
     assert view.joined == {}, "the watched copy holds the joins"
-    me = Me("c", 1, 2)
+    me = Me("a", 1, 2)
 
     woken = threading.Event()
     joins = Joins(client, Etcd("127.0.0.1", port), keys.root, woken.set)
-    assert joins.for_view(view, me, lambda n: n == "b").joined == {}
+    assert joins.for_view(view, me, lambda n: n == "y").joined == {}
     assert not joins.following and client.ranges == 0, "a node that waits read the joins"
 
-    seen = joins.for_view(view, me, lambda n: n == "c")  # a and b gone: c completes
-    assert list(seen.joined[2]) == ["a", "b", "c"] and joins.following
+    seen = joins.for_view(view, me, lambda n: n == "a")  # x and y gone: a completes
+    assert list(seen.joined[2]) == ["x", "y", "a"] and joins.following
     other.txn([], [etcd_v3.put(f"{keys.root}/join/2/d", "{}")])
     wait_until(lambda: "d" in joins.joined()[2], 10, "the join of d")
     assert woken.is_set(), "the join did not wake the loop"
     assert client.ranges == 1, "the joins were read again instead of followed"
     assert keys.current_view().joined == {}, "the watched copy took the joins"
 
-    joins.for_view(view, me, lambda n: True)  # a serves again: no more following
+    joins.for_view(view, me, lambda n: True)  # x serves again: no more following
     assert not joins.following
 
 

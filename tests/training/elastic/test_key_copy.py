@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.waiting import wait_until
+from tests.training.elastic.conftest import CountingEtcd
 from training.elastic import etcd_v3
 from training.elastic.etcd_v3 import Etcd, Event, KeyValue
 from training.elastic.key_copy import KeyCopy
-from training.elastic.liveness import Progress
 from training.elastic.membership import Membership
-from training.elastic.rounds import Timing, View
+from training.elastic.rounds import View
 
 ROOT = "/spot-lab/rendezvous/r"
 
@@ -94,35 +91,6 @@ def test_a_read_older_than_the_copy_does_not_replace_it() -> None:
     copy.apply([Event(kv("nodes/b", node("b"), 4), deleted=False)])
     assert copy.load([kv("nodes/a", node("a"), 3)], 3) == {}
     assert set(copy.view().nodes) == {"a", "b"} and copy.revision == 4
-
-
-class CountingEtcd(Etcd):
-    """An etcd client that counts its range reads."""
-
-    ranges = 0
-
-    def range(
-        self, prefix: str, end: str | None = None, first: int = 0
-    ) -> tuple[list[KeyValue], int]:
-        self.ranges += 1
-        return super().range(prefix, end, first)
-
-
-@pytest.fixture
-def membership(etcd_server: EmbeddedEtcd) -> Iterator[Membership]:
-    port = etcd_server.client_port
-    keys = Membership(
-        CountingEtcd("127.0.0.1", port),
-        Etcd("127.0.0.1", port),
-        f"copy-{time.monotonic_ns()}",
-        "a",
-        "127.0.0.1",
-        Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2),
-        Progress(60),
-    )
-    keys.start()
-    yield keys
-    keys.leave()
 
 
 def fresh(keys: Membership) -> View:
