@@ -13,6 +13,7 @@ re-form. Only a node that may complete the round follows them (``Joins``).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Any
 from training.elastic.etcd_v3 import Etcd, EtcdError, Event, KeyValue
 from training.elastic.reachability import parse_report
 from training.elastic.rounds import Me, Reached, View, needs_joins
+
+logger = logging.getLogger(__name__)
 
 HEAD = 8
 """How many of a round's first joiners a new node reads to find one ahead of it."""
@@ -192,9 +195,11 @@ class Joins:
                         return
                     copy.apply(events)
                     self._changed()
-        except EtcdError:  # compacted, or etcd away: the next look reads them again
+        except Exception as exc:  # noqa: BLE001 - compacted, etcd away, or worse: read again
+            if not isinstance(exc, EtcdError):
+                logger.warning("rendezvous joins watch: %s", exc)
             if self._copy is copy:
-                self._copy = None
+                self._copy = None  # the next look reads them again
                 self._changed()
 
     def drop(self) -> None:

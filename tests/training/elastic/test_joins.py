@@ -152,3 +152,24 @@ def test_a_nodes_own_join_wakes_its_loop(membership: Membership) -> None:
     seen = keys.changes
     keys.join(2)
     assert keys.wait_for_change(0.0, seen), "the join did not wake the loop"
+
+
+class BrokenWatch(Etcd):
+    """A watch that fails with something no etcd client error covers."""
+
+    def watch(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        raise ValueError("a garbled watch response")
+        yield
+
+
+def test_a_follower_whose_watch_breaks_lets_the_next_look_read_the_joins_again(
+    membership: Membership,
+) -> None:
+    port = membership.client.client.port
+    woken = threading.Event()
+    joins = Joins(
+        Etcd("127.0.0.1", port), BrokenWatch("127.0.0.1", port), membership.root, woken.set
+    )
+    assert joins.joined() == {}
+    wait_until(lambda: not joins.following, 10, "the broken follower to let go")
+    assert woken.is_set(), "the loop was not told to look again"
