@@ -362,6 +362,9 @@ class StatefulTrainer:
                     elif self.cfg.checkpoint.emergency_saves:
                         outcome = self.emergency.commit_leftover()
                 code = stop_exit_code(outcome)
+            except BaseException:  # os._exit below drops it unprinted: say it first
+                logger.exception("the stop's save of step %d failed", self.state.step)
+                raise
             finally:  # whatever happened, the process ends: the agent is waiting for it
                 exit_now(code)
 
