@@ -12,17 +12,16 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.trainer_harness import Harness, harness, one_process_world
+from tests.support.waiting import gloo_group
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.loop.dist import DistEnv, new_checkpoint_group
@@ -92,12 +91,7 @@ def run_here(
 def _segment_worker(
     rank: int, world: int, root: str, data: str, args: list[str], kill_at: int, out: dict
 ) -> None:
-    store = dist.FileStore(f"{root}/init-{world}", world)
-    store.set_timeout(timedelta(seconds=60))
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30)
-    )
-    try:
+    with gloo_group(f"{root}/init-{world}", rank, world, timeout_s=30):
         env = DistEnv(rank=rank, world_size=world, group_rank=rank, run_id="x", max_restarts=9)
         node = Path(root) / f"world{world}-node{rank}"
         durable = FileStore(Path(root) / "durable")
@@ -116,8 +110,6 @@ def _segment_worker(
             h.trainer.train_step = train_step  # type: ignore[method-assign]
         code = h.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
         out[rank] = (code, h.stream.getvalue())
-    finally:
-        dist.destroy_process_group()
 
 
 def run_spawned(root: Path, data: Path, world: int, args: Sequence[str], kill_at: int = 0) -> dict:

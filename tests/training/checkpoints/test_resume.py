@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.waiting import gloo_group
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, serialize
 from training.checkpoints.resume import NodeLocalState, agree_on_resume, node_local_key
 from training.checkpoints.storage import FileStore
@@ -50,19 +51,11 @@ class _RankStore(FileStore):
         return super().get(name)
 
 
-def _init(rank: int, world: int, init_file: str, opts: dict[str, Any]) -> None:
-    # The store gets its own long timeout, so a short collective timeout only bounds collectives.
-    store = dist.FileStore(init_file, world)
-    store.set_timeout(timedelta(seconds=60))
-    timeout = timedelta(seconds=opts.get("collective_timeout_s", 30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-
-
 def _worker(
     rank: int, world: int, init_file: str, root: str, results: dict, opts: dict[str, Any]
 ) -> None:
-    _init(rank, world, init_file, opts)
-    try:
+    # The store has its own long timeout, so a short collective timeout bounds collectives only.
+    with gloo_group(init_file, rank, world, opts.get("collective_timeout_s", 30)):
         group = new_checkpoint_group(60) if opts.get("checkpoint_group") else None
         base = Path(root)
         local = NodeLocalState(base / f"local-{rank}", RUN)
@@ -76,8 +69,6 @@ def _worker(
             return
         w = resume.state["w"].tolist() if resume.state else None
         results[rank] = (resume.step, resume.source, resume.from_rank, resume.lost_steps, w)
-    finally:
-        dist.destroy_process_group()
 
 
 def _agree(tmp_path: Path, world: int, **opts: Any) -> dict[int, tuple]:

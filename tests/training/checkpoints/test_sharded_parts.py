@@ -6,7 +6,6 @@ tests/training/test_elastic_training_fsdp2.py's eviction (3 to 2) and join (2 to
 from __future__ import annotations
 
 import shutil
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import init_gloo, wait_until
 from tests.training.checkpoints.test_sharded_state import (
     SAVE_AT,
     SAVED_SEED,
@@ -32,17 +31,11 @@ def _checkpoints(base: Path, rank: int) -> ShardedCheckpoints:
     return ShardedCheckpoints(FileStore(base / "store"), base / f"scratch-{rank}")
 
 
-def _init(base: Path, phase: str, rank: int, world: int) -> None:
-    store = dist.FileStore(str(base / f"init-{phase}"), world)
-    store.set_timeout(timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-
-
 def _save_parts(rank: int, world: int, root: str) -> None:
     """Every rank trains, then saves its part alone, the higher ranks first and gone before
     rank 0 saves: a collective inside ``save_part`` would find them missing."""
     base = Path(root)
-    _init(base, "save", rank, world)
+    init_gloo(base / "init-save", rank, world)
     run = Run("fsdp2", SAVED_SEED, rank, world)
     run.train_to(SAVE_AT)
     torch.manual_seed(1234 + rank)

@@ -8,16 +8,15 @@ must match an uninterrupted run in this process within 1e-9 (relative)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
+from tests.support.waiting import gloo_group
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import ModelState, TrainerState, training_state
 from training.checkpoints.storage import FileStore
@@ -115,10 +114,7 @@ def _parallelize(model: torch.nn.Module, mode: str, world: int) -> torch.nn.Modu
 
 def _worker(rank: int, world: int, mode: str, phase: str, root: str) -> None:
     base = Path(root)
-    store = dist.FileStore(str(base / f"init-{phase}"), world)
-    store.set_timeout(timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    try:
+    with gloo_group(base / f"init-{phase}", rank, world):
         checkpoints = ShardedCheckpoints(FileStore(base / "store"), base / f"scratch-{rank}")
         if phase == "save":
             run = Run(mode, SAVED_SEED, rank, world)
@@ -137,8 +133,6 @@ def _worker(rank: int, world: int, mode: str, phase: str, root: str) -> None:
         full = run.full()
         if rank == 0:
             torch.save({**full, "lr": torch.tensor(run.scheduler.get_last_lr())}, base / "out.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _reference() -> dict[str, torch.Tensor]:

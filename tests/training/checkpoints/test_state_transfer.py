@@ -5,15 +5,14 @@ bucket), on real gloo process groups."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.waiting import gloo_group
 from training.checkpoints import state_transfer
 from training.checkpoints.serialization import deserialize, serialize
 from training.checkpoints.state_transfer import plan, share
@@ -51,9 +50,7 @@ def _state() -> dict[str, Any]:
 
 
 def _worker(rank: int, root: str, results: dict) -> None:
-    store = dist.FileStore(str(Path(root) / "init"), 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(60))
-    try:
+    with gloo_group(Path(root) / "init", rank, 2):
         state_transfer.BUCKET_BYTES = BUCKET
         # The holder is rank 1: ``src`` is a global rank, not always 0.
         got = share(
@@ -66,8 +63,6 @@ def _worker(rank: int, root: str, results: dict) -> None:
             == model["head.weight"].untyped_storage().data_ptr()
         )
         results[f"{rank}-metadata"] = getattr(model, "_metadata", None)
-    finally:
-        dist.destroy_process_group()
 
 
 def _same(a: Any, b: Any) -> None:

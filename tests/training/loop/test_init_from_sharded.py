@@ -6,18 +6,17 @@ fresh, the step 0; and the run trains on from them."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.elastic_cluster import final_parameters
 from tests.support.exactness import flags, make_data, run_here
 from tests.support.trainer_harness import harness, one_process_world
+from tests.support.waiting import gloo_group
 from training.checkpoints.checkpoint import CheckpointRepository, deserialize
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
@@ -34,12 +33,7 @@ ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
 def _worker(rank: int, root: str, data: str, sources: dict[str, str]) -> None:
     base = Path(root)
     base.mkdir(exist_ok=True)
-    store = dist.FileStore(str(base / "init"), WORLD)
-    store.set_timeout(timedelta(seconds=60))
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
-    )
-    try:
+    with gloo_group(base / "init", rank, WORLD):
         found: dict[str, object] = {}
         for kind, uri in sources.items():
             args = [*ARGS, "--parallelism=fsdp2", f"--init-from={uri}", "--max-steps=2"]
@@ -58,8 +52,6 @@ def _worker(rank: int, root: str, data: str, sources: dict[str, str]) -> None:
             found[kind] = (weights, fresh, code, initialized)
         if rank == 0:
             torch.save(found, base / "found.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("processes", "training")

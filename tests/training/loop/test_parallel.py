@@ -9,18 +9,17 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tests.support.exactness import CORPUS_SAMPLE
 from tests.support.trainer_harness import harness, one_process_world
+from tests.support.waiting import gloo_group
 from training.api import TrainParts
 from training.loop.config import ConfigError, parse_config
 from training.loop.dist import DistEnv
@@ -112,10 +111,7 @@ def _check_clip_on_shards(model: torch.nn.Module, rank: int) -> None:
 
 def _worker(rank: int, world: int, root: str, data_dir: str, flags: list[str], steps: int) -> None:
     base = Path(root)
-    store = dist.FileStore(str(base / "init"), world)
-    store.set_timeout(timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    try:
+    with gloo_group(base / "init", rank, world):
         ddp, ddp_devices = _train(base, Path(data_dir), "ddp", rank, world, flags, steps)
         sharded, fsdp_devices = _train(base, Path(data_dir), "fsdp2", rank, world, flags, steps)
         scalers = (ddp.precision.state_dict(), sharded.precision.state_dict())
@@ -135,8 +131,6 @@ def _worker(rank: int, world: int, root: str, data_dir: str, flags: list[str], s
         if rank == 0:
             out = {"found": found, "expected": expected, "evals": evals, "scalers": scalers}
             torch.save(out, base / "out.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("processes")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.trainer_harness import harness, sigterm_during
-from tests.support.waiting import holds_within
+from tests.support.waiting import gloo_group, holds_within
 from training.checkpoints.checkpoint import deserialize
 from training.loop import step_guard, trainer
 from training.loop.metrics import Phases
@@ -204,9 +204,7 @@ def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole(
 
 def _window_rank(rank: int, root: str, results: dict) -> None:
     os.environ[EMULATE_ENV] = "1"
-    store = dist.FileStore(f"{root}/init", 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    try:
+    with gloo_group(f"{root}/init", rank, 2):
         guard = StepGuard.create("gloo", timeout_s=30)
         torch.manual_seed(0)
         model = torch.nn.Linear(64, 64)
@@ -223,8 +221,6 @@ def _window_rank(rank: int, root: str, results: dict) -> None:
         results[f"guard-{rank}"] = float(model.weight.grad[0, 0])
         if rank == 1:
             passed.touch()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("processes")

@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +26,7 @@ from tests.support.trainer_harness import (
     harness,
     sigterm_during,
 )
+from tests.support.waiting import gloo_group
 from training import train
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
@@ -415,11 +415,8 @@ class _SlowWrites(FileStore):
 
 
 def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
-    store = dist.FileStore(f"{root}/init", 2)
-    store.set_timeout(timedelta(seconds=60))
-    timeout = timedelta(seconds=2)  # the frozen-peer timeout; the final save takes 5 s
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
-    try:
+    # The frozen-peer timeout is 2 s; the final save takes 5 s.
+    with gloo_group(f"{root}/init", rank, 2, timeout_s=2):
         env = DistEnv(rank=rank, world_size=2, group_rank=rank, run_id="finish")
         node = Path(root) / f"node-{rank}"
         node.mkdir()
@@ -434,8 +431,6 @@ def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
             group=new_checkpoint_group(60),
         )
         results[rank] = h.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("processes")
