@@ -138,6 +138,19 @@ class FileStore:
                 written += len(chunk)
         return written
 
+    def link_into(self, name: str, path: Path) -> bool:
+        """``path`` becomes the object ``name`` without a copy (a hard link): True; False when
+        the two are on different filesystems, or this one cannot link. A checkpoint's files
+        are put from files only, which replaces the name by a new file: the link keeps the
+        bytes it was made with."""
+        try:
+            os.link(self._path(name), path)
+        except OSError as exc:
+            if exc.errno not in _CANNOT_LINK:
+                raise
+            return False
+        return True
+
     def size(self, name: str) -> int:
         return self._path(name).stat().st_size
 
@@ -167,6 +180,10 @@ class FileStore:
         return self  # a local disk has no timeouts to set; the caller's deadline cuts it off
 
 
+_CANNOT_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
+"""What ``os.link`` raises across filesystems, or on one that has no hard links."""
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     """``target`` becomes a file with ``source``'s bytes: a hard link when both are on one
     filesystem (no copy at all), else a copy."""
@@ -174,7 +191,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
     except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+        if exc.errno not in _CANNOT_LINK:
             raise
         shutil.copyfile(source, target)
 

@@ -7,9 +7,10 @@ DCP calls (torch 2.13 ``state_dict_loader.py``, ``_load_state_dict``): ``read_me
 
 - ``read_metadata`` reads the metadata object, checks its SHA-256 against the manifest's entry
   and reads it as data (``metadata.py``);
-- ``prepare_local_plan`` streams each file this rank's plan reads into a local directory,
-  hashing as it downloads, and compares size and SHA-256 with the manifest. A file that is
-  missing, torn or not listed fails the load on every rank, naming the file.
+- ``prepare_local_plan`` brings each file this rank's plan reads into a local directory
+  (streamed from Blob, hashing as it downloads; hard-linked from a directory on the same
+  filesystem, then hashed in place) and compares size and SHA-256 with the manifest. A file
+  that is missing, torn or not listed fails the load on every rank, naming the file.
 
 ``read_data`` is torch's ``FileSystemReader`` on that directory (one tensor at a time). Values
 that are not tensors go through ``VerifiedLoadPlanner``, which unpickles them with
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
+from hashlib import file_digest
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +36,13 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from training.checkpoints.manifest import CheckpointError, Entry, StoredFile, sha256
 from training.checkpoints.serialization import HashingWriter
 from training.checkpoints.sharded.metadata import decode
-from training.checkpoints.storage import ObjectStore
+from training.checkpoints.storage import FileStore, ObjectStore
 
 logger = logging.getLogger(__name__)
 
 
 class StoreReader(FileSystemReader):
-    """Reads the sharded checkpoint ``entry`` of ``store``, through copies in ``cache``."""
+    """Reads the sharded checkpoint ``entry`` of ``store`` through its files in ``cache``."""
 
     def __init__(self, store: ObjectStore, entry: Entry, cache: Path) -> None:
         super().__init__(cache)
@@ -91,28 +94,40 @@ class StoreReader(FileSystemReader):
 
 
 def fetch_verified(store: ObjectStore, listed: StoredFile | Entry, path: Path) -> str | None:
-    """Stream the object ``listed`` names into ``path``, checking its size and SHA-256 on the
-    way: None when it is whole, else what is wrong with it (``path`` is then removed). Other
-    errors of the store (an outage) are raised: they say nothing about the checkpoint."""
+    """The object ``listed`` names at ``path``, its size and SHA-256 checked: None when it is
+    whole, else what is wrong with it (``path`` is then removed). Other errors of the store
+    (an outage) are raised: they say nothing about the checkpoint.
+
+    A directory on this filesystem links the object and hashes it in place: a rank's share of
+    a large state is read once instead of read, written and read again. Any other store
+    streams it into ``path``, hashing on the way."""
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
-            sink = HashingWriter(f, pool)
-            store.get_into(listed.name, sink)  # type: ignore[arg-type]
-            sink.flush()
+        if isinstance(store, FileStore) and store.link_into(listed.name, path):
+            with open(path, "rb") as f:
+                size, digest = os.fstat(f.fileno()).st_size, file_digest(f, "sha256").hexdigest()
+        else:
+            size, digest = _stream_into(store, listed.name, path)
     except FileNotFoundError:
         path.unlink(missing_ok=True)
         return "is missing"
     except OSError:
         path.unlink(missing_ok=True)
         raise
-    digest = sink.hash.hexdigest()
-    if sink.size == listed.size and digest == listed.sha256:
+    if size == listed.size and digest == listed.sha256:
         return None
     path.unlink(missing_ok=True)
     return (
-        f"is torn: {sink.size} bytes with SHA-256 {digest[:12]}…, the manifest lists "
+        f"is torn: {size} bytes with SHA-256 {digest[:12]}…, the manifest lists "
         f"{listed.size} bytes with {listed.sha256[:12]}…"
     )
+
+
+def _stream_into(store: ObjectStore, name: str, path: Path) -> tuple[int, str]:
+    with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool, open(path, "wb") as f:
+        sink = HashingWriter(f, pool)
+        store.get_into(name, sink)  # type: ignore[arg-type]
+        sink.flush()
+    return sink.size, sink.hash.hexdigest()
 
 
 class VerifiedLoadPlanner(DefaultLoadPlanner):
