@@ -11,6 +11,8 @@ newest whole checkpoint serves and the steps since are trained again, to the sam
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.elastic_cluster import Cluster, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
+from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 
@@ -124,6 +127,48 @@ def test_an_eviction_saves_every_part_and_reshards_with_no_step_lost(
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0)
     # The parts serve, unless the eviction came at a periodic save's step: that committed
     # checkpoint is then the same step (CI: evicted at step 12, saved every 4).
+    periodic = {e["step"] for e in cluster.events("checkpoint_saved")}
+    assert resumed["source"] == "parts" or (
+        resumed["source"] == "durable" and resumed["step"] in periodic
+    ), resumed
+    _exact(cluster, reference, tmp_path)
+
+
+def _store_log(path: Path, what: str) -> list[dict]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["what"] == what]
+
+
+@pytest.mark.timeout(300)
+def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_lost(
+    cluster: Cluster, reference: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    # Node c's store takes 2 s before each put: its file of a periodic save is still going up
+    # when the SIGTERM comes, and its part goes up beside it, on the stop's thread. The
+    # periodic save commits if c's file lands before c leaves its collective (it does: the
+    # part's two puts outlast it), else the parts serve; either way no step is lost.
+    control, log = tmp_path / "store-trouble.jsonl", tmp_path / "store-calls.jsonl"
+    window = {"from": 0, "until": 1e12, "delay_s": 2.0, "ops": ["put"]}
+    control.write_text(json.dumps(window) + "\n")
+    slow = {FAULTY_STORE_ENV: str(control), FAULTY_STORE_LOG_ENV: str(log)}
+    for node in ("a", "b", "c"):
+        cluster.start(node, ARGS, env=slow if node == "c" else None)
+    cluster.wait_until(lambda: cluster.steps_at(3) >= EVERY + 2, 180, "a step past a save")
+    seen = len(_store_log(log, "upload"))
+    cluster.wait_until(lambda: len(_store_log(log, "upload")) > seen, 120, "c's next upload")
+    upload = _store_log(log, "upload")[seen]
+    evicted_ts = max(r["ts"] for r in cluster.records())
+    evicted_at = time.time()
+    cluster.evict("c")
+    for node in ("a", "b"):
+        assert cluster.wait_exit(node, 180) == 0, cluster.tail()
+    # The SIGTERM landed inside that upload: no call of it had returned by then.
+    done = [e for e in _store_log(log, "call") if e["name"] == upload["name"]]
+    assert all(e["ts"] + e["duration_s"] > evicted_at for e in done), (upload, done)
+    saves = _after(cluster, "emergency_save", evicted_ts)
+    assert saves and all(s["durable"] for s in saves), saves
+    resumed = _after(cluster, "resumed", evicted_ts)[0]
+    assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0), resumed
     periodic = {e["step"] for e in cluster.events("checkpoint_saved")}
     assert resumed["source"] == "parts" or (
         resumed["source"] == "durable" and resumed["step"] in periodic

@@ -11,7 +11,8 @@ Every store call inside a window waits ``delay_s`` (the most of the windows it f
 fails with an ``OSError`` if any says ``fail``; ``ops`` limits a window to those calls (all
 when absent). A delay longer than a bounded view's deadline ends as ``DeadlineExceeded``, as a
 real store's per-call timeout would. When ``TRAIN_FAULTY_STORE_LOG`` names a file, the start
-of each checkpoint upload (``"what": "upload"``: the bench lands a SIGTERM in an upload by it)
+of each checkpoint upload (``"what": "upload"``, a single file or a rank's file of a sharded
+checkpoint: the bench and the tests land a SIGTERM in an upload by it)
 and every call, once it returned (``"what": "call"``: its start ``ts``, ``duration_s``, the
 injected ``delay_s`` and its ``outcome``: ok, failed, timed out, or the error's class), are
 appended to it as JSON lines: the bench judges a lost step by what the store really did.
@@ -35,6 +36,8 @@ FAULTY_STORE_ENV = "TRAIN_FAULTY_STORE"
 FAULTY_STORE_LOG_ENV = "TRAIN_FAULTY_STORE_LOG"
 T = TypeVar("T")
 OPS = ("put", "put_new", "get", "delete", "list", "list_modified")
+UPLOADS = (".pt", ".distcp")
+"""A checkpoint's bulk: a single file's state, a rank's file of a sharded checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class FaultyStore:
         """``call`` behind the windows' trouble; logged with its duration and outcome."""
         start = time.time()
         trouble = self.windows.trouble(op, start)
-        if op == "put" and name.endswith(".pt"):
+        if op == "put" and name.endswith(UPLOADS):
             self._note({"ts": round(start, 3), "op": op, "name": name, "what": "upload"}, trouble)
         outcome = "ok"
         try:

@@ -71,19 +71,24 @@ def test_uploads_and_every_call_are_logged_with_duration_and_outcome(
     log = tmp_path / "store.jsonl"
     store = FaultyStore(FileStore(tmp_path / "s"), Windows(control), log)
     store.put("ckpt-1-a.pt", b"x")
+    store.put("ckpt-2-b.0-0.distcp", b"x")  # a rank's file of a sharded checkpoint
+    store.put("ckpt-2-b.json", b"{}")  # not an upload: a commit's small object
     with pytest.raises(FileNotFoundError):
         store.get("missing")
     _window(control, fail=True, ops=["get"])
     with pytest.raises(OSError):
         store.get("ckpt-1-a.pt")
     _window(control, delay_s=0.2, ops=["list"])
-    assert store.list() == ["ckpt-1-a.pt"]
+    assert store.list() == ["ckpt-1-a.pt", "ckpt-2-b.0-0.distcp", "ckpt-2-b.json"]
     bounded = store.bounded(Deadline.after(0.05))
     with pytest.raises(DeadlineExceeded):
         bounded.list()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["op"], e["what"], e.get("outcome")) for e in lines] == [
         ("put", "upload", None),
+        ("put", "call", "ok"),
+        ("put", "upload", None),
+        ("put", "call", "ok"),
         ("put", "call", "ok"),
         ("get", "call", "FileNotFoundError"),
         ("get", "call", "failed"),
@@ -92,8 +97,8 @@ def test_uploads_and_every_call_are_logged_with_duration_and_outcome(
     ]
     calls = [e for e in lines if e["what"] == "call"]
     assert calls[0]["name"] == "ckpt-1-a.pt" and calls[0]["delay_s"] == 0.0
-    assert calls[2]["fail"] is True
-    delayed, cut = calls[3], calls[4]
+    assert calls[4]["fail"] is True
+    delayed, cut = calls[5], calls[6]
     assert delayed["delay_s"] == 0.2 and delayed["duration_s"] >= 0.2
     assert cut["duration_s"] < 0.2  # the deadline cut the injected delay short
     assert all(e["ts"] <= f["ts"] for e, f in zip(calls, calls[1:], strict=False))
