@@ -23,6 +23,7 @@ from training.elastic.faults import (
     is_device_fault,
     is_peer_failure,
 )
+from training.elastic.permit import watch_pauses
 from training.loop.config import ConfigError, TrainConfig
 from training.loop.determinism import use_deterministic_algorithms
 from training.loop.dist import (
@@ -79,6 +80,7 @@ def run(argv: list[str] | None = None) -> int:
     # trainer restored its state, so until then it only ends the process.
     stop = StopRequest(act_at_once=env.launched)
     stop.until_then(lambda: exit_now(EXIT_RESTART))
+    watch_pauses()  # from here, not from the first step: a pause while restoring counts
     events = EventLog(env)
     try:
         cfg, data, durable, local = load_inputs(argv, env)

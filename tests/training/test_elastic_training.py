@@ -10,6 +10,7 @@ order is drawn again, and one resumes exactly at the boundary.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -31,6 +32,7 @@ from tests.support.elastic_cluster import (
     max_abs_difference,
 )
 from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.faulty_store import FAULTY_STORE_ENV
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 
@@ -301,23 +303,38 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("paused", ["training", "restoring"])
 def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
-    cluster_factory,
+    cluster_factory, paused: str
 ) -> None:
     # A paused VM that comes back. Alone in its round, its workers wait for no peer, so
     # nothing in a collective tells them that the run went on without them; they may step
     # only while their agent's permit holds (training/elastic/permit.py), which a thawed
-    # agent renews only once etcd says its round is still the run's (chaos seed 104).
-    cluster = cluster_factory("thaw", max_nodes=2)
-    args = _args(max_steps=20000)
-    cluster.start("a", args)
+    # agent renews only once etcd says its round is still the run's (chaos seed 104). Paused
+    # while restoring (the second campaign's seed 104: inside the commit after a resume),
+    # its workers had not yet started to watch for pauses, and stepped.
+    # A slow store slows every start of a's workers: the others' collectives wait for them.
+    timeout = {"collective_timeout_s": 60} if paused == "restoring" else {}
+    cluster = cluster_factory("thaw", max_nodes=2, **timeout)
+    args, env = _args(max_steps=20000), None
+    if paused == "restoring":  # every listing takes 3 s: the restore's first one is long
+        control = cluster.root / "store-trouble.jsonl"
+        window = {"from": 0, "until": 1e12, "delay_s": 3.0, "ops": ["list"]}
+        control.write_text(json.dumps(window) + "\n")
+        env = {FAULTY_STORE_ENV: str(control)}
+    cluster.start("a", args, env=env)
 
     def trained(node: str) -> list[dict]:
         return [r for r in cluster.records(node) if r["kind"] == "metrics"]
 
-    cluster.wait_until(lambda: len(trained("a")) >= 5, 180, "node a training alone")
+    if paused == "training":
+        cluster.wait_until(lambda: len(trained("a")) >= 5, 180, "node a training alone")
+    else:  # its process group formed (it needs the agent's store): now it restores
+        formed = "checkpoint group (gloo) created"
+        err = cluster.root / "a.err"
+        cluster.wait_until(lambda: formed in err.read_text(), 180, "node a's worker restoring")
     freeze_tree(cluster.nodes["a"].pid)
-    left = trained("a")[-1]["rdzv_round"]
+    left = cluster.events("started")[-1]["rdzv_round"]
     cluster.start("b", args)
     cluster.wait_until(lambda: len(trained("b")) >= 5, 180, "node b training without a")
     # The workers come back first: on a loaded host the agent may get a core last.

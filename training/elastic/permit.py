@@ -114,6 +114,17 @@ class Permit:
         return cls(Path(name))
 
 
+_PROCESS: list[Pauses] = []
+_PROCESS_LOCK = threading.Lock()
+
+
+def watch_pauses() -> None:
+    """Start this process's watch for pauses when its agent keeps a permit (a worker of the
+    warm launcher); after ``StopRequest``, which must come before any thread."""
+    if os.environ.get(PERMIT_FILE_ENV):
+        Pauses.of_process()
+
+
 class Pauses:
     """This process's own pauses, seen by a thread that looks at the clock every ``tick_s``:
     a look later than ``gap_s`` means the process was stopped (its VM, or its tree, paused)
@@ -137,6 +148,17 @@ class Pauses:
         while True:
             time.sleep(tick_s)
             self.look()
+
+    @classmethod
+    def of_process(cls) -> Pauses:
+        """This process's one watch, started by the first call. A worker starts it as it
+        starts (``training.train.run``), not when it begins to train: a pause in its restore
+        counts too (chaos seed 104 again: a worker paused inside the commit after its resume
+        trained two steps in a round the run had left)."""
+        with _PROCESS_LOCK:
+            if not _PROCESS:
+                _PROCESS.append(cls())
+            return _PROCESS[0]
 
     def look(self) -> None:
         now = self.clock()

@@ -225,7 +225,7 @@ class Trainer(StatefulTrainer):
     def _train(self, stop: StopRequest) -> bool:
         """Steps until ``max_steps`` (True) or a stop request (False, after saving)."""
         self._stop, self.permit = stop, Permit.of_worker()
-        self.pauses = Pauses() if self.permit is not None else None
+        self.pauses = Pauses.of_process() if self.permit is not None else None
         log_every = self.cfg.run.log_every
         last_save = [float(self.state.step), time.monotonic()]
         window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
