@@ -212,24 +212,37 @@ def run_warm(args: list[str]) -> int:
     code, close = _launch_warm(args)
     STOP.hold()  # the agent's work is done: a SIGTERM from now on is recorded, not raised
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
-    # here it closes only when the run is over for good, and the node leaves the round at
-    # once, so nobody waits out its heartbeat (training/elastic/rendezvous.py). The closing
+    # here it closes only when the run is over for good, and the node leaves the round
+    # itself, so nobody waits out its heartbeat (training/elastic/rendezvous.py). The closing
     # says why, for a node that starts after the end (training/elastic/closing.py).
     from training.elastic.closing import why
     from training.elastic.rendezvous import created
 
+    # The node goes (its SIGTERM came before or after its ending): its save must not go with
+    # it. A finished run committed its final state already. Committed before the node leaves:
+    # a round waits for the last one's members until they joined or left (rounds.py), so the
+    # next one cannot restore an older state while this node's newer one is on its way
+    # (chaos seed 23 lost 26 steps so). The peers wait for it at most the stop deadline.
+    committed = _going(code)
+    if committed:
+        _commit_node_save(args)
     for handler in created():
         handler.settle(close=close, why=why(code))
-    # The node goes (its SIGTERM came before or after its ending): its save must not go with
-    # it. A finished run committed its final state already.
-    if code != OK and (code == signal_exit(signal.SIGTERM) or STOP.at is not None):
+    if not committed and _going(code):  # the SIGTERM landed while the node left
         _commit_node_save(args)
     return code
 
 
+def _going(code: int) -> bool:
+    """Whether the node is going away: its SIGTERM came, and the run is not over."""
+    from training.launcher import STOP
+
+    return code != OK and (code == signal_exit(signal.SIGTERM) or STOP.at is not None)
+
+
 def _commit_node_save(args: list[str]) -> None:
-    """After the node left the rendezvous: its newest save made durable, within the deadline
-    from the SIGTERM (training/emergency.py, ``commit_node_save``)."""
+    """Before the node leaves the rendezvous: its newest save made durable, within the deadline
+    from the SIGTERM (training/loop/saves/emergency.py, ``commit_node_save``)."""
     from training.launcher import STOP, torchrun_config
     from training.loop.config import ConfigError, parse_config
     from training.loop.saves.emergency import commit_node_save
