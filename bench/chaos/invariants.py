@@ -225,7 +225,7 @@ def _fate(
     if sig in (KILL, STOP):
         return f"{node} got {sig} with no notice", node
     refused, why = store_refused(
-        ts, ts + evidence.stop_deadline_s, evidence.actions, evidence.store_calls
+        ts, ts + evidence.stop_deadline_s, evidence.actions, evidence.store_calls, node
     )
     if refused:
         return (

@@ -8,9 +8,13 @@ calls measured in its stop deadline show that no commit could have fitted:
   no injected trouble, from the writer's read of the manifests to its manifest written; their
   median), plus, call by call of such a commit, the **injected delay** that calls of the same
   kind were measured to meet at that time;
+- an agent's commit (the node's workers gone) first opens the store: its read of the lineage
+  counts too when the evicted node was measured making it in its deadline (a worker read it at
+  its start);
 - the deadline is cut by the windows in which the store failed every call (the bench's
-  ``store-fail`` actions, where the measured calls failed), each followed by the retry's
-  longest pause (1 s, ``retrying`` in training/checkpoints/deadline.py);
+  ``store-fail`` actions, where the measured calls failed), each lasting until the last call
+  that failed in it came back (a slowed call fails late: seed 139), then the retry's longest
+  pause (1 s, ``retrying`` in training/checkpoints/deadline.py);
 - the excuse holds when no stretch left between them is as long as a commit, some injected
   trouble was measured in the deadline, and a healthy commit alone fits in it.
 
@@ -81,14 +85,32 @@ def _delay(every: list[dict[str, Any]], op: str, begin: float, end: float) -> fl
     )
 
 
-def _fail_spans(actions: list[dict[str, Any]], start: float, end: float) -> list[tuple]:
-    """When the store failed every call, as the bench opened it, within [start, end]."""
-    spans = sorted(
-        (a["ts"], a["ts"] + float(a["seconds"]) + RETRY_PAUSE_S)
-        for a in actions
-        if a["kind"] == "store-fail"
+def _fail_spans(
+    actions: list[dict[str, Any]], every: list[dict[str, Any]], start: float, end: float
+) -> list[tuple]:
+    """When the store failed every call, as the bench opened it and until the last call that
+    failed in it came back, then the retry's pause, within [start, end]."""
+    spans = []
+    for a in actions:
+        if a["kind"] != "store-fail":
+            continue
+        begin, until = a["ts"], a["ts"] + float(a["seconds"])
+        failed = (
+            c["ts"] + float(c["duration_s"])
+            for c in every
+            if c.get("fail") and c["outcome"] != "ok" and begin <= c["ts"] <= until
+        )
+        spans.append((begin, max([until, *failed]) + RETRY_PAUSE_S))
+    return [(max(a, start), min(b, end)) for a, b in sorted(spans) if b > start and a < end]
+
+
+def _opens_store(calls_of_node: list[dict[str, Any]], start: float, end: float) -> bool:
+    """Whether the node read the lineage in [start, end]: its commit is the agent's, which
+    opens the store first (``commit_node_save`` in training/loop/saves/emergency.py)."""
+    return any(
+        c["op"] == "get" and "lineage" in c["name"] and start <= c["ts"] <= end
+        for c in calls_of_node
     )
-    return [(max(a, start), min(b, end)) for a, b in spans if b > start and a < end]
 
 
 def store_refused(
@@ -96,19 +118,23 @@ def store_refused(
     end: float,
     actions: list[dict[str, Any]],
     by_node: dict[str, list[dict[str, Any]]],
+    node: str | None = None,
 ) -> tuple[bool, str]:
-    """Whether the measured store left no room for a commit in [start, end]; and why (text)."""
+    """Whether the measured store left no room for ``node``'s commit in [start, end]; and why
+    (text)."""
     every = [c for entries in by_node.values() for c in calls(entries)]
     commits = healthy_commits(by_node)
     if not commits:
         return False, "no healthy commit measured in this schedule"
     healthy = statistics.median(_took(c) for c in commits)
     ops = [c["op"] for c in min(commits, key=_took)]
+    if node is not None and _opens_store(calls(by_node.get(node, [])), start, end):
+        ops.insert(0, "get")
     if healthy >= end - start:
         return False, f"a healthy commit took {healthy:.2f} s, the deadline {end - start:g} s"
     window = [c for c in every if start <= c["ts"] <= end]
     injected = [c for c in window if _troubled(c) or c["outcome"] in INJECTED_OUTCOMES]
-    fails = _fail_spans(actions, start, end)
+    fails = _fail_spans(actions, every, start, end)
     if not injected and not fails:
         return False, "no injected trouble measured in the deadline"
     stretches, cursor = [], start

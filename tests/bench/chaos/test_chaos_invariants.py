@@ -189,6 +189,55 @@ def test_a_store_measured_too_slow_between_its_failures_excuses_the_loss_and_no_
     assert "no lost step" in _violated(replace(lost, store_calls=calls))
 
 
+def _agent_commit_after_an_outage(fails_late: bool = True) -> list[dict[str, Any]]:
+    """Seed 139's evicted nodes (times from the schedule's logs): the agent's commit opens the
+    store while it fails (the last failing read slowed 1.42 s), retries after its pause, and
+    reads the lineage, the manifests' listing, a look past its end and the head, each 1.42 s
+    late, until its deadline."""
+    slow = {"delay_s": 1.42}
+    lineage = {"name": "ckpt-lineage.json"}
+    failed = {"fail": True, "outcome": "failed"}
+    calls = [_call(ts, "get", 0.0001, **lineage, **failed) for ts in (7.5, 7.6, 7.8, 8.2, 9.0)]
+    took = 1.42 if fails_late else 0.0001
+    calls.append(_call(10.03, "get", took, **lineage, **failed, **(slow if fails_late else {})))
+    start = 10.03 + took + 1.0
+    calls += [
+        _call(start, "get", 1.42, **lineage, **slow),
+        _call(start + 1.42, "list", 1.42, **slow),
+        _call(start + 2.84, "get", 1.42, **slow, outcome="FileNotFoundError"),
+        _call(start + 4.26, "get", 0.78, **slow, outcome="timed out"),
+    ]
+    return calls
+
+
+def test_an_agents_commit_is_weighed_with_its_own_reads_and_the_outage_as_measured() -> None:
+    # Seed 139: every node evicted (10 s deadline) while the store failed, then answered each
+    # read 1.42 s late. The stretch after the outage, as the rule saw it (the outage's end and
+    # the retry's pause: 6.05 s), would hold a worker's commit (a listing and two reads late:
+    # 4.27 s); but the outage's last read failed 1.42 s late, and an agent reads the lineage
+    # first: 5.05 s left for 5.69 s.
+    lost = _lost_to_eviction()
+    outage = [*lost.actions, _action(5.2, "store-fail", seconds=5.25)]
+    healthy = [
+        _call(3.0 + i * 0.001, op, 0.001) for i, op in enumerate(("list", "get", "get", "put"))
+    ]
+    healthy.append(_call(3.004, "put_new", 0.001))
+
+    def verdict(node_0: list[dict[str, Any]]) -> set[str]:
+        calls = {"node-0": [*healthy, *node_0], "node-1": node_0}
+        return _violated(replace(lost, actions=outage, store_calls=calls))
+
+    assert "no lost step" not in verdict(_agent_commit_after_an_outage())
+    # The outage's last failure came back at once: the stretch holds the agent's commit.
+    assert "no lost step" in verdict(_agent_commit_after_an_outage(fails_late=False))
+    # No lineage read measured (a worker commits): its commit fits the shorter stretch.
+    worker = [
+        {**c, "name": "ckpt-manifest-1"} if "lineage" in c["name"] else c
+        for c in _agent_commit_after_an_outage()
+    ]
+    assert "no lost step" in verdict(worker)
+
+
 def test_slow_calls_no_fault_injected_excuse_no_loss() -> None:
     # A regression: under a healthy store every call takes seconds. Nothing the bench injected
     # slowed them, so the loss is the job's, whatever the calls measured.
