@@ -225,6 +225,8 @@ def run_warm(args: list[str]) -> int:
     # (chaos seed 23 lost 26 steps so). The peers wait for it at most the stop deadline.
     committed = _going(code)
     if committed:
+        for handler in created():
+            handler.withdraw()  # a member of no new round, which waits for it all the same
         _commit_node_save(args)
     for handler in created():
         handler.settle(close=close, why=why(code))

@@ -27,6 +27,9 @@ from training import agent, launcher
 from training.elastic import rendezvous
 
 class Settling:
+    def withdraw(self):
+        print("withdrew", flush=True)
+
     def settle(self, close, why):
         os.kill(os.getpid(), signal.SIGTERM)
         print("settled", close, why, flush=True)
@@ -54,8 +57,9 @@ sys.exit(agent.main([], env={{}}))
         # finished: the run is over, nothing to commit
         ((OK, True), False, OK, ["settled True finished"]),
         # Evicted before: the save is durable before the node leaves the round (chaos seed 23:
-        # it left first, and the next round restored a state 26 steps older meanwhile).
-        ((143, False), True, 143, ["committed True", "settled False failed"]),
+        # it left first, and the next round restored a state 26 steps older meanwhile); its
+        # join is withdrawn first, so no open round makes it a member meanwhile.
+        ((143, False), True, 143, ["withdrew", "committed True", "settled False failed"]),
     ],
     ids=["restarts-spent", "finished", "evicted"],
 )

@@ -323,8 +323,12 @@ class Membership:
                 self.client.revoke(self.lease)
         except EtcdError as exc:  # the refused probe says it all the same
             logger.warning("could not mark node %s as left: %s", self.node, exc)
+        self.withdraw()
+
+    def withdraw(self) -> None:
+        """Take back this node's join: an open round must not make a going node a member (the
+        others would wait for it as their rank 0); a completed round ignores the key. The node
+        stays registered until it leaves, and a round waits for a live node it expects."""
         if self.joined_round:
-            # An open round must not make a departed node a member (the others would wait
-            # for it as their rank 0); a completed round ignores the key.
             with contextlib.suppress(EtcdError):
                 self.client.delete(f"{self.root}/join/{self.joined_round}/{self.node}")

@@ -8,8 +8,9 @@ implements torch's public ``RendezvousHandler`` interface on etcd's v3 API (leas
 transactions, watches: docs/rendezvous.md), registered under a backend name of ours, and
 differs where the time went:
 
-- **A node that leaves says so.** An evicted agent marks its key ``left``, withdraws its join
-  of an open round and closes its probe port before it exits; nobody waits for it.
+- **A node that leaves says so.** An evicted agent withdraws its join of an open round, makes
+  its node's save durable (the next round waits for that), then marks its key ``left`` and
+  closes its probe port; nobody waits for it longer.
 - **A dead or wedged agent is seen.** Every agent answers a TCP probe (training/elastic/liveness.py)
   while its own loop makes progress: a refused probe is a dead agent; a node whose heartbeat
   expired *and* whose probe goes unanswered (a frozen or vanished VM, a wedged agent) is dead
@@ -86,7 +87,6 @@ POLL_S = 0.05
 ETCD_TIMEOUT_S = 2.0
 """One etcd request; an unreachable etcd must not hold a heartbeat or the monitor loop."""
 
-
 _SAY = {
     "joining": "{nodes} waiting to join: re-forming the group",
     "lost": "round {round} lost {nodes}: re-forming the group",
@@ -151,7 +151,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self._known_index = 0
         self.closing = closing.Closing(self.keys, run_id)
         self.permit = Keeper(Permit.of_agent(), lambda: self.keys.in_round(self.round))
-        self.check_stop: Callable[[], None] = _no_stop
+        self.check_stop: Callable[[], None] = lambda: None
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
 
@@ -185,8 +185,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.closing.close(closing.FAILED, self.round)
 
     def shutdown(self) -> bool:
-        """Called by torch's launcher whatever the outcome: nothing here, the agent settles it
-        (``settle``), since torch's launcher would close the id on every ending but a signal."""
+        """Nothing: the agent settles it (``settle``); torch's would close on every ending."""
         return True
 
     def settle(self, close: bool, why: str = closing.FAILED) -> None:
@@ -199,6 +198,10 @@ class SpotRendezvousHandler(RendezvousHandler):
         """Leave for good, at once (training/elastic/membership.py)."""
         self.keys.leave()
         self.store.close()
+
+    def withdraw(self) -> None:
+        """Join no round, registered until ``leave`` (training/elastic/membership.py)."""
+        self.keys.withdraw()
 
     def num_nodes_waiting(self) -> int:
         """>0 when the running group must re-form: a new round opened, a node waits to join,
@@ -354,10 +357,6 @@ class SpotRendezvousHandler(RendezvousHandler):
             self.reports.withdraw(node)
         elif verdict in SILENT and keyed:
             self.reports.file(node)
-
-
-def _no_stop() -> None:
-    pass
 
 
 def _client(params: RendezvousParameters, timeout_s: float = ETCD_TIMEOUT_S) -> Etcd:

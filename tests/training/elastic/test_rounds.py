@@ -171,6 +171,9 @@ def test_only_the_runs_first_round_is_the_first() -> None:
 
 # -- every interleaving ------------------------------------------------------------------------
 UP, LEFT, KILLED, FROZEN = "up", "left", "killed", "frozen"
+GOING = "going"
+"""Evicted, its workers gone: its agent withdrew its join and commits the node's save before
+it leaves (training/agent.py); it answers probes, its key is fresh, it takes no step."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,7 @@ def _apart(world: World, a: str, b: str) -> bool:
 
 def _answers(world: World, prober: str, name: str) -> bool:
     """``prober``'s probe of ``name`` is answered."""
-    return world.node(name).status == UP and not _apart(world, prober, name)
+    return world.node(name).status in (UP, GOING) and not _apart(world, prober, name)
 
 
 def _prober(world: World, prober: str) -> tuple[rounds.Reached, list[tuple[str, bool]]]:
@@ -311,6 +314,8 @@ def _step(world: World, name: str, quorum: Quorum) -> World:
         if members is not None:
             lost = [m for m in members if _dead(world, m)]
             assert not lost, f"round {s['round']} completed with {lost} lost: {world.faults}"
+            going = [m for m in members if world.node(m).status == GOING]
+            assert not going, f"round {s['round']} completed with {going} going: {world.faults}"
             apart = [m for m in members if any(_apart(world, m, o) for o in members)]
             assert not apart, f"round {s['round']} completed with {apart} cut off: {world.faults}"
             world = replace(world, history=(*world.history, (s["round"], members)))
@@ -359,7 +364,9 @@ def _fails(world: World, name: str) -> bool:
     state = world.state
     if node.status != UP or node.in_round or state is None or state[1] is None:
         return False
-    return node.me_round == state[0] and any(_apart(world, name, m) for m in state[1])
+    # A going member's workers are gone too: the group's next collective fails.
+    broken = any(_apart(world, name, m) or world.node(m).status == GOING for m in state[1])
+    return node.me_round == state[0] and broken
 
 
 def _fail(world: World, name: str) -> World:
@@ -375,6 +382,12 @@ def _fault(world: World, fault: str) -> World:
     if kind == "evict":  # leave(): the key says left, the open round's join is withdrawn
         joined = tuple((r, tuple(n for n in ns if n != name)) for r, ns in world.joined)
         return _set(replace(world, joined=joined), name, status=LEFT)
+    if kind == "go":  # withdraw(): its join of its last round is taken back; it stays keyed
+        mine = world.node(name).joined_round
+        joined = tuple(
+            (r, tuple(n for n in ns if (n, r) != (name, mine))) for r, ns in world.joined
+        )
+        return _set(replace(world, joined=joined), name, status=GOING)
     if kind == "kill":
         return _set(world, name, status=KILLED)
     if kind == "freeze":
@@ -458,6 +471,11 @@ PLANS = {
     "rank 0 cut off from its peers, for good": ("cut:a",),
     "a node cut off, then the partition heals": ("cut:c", "heal:c"),
     "a node cut off, then a peer killed": ("cut:c", "kill:b", "expire:b"),
+    # Evicted with a save to commit first: no round makes it a member meanwhile, and the
+    # next one waits for it until it left (chaos seed 23).
+    "an eviction that commits before it leaves": ("go:c", "evict:c"),
+    "a kill, then an eviction that commits first": ("kill:b", "go:c", "evict:c", "expire:b"),
+    "rank 0 commits before it leaves as a new node joins": ("go:a", "arrive:d", "evict:a"),
 }
 
 
@@ -485,8 +503,9 @@ def explore(plan: tuple[str, ...]) -> int:
         world = queue.popleft()
         assert len(_two_groups(world)) <= 1, (world.faults, _two_groups(world))
         assert world.state is None or world.state[0] < 12, f"rounds never end: {world.faults}"
-        # A partition costs each node at most one restart: its group's first collective.
-        cuts = sum(1 for f in world.faults if f.startswith("cut:"))
+        # A partition, or a member going, costs each node at most one restart: its group's
+        # first collective.
+        cuts = sum(1 for f in world.faults if f.startswith(("cut:", "go:")))
         assert all(spent <= cuts for _, spent in world.restarts), (world.faults, world.restarts)
         if len(world.faults) == len(plan):
             settled = _settle(world, quorum)
