@@ -225,10 +225,9 @@ class Detector:
         todo: dict[str, tuple[dict[str, Any], bool]] = {}
         for node, info in nodes.items():
             seen = info or self._last_seen.get(node)
-            cached = self._verdicts.get(node)
             if seen is None or (info is not None and info["left"]):
                 continue
-            if cached is None or time.monotonic() >= cached[0]:
+            if self._held(node) is None:
                 todo[node] = (seen, info is not None)
         if len(todo) < 2:
             return
@@ -240,10 +239,14 @@ class Detector:
             for node, verdict in zip(list(todo), verdicts, strict=True):
                 self._record(node, verdict, todo[node][1])
 
-    def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
+    def _held(self, node: str) -> Verdict | None:
+        """The answer held for ``node``, while it holds (``_record``)."""
         cached = self._verdicts.get(node)
-        if cached is not None and time.monotonic() < cached[0]:
-            return cached[1]
+        return cached[1] if cached is not None and time.monotonic() < cached[0] else None
+
+    def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
+        if (held := self._held(node)) is not None:
+            return held
         verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
         return self._record(node, verdict, keyed)
 
