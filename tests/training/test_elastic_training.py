@@ -10,7 +10,6 @@ order is drawn again, and one resumes exactly at the boundary.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -28,11 +27,11 @@ from tests.support.elastic_cluster import (
     TINY,
     WHOLE_FIRST_ROUND,
     Cluster,
+    faulty_store,
     final_parameters,
     max_abs_difference,
 )
 from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 
@@ -318,10 +317,8 @@ def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
     cluster = cluster_factory("thaw", max_nodes=2, **timeout)
     args, env = _args(max_steps=20000), None
     if paused == "restoring":  # every listing takes 3 s: the restore's first one is long
-        control = cluster.root / "store-trouble.jsonl"
-        window = {"from": 0, "until": 1e12, "delay_s": 3.0, "ops": ["list"]}
-        control.write_text(json.dumps(window) + "\n")
-        env = {FAULTY_STORE_ENV: str(control)}
+        store, env = faulty_store(cluster.root, "a")
+        store.open(1e9, delay_s=3.0, ops=["list"])
     cluster.start("a", args, env=env)
 
     def trained(node: str) -> list[dict]:

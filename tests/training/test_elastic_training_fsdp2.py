@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from lab.local.etcd_server import EmbeddedEtcd
-from tests.support.elastic_cluster import Cluster, max_abs_difference
+from tests.support.elastic_cluster import Cluster, faulty_store, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
+from training.checkpoints.faulty_store import FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 
@@ -147,10 +147,9 @@ def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_
     # when the SIGTERM comes, and its part goes up beside it, on the stop's thread. The
     # periodic save commits if c's file lands before c leaves its collective (it does: the
     # part's two puts outlast it), else the parts serve; either way no step is lost.
-    control, log = tmp_path / "store-trouble.jsonl", tmp_path / "store-calls.jsonl"
-    window = {"from": 0, "until": 1e12, "delay_s": 2.0, "ops": ["put"]}
-    control.write_text(json.dumps(window) + "\n")
-    slow = {FAULTY_STORE_ENV: str(control), FAULTY_STORE_LOG_ENV: str(log)}
+    store, slow = faulty_store(tmp_path, "c")
+    store.open(1e9, delay_s=2.0, ops=["put"])
+    log = Path(slow[FAULTY_STORE_LOG_ENV])
     for node in ("a", "b", "c"):
         cluster.start(node, ARGS, env=slow if node == "c" else None)
     cluster.wait_until(lambda: cluster.steps_at(3) >= EVERY + 2, 180, "a step past a save")

@@ -19,8 +19,7 @@ import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree, is_alive, kill_tree
-from tests.support.elastic_cluster import TINY, Cluster
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV
+from tests.support.elastic_cluster import TINY, Cluster, faulty_store
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.etcd_v3 import Etcd
 from training.elastic.launch import RendezvousSettings
@@ -69,11 +68,10 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
     client = Etcd("127.0.0.1", etcd_server.client_port, timeout_s=5)
     args = [*TINY, "--max-steps", str(MAX_STEPS), "--log-every", "1"]
     args += ["--min-step-time-s", "0.05", "--checkpoint-every-steps", "0"]
-    control = {name: tmp_path / f"store-trouble-{name}.jsonl" for name in "abc"}
+    stores = {name: faulty_store(tmp_path, name) for name in "abc"}
     try:
         for name in "abc":
-            control[name].touch()
-            cluster.start(name, args, env={FAULTY_STORE_ENV: str(control[name])})
+            cluster.start(name, args, env=stores[name][1])
         cluster.wait_until(lambda: _steps_at(cluster, 3) >= 3, 180, "training at world 3")
         trained = cluster.max_step()
         # The round that trains at world 3: the first, or a second one when the third node
@@ -97,8 +95,7 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
         assert (state["round"], state["members"]) == (training + 1, None), state  # forming
         signalled = time.time()
         if second == "sigterm-slow-commit":  # its every read 5 s late from now: 20 s to commit
-            window = {"from": signalled, "until": 1e12, "delay_s": 5.0, "ops": ["get", "list"]}
-            control[then].write_text(json.dumps(window) + "\n")
+            stores[then][0].open(1e9, delay_s=5.0, ops=["get", "list"])
         if second.startswith("sigterm"):
             os.kill(cluster.nodes[then].pid, signal.SIGTERM)
         else:
