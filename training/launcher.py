@@ -51,9 +51,13 @@ def worker(*argv: str) -> None:
     round: the verdict file stops the agent before it spends another restart on it. A fault
     of this node's GPU is the same on every restart here: its file makes the agent leave.
     """
+    from training.loop.trainer_state import wait_for_stop
     from training.train import run
 
     code = run(list(argv))
+    # The loop can return while the SIGTERM thread still saves (the loop's own wait for that
+    # save ends at the deadline); multiprocessing would end the process under it.
+    wait_for_stop()
     if code == BAD_INPUT and (verdict := os.environ.get(VERDICT_ENV)):
         Path(verdict).write_text("see the worker's log for the setting and the fix")
     if code == DEVICE_FAULT and (fault := os.environ.get(DEVICE_FAULT_ENV)):

@@ -187,3 +187,54 @@ def test_an_agent_that_left_the_rendezvous_ends_for_a_new_pod(
     monkeypatch.setattr(launcher, "launch", lambda args: launcher.run_agent(config, []))
     monkeypatch.setattr(launcher, "STOP", AgentStop())
     assert agent._launch_warm([]) == (RETRY_ME, False)
+
+
+# A worker whose loop returned while its SIGTERM thread still saves: the stop thread (a daemon,
+# as torch's signal thread must not keep a process alive) holds the exit lock, saves, and ends
+# the process with its own code. Forked the way torch's agent runs a warm worker: a
+# multiprocessing Process, which ends the process once its target returns.
+STOP_DURING_RETURN = """
+import multiprocessing, sys, threading, time
+from pathlib import Path
+
+import training.train
+from training.launcher import worker
+from training.loop.trainer_state import _EXIT_LOCK, exit_now
+
+saved = Path(sys.argv[1])
+
+def run(argv):
+    holding = threading.Event()
+
+    def stop_thread():
+        with _EXIT_LOCK:
+            holding.set()
+            time.sleep(0.5)  # a save in progress when the loop returns
+            saved.write_text("the part of the last step")
+            exit_now(75)
+
+    threading.Thread(target=stop_thread, daemon=True).start()
+    holding.wait()
+    return 0
+
+training.train.run = run
+process = multiprocessing.get_context("fork").Process(target=worker)
+process.start()
+process.join()
+print(process.exitcode)
+"""
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_worker_whose_loop_returned_waits_for_the_stop_threads_save(tmp_path: Path) -> None:
+    saved = tmp_path / "part"
+    result = subprocess.run(
+        [sys.executable, "-c", STOP_DURING_RETURN, str(saved)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert saved.exists(), "the worker ended under the stop thread's save"
+    assert result.stdout.split() == ["75"]  # the stop thread's code, not the loop's 0

@@ -1,12 +1,11 @@
 """A trainer's state and how it is kept: what a checkpoint holds, restore, saves and the stop.
 
-The state is the task's model (unwrapped from DDP), its optimiser and LR scheduler, the step
-and epoch (the data position derives from the step), the run's identity and torch's RNG
-streams (the task's own randomness is keyed by step and sample: training/api/keyed_random.py).
-Rank 0 saves it in the background while the loop
-trains (training/loop/saves/periodic.py); a stop or a lost peer saves the last completed step
-(training/loop/saves/emergency.py), on the SIGTERM's own thread when the loop may be stuck in a
-collective. A state lock keeps every save to the state of a completed step.
+The state is the task's model (unwrapped from DDP), its optimiser and LR scheduler, the step and
+epoch (the data position derives from the step), the run's identity and torch's RNG streams (the
+task's own randomness is keyed by step and sample: training/api/keyed_random.py). Rank 0 saves it in
+the background while the loop trains (training/loop/saves/periodic.py); a stop or a lost peer saves
+the last completed step (training/loop/saves/emergency.py), on the SIGTERM's own thread when the
+loop may be stuck in a collective. A state lock keeps every save to the state of a completed step.
 """
 
 from __future__ import annotations
@@ -385,11 +384,15 @@ def stop_exit_code(outcome: Outcome | None) -> int:
     return EXIT_RESTART if outcome is None or outcome.complete else EXIT_NOT_DURABLE
 
 
-def exit_now(code: int) -> None:
-    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main).
+def wait_for_stop() -> None:
+    """Return unless a SIGTERM save runs (a daemon thread, which ends the process itself)."""
+    with _EXIT_LOCK:
+        pass
 
-    Waits for a SIGTERM save in progress on the stop thread, which ends the process itself.
-    """
+
+def exit_now(code: int) -> None:
+    """End the process with ``code``, the logs flushed, skipping gloo's teardown (see main),
+    once no SIGTERM save runs on the stop thread (one that runs ends the process itself)."""
     with _EXIT_LOCK:
         logging.shutdown()
         sys.stdout.flush()
