@@ -59,3 +59,4 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, width: int) -> None
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # as the trainer: saves between steps hold no gradients

@@ -89,6 +89,8 @@ def _train(
     trainer._wrap(Phases())
     for _ in range(steps):
         trainer.train_step()
+    # Between steps, where saves run, no gradient is held: the state alone.
+    assert [n for n, p in trainer.model.named_parameters() if p.grad is not None] == []
     assert not torch.equal(trainer.model.tokens.weight.detach(), initial)  # it trained
     trainer.evaluate()
     return trainer, set(devices)
