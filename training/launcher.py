@@ -38,6 +38,8 @@ from training.loop.config import parse_config
 if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
+    from training.elastic.liveness import Progress
+
 logger = logging.getLogger(__name__)
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
@@ -207,6 +209,7 @@ def launch(args: Sequence[str]) -> None:
     from training.loop.inputs import load_data
 
     cfg = parse_config(parsed.training_script_args)
+    STOP.deadline_s = cfg.checkpoint.stop_deadline_s
     # Missing data fails every worker the same way, restart after restart: stop before joining.
     # The task reads it as its workers will (once per pod; the workers read it again).
     try:
@@ -256,6 +259,12 @@ class AgentStop:
         self.at: float | None = None
         self.signum: int | None = None
         self.held = False
+        self.deadline_s = 0.0
+        """``--stop-deadline-s``: what the node does after its SIGTERM ends by then."""
+        self.progress: Progress | None = None
+        """The rendezvous' progress, held from the SIGTERM to its deadline: the workers' saves
+        and the agent's commit beat nothing, and the next round waits for them (a commit past
+        the stall timeout looked like a wedged agent, and that round went on without it)."""
 
     def install(self) -> None:
         self.held = False
@@ -271,6 +280,8 @@ class AgentStop:
     def _handle(self, signum: int, frame: object) -> None:
         if self.at is None:
             self.at = time.monotonic()
+            if self.progress is not None:
+                self.progress.hold(self.at + self.deadline_s)
             # Before torch stops the workers with a SIGTERM of its own: theirs then asks for
             # a durable commit (training/elastic/faults.py, ``sigterm_from_outside``).
             if signalled := os.environ.get(AGENT_SIGNALLED_ENV):
@@ -328,6 +339,7 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
             raise_if_device_failed()
 
         rdzv_handler.check_stop = check_stop
+        STOP.progress = rdzv_handler.progress
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,

@@ -62,12 +62,19 @@ class Progress:
     def __init__(self, stall_s: float) -> None:
         self.stall_s = stall_s
         self._last = time.monotonic()
+        self._held_until = 0.0
 
     def beat(self) -> None:
         self._last = time.monotonic()
 
+    def hold(self, until: float) -> None:
+        """Progress until ``until`` (monotonic) without beats: work of the agent's own that
+        is bounded by then (a going node's saves, which the next round waits for)."""
+        self._held_until = until
+
     def stalled(self) -> bool:
-        return time.monotonic() - self._last > self.stall_s
+        now = time.monotonic()
+        return now - self._last > self.stall_s and now > self._held_until
 
 
 class ProbeServer:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos.store_excuse import calls
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.process_tree import freeze_tree, is_alive, kill_tree
 from tests.support.elastic_cluster import TINY, Cluster, faulty_store
@@ -29,6 +30,8 @@ from training.elastic.membership import ROOT
 # opens stays open (it expects the survivor) until the second fault has landed.
 SLOW_SURVIVOR = RendezvousSettings(join_timeout_s=60, keep_alive_max_attempt=5)
 MAX_STEPS = 60
+STALL_TIMEOUT_S = 12
+"""The slow commit's agents: wedged after 12 s without a beat, less than its commit takes."""
 
 
 def _rendezvous(cluster: Cluster, client: Etcd) -> tuple[dict, dict[int, list[str]]]:
@@ -59,7 +62,9 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
     # RendezvousStoreInfo.build, and exited 1 (LookupError): a permanent failure of the job.
     # With a slow commit, the evicted node stays registered for seconds after its SIGTERM (it
     # commits its node's save before it leaves: chaos seed 23); its join withdrawn, the open
-    # round waits for it and never makes it a member.
+    # round waits for it and never makes it a member. The commit outlasts the agents' stall
+    # timeout: the going node must still count as alive until its stop deadline, or the
+    # survivor goes on alone and restores an older state.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
     cluster = Cluster(
@@ -69,9 +74,12 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
     args = [*TINY, "--max-steps", str(MAX_STEPS), "--log-every", "1"]
     args += ["--min-step-time-s", "0.05", "--checkpoint-every-steps", "0"]
     stores = {name: faulty_store(tmp_path, name) for name in "abc"}
+    conf = cluster.policy.pet_env()["PET_RDZV_CONF"]
+    if second == "sigterm-slow-commit":
+        conf += f",stall_timeout={STALL_TIMEOUT_S}"
     try:
         for name in "abc":
-            cluster.start(name, args, env=stores[name][1])
+            cluster.start(name, args, env={**stores[name][1], "PET_RDZV_CONF": conf})
         cluster.wait_until(lambda: _steps_at(cluster, 3) >= 3, 180, "training at world 3")
         trained = cluster.max_step()
         # The round that trains at world 3: the first, or a second one when the third node
@@ -113,8 +121,21 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
         assert alone[-1]["world_size"] == 1, alone
         assert alone[-1]["step"] >= trained, (alone[-1], trained)  # no completed step lost
         assert cluster.max_step() == MAX_STEPS
+        if second == "sigterm-slow-commit":  # the survivor waited for all of the commit
+            calls = _agents_store_calls(tmp_path, then, cluster.nodes[then].pid)
+            committed = max(c["ts"] + c["duration_s"] for c in calls)
+            assert committed - signalled > STALL_TIMEOUT_S, calls  # it outlasted the timeout
+            alone_from = min(e["ts"] for e in later if e["node"] == survivor)
+            assert alone_from > committed, (alone_from, committed)
     finally:
         cluster.close()
+
+
+def _agents_store_calls(root: Path, name: str, agent_pid: int) -> list[dict]:
+    """The store calls node ``name``'s agent made itself (its commit of the node's save)."""
+    path = root / "store-calls" / f"{name}.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [c for c in calls(entries) if c["pid"] == agent_pid]
 
 
 def _steps_at(cluster: Cluster, world: int) -> int:
