@@ -18,7 +18,12 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from tests.support.waiting import gloo_group
 from training.checkpoints.sharded.repository import ShardedCheckpoints
-from training.checkpoints.sharded.state import ModelState, TrainerState, training_state
+from training.checkpoints.sharded.state import (
+    ModelState,
+    TrainerState,
+    init_optimizer_state,
+    training_state,
+)
 from training.checkpoints.storage import FileStore
 
 GLOBAL_BATCH = 12
@@ -160,3 +165,32 @@ def test_a_checkpoint_saved_at_one_world_size_resumes_exactly_at_another(
         error = float((resumed[name] - tensor).norm() / tensor.norm())
         assert error <= 1e-9, (name, error)
     assert not torch.equal(expected["0.weight"], _model(SAVED_SEED)[0].weight)  # it trained
+
+
+@pytest.mark.parametrize("lr", [0.1, torch.tensor(0.1)], ids=["float", "tensor"])
+def test_a_fresh_optimizer_gets_torchs_state_one_gradient_at_a_time(lr: Any) -> None:
+    # What get_state_dict would make (torch's _init_optim_state, private: the reference
+    # only), with never more than one gradient held; the parameters and the rate unchanged.
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    theirs_model, ours_model = _model(SAVED_SEED), _model(SAVED_SEED)
+    theirs = torch.optim.AdamW(theirs_model.parameters(), lr=lr, weight_decay=0.1)
+    ours = torch.optim.AdamW(ours_model.parameters(), lr=lr, weight_decay=0.1)
+    _init_optim_state(theirs)
+    held: list[int] = []
+    step = ours.step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        held.append(sum(p.grad is not None for p in ours_model.parameters()))
+        return step(*args, **kwargs)
+
+    ours.step = counted  # type: ignore[method-assign]
+    init_optimizer_state(ours)
+    assert held == [1] * len(list(ours_model.parameters()))
+    torch.testing.assert_close(ours.state_dict(), theirs.state_dict(), rtol=0, atol=0)
+    for mine, reference in zip(ours_model.parameters(), theirs_model.parameters(), strict=True):
+        assert torch.equal(mine, reference) and mine.grad is None
+    assert ours.param_groups[0]["lr"] is lr
+    before = ours.state_dict()
+    init_optimizer_state(ours)  # it has a state: left as it is
+    torch.testing.assert_close(ours.state_dict(), before, rtol=0, atol=0)

@@ -73,6 +73,7 @@ class ModelState(Stateful):
                 {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
             ]
             return {"model": get_model_state_dict(self.model), HYPERPARAMETERS: pack(groups)}
+        init_optimizer_state(self.optimizer)  # a load into a fresh one: its peak, not torch's
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer}
 
@@ -90,6 +91,30 @@ class ModelState(Stateful):
             model_state_dict=state_dict["model"],
             optim_state_dict=state_dict["optimizer"],
         )
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state as ``get_state_dict`` would (torch 2.13's
+    ``_init_optim_state``: a step with a learning rate of 0 on gradients of zeros), but one
+    parameter at a time. torch makes every gradient at once: as much memory again as the
+    parameters, on top of the new state, at the peak of every restore. A load then overwrites
+    the state; an optimizer that has a state, or gradients, is left as it is, as torch does."""
+    groups = optimizer.param_groups
+    if optimizer.state or any(p.grad is not None for g in groups for p in g["params"]):
+        return
+    rates = [group.get("lr") for group in groups]
+    for group, lr in zip(groups, rates, strict=True):
+        if lr is not None:
+            group["lr"] = torch.tensor(0.0) if isinstance(lr, torch.Tensor) else 0.0
+    try:
+        for param in (p for g in groups for p in g["params"] if p.requires_grad):
+            param.grad = torch.zeros_like(param)
+            optimizer.step()  # steps only the parameters that have a gradient: this one
+            param.grad = None
+    finally:
+        for group, lr in zip(groups, rates, strict=True):
+            if lr is not None:
+                group["lr"] = lr
 
 
 class TrainerState(Stateful):
