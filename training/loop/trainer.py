@@ -57,6 +57,9 @@ class Trainer(StatefulTrainer):
     """The agent's permit to apply a step (training/elastic/permit.py); None: not held."""
     pauses: Pauses | None = None
     """This process's own pauses: a permit that ran out holds only a worker paused too."""
+    applied_ts: float = 0.0
+    """The wall time the last step was applied, taken under the state lock: its metrics line
+    may be written much later (a node paused inside the log's collective)."""
 
     # -- one optimiser step --------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -83,6 +86,7 @@ class Trainer(StatefulTrainer):
         with self._state_lock:
             self._apply_gradients()
             self.state.step += 1
+            self.applied_ts = time.time()
             if self.local is not None and self.env.local_rank == 0:
                 self.local.mark_progress(self.state.step)
         return losses.loss_sum, losses.count
@@ -292,6 +296,7 @@ class Trainer(StatefulTrainer):
             loss=round(loss, 6),
             samples_per_s=round(rate, 2),
             step_time_s=round(seconds / steps, 5),
+            applied_ts=round(self.applied_ts, 3),
         )
         logger.info(
             progress_line(

@@ -122,9 +122,9 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
         assert alone[-1]["step"] >= trained, (alone[-1], trained)  # no completed step lost
         assert cluster.max_step() == MAX_STEPS
         if second == "sigterm-slow-commit":  # the survivor waited for all of the commit
-            calls = _agents_store_calls(tmp_path, then, cluster.nodes[then].pid)
-            committed = max(c["ts"] + c["duration_s"] for c in calls)
-            assert committed - signalled > STALL_TIMEOUT_S, calls  # it outlasted the timeout
+            agent_calls = _agents_store_calls(tmp_path, then, cluster.nodes[then].pid)
+            committed = max(c["ts"] + c["duration_s"] for c in agent_calls)
+            assert committed - signalled > STALL_TIMEOUT_S, agent_calls  # it outlasted the timeout
             alone_from = min(e["ts"] for e in later if e["node"] == survivor)
             assert alone_from > committed, (alone_from, committed)
     finally:

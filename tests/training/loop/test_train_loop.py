@@ -6,6 +6,7 @@ the test needs a peer to wait on storage. A peer's loss is the exception gloo ra
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -31,7 +32,7 @@ from training import train
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
-from training.loop import inputs
+from training.loop import inputs, metrics
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
@@ -480,3 +481,23 @@ def test_a_nodes_last_round_commits_its_emergency_save_durably(
     (save,) = h.events("emergency_save")
     assert save["durable"] is durable
     assert (h.durable.head() is not None) is durable
+
+
+# --- Metrics lines ----------------------------------------------------------------------------
+
+
+def test_a_metrics_line_written_late_says_when_its_step_was_applied(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node paused between a step and its metrics line (inside the log's collective) writes
+    # the line only after it is thawed. Whoever asks whether a step was applied after a thaw
+    # (the thaw test in test_elastic_training.py) needs the step's own time, not the line's.
+    late = SimpleNamespace(time=lambda: time.time() + 100.0, monotonic=time.monotonic)
+    monkeypatch.setattr(metrics, "time", late)  # every line is written 100 s late
+    h = harness(tmp_path, data_dir, "--max-steps=2", "--log-every=1")
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    lines = [json.loads(line) for line in h.stream.getvalue().splitlines()]
+    logged = [r for r in lines if r["kind"] == "metrics"]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(r["ts"] - r["applied_ts"] >= 99.0 for r in logged)
+    assert logged[0]["applied_ts"] <= logged[1]["applied_ts"] <= time.time()
