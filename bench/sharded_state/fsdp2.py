@@ -7,7 +7,11 @@
 - ``killall``: a new, smaller world loads the newest committed checkpoint (the periodic one:
   the parts of a world killed without notice are never committed) and trains a step.
 - ``evict``: a new, smaller world's coordinator joins the parts into one checkpoint
-  (``complete``), every rank loads it resharded and trains a step.
+  (``complete``), every rank loads it resharded and trains a step. Rank ``r`` of the new world
+  stands on the node of the old rank ``r`` (the last one was evicted): it reads the part files
+  that node kept on its disk from there, the others from the store (``kept_files``).
+- ``evict-store``: the same load again, every file read from the store, as before the nodes
+  kept their parts: the difference is what the kept copies save.
 
 Each rank writes one JSON row per case: times from ``perf_counter``, its share of the state,
 and its peak RSS during the operation (the kernel's high-water mark, reset before it), next to
@@ -55,9 +59,23 @@ so the run in docs/benchmarks.md is what this code measures. Only this process w
 store, so nothing prunes under it."""
 
 
-def _checkpoints(spec: dict[str, str], base: Path, rank: int) -> ShardedCheckpoints:
+class _Kept(FileStore):
+    """A node's kept part files, counting those a load linked from here."""
+
+    linked = 0
+
+    def link_into(self, name: str, path: Path) -> bool:
+        found = super().link_into(name, path)
+        self.linked += int(found)
+        return found
+
+
+def _checkpoints(
+    spec: dict[str, str], base: Path, rank: int, kept: bool = False
+) -> ShardedCheckpoints:
     scratch = base / f"scratch-{spec['kind']}-{rank}"
-    return ShardedCheckpoints(open_store(spec), scratch, grace_s=GRACE_S)
+    node = _Kept(base / f"kept-{spec['kind']}-{rank}", fsync=False) if kept else None
+    return ShardedCheckpoints(open_store(spec), scratch, grace_s=GRACE_S, kept=node)
 
 
 def _write(base: Path, name: str, row: dict[str, Any]) -> None:
@@ -78,7 +96,7 @@ def _save_world(
         train_step(model, optimizer, width)
         share = _local_bytes(model, optimizer)
         for spec in specs:
-            checkpoints = _checkpoints(spec, base, rank)
+            checkpoints = _checkpoints(spec, base, rank, kept=True)
             trainer.step = PERIODIC_STEP
             dist.barrier()
             before = _reset_peak()
@@ -125,7 +143,7 @@ def _restore_world(
         model, optimizer = build(layers, width, world, seed=1)
         trainer = TrainerState()
         state = training_state(ModelState(model, optimizer), trainer)
-        checkpoints = _checkpoints(spec, base, rank)
+        checkpoints = _checkpoints(spec, base, rank, kept=case == "evict")
         dist.barrier()
         before = _reset_peak()
         started = time.perf_counter()
@@ -137,7 +155,7 @@ def _restore_world(
         dist.barrier()  # the others wait for it (the trainer's broadcast of the plan)
         entry = checkpoints.load(state)
         loaded_s, peak = time.perf_counter() - started, _peak()
-        wanted = PART_STEP if case == "evict" else PERIODIC_STEP
+        wanted = PERIODIC_STEP if case == "killall" else PART_STEP
         assert entry is not None and entry.step == wanted == trainer.step, (entry, trainer.step)
         train_step(model, optimizer, width)
         row = {
@@ -149,6 +167,7 @@ def _restore_world(
             "complete_s": complete_s,
             "loaded_s": loaded_s,
             "first_step_s": time.perf_counter() - started,
+            "kept_files": checkpoints.kept.linked if isinstance(checkpoints.kept, _Kept) else 0,
         }
         _write(base, f"{case}-{spec['kind']}-{rank}", row)
     finally:
@@ -174,7 +193,8 @@ def measure_fsdp2(
     for spec in specs:
         kind = spec["kind"]
         found[kind] = {"save": _rows(root, f"save-{kind}", old)}
-        for case in ("killall", "evict"):  # killall first: the parts are not committed yet
+        # killall first: the parts are not committed yet; evict commits them for evict-store
+        for case in ("killall", "evict", "evict-store"):
             say(f"fsdp2: {case} restore at world {new} from {kind} ...")
             mp.spawn(_restore_world, args=(new, shape, spec, case, str(root)), nprocs=new)
             found[kind][case] = _rows(root, f"{case}-{kind}", new)

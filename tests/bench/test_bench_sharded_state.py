@@ -52,11 +52,14 @@ def test_quick_run_measures_every_case(tmp_path: Path, capsys: pytest.CaptureFix
         _positive(row, SAVE_KEYS)
     # The parts together hold the whole state once (plus the trainer's small values).
     assert sum(r["part_bytes"] for r in entry["save"]) >= results["fsdp2_state_bytes"]
-    for case in ("killall", "evict"):
+    for case in ("killall", "evict", "evict-store"):
         assert [r["rank"] for r in entry[case]] == list(range(plan["restore_world"]))
         for row in entry[case]:
             _positive(row, RESTORE_KEYS)
     assert entry["evict"][0]["complete_s"] > 0  # the coordinator joined the parts
+    # Each survivor read its own node's part from its disk, nothing else did.
+    assert all(r["kept_files"] >= 1 for r in entry["evict"])
+    assert all(r["kept_files"] == 0 for r in entry["killall"] + entry["evict-store"])
     _positive(results["bandwidth"][kind], ("bytes", "seconds", "bytes_per_s"))
     ddp = results["ddp"]
     eviction = ddp["eviction"][kind]["runs"][0]

@@ -131,6 +131,11 @@ def test_an_eviction_saves_every_part_and_reshards_with_no_step_lost(
     assert resumed["source"] == "parts" or (
         resumed["source"] == "durable" and resumed["step"] in periodic
     ), resumed
+    if resumed["source"] == "parts":
+        # Each survivor reads a part its node saved from its own disk: keeping their order,
+        # the old ranks i < j become 0 and 1, whose shards overlap old i's and j's.
+        for node in ("a", "b"):
+            assert "from this node's copy" in (cluster.root / f"{node}.err").read_text(), node
     _exact(cluster, reference, tmp_path)
 
 
@@ -172,6 +177,11 @@ def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_
     assert resumed["source"] == "parts" or (
         resumed["source"] == "durable" and resumed["step"] in periodic
     ), resumed
+    if resumed["source"] == "parts":
+        # Each survivor reads a part its node saved from its own disk: keeping their order,
+        # the old ranks i < j become 0 and 1, whose shards overlap old i's and j's.
+        for node in ("a", "b"):
+            assert "from this node's copy" in (cluster.root / f"{node}.err").read_text(), node
     _exact(cluster, reference, tmp_path)
 
 

@@ -65,6 +65,13 @@ def is_object_of(name: str, prefix: str) -> bool:
     return bool(match) and match["prefix"] == prefix
 
 
+def object_step(name: str, prefix: str) -> int | None:
+    """The step of a checkpoint object of ``prefix`` (a file or a part's record); None for
+    any other name."""
+    match = _OBJECT.match(name)
+    return int(match["step"]) if match and match["prefix"] == prefix else None
+
+
 def unreferenced(
     old: set[str], manifests: list[Manifest], top: int, prefix: str, retained: int
 ) -> list[str]:

@@ -1,7 +1,8 @@
 """A restore brings each file it reads to local disk, verified against the manifest: linked and
 hashed in place from a directory on the same filesystem (a rank's share of a large state read
 once, not copied), streamed from any other store; a file that is torn or gone is refused either
-way, and the store's own file is never touched."""
+way, and the store's own file is never touched. A file this node kept when it saved its part is
+read from its own disk, verified the same way, and from the store when it is torn or gone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from training.checkpoints.manifest import StoredFile
-from training.checkpoints.sharded.reader import fetch_verified
+from training.checkpoints.sharded.reader import fetch, fetch_verified
 from training.checkpoints.storage import FileStore
 
 DATA = os.urandom(3 << 20) + b"tail"  # over HashingWriter's parallel threshold
@@ -71,3 +72,42 @@ def test_a_torn_or_missing_file_is_refused_and_the_stores_file_left_as_it_is(
     gone = StoredFile("dcp-1__1_0.distcp", listed.size, listed.sha256)
     assert fetch_verified(store, gone, tmp_path / gone.name) == "is missing"
     assert not (tmp_path / gone.name).exists()
+
+
+class _Unread(FileStore):
+    """A store that must not be read: the node's own copy serves."""
+
+    def get_into(self, name: str, sink: object) -> int:
+        raise AssertionError(f"read {name} from the store")
+
+    def link_into(self, name: str, path: Path) -> bool:
+        raise AssertionError(f"read {name} from the store")
+
+
+def test_a_file_this_node_kept_is_read_from_its_disk_not_the_store(tmp_path: Path) -> None:
+    kept = FileStore(tmp_path / "kept", fsync=False)
+    listed = _stored(kept)
+    local = tmp_path / "cache" / listed.name
+    local.parent.mkdir()
+    assert fetch(_Unread(tmp_path / "store"), listed, local, kept) is None
+    assert local.stat().st_ino == (kept.root / listed.name).stat().st_ino
+    assert local.read_bytes() == DATA
+
+
+def test_a_torn_or_missing_kept_copy_falls_back_to_the_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, kept = FileStore(tmp_path / "store"), FileStore(tmp_path / "kept", fsync=False)
+    listed = _stored(store)
+    (tmp_path / "kept" / listed.name).write_bytes(DATA[:100])  # torn on this node's disk
+    local = tmp_path / listed.name
+    with caplog.at_level("WARNING"):
+        assert fetch(store, listed, local, kept) is None
+    assert local.stat().st_ino == (store.root / listed.name).stat().st_ino
+    assert f"this node's copy of {listed.name} is torn" in caplog.text
+    local.unlink()
+    (tmp_path / "kept" / listed.name).unlink()  # or gone: the store's, without a word
+    caplog.clear()
+    assert fetch(store, listed, local, kept) is None and caplog.text == ""
+    torn = StoredFile(listed.name, listed.size + 1, listed.sha256)  # neither copy is whole
+    assert fetch(store, torn, tmp_path / "again", kept).startswith("is torn")

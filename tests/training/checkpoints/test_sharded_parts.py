@@ -5,6 +5,7 @@ tests/training/test_elastic_training_fsdp2.py's eviction (3 to 2) and join (2 to
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -87,3 +88,35 @@ def test_a_set_with_a_part_missing_or_torn_is_never_committed(tmp_path: Path) ->
     assert entry is not None and entry.step == SAVE_AT and len(entry.files) == 2
     assert complete(_checkpoints(tmp_path, 0), newer_than=SAVE_AT - 1) is None
     assert _checkpoints(tmp_path, 0).entries() == [entry]
+
+
+class _DiskFull(FileStore):
+    def put(self, name: str, data: bytes | Path) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_part_keeps_its_file_on_the_node_until_a_newer_part_is_saved(tmp_path: Path) -> None:
+    # The next round's ranks on this node read the file from here, not from the store
+    # (reader.py's fetch); each part saved replaces the older steps' copies.
+    kept = FileStore(tmp_path / "kept", fsync=False)
+    store = FileStore(tmp_path / "store")
+    checkpoints = ShardedCheckpoints(store, tmp_path / "scratch", kept=kept)
+    state = {"w": torch.arange(4096.0)}  # no_dist: no process group needed
+    first = save_part(checkpoints, state, part_set_id("dcp", 1, "round-1"), 1, 0, 1)
+    assert first.file is not None and kept.list() == [first.file.name]
+    assert hashlib.sha256(kept.get(first.file.name)).hexdigest() == first.file.sha256
+    second = save_part(checkpoints, state, part_set_id("dcp", 2, "round-2"), 2, 0, 1)
+    assert second.file is not None and kept.list() == [second.file.name]
+    assert store.size(first.file.name) == first.file.size  # the store's copy stays
+
+
+def test_a_node_that_cannot_keep_its_part_still_saves_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStore(tmp_path / "store")
+    full = _DiskFull(tmp_path / "kept", fsync=False)
+    checkpoints = ShardedCheckpoints(store, tmp_path / "scratch", kept=full)
+    with caplog.at_level("WARNING"):
+        part = save_part(checkpoints, {"w": torch.ones(8)}, PART_ID, SAVE_AT, 0, 1)
+    assert part.file is not None and store.size(part.file.name) == part.file.size
+    assert f"{part.file.name} is not kept on this node" in caplog.text

@@ -46,6 +46,7 @@ from training.checkpoints.deadline import Deadline
 from training.checkpoints.manifest import (
     StoredFile,
     metadata_name,
+    object_step,
     parse_part,
     part_name,
     sha256,
@@ -118,7 +119,19 @@ class PartWriter(StoreWriter):
     ) -> None:
         super().__init__(checkpoints.repository, step, spool, SaveOptions(deadline=deadline))
         self.part_id, self.rank, self.world = checkpoint_id, rank, world
+        self.kept = checkpoints.kept
         self.part: Part | None = None
+
+    def keep(self, name: str, path: Path) -> None:
+        """A copy on this node's disk (a hard link of the file uploaded, where it can be):
+        the next round's ranks here read it instead of the store. Without one, they read the
+        store's: a save never fails for it."""
+        if self.kept is None:
+            return
+        try:
+            self.kept.put(name, path)
+        except OSError as exc:
+            logger.warning("%s is not kept on this node: %s", name, exc)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Alone, by design: no collective, whatever DCP's ``use_collectives`` says."""
@@ -152,6 +165,7 @@ def save_part(
 ) -> Part:
     """Save this rank's part of ``state_dict`` (its shards, its copy of what is replicated)
     alone; CheckpointError when its file or record could not be written."""
+    drop_kept(checkpoints, before=step)
     spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=checkpoints.scratch_dir()))
     writer = PartWriter(checkpoints, checkpoint_id, step, rank, world, spool, deadline)
     try:
@@ -164,6 +178,22 @@ def save_part(
         shutil.rmtree(spool, ignore_errors=True)
     assert writer.part is not None
     return writer.part
+
+
+def drop_kept(checkpoints: ShardedCheckpoints, before: int) -> None:
+    """Remove this node's copies of parts older than step ``before``: every rank of the
+    round loaded what it needed from them (each linked its files before any rank's load
+    went on), so at most the newest parts stay on the node."""
+    kept, prefix = checkpoints.kept, checkpoints.repository.prefix
+    if kept is None:
+        return
+    try:
+        for name in kept.list(prefix + "-"):
+            step = object_step(name, prefix)
+            if step is not None and step < before:
+                kept.delete(name)
+    except OSError as exc:  # only disk space: the save goes on
+        logger.warning("this node's older parts could not be removed: %s", exc)
 
 
 def merge(parts: list[Part]) -> Metadata:

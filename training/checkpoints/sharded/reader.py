@@ -10,7 +10,9 @@ DCP calls (torch 2.13 ``state_dict_loader.py``, ``_load_state_dict``): ``read_me
 - ``prepare_local_plan`` brings each file this rank's plan reads into a local directory
   (streamed from Blob, hashing as it downloads; hard-linked from a directory on the same
   filesystem, then hashed in place) and compares size and SHA-256 with the manifest. A file
-  that is missing, torn or not listed fails the load on every rank, naming the file.
+  that is missing, torn or not listed fails the load on every rank, naming the file. A file
+  this node kept when its ranks saved their parts is linked from the node's disk first, and
+  checked the same way; the store serves it when that copy is torn or gone.
 
 ``read_data`` is torch's ``FileSystemReader`` on that directory (one tensor at a time). Values
 that are not tensors go through ``VerifiedLoadPlanner``, which unpickles them with
@@ -40,13 +42,20 @@ from training.checkpoints.storage import FileStore, ObjectStore
 
 logger = logging.getLogger(__name__)
 
+MISSING = "is missing"
+"""What ``fetch_verified`` says of a file that is not there."""
+
 
 class StoreReader(FileSystemReader):
     """Reads the sharded checkpoint ``entry`` of ``store`` through its files in ``cache``."""
 
-    def __init__(self, store: ObjectStore, entry: Entry, cache: Path) -> None:
+    def __init__(
+        self, store: ObjectStore, entry: Entry, cache: Path, kept: ObjectStore | None = None
+    ) -> None:
+        """``kept``: the files this node's ranks wrote for their parts (``parts.py``), read
+        from there before the store."""
         super().__init__(cache)
-        self.store, self.entry, self.cache = store, entry, cache
+        self.store, self.entry, self.cache, self.kept = store, entry, cache, kept
         self._files = {f.name: f for f in entry.files}
 
     def read_metadata(self) -> Metadata:  # type: ignore[override]
@@ -56,7 +65,7 @@ class StoreReader(FileSystemReader):
         try:
             data = self.store.get(name)
         except FileNotFoundError as exc:
-            raise self._failed(name, "is missing") from exc
+            raise self._failed(name, MISSING) from exc
         if len(data) != self.entry.size or sha256(data) != self.entry.sha256:
             raise self._failed(name, f"fails its checksum ({len(data)} bytes)")
         metadata = decode(data, name)
@@ -76,7 +85,7 @@ class StoreReader(FileSystemReader):
         return plan
 
     def _fetch(self, listed: StoredFile) -> None:
-        problem = fetch_verified(self.store, listed, self.cache / listed.name)
+        problem = fetch(self.store, listed, self.cache / listed.name, self.kept)
         if problem is not None:
             raise self._failed(listed.name, problem)
 
@@ -91,6 +100,25 @@ class StoreReader(FileSystemReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return False  # chosen explicitly, never inferred from a path
+
+
+def fetch(
+    store: ObjectStore, listed: StoredFile, path: Path, kept: ObjectStore | None = None
+) -> str | None:
+    """``fetch_verified`` from ``kept`` (this node's copies of its parts' files) when it holds
+    the file whole, else from ``store``: a rank on a node that stays reads its own part, or a
+    sibling's, from the node's disk instead of downloading what it uploaded."""
+    if kept is not None:
+        try:
+            problem = fetch_verified(kept, listed, path)
+        except OSError as exc:  # the node's disk: the store still has the file
+            problem = str(exc)
+        if problem is None:
+            logger.info("read %s from this node's copy", listed.name)
+            return None
+        if problem != MISSING:
+            logger.warning("this node's copy of %s %s; reading the store's", listed.name, problem)
+    return fetch_verified(store, listed, path)
 
 
 def fetch_verified(store: ObjectStore, listed: StoredFile | Entry, path: Path) -> str | None:
@@ -109,7 +137,7 @@ def fetch_verified(store: ObjectStore, listed: StoredFile | Entry, path: Path) -
             size, digest = _stream_into(store, listed.name, path)
     except FileNotFoundError:
         path.unlink(missing_ok=True)
-        return "is missing"
+        return MISSING
     except OSError:
         path.unlink(missing_ok=True)
         raise

@@ -60,10 +60,14 @@ class ShardedCheckpoints:
         prefix: str = PREFIX,
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        kept: ObjectStore | None = None,
     ) -> None:
+        """``kept``: a directory on this node's disk where its ranks' parts stay after their
+        upload (``parts.py``), for the next round's load to read before the store."""
         self.repository = CheckpointRepository(store, keep, prefix, grace_s, clock)
         self.store = store
         self.scratch = scratch
+        self.kept = kept
 
     def save(
         self,
@@ -107,7 +111,7 @@ class ShardedCheckpoints:
                 for key, model in models.items():
                     model.fit(names, key)
             cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
-            reader = StoreReader(self.store, entry, cache)
+            reader = StoreReader(self.store, entry, cache, self.kept)
             try:
                 dcp.load(
                     state_dict,

@@ -140,6 +140,8 @@ class StoreWriter(StorageWriter):
                     placed.append((item.index, offset, sink.size - offset))
                 sink.flush()
             stored = self.store.put(name, path)
+            if stored == sink.size:
+                self.keep(name, path)
         finally:
             path.unlink(missing_ok=True)  # the store holds it (a hard link, or a copy)
         if stored != sink.size:
@@ -152,6 +154,9 @@ class StoreWriter(StorageWriter):
             WriteResult(index, length, Written(offset, length, file))
             for index, offset, length in placed
         ]
+
+    def keep(self, name: str, path: Path) -> None:
+        """The file ``path`` is in the store as ``name``: a collective save keeps no copy."""
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write the metadata and commit the checkpoint (the coordinator only)."""

@@ -9,15 +9,13 @@ scheduler, the RNG streams, fp16's scaler, the run's identity and settings), thr
   writing the previous one, so no rank is ever left alone in a save's collective;
 - **an emergency save** (SIGTERM, a lost peer, the group re-forming): every rank saves its part
   alone (no collective: a peer may be gone) to the durable store, under the eviction's
-  deadline when it is stopping;
+  deadline when it is stopping, and keeps its file on the node's disk (a hard link);
 - **the restore**: the coordinator commits the newest step that every rank of a world saved
   its part of, then every rank loads the newest checkpoint that verifies, resharded to this
-  world. A node killed without notice leaves a part missing: the newest whole checkpoint
-  serves, and the steps since are trained again (the same steps: docs/training.md);
+  world, reading the files its node kept from its disk and only the others from the store.
+  A node killed without notice leaves a part missing: the newest whole checkpoint serves,
+  and the steps since are trained again (the same steps: docs/training.md);
 - **finish**: one collective save of the final step, unless it is durable already.
-
-No node-local copy yet: a re-form uploads and downloads the parts. Serving the survivors'
-parts from their own disks would take the store off that path (docs/training.md).
 """
 
 from __future__ import annotations
@@ -38,12 +36,13 @@ from training.checkpoints.checkpoint import CheckpointError, Entry
 from training.checkpoints.deadline import Deadline, persisting, why_not
 from training.checkpoints.resume import NONE, Resume
 from training.checkpoints.serialization import snapshot
-from training.checkpoints.sharded.parts import complete, part_set_id, save_part
+from training.checkpoints.sharded.parts import complete, drop_kept, part_set_id, save_part
 from training.checkpoints.sharded.repository import (
     ShardedCheckpoints,
     coordinator_decides,
 )
 from training.checkpoints.sharded.state import ModelState, TrainerState, pack, unpack
+from training.checkpoints.storage import FileStore
 from training.elastic.faults import sigterm_from_outside
 from training.loop.saves.emergency import Outcome
 from training.loop.step_guard import state_reads
@@ -72,7 +71,12 @@ class ShardedState:
         (typed loosely: that module imports this one)."""
         self.t = trainer
         cfg = trainer.cfg.checkpoint
-        self.checkpoints = ShardedCheckpoints(trainer.durable.store, scratch, cfg.checkpoint_keep)
+        # The parts this node's ranks save stay on its disk for the next round's load.
+        local = trainer.local
+        kept = FileStore(local.root / ".parts", fsync=False) if local is not None else None
+        self.checkpoints = ShardedCheckpoints(
+            trainer.durable.store, scratch, cfg.checkpoint_keep, kept=kept
+        )
         self.round_nonce = uuid.uuid4().hex
         """Names this round's parts; the coordinator's, agreed on at the restore."""
         self._emergency: Outcome | None = None
@@ -252,3 +256,4 @@ class ShardedState:
             state, _ = self.state()
             self.checkpoints.save(state, t.state.step, group=group)
         t.committed.advance(t.state.step)
+        drop_kept(self.checkpoints, before=t.state.step + 1)  # the run is over: none is read
