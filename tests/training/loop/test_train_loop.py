@@ -406,18 +406,24 @@ def test_a_world_larger_than_the_global_batch_is_exit_2_before_any_collective(
 # --- Storage waits on the checkpoint group ------------------------------------------------------
 
 
+FROZEN_PEER_S = 10.0
+"""The default group's collective timeout in this test: short next to the final save, long
+next to the seconds a rank may wait for a core on a loaded two-core machine (with 2 s, a
+training step's all-reduce timed out there under a chaos campaign)."""
+
+
 class _SlowWrites(FileStore):
     """Rank 0's durable store: every checkpoint object takes longer than a collective may."""
 
     def put(self, name: str, data: bytes | Path) -> int:
         if name.endswith(".pt"):
-            time.sleep(5.0)
+            time.sleep(2 * FROZEN_PEER_S)
         return super().put(name, data)
 
 
 def _finish_worker(rank: int, root: str, data_dir: str, results: dict) -> None:
-    # The frozen-peer timeout is 2 s; the final save takes 5 s.
-    with gloo_group(f"{root}/init", rank, 2, timeout_s=2):
+    # The final save takes twice the frozen-peer timeout.
+    with gloo_group(f"{root}/init", rank, 2, timeout_s=FROZEN_PEER_S):
         env = DistEnv(rank=rank, world_size=2, group_rank=rank, run_id="finish")
         node = Path(root) / f"node-{rank}"
         node.mkdir()
