@@ -34,7 +34,7 @@ from lab.local.azurite_server import ACCOUNT as AZURITE_ACCOUNT
 from lab.local.azurite_server import ACCOUNT_KEY as AZURITE_KEY
 from lab.local.azurite_server import serve as serve_azurite
 from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv

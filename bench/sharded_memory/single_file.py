@@ -1,7 +1,8 @@
 """The DDP path's restore (``agree_on_resume``), each rank measuring its own peak RSS.
 
 The DDP path keeps single-file checkpoints: on a re-form the ranks agree on the newest state
-any of them reaches, and its holder sends it to the others. Here rank 0 holds it, either as its
+any of them reaches, and its holder (which maps the file: a durable one once fetched to local
+disk) sends it to the others. Here rank 0 holds it, either as its
 node's emergency save ("local") or as the head of the durable directory store ("durable"); the
 other ranks have neither. The state is a DDP replica's shape: per layer a float32 weight and
 AdamW's two moments. Peaks are read as in ``peak_rss.py``.
@@ -20,7 +21,8 @@ import torch.multiprocessing as mp
 
 from bench.sharded_memory.peak_rss import LAYERS, MIB, _peak, _reset_peak
 from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.resume import NodeLocalState, agree_on_resume
+from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.resume import agree_on_resume
 from training.checkpoints.storage import FileStore
 
 RUN = "bench"
@@ -55,7 +57,9 @@ def _rank(rank: int, world: int, root: str, source: str) -> None:
         local = NodeLocalState(base / f"{source}-local-{rank}", RUN)
         durable = CheckpointRepository(FileStore(base / f"{source}-durable"))
         before = _reset_peak()
-        resume = agree_on_resume(rank, torch.device("cpu"), local, durable)
+        resume = agree_on_resume(
+            rank, torch.device("cpu"), local, durable, scratch=base / f"scratch-{rank}"
+        )
         assert resume.state is not None and resume.step == 1 and resume.source == source
         row = {
             "rank": rank,

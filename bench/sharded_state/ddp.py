@@ -1,11 +1,12 @@
 """Today's DDP path, beside the sharded one: the single-file emergency save
 (``bench/commit_deadline.py``'s ``one_eviction``, on fresh stores) and the restore's peak RSS
-per rank: ``agree_on_resume`` (training/checkpoints/resume.py) reads the whole file on the
-holder and broadcasts it, serialized, to every rank, which parses it whole.
+per rank: in ``agree_on_resume`` (training/checkpoints/resume.py) the holder fetches the
+durable file to its scratch directory and maps it, and sends it tensor by tensor into the
+other rank's live tensors.
 
 Each restoring rank first holds a state of the same size (its live replica of the model and
-optimizer, as a DDP trainer's) and then resumes; the peak is read from the kernel's high-water
-mark, reset before the resume.
+optimizer, as a DDP trainer's) and then resumes into it; the peak is read from the kernel's
+high-water mark, reset before the resume.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def _restore_rank(rank: int, world: int, state_mib: int, root: str) -> None:
         dist.barrier()
         before = _reset_peak()
         started = time.perf_counter()
-        resume = agree_on_resume(rank, torch.device("cpu"), None, durable)
+        resume = agree_on_resume(
+            rank, torch.device("cpu"), None, durable, scratch=base / "scratch", into=replica
+        )
         seconds, peak = time.perf_counter() - started, _peak()
         assert resume.step == 1 and resume.state is not None, resume
         row = {

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from training.api import TrainSpec
 from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.lineage import store_lineage
-from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.loop.config import parse_config

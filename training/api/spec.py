@@ -229,3 +229,14 @@ class TrainSpec:
     samples): part of the run's identity, so a state is never resumed under other values. The
     others (a learning rate's schedule, dropout, weight decay) may change on a resume, and are
     used from the next step. None: every option, the safe default."""
+
+
+def checked_extras(task: str, extras: Mapping[str, Extra]) -> dict[str, Extra]:
+    """A task's extras, by names a checkpoint can hold beside the loop's own state."""
+    for name in extras:
+        if not name.isidentifier() or name == "scaler":
+            raise TaskContractError(
+                f"task {task!r}: an extra's name must be a Python identifier other than "
+                f"'scaler' (the loop's), got {name!r}"
+            )
+    return dict(extras)

@@ -15,7 +15,7 @@ from training.api import Data, Samples, Stream, is_stream
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
-from training.checkpoints.resume import NodeLocalState, node_local_key, uri_digest
+from training.checkpoints.node_local import NodeLocalState, node_local_key, uri_digest
 from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
 from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError

@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.api import Data, Extra, TaskContractError, TrainSpec
+from training.api import Data, TrainSpec
+from training.api.spec import checked_extras
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
-from training.checkpoints.resume import NodeLocalState, Resume, agree_on_resume
+from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.resume import Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
 from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
@@ -277,7 +278,13 @@ class StatefulTrainer:
         # A gloo checkpoint group carries CPU tensors, whatever the default backend.
         device = self.device if self.checkpoint_group is None else torch.device("cpu")
         resume = agree_on_resume(
-            self.env.rank, device, self.local, self.durable, group=self.checkpoint_group
+            self.env.rank,
+            device,
+            self.local,
+            self.durable,
+            group=self.checkpoint_group,
+            scratch=Path(self.cfg.checkpoint.local_dir) / ".scratch",
+            into=self.state_dict(),  # received in place: the state is held once
         )
         with self._state_lock:
             if resume.state is not None:
@@ -366,17 +373,6 @@ class StatefulTrainer:
                 raise
             finally:  # whatever happened, the process ends: the agent is waiting for it
                 exit_now(code)
-
-
-def checked_extras(task: str, extras: Mapping[str, Extra]) -> dict[str, Extra]:
-    """A task's extras, by names a checkpoint can hold beside the loop's own state."""
-    for name in extras:
-        if not name.isidentifier() or name == "scaler":
-            raise TaskContractError(
-                f"task {task!r}: an extra's name must be a Python identifier other than "
-                f"'scaler' (the loop's), got {name!r}"
-            )
-    return dict(extras)
 
 
 def stop_exit_code(outcome: Outcome | None) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from training.api import EMA, TaskContractError
-from training.loop.trainer_state import checked_extras
+from training.api.spec import checked_extras
 
 
 def test_the_ema_starts_at_the_parameters_and_follows_each_step() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from training.checkpoints.checkpoint import CheckpointRepository, deserialize
-from training.checkpoints.resume import NodeLocalState
+from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.storage import FileStore
 
 RUN = "run-1"

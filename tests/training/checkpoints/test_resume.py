@@ -8,7 +8,7 @@ import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 import torch
@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 
 from tests.support.waiting import gloo_group
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, serialize
-from training.checkpoints.resume import NodeLocalState, agree_on_resume, node_local_key
+from training.checkpoints.node_local import NodeLocalState, node_local_key
+from training.checkpoints.resume import agree_on_resume
 from training.checkpoints.storage import FileStore
 from training.loop.dist import new_checkpoint_group
 
@@ -41,14 +42,25 @@ class _RankStore(FileStore):
         self.delay_s = opts.get("slow_get_s", {}).get(rank, 0.0)
         self.log = log
 
-    def get(self, name: str) -> bytes:
+    def _reading(self, name: str) -> None:
         if self.unreachable or (self.objects_unreadable and name.endswith(".pt")):
             raise ConnectionError(f"get {name!r} in {self.describe()}: cannot reach the store")
         if name.endswith(".pt"):
             with open(self.log, "a") as log:
                 log.write(name + "\n")
             time.sleep(self.delay_s)
+
+    def get(self, name: str) -> bytes:
+        self._reading(name)
         return super().get(name)
+
+    def get_into(self, name: str, sink: BinaryIO) -> int:
+        self._reading(name)
+        return super().get_into(name, sink)
+
+    def link_into(self, name: str, path: Path) -> bool:
+        self._reading(name)
+        return super().link_into(name, path)
 
 
 def _worker(
@@ -273,3 +285,31 @@ def test_a_bug_is_not_taken_for_an_unreadable_store(tmp_path: Path) -> None:
             agree_on_resume(0, torch.device("cpu"), None, durable)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_holder_streams_a_durable_checkpoint_to_disk_and_maps_it(tmp_path: Path) -> None:
+    """The holder never reads the durable checkpoint whole into memory (its bytes, then the
+    state parsed from them, were twice the state): it fetches it to its scratch directory,
+    checks the hash there and maps the tensors from the file, which leaves nothing behind."""
+
+    class NoWholeReads(FileStore):
+        def get(self, name: str) -> bytes:
+            assert not name.endswith(".pt"), f"read {name} whole into memory"
+            return super().get(name)
+
+    repo = CheckpointRepository(FileStore(tmp_path / "durable"))
+    repo.commit(5, _state(5))
+    torn = repo.commit(7, _state(7))
+    (tmp_path / "durable" / torn.name).write_bytes(b"torn")
+    scratch = tmp_path / "scratch"
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+    )
+    try:
+        durable = CheckpointRepository(NoWholeReads(tmp_path / "durable"))
+        resume = agree_on_resume(0, torch.device("cpu"), None, durable, scratch=scratch)
+    finally:
+        dist.destroy_process_group()
+    assert (resume.step, resume.source) == (5, "durable")
+    assert resume.state is not None and resume.state["w"].tolist() == [5.0] * 8
+    assert list(scratch.iterdir()) == []

@@ -1,6 +1,6 @@
 """A state sent from its holder to the other ranks tensor by tensor: every rank ends with exactly
 the holder's state, whatever its tensors (tied, strided, empty, of any dtype, larger than a
-bucket), on real gloo process groups."""
+bucket), on real gloo process groups; a rank that passes its live state receives into it."""
 
 from __future__ import annotations
 
@@ -63,6 +63,71 @@ def _worker(rank: int, root: str, results: dict) -> None:
             == model["head.weight"].untyped_storage().data_ptr()
         )
         results[f"{rank}-metadata"] = getattr(model, "_metadata", None)
+
+
+def _live() -> dict[str, Any]:
+    """A receiver's own state of the same structure, other values: what ``into`` receives into."""
+    tied = torch.zeros(30, 20, dtype=torch.float64)
+    return {
+        "model": {"embed.weight": tied, "head.weight": tied, "norm.bias": torch.ones(5)},
+        "optimizer": {
+            "state": {
+                0: {"exp_avg": torch.zeros(7, 3).t()},  # strided: no view of its bytes
+                1: {"big": torch.zeros(900)},  # larger than a bucket: received in slices
+            }
+        },
+        "half": torch.zeros(9),  # float32, the holder's is bfloat16: not this tensor
+        "ids": torch.zeros(5, dtype=torch.int64),  # another shape: not this tensor
+        "rng": torch.zeros(13, dtype=torch.uint8),
+    }
+
+
+def _receiving_worker(rank: int, root: str, results: dict) -> None:
+    with gloo_group(Path(root) / "init", rank, 2):
+        state_transfer.BUCKET_BYTES = BUCKET
+        live = _live()
+        got = share(_state() if rank == 0 else None, 0, torch.device("cpu"), None, into=live)
+        results[rank] = serialize(got)
+        if rank == 1:
+            paths = {
+                "tied": (got["model"]["embed.weight"], live["model"]["embed.weight"]),
+                "tied twin": (got["model"]["head.weight"], live["model"]["embed.weight"]),
+                "bias": (got["model"]["norm.bias"], live["model"]["norm.bias"]),
+                "big": (got["optimizer"]["state"][1]["big"], live["optimizer"]["state"][1]["big"]),
+                "rng": (got["rng"], live["rng"]),
+                "strided": (got["optimizer"]["state"][0]["exp_avg"], None),
+                "dtype": (got["half"], live["half"]),
+                "shape": (got["ids"], live["ids"]),
+            }
+            results["same"] = {k: a is b for k, (a, b) in paths.items() if b is not None}
+            results["live"] = serialize(live)
+
+
+@pytest.mark.usefixtures("processes")
+@pytest.mark.timeout(120)
+def test_a_rank_that_passes_its_live_state_receives_into_its_tensors(tmp_path: Path) -> None:
+    """A receiver holds its state once: each tensor that matches (path, dtype, shape, and a
+    contiguous layout) is the one the bytes land in; the others are allocated as before."""
+    results = mp.Manager().dict()
+    mp.spawn(_receiving_worker, args=(str(tmp_path), results), nprocs=2, join=True)
+    expected = _state()
+    for rank in (0, 1):
+        _same(deserialize(results[rank]), expected)
+    assert results["same"] == {
+        "tied": True,
+        "tied twin": True,
+        "bias": True,
+        "big": True,
+        "rng": True,
+        "dtype": False,
+        "shape": False,
+    }
+    live = deserialize(results["live"])
+    assert torch.equal(live["model"]["embed.weight"], expected["model"]["embed.weight"])
+    assert torch.equal(
+        live["optimizer"]["state"][1]["big"], expected["optimizer"]["state"][1]["big"]
+    )
+    assert torch.equal(live["ids"], torch.zeros(5, dtype=torch.int64))  # left alone
 
 
 def _same(a: Any, b: Any) -> None:

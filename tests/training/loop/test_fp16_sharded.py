@@ -22,7 +22,7 @@ import torch
 
 from tests.support.exactness import flags, make_data, run_here, run_spawned
 from tests.support.trainer_harness import Harness, sigterm_during
-from training.checkpoints.resume import NONE
+from training.checkpoints.node_local import NONE
 from training.checkpoints.sharded.parts import complete
 from training.checkpoints.sharded.reader import StoreReader
 from training.checkpoints.sharded.repository import ShardedCheckpoints

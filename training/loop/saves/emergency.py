@@ -41,7 +41,7 @@ from training.checkpoints.deadline import (
     why_not,
     within,
 )
-from training.checkpoints.resume import NONE, NodeLocalState, node_local_key
+from training.checkpoints.node_local import NONE, NodeLocalState, node_local_key
 from training.elastic.exit_codes import RETRY_ME
 from training.elastic.faults import sigterm_from_outside
 from training.loop.config import ConfigError, TrainConfig

@@ -34,7 +34,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.checkpoints.checkpoint import CheckpointError, Entry
 from training.checkpoints.deadline import Deadline, persisting, why_not
-from training.checkpoints.resume import NONE, Resume
+from training.checkpoints.node_local import NONE
+from training.checkpoints.resume import Resume
 from training.checkpoints.serialization import snapshot
 from training.checkpoints.sharded.parts import complete, drop_kept, part_set_id, save_part
 from training.checkpoints.sharded.repository import (
