@@ -113,7 +113,7 @@ def one_eviction(state: dict[str, Any], store: ObjectStore, work: Path) -> dict[
     local = NodeLocalState(work / "local", "bench")
     stream = io.StringIO()
     committed = DurableProgress()
-    saver = BackgroundSaver(durable, lambda entry, seconds: None)
+    saver = BackgroundSaver(durable, lambda entry, seconds: None, scratch=work / "scratch")
     deadline_s = CheckpointConfig().stop_deadline_s
     save = EmergencySave(env, local, durable, saver, committed, EventLog(env, stream), deadline_s)
     started = time.perf_counter()

@@ -1,11 +1,14 @@
-"""The DDP path's restore (``agree_on_resume``), each rank measuring its own peak RSS.
+"""The DDP path's periodic save and its restore (``agree_on_resume``), each rank measuring its
+own peak RSS.
 
 The DDP path keeps single-file checkpoints: on a re-form the ranks agree on the newest state
 any of them reaches, and its holder (which maps the file: a durable one once fetched to local
 disk) sends it to the others. Here rank 0 holds it, either as its
 node's emergency save ("local") or as the head of the durable directory store ("durable"); the
 other ranks have neither. The state is a DDP replica's shape: per layer a float32 weight and
-AdamW's two moments. Peaks are read as in ``peak_rss.py``.
+AdamW's two moments. Peaks are read as in ``peak_rss.py``. The save is rank 0's periodic one
+(``commit_from_disk``, training/loop/saves/periodic.py), from the snapshot the loop took: what it
+adds over that snapshot.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.resume import agree_on_resume
 from training.checkpoints.storage import FileStore
+from training.loop.saves.periodic import commit_from_disk
 
 RUN = "bench"
 SOURCES = ("local", "durable")
@@ -73,6 +77,17 @@ def _rank(rank: int, world: int, root: str, source: str) -> None:
         dist.destroy_process_group()
 
 
+def _save(_: int, root: str, state_mib: int) -> None:
+    base = Path(root)
+    runtime = _reset_peak()
+    snapshot = _state(state_mib)  # the loop's CPU copy, which the background thread writes
+    durable = CheckpointRepository(FileStore(base / "save-durable"))
+    before = _reset_peak()
+    commit_from_disk(durable, 1, snapshot, base / "save-scratch")
+    row = {"rank": 0, "share": _share(snapshot), "runtime": runtime, "before": before}
+    (base / "save-0.json").write_text(json.dumps({**row, "peak": _peak()}))
+
+
 def measure(state_mib: int, world: int, root: Path) -> dict[str, list[dict[str, int]]]:
     """For a restore from rank 0's node-local save and one from the durable store (each in
     processes of its own), each rank's row as ``peak_rss.measure`` gives it."""
@@ -83,7 +98,8 @@ def measure(state_mib: int, world: int, root: Path) -> dict[str, list[dict[str, 
         1, NodeLocalState(root / "spool", RUN).save_state(1, state)
     )
     del state
-    rows = {}
+    mp.spawn(_save, args=(str(root), state_mib), nprocs=1)
+    rows = {"save": [json.loads((root / "save-0.json").read_text())]}
     for source in SOURCES:
         mp.spawn(_rank, args=(world, str(root), source), nprocs=world)
         rows[source] = [json.loads((root / f"{source}-{r}.json").read_text()) for r in range(world)]

@@ -21,6 +21,11 @@ readers and writers share one kernel, so each marks what it uses with ``flock``.
   manifest or the ``keep`` newest saves it names. A pin checks, once locked, that its name
   still names the file it locked: retired in between, it is not pinned.
 
+The same locks keep a node's scratch space (``<local-dir>/.scratch``: a save spooled before its
+upload, a checkpoint fetched before its load) from filling its disk: each save or load works in
+a folder of its own that it holds locked (``scratch_folder``), and a process that starts
+removes every such folder nobody holds, which a killed process left (``sweep_scratch``).
+
 flock's locks belong to an open file description: two opens of one file conflict, in one
 process or two, and closing the last descriptor releases the lock (man 2 flock). A forked
 child shares its parent's descriptions, so it closes this module's descriptors at once.
@@ -32,6 +37,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +54,12 @@ TRASH = ".trash-"
 LOCK_NAME = ".prune-lock"
 """The directory's lock: shared by readers, taken exclusively (without waiting) by a prune."""
 
+
+SCRATCH_PREFIXES = (".spool-", ".load-", ".init-")
+"""The folders of the scratch space: a save's spooled files, a load's fetched ones, an
+``--init-from``'s."""
+_CLAIMING = ".claiming-"
+"""A scratch folder's name until its lock is held: never one a sweep removes."""
 
 WAIT_S = 10.0
 """How long a reader waits for a prune holding the directory (a few unlinks). Past it, a prune
@@ -268,3 +281,52 @@ def _retire_unless_pinned(path: Path) -> bool:
         return True
     finally:
         _close(fd, token)
+
+
+@contextmanager
+def scratch_folder(root: Path, prefix: str) -> Iterator[Path]:
+    """A new folder in ``root`` for one save's or load's files, named ``prefix`` + a random
+    part, held (a shared lock) while the block runs and removed after it. A process killed
+    in the block leaves it, unheld, for the next ``sweep_scratch``."""
+    root.mkdir(parents=True, exist_ok=True)
+    token = object()
+    claiming = Path(tempfile.mkdtemp(prefix=_CLAIMING, dir=root))
+    fd = _open(claiming, os.O_RDONLY, token)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        # Renamed only once held: a sweep never sees a name of its own that nobody holds yet.
+        folder = claiming.rename(root / (prefix + claiming.name[len(_CLAIMING) :]))
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        _close(fd, token)
+
+
+def sweep_scratch(root: Path) -> list[str]:
+    """Remove each scratch folder in ``root`` that no live process holds (a killed save's or
+    load's: up to a whole state each); the names removed."""
+    removed: list[str] = []
+    try:
+        names = sorted(p.name for p in root.iterdir() if p.name.startswith(SCRATCH_PREFIXES))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        try:
+            fd = os.open(root / name, os.O_RDONLY)
+        except FileNotFoundError:  # its owner was done first
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a save or a load in another process
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(root / name, ignore_errors=True)
+            removed.append(name)
+        finally:
+            os.close(fd)
+    if removed:
+        logger.info("removed %d scratch folder(s) a killed process left in %s", len(removed), root)
+    return removed

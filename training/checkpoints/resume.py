@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.node_local import NONE, Held, NodeLocalState
+from training.checkpoints.node_prune import scratch_folder
 from training.checkpoints.serialization import load_mapped
 from training.checkpoints.sharded.reader import fetch_verified
 from training.checkpoints.sharded.repository import global_rank
@@ -110,22 +111,16 @@ class _Claims:
         """The newest durable checkpoint that verifies and parses, fetched to local disk,
         hashed there, and mapped: never its bytes in memory beside the state parsed from them."""
         assert self.durable is not None
-        self.scratch.mkdir(parents=True, exist_ok=True)
         for entry in self.durable.entries():
-            folder = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch))
-            path = folder / entry.name
-            try:
-                problem = fetch_verified(self.durable.store, entry, path)
+            with scratch_folder(self.scratch, ".load-") as folder:
+                problem = fetch_verified(self.durable.store, entry, folder / entry.name)
                 if problem is not None:
                     logger.warning("checkpoint %s %s; trying an older one", entry.name, problem)
                     continue
-                try:
-                    return Held(entry, load_mapped(path))  # the mapping outlives the name
+                try:  # the mapping outlives the file's name
+                    return Held(entry, load_mapped(folder / entry.name))
                 except CheckpointError as exc:
                     logger.warning("checkpoint %s: %s; trying the previous one", entry.name, exc)
-            finally:
-                path.unlink(missing_ok=True)
-                folder.rmdir()
         return None
 
     def settle(self, outcome: int, value: int, step: int, holder: bool) -> None:

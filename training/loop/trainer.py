@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training.api import EvalContext, MicroBatch
-from training.checkpoints.checkpoint import CheckpointError, serialize
+from training.checkpoints.checkpoint import CheckpointError
 from training.data.sampler import loss_scale, micro_batches
 from training.elastic.faults import PeerLostError, StopRequest, is_peer_failure
 from training.elastic.permit import Pauses, Permit
@@ -31,6 +31,7 @@ from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
 from training.loop.parallel import clip_grad_norm, compile_model, gradient_sync, wrap_model
 from training.loop.saves.emergency import Outcome
+from training.loop.saves.periodic import commit_from_disk
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import abort_collectives, mark_state_written
 from training.loop.task_checks import checked_loss, rehearse_resume
@@ -346,7 +347,7 @@ class Trainer(StatefulTrainer):
             # damaged object may have changed it since this process last committed.
             durable = self.durable.newest_intact()
             if durable is None or durable.step < self.state.step:
-                self.durable.commit(self.state.step, serialize(self.state_dict()))
+                commit_from_disk(self.durable, self.state.step, self.state_dict(), self.scratch)
             self.committed.advance(self.state.step)
         if self.env.rank == 0:
             self.events.event(

@@ -26,6 +26,7 @@ from training.api import Data, TrainSpec
 from training.api.spec import checked_extras
 from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
 from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.node_prune import sweep_scratch
 from training.checkpoints.resume import Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
 from training.data.loader import open_loader, sampler_for
@@ -113,17 +114,17 @@ class StatefulTrainer:
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
         )
-        self.sharded = (
-            ShardedState(self, Path(cfg.checkpoint.local_dir) / ".scratch")
-            if cfg.run.parallelism == "fsdp2"
-            else None
-        )
+        self.scratch = Path(cfg.checkpoint.local_dir) / ".scratch"
+        """Local disk for a save's files before their upload and a load's after the download."""
+        sweep_scratch(self.scratch)  # what a killed save or load left: up to a state each
+        self.sharded = ShardedState(self, self.scratch) if cfg.run.parallelism == "fsdp2" else None
         """The state path of a sharded model (training/loop/saves/sharded.py); None: DDP's."""
         self.saver = BackgroundSaver(
             durable,
             self._on_saved,
             self._on_save_failed,
             write=self.sharded.write if self.sharded is not None else None,
+            scratch=self.scratch,
         )
         self._stalls: dict[int, float] = {}
         self.committed = DurableProgress()
@@ -283,7 +284,7 @@ class StatefulTrainer:
             self.local,
             self.durable,
             group=self.checkpoint_group,
-            scratch=Path(self.cfg.checkpoint.local_dir) / ".scratch",
+            scratch=self.scratch,
             into=self.state_dict(),  # received in place: the state is held once
         )
         with self._state_lock:

@@ -201,7 +201,9 @@ def test_background_saver_skips_while_busy_and_commits(tmp_path) -> None:
 
     saved: list[int] = []
     saver = BackgroundSaver(
-        _repo(SlowStore(tmp_path)), lambda entry, seconds: saved.append(entry.step)
+        _repo(SlowStore(tmp_path)),
+        lambda entry, seconds: saved.append(entry.step),
+        scratch=tmp_path / ".scratch",
     )
     assert saver.submit(1, {"w": torch.ones(1)})
     assert saver.busy and not saver.submit(2, {"w": torch.ones(1)})
@@ -314,7 +316,7 @@ def test_a_stalled_background_save_neither_blocks_nor_displaces_the_emergency_sa
             return super().list(prefix)
 
     repo = _repo(StallsBeforePublishing(tmp_path))
-    saver = BackgroundSaver(repo, lambda entry, seconds: None)
+    saver = BackgroundSaver(repo, lambda entry, seconds: None, scratch=tmp_path / ".scratch")
     saver.submit(4, {"w": torch.ones(1)})
     assert stalled.wait(10)
     emergency = threading.Thread(target=repo.commit, args=(8, _state(8)), name="emergency")
@@ -340,7 +342,9 @@ def test_background_saver_wait_is_bounded(tmp_path) -> None:
             release.wait(10)
             return super().put(name, data)
 
-    saver = BackgroundSaver(_repo(Stalled(tmp_path)), lambda entry, seconds: None)
+    saver = BackgroundSaver(
+        _repo(Stalled(tmp_path)), lambda entry, seconds: None, scratch=tmp_path / ".scratch"
+    )
     saver.submit(1, {"w": torch.ones(1)})
     assert saver.wait(0.2) is False and saver.busy
     release.set()

@@ -3,8 +3,11 @@ reader or the agent's durable commit is still using."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import torch
 
 from training.checkpoints.checkpoint import CheckpointRepository, deserialize
 from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.node_prune import scratch_folder, sweep_scratch
 from training.checkpoints.storage import FileStore
 
 RUN = "run-1"
@@ -224,3 +228,34 @@ def test_a_forked_child_keeps_none_of_the_parents_locks(tmp_path: Path) -> None:
         os.close(go_w)
         os.close(up_r)
         os.waitpid(pid, 0)
+
+
+def _write_then_hang(root: Path, ready: multiprocessing.synchronize.Event) -> None:
+    with scratch_folder(root, ".spool-") as folder:
+        (folder / "state.pt").write_bytes(b"x" * 4096)  # a save cut off half-way
+        ready.set()
+        time.sleep(600)
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_scratch_folder_a_killed_process_left_is_swept_and_one_in_use_is_not(
+    tmp_path: Path,
+) -> None:
+    """A save or a load killed mid-way leaves its files in ``<local-dir>/.scratch``: up to a
+    whole state each time, until the disk is full. The next process's sweep removes every
+    folder no live process holds, and never one that a live process (another local rank)
+    still writes."""
+    fork = multiprocessing.get_context("fork")
+    ready = fork.Event()
+    killed = fork.Process(target=_write_then_hang, args=(tmp_path, ready))
+    killed.start()
+    assert ready.wait(60)
+    os.kill(killed.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    killed.join()
+    (left,) = [p.name for p in tmp_path.iterdir()]
+    with scratch_folder(tmp_path, ".load-") as mine:
+        (mine / "file").write_bytes(b"y")
+        assert sweep_scratch(tmp_path) == [left]
+        assert [p.name for p in tmp_path.iterdir()] == [mine.name]
+        assert (mine / "file").read_bytes() == b"y"
+    assert list(tmp_path.iterdir()) == []  # the block's end removes its own folder

@@ -281,6 +281,28 @@ def test_a_run_never_reads_its_checkpoints_back_to_finish(
     assert store.reads == []
 
 
+def test_a_runs_checkpoints_reach_the_store_from_a_file_never_as_bytes_in_memory(
+    tmp_path: Path, data_dir: Path, world_of_one: None
+) -> None:
+    # A periodic save and the final one are each serialized into a file on local disk, which
+    # the store streams (or links): the state in memory plus its bytes would be twice it.
+    class Puts(FileStore):
+        puts: list[str] = []
+
+        def put(self, name: str, data: bytes | Path) -> int:
+            if name.endswith(".pt"):
+                self.puts.append(type(data).__name__)
+            return super().put(name, data)
+
+    store = Puts(tmp_path / "durable")
+    h = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=2", store=store)
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert [e["step"] for e in h.events("checkpoint_saved")] == [2]
+    assert h.durable.head().step == 3
+    assert store.puts == ["PosixPath", "PosixPath"]
+    assert list((Path(h.trainer.cfg.checkpoint.local_dir) / ".scratch").iterdir()) == []
+
+
 def test_finish_commits_when_the_claimed_head_does_not_verify(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:

@@ -15,8 +15,6 @@ Both raise ``DoesNotFit`` when the source's model is not this one's (names, shap
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
+from training.checkpoints.node_prune import scratch_folder
 from training.checkpoints.serialization import load_mapped
 from training.checkpoints.sharded.reader import fetch_verified
 from training.checkpoints.sharded.repository import (
@@ -72,9 +71,7 @@ def load_file_source(
     model's tensors copied into ``model``'s shards; its entry, or None. Every rank calls
     this; all try the coordinator's entries in the same order and agree on each."""
     for entry in coordinator_decides(CheckpointRepository(store).entries, group):
-        scratch.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=".init-", dir=scratch))
-        try:
+        with scratch_folder(scratch, ".init-") as folder:
             path = folder / "state"
             try:
                 problem = fetch_verified(store, entry, path)
@@ -91,8 +88,6 @@ def load_file_source(
                 raise CheckpointError(f"checkpoint {entry.name} holds no model")
             copy_into_shards(state[MODEL_KEY], model)
             return entry
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
     return None
 
 

@@ -23,8 +23,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +49,7 @@ from training.checkpoints.manifest import (
     part_name,
     sha256,
 )
+from training.checkpoints.node_prune import scratch_folder
 from training.checkpoints.serialization import Payload
 from training.checkpoints.sharded.metadata import decode, encode
 from training.checkpoints.sharded.repository import ShardedCheckpoints
@@ -166,16 +165,14 @@ def save_part(
     """Save this rank's part of ``state_dict`` (its shards, its copy of what is replicated)
     alone; CheckpointError when its file or record could not be written."""
     drop_kept(checkpoints, before=step)
-    spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=checkpoints.scratch_dir()))
-    writer = PartWriter(checkpoints, checkpoint_id, step, rank, world, spool, deadline)
-    try:
-        with warnings.catch_warnings():  # DCP warns that no_dist saves "in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.save(state_dict, storage_writer=writer, no_dist=True)
-    except CheckpointException as exc:
-        raise CheckpointError(f"part {rank} of step {step}: {exc}") from None
-    finally:
-        shutil.rmtree(spool, ignore_errors=True)
+    with scratch_folder(checkpoints.scratch, ".spool-") as spool:
+        writer = PartWriter(checkpoints, checkpoint_id, step, rank, world, spool, deadline)
+        try:
+            with warnings.catch_warnings():  # DCP warns that no_dist saves "in a single process"
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.save(state_dict, storage_writer=writer, no_dist=True)
+        except CheckpointException as exc:
+            raise CheckpointError(f"part {rank} of step {step}: {exc}") from None
     assert writer.part is not None
     return writer.part
 

@@ -14,8 +14,6 @@ is written (``reader.py``), and the log names the file.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from training.checkpoints.checkpoint import (
     Entry,
     StaleCheckpoint,
 )
+from training.checkpoints.node_prune import scratch_folder
 from training.checkpoints.sharded.reader import StoreReader, VerifiedLoadPlanner
 from training.checkpoints.sharded.state import CoordinatorSavePlanner, ModelState
 from training.checkpoints.sharded.writer import SaveOptions, StoreWriter
@@ -83,18 +82,16 @@ class ShardedCheckpoints:
         Raises StaleCheckpoint when a newer step is committed already, CheckpointError when any
         rank's file, the metadata or the manifest could not be written: then nothing is
         committed, on every rank alike."""
-        spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=self.scratch_dir()))
-        writer = StoreWriter(self.repository, step, spool, options)
-        try:
-            planner = CoordinatorSavePlanner()
-            dcp.save(state_dict, storage_writer=writer, planner=planner, process_group=group)
-        except CheckpointException as exc:
-            stale = _failures(exc, StaleCheckpoint)
-            if stale:
-                raise StaleCheckpoint(stale[0]) from None
-            raise CheckpointError(f"checkpoint of step {step}: {_summary(exc)}") from None
-        finally:
-            shutil.rmtree(spool, ignore_errors=True)
+        with scratch_folder(self.scratch, ".spool-") as spool:
+            writer = StoreWriter(self.repository, step, spool, options)
+            try:
+                planner = CoordinatorSavePlanner()
+                dcp.save(state_dict, storage_writer=writer, planner=planner, process_group=group)
+            except CheckpointException as exc:
+                stale = _failures(exc, StaleCheckpoint)
+                if stale:
+                    raise StaleCheckpoint(stale[0]) from None
+                raise CheckpointError(f"checkpoint of step {step}: {_summary(exc)}") from None
         return writer.entry
 
     def load(self, state_dict: dict[str, Any], *, group: Any = None) -> Entry | None:
@@ -110,15 +107,14 @@ class ShardedCheckpoints:
                     continue
                 for key, model in models.items():
                     model.fit(names, key)
-            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
-            reader = StoreReader(self.store, entry, cache, self.kept)
             try:
-                dcp.load(
-                    state_dict,
-                    storage_reader=reader,
-                    planner=VerifiedLoadPlanner(),
-                    process_group=group,
-                )
+                with scratch_folder(self.scratch, ".load-") as cache:
+                    dcp.load(
+                        state_dict,
+                        storage_reader=StoreReader(self.store, entry, cache, self.kept),
+                        planner=VerifiedLoadPlanner(),
+                        process_group=group,
+                    )
                 return entry
             except CheckpointException as exc:
                 if not _unverified(exc):  # the files verified: they do not fit this state
@@ -133,7 +129,6 @@ class ShardedCheckpoints:
                     _summary(exc),
                 )
             finally:
-                shutil.rmtree(cache, ignore_errors=True)
                 for model in models.values():  # a later save asks the optimizer again
                     model.fit(None, "")
         return None
@@ -146,24 +141,21 @@ class ShardedCheckpoints:
         process alone: for a comparison or an export, never for training (it holds them all).
         """
         for entry in self.entries():
-            cache = Path(tempfile.mkdtemp(prefix=".load-", dir=self.scratch_dir()))
             try:
-                metadata = StoreReader(self.store, entry, cache).read_metadata()
-                whole = {
-                    name: torch.empty(item.size, dtype=item.properties.dtype)
-                    for name, item in metadata.state_dict_metadata.items()
-                    if name.startswith(under) and isinstance(item, TensorStorageMetadata)
-                }
-                with warnings.catch_warnings():  # DCP warns that it loads "in a single process"
-                    warnings.simplefilter("ignore", UserWarning)
-                    dcp.load(
-                        whole, storage_reader=StoreReader(self.store, entry, cache), no_dist=True
-                    )
+                with scratch_folder(self.scratch, ".load-") as cache:
+                    metadata = StoreReader(self.store, entry, cache).read_metadata()
+                    whole = {
+                        name: torch.empty(item.size, dtype=item.properties.dtype)
+                        for name, item in metadata.state_dict_metadata.items()
+                        if name.startswith(under) and isinstance(item, TensorStorageMetadata)
+                    }
+                    reader = StoreReader(self.store, entry, cache)
+                    with warnings.catch_warnings():  # DCP warns it loads "in a single process"
+                        warnings.simplefilter("ignore", UserWarning)
+                        dcp.load(whole, storage_reader=reader, no_dist=True)
                 return entry, whole
             except (CheckpointError, CheckpointException) as exc:
                 logger.warning("checkpoint of step %d cannot be read: %s", entry.step, exc)
-            finally:
-                shutil.rmtree(cache, ignore_errors=True)
         return None
 
     def entries(self) -> list[Entry]:

@@ -210,7 +210,8 @@ class EmergencySave:
         payload = self._local[1] if self._local and self._local[0] == step else None
 
         def commit() -> None:
-            data = payload or Payload.of(serialize(state()))  # no local copy: from memory
+            # No node-local copy: its disk failed, or there is none. Memory is what is left.
+            data = payload or Payload.of(serialize(state()))
             self.durable.commit(step, data, deadline=deadline, prune=False)
 
         try:
