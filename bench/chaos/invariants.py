@@ -5,7 +5,9 @@
   node that started as training finished and found the rendezvous closed ends as the run did.
 - **no lost step**: every round resumed at or after the newest step any group completed
   before it (in any node's log: rank 0's metrics, every node's saves and completed steps),
-  unless every node that held that step lost it: killed or frozen with no notice (a SIGKILL
+  unless every node that held that step lost it (a node of the group that completed it, but
+  not one whose own save on its stop says it had an older step): killed or frozen with no
+  notice (a SIGKILL
   takes the node's disk, the state in memory and the steps since the last durable save with
   it), or evicted while the store, as its calls were measured in that schedule, left no
   room for a commit in the whole deadline (``bench/chaos/store_excuse.py``).
@@ -205,12 +207,16 @@ def _completions(records: list[Record]) -> list[Record]:
 
 def _holders(records: list[Record], first: Record) -> dict[str, float]:
     """The nodes of the group that completed the step ``first`` shows, each with when its
-    worker started in that group."""
-    group, found = first.get("rdzv_round"), {}
+    worker started in that group; not a node whose own save on its stop, in that group, says
+    it had an older step. Under DDP one node's ranks may apply a step whose all-reduce another
+    node's, stopped in it, never finished (the campaign's seeds 5 and 28 on d1be122)."""
+    group, best, found, behind = first.get("rdzv_round"), int(first["step"]), {}, set()
     for r in records:
         if group and r.get("rdzv_round") == group:
             found.setdefault(r["node"], r["ts"])
-    return found
+            if r.get("event") == "emergency_save" and int(r["step"]) < best:
+                behind.add(r["node"])
+    return {node: ts for node, ts in found.items() if node not in behind}
 
 
 def _fate(

@@ -129,6 +129,25 @@ def test_a_loss_when_every_holder_was_killed_without_notice_is_excused_and_says_
     assert "node-0 got SIGSTOP with no notice" in excused["detail"]
 
 
+def test_a_node_whose_own_save_stopped_before_the_step_did_not_hold_it() -> None:
+    # Seeds 5 and 28 of a campaign: under DDP one node's ranks may apply a step whose
+    # all-reduce another node's, stopped in it, never finished. node-1 completed step 6 and was
+    # then frozen; node-0's own save on its stop says it had step 5. The next round resumed at
+    # 5: every node that held step 6 was lost, which is excused, and node-0 held none of it.
+    evidence = _evidence()
+    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
+    saved = {**_event(7.3, "emergency_save", "node-0", 1), "step": 5, "reason": "sigterm"}
+    actions = [_action(1.5, "warm"), _action(7.5, "freeze", "node-1")]
+    records = [*evidence.records, completed, saved]
+    verdict, figures = check(replace(evidence, records=records, actions=actions))
+    assert "no lost step" not in {v["invariant"] for v in verdict.violations}
+    (excused,) = verdict.excused
+    assert "after step 6 was completed" in excused["detail"]
+    assert "node-1 got SIGSTOP with no notice" in excused["detail"]
+    assert "node-0" not in excused["detail"]
+    assert figures["steps_lost"] == 1
+
+
 def _call(ts: float, op: str, took: float, **fields: Any) -> dict[str, Any]:
     """One store call as the faulty store logs it (no trouble unless ``fields`` say so)."""
     name = {"put": "ckpt-5.pt", "put_new": "ckpt-manifest-2", "list": "ckpt-manifest-"}
