@@ -128,17 +128,13 @@ class BackgroundSaver:
 
 
 def commit_from_disk(
-    repository: CheckpointRepository,
-    step: int,
-    state: dict[str, Any],
-    scratch: Path,
-    **options: Any,
+    repository: CheckpointRepository, step: int, state: dict[str, Any], scratch: Path
 ) -> Entry:
     """Commit ``state`` serialized into a file on local disk, hashed as it is written, which
     the store streams (Blob) or links (a directory): never the state's bytes in memory beside
-    the state. ``options`` go to ``commit``."""
+    the state."""
     with scratch_folder(scratch, ".spool-") as folder:
-        return repository.commit(step, spool(state, folder / "state.pt"), **options)
+        return repository.commit(step, spool(state, folder / "state.pt"))
 
 
 def report_failure(
