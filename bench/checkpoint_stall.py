@@ -1,12 +1,12 @@
 """How long a checkpoint blocks the training loop: inline save vs the lab's snapshot.
 
-Measured in this process with the real trainer and the real
-``training.checkpoints.checkpoint`` code, writing to a local directory:
+Measured in this process with the real trainer and the real checkpoint code
+(``torch.distributed.checkpoint`` under the commit protocol), writing to a local directory:
 
-- ``sync``: serialize the state and commit it (write, read back, checksum, manifest) inline,
-  the way a plain recipe calls ``torch.save`` in the loop;
-- ``lab``: what ``Trainer.maybe_save`` times as its stall, a CPU snapshot of the state; the
-  background thread then serializes and commits it while training goes on.
+- ``sync``: write the state and commit it (files, checksums, manifest) inline, the way a plain
+  recipe calls ``torch.save`` or ``dcp.save`` in the loop;
+- ``lab``: what ``Trainer.maybe_save`` times as its stall, a CPU snapshot of the rank's share
+  of the state; the background thread then writes and commits it while training goes on.
 
 Each is given as a fraction of one optimiser step of the same model: one rank's share of the
 global batch at the given world size, on one thread like a lab node.
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from training.checkpoints.checkpoint import CheckpointRepository, serialize, snapshot
+from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.loop.config import parse_config
 from training.loop.dist import DistEnv, destroy_process_group, init_process_group
@@ -110,13 +110,14 @@ def _timed(action: Callable[[], Any]) -> float:
 
 
 def _sync_save(trainer: Trainer) -> None:
-    trainer.durable.commit(trainer.state.step, serialize(trainer.state_dict()))
+    """The checkpoint written in the loop, as a plain training script would."""
+    trainer.dcp.checkpoints.save(trainer.dcp.state()[0], trainer.state.step)
 
 
 def _lab_save(trainer: Trainer) -> tuple[float, float]:
     """(stall, background write) seconds of one save the way the training loop does it."""
     started = time.perf_counter()
-    state = snapshot(trainer.state_dict())
+    state = trainer.dcp.snapshot()
     stall = time.perf_counter() - started
     trainer.saver.submit(trainer.state.step, state)
     trainer.saver.wait()
@@ -133,7 +134,9 @@ def measure_model(model: StallModel, plan: StallPlan, data_dir: Path) -> dict[st
         step_s = statistics.median(_timed(trainer.train_step) for _ in range(plan.steps))
         sync_s = statistics.median(_timed(lambda: _sync_save(trainer)) for _ in range(plan.saves))
         lab = [_lab_save(trainer) for _ in range(plan.saves)]
-        size = len(serialize(trainer.state_dict()))
+        head = trainer.dcp.checkpoints.head()
+        assert head is not None
+        size = head.size + sum(f.size for f in head.files)
         if trainer.saver.error is not None:
             raise RuntimeError(f"a background checkpoint failed: {trainer.saver.error}")
     lab_s = statistics.median(stall for stall, _ in lab)

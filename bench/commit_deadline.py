@@ -33,8 +33,8 @@ import torch
 from lab.local.azurite_server import ACCOUNT as AZURITE_ACCOUNT
 from lab.local.azurite_server import ACCOUNT_KEY as AZURITE_KEY
 from lab.local.azurite_server import serve as serve_azurite
-from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv
@@ -109,11 +109,11 @@ def durable_store(kind: str, work: Path) -> Iterator[ObjectStore]:
 def one_eviction(state: dict[str, Any], store: ObjectStore, work: Path) -> dict[str, Any]:
     """SIGTERM, then the worker's emergency save; the times it took and what was committed."""
     env = DistEnv(rank=0, world_size=1, run_id="bench", max_restarts=3)
-    durable = CheckpointRepository(store)
+    durable = ShardedCheckpoints(store, work / "scratch")
     local = NodeLocalState(work / "local", "bench")
     stream = io.StringIO()
     committed = DurableProgress()
-    saver = BackgroundSaver(durable, lambda entry, seconds: None, scratch=work / "scratch")
+    saver = BackgroundSaver(lambda step, state: None, lambda entry, seconds: None)  # idle
     deadline_s = CheckpointConfig().stop_deadline_s
     save = EmergencySave(env, local, durable, saver, committed, EventLog(env, stream), deadline_s)
     started = time.perf_counter()
@@ -128,7 +128,7 @@ def one_eviction(state: dict[str, Any], store: ObjectStore, work: Path) -> dict[
         "total_s": round(total_s, 3),
         "durable": bool(outcome and outcome.durable),
         "gave_up": event.get("gave_up"),
-        "checkpoint_bytes": head.size if head else None,
+        "checkpoint_bytes": head.size + sum(f.size for f in head.files) if head else None,
     }
 
 

@@ -36,7 +36,7 @@ from lab.local.netns import Network
 from lab.local.node import wait_for_exit
 from lab.local.runner import FaultRunner, RunOutcome, _FollowUp
 from lab.report.node_logs import LogTail, Record
-from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 
 TOP_UP_AFTER_S = 3.0
@@ -367,7 +367,8 @@ class ChaosRunner(FaultRunner):
         """An acknowledged durable step: the store must hold it (or newer) verified, now."""
         if self.checkpoints is None:
             return
-        newest = CheckpointRepository(FileStore(self.checkpoints)).newest_verified()
+        scratch = self.checkpoints.parent / ".verify"
+        newest = ShardedCheckpoints(FileStore(self.checkpoints), scratch).newest_verified()
         step = int(record["step"])
         found = newest.step if newest else None
         self.ack_checks.append(

@@ -27,8 +27,8 @@ from lab.local.node import TorchrunNode
 from lab.local.scenario import Scenario, validate_scenario
 from lab.local.session import NodeSet, lab_workspace
 from lab.report.node_logs import read_jsonl, read_records
-from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
+from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy
 
@@ -55,10 +55,9 @@ class ChaosNodes(NodeSet):
 
 def final_state(checkpoints: Path) -> tuple[int | None, dict[str, torch.Tensor] | None]:
     """(step, model parameters) of the newest checkpoint that verifies, or (None, None)."""
-    loaded = CheckpointRepository(FileStore(checkpoints)).load_latest(parse=True)
-    if loaded is None or loaded.state is None:
-        return None, None
-    return loaded.entry.step, loaded.state["model"]
+    scratch = checkpoints.parent / f".{checkpoints.name}-read"
+    read = ShardedCheckpoints(FileStore(checkpoints), scratch).read_whole("model.model.")
+    return (None, None) if read is None else (read[0].step, read[1])
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -1,8 +1,9 @@
 """``python -m bench.sharded_memory [--mode fsdp2|ddp|ddp-file] [--state-mib N] [--worlds 1 2 3]``:
 each rank's peak RSS while it saves and while it restores a sharded checkpoint of a model whose
 training state (parameters and AdamW's two moments) is N MiB, at each world size; one line per
-rank, in MiB. ``ddp-file``: the DDP path's single files: rank 0's periodic save, and the restore
-from rank 0's node-local save and from the durable store (``single_file.py``)."""
+rank, in MiB. ``ddp-file``: the DDP path: a node's replica saved as one process's DCP
+checkpoint, and the restore from rank 0's node-local file and from the durable store
+(``single_file.py``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Today's DDP path, beside the sharded one: the single-file emergency save
-(``bench/commit_deadline.py``'s ``one_eviction``, on fresh stores) and the restore's peak RSS
-per rank: in ``agree_on_resume`` (training/checkpoints/resume.py) the holder fetches the
-durable file to its scratch directory and maps it, and sends it tensor by tensor into the
-other rank's live tensors.
+"""The DDP path, beside the sharded one: the emergency save (``bench/commit_deadline.py``'s
+``one_eviction``, on fresh stores: the node-local file, then a DCP checkpoint of this process
+alone) and the restore's peak RSS per rank: in ``agree_on_resume``
+(training/checkpoints/resume.py) the holder loads the durable checkpoint into its live state,
+item by item, and sends it tensor by tensor into the other rank's live tensors.
 
 Each restoring rank first holds a state of the same size (its live replica of the model and
 optimizer, as a DDP trainer's) and then resumes into it; the peak is read from the kernel's
@@ -23,9 +23,8 @@ import torch.multiprocessing as mp
 from bench.commit_deadline import CommitPlan, large_state, measure_store
 from bench.sharded_memory.peak_rss import _peak, _reset_peak
 from bench.sharded_state.model import MIB, init_world
-from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.resume import agree_on_resume
-from training.checkpoints.serialization import spool
+from training.checkpoints.resume import DurableSource, agree_on_resume
+from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 
 RESTORE_WORLD = 2
@@ -47,13 +46,12 @@ def _restore_rank(rank: int, world: int, state_mib: int, root: str) -> None:
     try:
         runtime = _reset_peak()
         replica = large_state(state_mib)  # the live model and optimizer a trainer holds
-        durable = CheckpointRepository(FileStore(base / "durable"))
+        checkpoints = ShardedCheckpoints(FileStore(base / "durable"), base / f"scratch-{rank}")
+        durable = DurableSource(checkpoints, lambda: replica)  # loaded into the live tensors
         dist.barrier()
         before = _reset_peak()
         started = time.perf_counter()
-        resume = agree_on_resume(
-            rank, torch.device("cpu"), None, durable, scratch=base / "scratch", into=replica
-        )
+        resume = agree_on_resume(rank, torch.device("cpu"), None, durable, into=replica)
         seconds, peak = time.perf_counter() - started, _peak()
         assert resume.step == 1 and resume.state is not None, resume
         row = {
@@ -71,9 +69,9 @@ def _restore_rank(rank: int, world: int, state_mib: int, root: str) -> None:
 
 def measure_ddp_restore(state_mib: int, root: Path) -> list[dict[str, Any]]:
     """One checkpoint of ``state_mib`` MiB committed to a directory, restored by 2 ranks."""
-    durable = CheckpointRepository(FileStore(root / "durable"))
-    durable.commit(1, spool(large_state(state_mib), root / "ddp-state.pt"))
-    (root / "ddp-state.pt").unlink()
+    ShardedCheckpoints(FileStore(root / "durable"), root / "scratch").save_alone(
+        large_state(state_mib), 1
+    )
     mp.spawn(_restore_rank, args=(RESTORE_WORLD, state_mib, str(root)), nprocs=RESTORE_WORLD)
     return [json.loads((root / f"ddp-restore-{r}.json").read_text()) for r in range(RESTORE_WORLD)]
 

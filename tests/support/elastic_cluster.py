@@ -16,8 +16,8 @@ import torch
 from bench.chaos.runner import StoreControl
 from lab.local.process_tree import kill_tree, terminate_tree
 from tests.support.waiting import wait_until
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
 from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
+from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
 
@@ -169,13 +169,16 @@ def faulty_store(root: Path, name: str) -> tuple[StoreControl, dict[str, str]]:
     return store, {FAULTY_STORE_ENV: str(store.control), FAULTY_STORE_LOG_ENV: str(log)}
 
 
+PARAMETERS = ("model.model.", "trainer.extras.ema.")
+"""The parameters in a checkpoint (DCP's flattened names), and a task's EMA when it keeps
+one: compared as exactly as the parameters."""
+
+
 def final_parameters(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
-    loaded = CheckpointRepository(FileStore(checkpoint_dir)).load_latest()
-    assert loaded is not None, f"no checkpoint in {checkpoint_dir}"
-    state = deserialize(loaded.data)
-    # A task's EMA, when it keeps one, is compared as exactly as the parameters.
-    ema = state.get("extras", {}).get("ema", {}).get("shadow", {})
-    return {**state["model"], **{f"ema:{name}": t for name, t in ema.items()}}
+    scratch = checkpoint_dir.parent / f".{checkpoint_dir.name}-read"
+    read = ShardedCheckpoints(FileStore(checkpoint_dir), scratch).read_whole(PARAMETERS)
+    assert read is not None, f"no checkpoint in {checkpoint_dir} verifies"
+    return read[1]
 
 
 def max_abs_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

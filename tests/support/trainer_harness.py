@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from training.api import TrainSpec
-from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.checkpoint import CheckpointRepository, Entry
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.sharded.repository import PREFIX, ShardedCheckpoints
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.loop.config import parse_config
@@ -52,7 +53,8 @@ def one_process_world() -> Iterator[None]:
 @dataclass
 class Harness:
     trainer: Trainer
-    durable: CheckpointRepository
+    durable: ShardedCheckpoints
+    """The run's checkpoints (``torch.distributed.checkpoint``, in the durable store)."""
     local: NodeLocalState
     stream: io.StringIO
 
@@ -90,7 +92,7 @@ def harness(
     events = EventLog(env, stream)
     device = torch.device("cpu")
     trainer = Trainer(cfg, env, device, data, durable, local, events, group, spec=spec)
-    return Harness(trainer, durable, local, stream)
+    return Harness(trainer, trainer.dcp.checkpoints, local, stream)
 
 
 def sigterm_during(h: Harness, step: int, stop: SimpleNamespace) -> None:
@@ -103,3 +105,24 @@ def sigterm_during(h: Harness, step: int, stop: SimpleNamespace) -> None:
         return real_step()
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
+
+
+def saved_checkpoint(durable_dir: Path) -> dict[str, Any]:
+    """The newest durable checkpoint in ``durable_dir`` whose files all verify: every value by
+    DCP's flattened name (``model.model.<parameter>``, ``trainer.step``, ``run``: packed),
+    and ``step``, the manifest's."""
+    scratch = durable_dir.parent / f".{durable_dir.name}-read"
+    read = ShardedCheckpoints(FileStore(durable_dir), scratch).read_whole("", values=True)
+    assert read is not None, f"no checkpoint in {durable_dir} verifies"
+    entry, values = read
+    return {**values, "step": entry.step}
+
+
+def under(saved: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The values of ``saved`` whose names start with ``prefix``, by the rest of the name."""
+    return {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+
+
+def durable_head(durable_dir: Path) -> Entry | None:
+    """The newest checkpoint the manifests in ``durable_dir`` name (reads nothing else)."""
+    return CheckpointRepository(FileStore(durable_dir), prefix=PREFIX).head()

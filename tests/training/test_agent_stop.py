@@ -20,8 +20,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.support.elastic_cluster import TINY, Cluster
-from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.storage import FileStore
+from tests.support.trainer_harness import durable_head, saved_checkpoint
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import RendezvousSettings
 from training.elastic.rendezvous import created, register
@@ -89,14 +88,13 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
         newest = max(saved.values())
         # A late c's join re-forms the first round, and that restart's save may be durable:
         # what matters is that no durable copy of the steps saved after the kill exists yet.
-        before = CheckpointRepository(FileStore(cluster.checkpoints)).head()
+        before = durable_head(cluster.checkpoints)
         assert before is None or before.step < min(saved.values()), (before, saved)
         for name in ("a", "b"):
             os.kill(cluster.nodes[name].pid, signal.SIGTERM)
         for name in ("a", "b"):
             assert cluster.wait_exit(name, 60) == 143, cluster.tail()
-        head = CheckpointRepository(FileStore(cluster.checkpoints)).load_latest()
-        assert head is not None and head.entry.step == newest, cluster.tail()
+        assert saved_checkpoint(cluster.checkpoints)["step"] == newest, cluster.tail()
         by_agent = {e["step"] for e in cluster.events("emergency_save") if e["reason"] == "agent"}
         # Each agent commits its node's save only if it is newer than the durable head then.
         assert newest in by_agent and by_agent <= set(saved.values()), (by_agent, saved)

@@ -31,8 +31,7 @@ from tests.support.elastic_cluster import (
     final_parameters,
     max_abs_difference,
 )
-from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.storage import FileStore
+from tests.support.trainer_harness import durable_head
 from training.data.cifar10 import write_synthetic_cifar10
 
 pytestmark = pytest.mark.usefixtures("torchrun")
@@ -123,17 +122,16 @@ def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrup
     first = cluster_factory("three-nodes")
     for node in ("a", "b", "c"):
         first.start(node, ARGS)
-    durable = CheckpointRepository(FileStore(first.checkpoints))
     # Periodic saves upload off the step: wait for the commit itself, not for a later step.
     first.wait_until(
-        lambda: first.max_step() >= 6 and (durable.head() or _NONE).step >= 4,
+        lambda: first.max_step() >= 6 and (durable_head(first.checkpoints) or _NONE).step >= 4,
         180,
         "step 6, and step 4 or later durable",
     )
     for node in ("a", "b", "c"):
         first.kill(node)
     # The manifest, not the events: a SIGKILL can land between a commit and its event.
-    head = durable.head()
+    head = durable_head(first.checkpoints)
     assert head is not None and 4 <= head.step < MAX_STEPS
     durable_step = head.step
 
@@ -287,7 +285,7 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
     # complete before its log line. Rank 0 commits its last step durably; the other node's
     # agent commits its own save when it is a step newer (an event with no rank). Nothing a
     # rank completed is lost: the head is the last step logged, or the one completed after.
-    durable = CheckpointRepository(FileStore(cluster.checkpoints)).head().step
+    durable = durable_head(cluster.checkpoints).step
     assert durable == max(e["step"] for e in saves if e["durable"])
     assert durable in (logged, logged + 1)
     assert {e["step"] for e in saves} <= {logged - 1, logged, logged + 1}

@@ -51,6 +51,7 @@ from training.checkpoints.manifest import (
     CheckpointError,
     Entry,
     Loaded,
+    LogRead,
     Manifest,
     StaleCheckpoint,
     StoredFile,
@@ -189,36 +190,35 @@ class CheckpointRepository:
         unique = {e.name: e for m in manifests for e in m.entries}
         return sorted(unique.values(), key=lambda e: e.step, reverse=True)
 
-    def newest_verified(self) -> Entry | None:
-        """The newest checkpoint in the store whose bytes match its checksum."""
-        loaded = self.load_latest()
-        return loaded.entry if loaded else None
-
     def newest_intact(self) -> Entry | None:
         """The newest checkpoint whose objects are in the store at their sizes (``_intact``)."""
         return next((e for e in self.entries() if self._intact(e, self.store)), None)
 
-    def load_latest(self, parse: bool = False) -> Loaded | None:
-        """The newest checkpoint whose checksum verifies, falling back to older ones.
-
-        ``parse`` also requires it to deserialize (and returns the state): bytes that verify
-        but are no state this program reads (another program's file) count as unreadable.
-        """
+    def load_latest(self) -> Loaded | None:
+        """The newest checkpoint whose checksum verifies, falling back to older ones."""
         for entry in self.entries():
             try:
                 data: bytes | None = self.store.get(entry.name)
             except FileNotFoundError:
                 data = None
-            if data is None or sha256(data) != entry.sha256:
-                logger.warning("checkpoint %s is missing or torn; trying an older one", entry.name)
-                continue
-            if not parse:
+            if data is not None and sha256(data) == entry.sha256:
                 return Loaded(entry, data)
-            try:
-                return Loaded(entry, data, deserialize(data))
-            except CheckpointError as exc:
-                logger.warning("checkpoint %s: %s; trying the previous one", entry.name, exc)
+            logger.warning("checkpoint %s is missing or torn; trying an older one", entry.name)
         return None
+
+    def read_log(
+        self, deadline: Deadline | None = None, store: ObjectStore | None = None
+    ) -> LogRead:
+        """The log as a commit reads it before its upload: a DCP writer reads it, refuses a stale
+        step before it uploads (``stale``), and ``commit`` publishes on it with no second read."""
+        store = store or (self.store.bounded(deadline) if deadline else self.store)
+        read_at = self.clock()  # before the read: a manifest listed later is younger still
+        return LogRead(read_at, *self._read_log(1, store))
+
+    def stale(self, step: int, log: LogRead, newer_only: bool) -> int | None:
+        """The committed step in ``log`` that makes ``step`` stale, or None (see ``commit``)."""
+        head = next(iter(log.manifests[0].entries), None) if log.manifests else None
+        return self._newer_than(Entry("", step, "", 0), head, self.store, newer_only)
 
     # -- committing ----------------------------------------------------------------------------
     def commit(
@@ -232,6 +232,7 @@ class CheckpointRepository:
         files: tuple[StoredFile, ...] = (),
         name: str | None = None,
         since: float | None = None,
+        log: LogRead | None = None,
     ) -> Entry:
         """Check, write, then publish a checkpoint; returns only once it is acknowledged.
 
@@ -242,12 +243,15 @@ class CheckpointRepository:
         took so long that a concurrent prune may have removed the object; DeadlineExceeded
         when ``deadline`` passed first (it bounds every store call). ``prune``: prune once
         acknowledged. A sharded checkpoint's ``files`` are in the store already: ``data`` is its
-        metadata, written as ``name``, and the grace runs from ``since`` (on this clock)."""
+        metadata, written as ``name``, and the grace runs from ``since`` (on this clock).
+        ``log``: the manifest log ``read_log`` read, published on without a second read."""
         payload = data if isinstance(data, Payload) else Payload.of(data)
         entry = Entry(name or object_name(self.prefix, step), step, payload.sha256, payload.size)
         entry = Entry.from_json({**entry.to_json(), "files": [vars(f) for f in files]})
         store = self.store.bounded(deadline) if deadline is not None else self.store
-        uploaded, newer = self._publish_entry(entry, payload, store, deadline, newer_only, since)
+        uploaded, newer = self._publish_entry(
+            entry, payload, store, deadline, newer_only, since, log
+        )
         if newer is not None:
             older = f"is older than step {newer}," if newer != step else "is"
             raise StaleCheckpoint(
@@ -300,22 +304,20 @@ class CheckpointRepository:
         deadline: Deadline | None,
         newer_only: bool,
         since: float | None,
+        log: LogRead | None,
     ) -> tuple[float | None, int | None]:
         """Upload ``entry``, publish it on top of the newest manifest: (the earlier of when the
         upload returned and when the log the manifest builds on was read, or None; the step
         that made it stale, or None).
 
-        The log is read once, before the upload: on a slow store a commit is that read, the
-        upload and the manifest (an eviction's deadline counts round trips). Building on it is
-        safe: a manifest published meanwhile took the next number, our create-only write
-        fails, and the log is read again; a read half the grace old is read again, since the
-        number it found free may have been taken and retired since. The head never goes back,
-        not even with a second group writing; a head that fails its checksum may be replaced
-        by an older step.
-        """
+        The log is read once, before the upload (or given: ``log``): on a slow store a commit
+        is that read, the upload and the manifest (an eviction's deadline counts round trips).
+        Building on it is safe: a manifest published meanwhile took the next number, our
+        create-only write fails, and the log is read again, as is a read half the grace old
+        (the number it found free may have been taken and retired since). The head never goes
+        back, not even with a second group writing; one failing its checksum may."""
         uploaded: float | None = None
-        read_at = self.clock()  # before the read: a manifest listed later is younger still
-        top, manifests, whole = self._read_log(1, store)
+        read_at, top, manifests, whole = log or self.read_log(store=store)
         while True:
             base = manifests[0] if manifests else None
             head = base.entries[0] if base and base.entries else None
@@ -373,9 +375,8 @@ class CheckpointRepository:
         return None
 
     def _intact(self, entry: Entry, store: ObjectStore) -> bool:
-        """Whether ``entry``'s object is in the store at its listed size and a sharded one's
-        files are all there; not its checksum, which means downloading the whole state. A lost
-        or torn object fails this; bytes damaged at their size fail the readers' checksums."""
+        """Whether ``entry``'s object is in the store at its listed size and a sharded one's files
+        are all there: not its checksum (a download); bytes damaged in place fail the readers'."""
         try:
             whole = store.size(entry.name) == entry.size
         except FileNotFoundError:

@@ -18,7 +18,7 @@ import json
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 _OBJECT = re.compile(
     r"^(?P<id>(?P<prefix>[a-z]+)-(?P<step>\d{10})-[0-9a-f]{8})"
@@ -258,6 +258,16 @@ class Manifest:
         if len({e.prefix for e in entries}) > 1:
             raise ValueError("manifest entries belong to more than one prefix")
         return Manifest(seq, entries, writer)
+
+
+class LogRead(NamedTuple):
+    """The manifest log as one read found it, and when the read began: the highest sequence
+    taken, the newest valid manifests, and whether the view was whole (``checkpoint.py``)."""
+
+    read_at: float
+    top: int
+    manifests: list[Manifest]
+    whole: bool
 
 
 @dataclass(frozen=True)

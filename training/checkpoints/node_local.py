@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import re
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from training.checkpoints.checkpoint import (
 from training.checkpoints.node_prune import Pin, Pruner, reading, retire
 from training.checkpoints.node_prune import prune as prune_saves
 from training.checkpoints.serialization import file_sha256, load_mapped, spool
+from training.checkpoints.sharded.state import unpack
 from training.checkpoints.storage import FileStore
 
 logger = logging.getLogger(__name__)
@@ -196,7 +198,7 @@ class NodeLocalState:
                 return entry, None
             try:
                 state: dict[str, Any] | None = load_mapped(self.root / entry.name)
-                found = state.get("run")  # type: ignore[union-attr]
+                found = _run_of(state)
             except CheckpointError as exc:  # verified bytes, but not a state this program reads
                 state, found = None, f"unreadable ({exc})"
             return (entry, state) if self._is_ours(entry, state, found) else None
@@ -211,7 +213,7 @@ class NodeLocalState:
             return loaded
         try:
             state: dict[str, Any] | None = deserialize(loaded.data)
-            found = state.get("run")  # type: ignore[union-attr]
+            found = _run_of(state)
         except CheckpointError as exc:  # verified bytes, but not a state this program can read
             state, found = None, f"unreadable ({exc})"
         ours = self._is_ours(loaded.entry, state, found)
@@ -234,3 +236,14 @@ def _write_new(path: Path, data: bytes) -> Payload:
     with open(path, "xb") as f:
         f.write(data)
     return Payload(path, len(data), sha256(data))
+
+
+def _run_of(state: Any) -> Any:
+    """The run identity a save holds (packed, as DCP keeps it: ``sharded/state.py``)."""
+    run = state.get("run") if isinstance(state, dict) else None
+    if not isinstance(run, bytes):
+        return run
+    try:
+        return unpack(run)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as exc:  # torch.load's refusals
+        return f"unreadable ({exc})"

@@ -55,6 +55,8 @@ LOCK_NAME = ".prune-lock"
 """The directory's lock: shared by readers, taken exclusively (without waiting) by a prune."""
 
 
+SCRATCH = ".scratch"
+"""The scratch space's folder under ``--local-dir``."""
 SCRATCH_PREFIXES = (".spool-", ".load-", ".init-")
 """The folders of the scratch space: a save's spooled files, a load's fetched ones, an
 ``--init-from``'s."""

@@ -4,8 +4,9 @@ On every (re)start each rank reports the newest state it can reach: its node's e
 (node-local disk, already verified) and the durable checkpoint the manifest names. The ranks
 all-gather those claims, the holder of the newest one loads and verifies it, and sends it to the
 others tensor by tensor (``state_transfer.py``), into their live tensors: no rank holds the
-state serialized, a node-local save is mapped from its file, and a durable one is fetched to
-local disk, hashed there and mapped, not read into memory. Every rank thus restores the same
+state serialized, and a node-local save is mapped from its file, not read into memory. A
+durable checkpoint (``torch.distributed.checkpoint``, ``sharded/``) the holder loads into its
+own live state, one item at a time, and sends from there. Every rank thus restores the same
 state, even if one node read a stale cached manifest.
 
 The agreement reads storage while the other ranks wait in a collective, so it runs on a
@@ -16,22 +17,22 @@ the default group, whose short timeout exists to detect a frozen peer during tra
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.checkpoint import CheckpointError, Entry
 from training.checkpoints.node_local import NONE, Held, NodeLocalState
-from training.checkpoints.node_prune import scratch_folder
-from training.checkpoints.serialization import load_mapped
-from training.checkpoints.sharded.reader import fetch_verified
-from training.checkpoints.sharded.repository import global_rank
+from training.checkpoints.sharded.repository import (
+    DoesNotFitState,
+    ShardedCheckpoints,
+    global_rank,
+)
+from training.checkpoints.sharded.state import resolve
 from training.checkpoints.state_transfer import share
 
 logger = logging.getLogger(__name__)
@@ -60,24 +61,57 @@ _LOWERED = 1
 """The durable checkpoint did not verify; every rank lowers that claim to the header's value."""
 _UNREADABLE = 2
 """The holder cannot read the durable store; only the holder drops its durable claim."""
+_MISFIT = 3
+"""The durable checkpoint verifies but is not this state's (another model): every rank refuses,
+as an older one would fail alike (``DurableSource.refuse``)."""
+
+
+def _raise(step: int, error: CheckpointError) -> NoReturn:
+    raise error
 
 
 def _read(what: str, read: Callable[[], T]) -> tuple[T | None, bool]:
     """(result, failed): a storage error makes this rank claim nothing instead of crashing."""
     try:
         return read(), False
+    except DoesNotFitState:
+        raise  # not a storage error: the run's settings (``_MISFIT``)
     except (OSError, CheckpointError) as exc:
         logger.warning("cannot read the %s, so this rank claims none from it: %s", what, exc)
         return None, True
 
 
+class DurableSource:
+    """The durable checkpoints of a replicated (DDP) run, as the holder reads them: the head the
+    manifest names, and the newest that verifies, loaded by this process alone into
+    ``template()`` (the live state: its ``Stateful`` parts load in place, tensor by tensor)."""
+
+    def __init__(
+        self,
+        checkpoints: ShardedCheckpoints,
+        template: Callable[[], dict[str, Any]],
+        refuse: Callable[[int, CheckpointError], NoReturn] | None = None,
+    ) -> None:
+        self.checkpoints, self.template = checkpoints, template
+        self.refuse = refuse or _raise
+        """Raises for a checkpoint of that step that does not fit (the trainer names the
+        settings that differ): every rank calls it."""
+
+    def head(self) -> Entry | None:
+        return self.checkpoints.head()
+
+    def load(self) -> Held | None:
+        state = self.template()
+        entry = self.checkpoints.load(state, alone=True)
+        if entry is None:
+            return None
+        return Held(entry, resolve(state))
+
+
 class _Claims:
     """This rank's candidates: a verified local save and the durable head (claimed, then loaded)."""
 
-    def __init__(
-        self, local: NodeLocalState | None, durable: CheckpointRepository | None, scratch: Path
-    ) -> None:
-        self.scratch = scratch
+    def __init__(self, local: NodeLocalState | None, durable: DurableSource | None) -> None:
         self.local: Held | None = None
         if local is not None:
             self.local, _ = _read("node-local emergency save", local.restorable)
@@ -99,7 +133,11 @@ class _Claims:
             return _OK, 0, self.local
         if self.durable_loaded is None or self.durable_loaded.entry.step != step:
             assert self.durable is not None
-            self.durable_loaded, failed = _read("durable checkpoint", self._load_durable)
+            try:
+                self.durable_loaded, failed = _read("durable checkpoint", self._load_durable)
+            except DoesNotFitState as exc:
+                logger.error("%s", exc)
+                return _MISFIT, exc.entry.step, None
             if failed:
                 return _UNREADABLE, NONE, None
         held = self.durable_loaded
@@ -108,20 +146,8 @@ class _Claims:
         return _LOWERED, held.entry.step if held else NONE, None
 
     def _load_durable(self) -> Held | None:
-        """The newest durable checkpoint that verifies and parses, fetched to local disk,
-        hashed there, and mapped: never its bytes in memory beside the state parsed from them."""
         assert self.durable is not None
-        for entry in self.durable.entries():
-            with scratch_folder(self.scratch, ".load-") as folder:
-                problem = fetch_verified(self.durable.store, entry, folder / entry.name)
-                if problem is not None:
-                    logger.warning("checkpoint %s %s; trying an older one", entry.name, problem)
-                    continue
-                try:  # the mapping outlives the file's name
-                    return Held(entry, load_mapped(folder / entry.name))
-                except CheckpointError as exc:
-                    logger.warning("checkpoint %s: %s; trying the previous one", entry.name, exc)
-        return None
+        return self.durable.load()
 
     def settle(self, outcome: int, value: int, step: int, holder: bool) -> None:
         """Apply a failed materialisation, so the next round agrees on what can be read."""
@@ -166,20 +192,18 @@ def agree_on_resume(
     rank: int,
     device: torch.device,
     local: NodeLocalState | None,
-    durable: CheckpointRepository | None,
+    durable: DurableSource | None,
     group: Any = None,
-    scratch: Path | None = None,
     into: dict[str, Any] | None = None,
 ) -> Resume:
     """All ranks of ``group`` (default: the world) call this together; they return the same state.
 
     ``rank`` is this process's rank in ``group``; ``device`` holds the collectives' tensors
-    (the CPU for a gloo group, even when the default group is NCCL). ``scratch``: local disk
-    for a durable checkpoint the holder fetches (default: the system's temporary directory).
-    ``into``: this rank's live state, which receives the holder's in place (``share``).
+    (the CPU for a gloo group, even when the default group is NCCL). ``into``: this rank's
+    live state, which receives the holder's in place (``share``).
     """
     started = time.monotonic()
-    claims = _Claims(local, durable, scratch or Path(tempfile.gettempdir()))
+    claims = _Claims(local, durable)
     progress = local.progress() if local else NONE
     while True:
         rows = _gather(claims.row(progress), device, group)
@@ -193,6 +217,15 @@ def agree_on_resume(
         header = torch.tensor([outcome, value], dtype=torch.int64, device=device)
         dist.broadcast(header, src=global_rank(group, holder), group=group)
         outcome, value = int(header[0]), int(header[1])
+        if outcome == _MISFIT:
+            assert durable is not None
+            durable.refuse(
+                value,
+                CheckpointError(
+                    f"the durable checkpoint of step {value} does not fit this state (rank "
+                    f"{holder}'s log names the first difference)"
+                ),
+            )
         if outcome != _OK:
             claims.settle(outcome, value, step, rank == holder)
             continue

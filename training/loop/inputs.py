@@ -111,22 +111,18 @@ def open_durable(
 
 
 def check_layout(cfg: TrainConfig, durable: CheckpointRepository, run_id: str) -> None:
-    """ConfigError when the store holds only the other layout's checkpoints: a sharded run
-    (``--parallelism=fsdp2``) reads sharded ones, a DDP run single files. Resuming neither
-    would start the run over at step 0 beside its own history."""
+    """ConfigError when the store holds single-file checkpoints only: an earlier version's,
+    which this one does not read (both parallelisms keep ``torch.distributed.checkpoint``
+    ones). Resuming none of them would start the run over at step 0 beside its own history."""
+    if durable.head() is None or durable.store.list(SHARDED_PREFIX + "-"):
+        return
     uri = cfg.checkpoint.checkpoint_uri
-    sharded = bool(durable.store.list(SHARDED_PREFIX + "-"))
-    whole = durable.head()
-    mine, theirs = ("fsdp2", "ddp") if cfg.run.parallelism == "fsdp2" else ("ddp", "fsdp2")
-    if (mine == "fsdp2" and whole is not None and not sharded) or (
-        mine == "ddp" and whole is None and sharded
-    ):
-        kind = "single-file" if mine == "fsdp2" else "sharded"
-        raise ConfigError(
-            f"--checkpoint-uri {uri} holds {kind} checkpoints of run {run_id}, written with "
-            f"--parallelism={theirs}; this run has --parallelism={mine}: resume it with "
-            f"--parallelism={theirs}, or start fresh with a new --checkpoint-uri"
-        )
+    raise ConfigError(
+        f"--checkpoint-uri {uri} holds single-file checkpoints of run {run_id}, written by an "
+        "earlier version of this program, which keeps torch.distributed.checkpoint ones now: "
+        f"start fresh with a new --checkpoint-uri, and --init-from {uri} to start from its "
+        "weights"
+    )
 
 
 def _unreadable(uri: str, exc: Exception) -> ConfigError:

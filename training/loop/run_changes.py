@@ -14,9 +14,8 @@ resume under other values logs each change, old and new, and applies it from the
   schedule from its own next step.
 
 ``--init-from URI`` starts a new run from another run's newest verified checkpoint: its
-model's weights, a fresh optimizer and step 0. A DDP run reads a single-file checkpoint whole;
-a sharded run (``--parallelism=fsdp2``) reads a sharded or a single-file one, each rank only
-its own shards.
+model's weights, a fresh optimizer and step 0, from a DCP checkpoint or an earlier version's
+single file, each rank reading only its own shards (a DDP replica: all of it).
 """
 
 from __future__ import annotations
@@ -127,18 +126,12 @@ def apply_changes(
 
 def check_init_from(cfg: TrainConfig) -> None:
     """ConfigError naming ``--init-from`` when its store is unreadable or holds no checkpoint
-    this run can start from: before any collective, as every other input. A sharded run
-    starts from either layout; a DDP run from a single file."""
+    this run can start from: before any collective, as every other input. A run starts from
+    either layout: a DCP checkpoint or an earlier version's single file."""
     uri = cfg.checkpoint.init_from
     if not uri:
         return
     whole, sharded = _heads(uri)
-    if whole is None and sharded is not None and cfg.run.parallelism == "ddp":
-        raise ConfigError(
-            f"{INIT_FROM} {uri}: holds sharded checkpoints (written with --parallelism=fsdp2), "
-            "which a --parallelism=ddp run does not start from: use --parallelism=fsdp2, or "
-            "another run's single-file checkpoints"
-        )
     if whole is None and sharded is None:
         raise ConfigError(
             f"{INIT_FROM} {uri}: no checkpoint there to start from (give another run's "
@@ -158,10 +151,10 @@ def _heads(uri: str) -> tuple[Entry | None, Entry | None]:
 
 
 def load_initial_shards(uri: str, model: nn.Module, scratch: Path, group: Any) -> int:
-    """A sharded model's weights from the newest verified checkpoint at ``uri``, sharded or
-    a single file, each rank reading only its shards (training/checkpoints/sharded/
-    initial.py); its step. Every rank calls this. ConfigError when there is none or its
-    model does not fit this one."""
+    """The model's weights from the newest verified checkpoint at ``uri``, DCP or a single
+    file, each rank reading only its shards (a DDP replica: all of it; training/checkpoints/
+    sharded/initial.py); its step. Every rank calls this. ConfigError when there is none or
+    its model does not fit this one."""
     try:
         layout = coordinator_decides(lambda: _newer_layout(uri), group)  # one path for all
         store = open_store(uri)
@@ -187,23 +180,3 @@ def _newer_layout(uri: str) -> str:
     if sharded is not None and (whole is None or sharded.step >= whole.step):
         return "sharded"
     return "file"
-
-
-def load_initial_weights(uri: str, model: nn.Module) -> int:
-    """The model's weights from the newest verified checkpoint at ``uri``; its step.
-    ConfigError when there is none or its model does not fit this one."""
-    try:
-        loaded = CheckpointRepository(open_store(uri)).load_latest(parse=True)
-    except (ValueError, OSError, CheckpointError) as exc:
-        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
-    if loaded is None or loaded.state is None:
-        raise ConfigError(f"{INIT_FROM} {uri}: no verified checkpoint there to start from")
-    try:
-        model.load_state_dict(loaded.state["model"])
-    except (KeyError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()
-        raise ConfigError(
-            f"{INIT_FROM} {uri}: its model does not fit this task's "
-            f"({first[1].strip() if len(first) > 1 else first[0] if first else exc!r})"
-        ) from None
-    return loaded.entry.step

@@ -31,7 +31,6 @@ from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
 from training.loop.parallel import clip_grad_norm, compile_model, gradient_sync, wrap_model
 from training.loop.saves.emergency import Outcome
-from training.loop.saves.periodic import commit_from_disk
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import abort_collectives, mark_state_written
 from training.loop.task_checks import checked_loss, rehearse_resume
@@ -334,21 +333,10 @@ class Trainer(StatefulTrainer):
             )
 
     def finish(self) -> None:
-        """Rank 0 commits the final state; every rank waits so none exits while others save.
-
-        The wait is on the checkpoint group: its timeout allows for a slow store. A sharded
-        model's final state is saved by every rank (``ShardedState.finish``).
-        """
-        if self.sharded is not None:
-            self.sharded.finish()
-        elif self.env.rank == 0:
-            self.saver.wait()
-            # The store, not this process's memory, says what is durable: another writer or a
-            # damaged object may have changed it since this process last committed.
-            durable = self.durable.newest_intact()
-            if durable is None or durable.step < self.state.step:
-                commit_from_disk(self.durable, self.state.step, self.state_dict(), self.scratch)
-            self.committed.advance(self.state.step)
+        """Every rank saves its part of the final state unless it is durable already
+        (``ShardedState.finish``: a collective on the checkpoint group, whose timeout allows
+        for a slow store); then every rank waits so none exits while others save."""
+        self.dcp.finish()
         if self.env.rank == 0:
             self.events.event(
                 "finished", step=self.state.step, loss=self.last_loss, eval_loss=self.last_eval_loss

@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,10 @@ import torch.distributed as dist
 
 from training.api import Data, TrainSpec
 from training.api.spec import checked_extras
-from training.checkpoints.checkpoint import CheckpointRepository, Entry, snapshot
+from training.checkpoints.checkpoint import CheckpointRepository, Entry
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.node_prune import sweep_scratch
-from training.checkpoints.resume import Resume, agree_on_resume
+from training.checkpoints.resume import DurableSource, Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
 from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
@@ -117,21 +116,19 @@ class StatefulTrainer:
         self.scratch = Path(cfg.checkpoint.local_dir) / ".scratch"
         """Local disk for a save's files before their upload and a load's after the download."""
         sweep_scratch(self.scratch)  # what a killed save or load left: up to a state each
-        self.sharded = ShardedState(self, self.scratch) if cfg.run.parallelism == "fsdp2" else None
-        """The state path of a sharded model (training/loop/saves/sharded.py); None: DDP's."""
-        self.saver = BackgroundSaver(
-            durable,
-            self._on_saved,
-            self._on_save_failed,
-            write=self.sharded.write if self.sharded is not None else None,
-            scratch=self.scratch,
-        )
+        self.dcp = ShardedState(self, self.scratch)
+        """The checkpoints (``torch.distributed.checkpoint``) and the periodic and final saves
+        of either parallelism (training/loop/saves/sharded.py)."""
+        self.sharded = self.dcp if cfg.run.parallelism == "fsdp2" else None
+        """A sharded model's emergency saves and restore; None: DDP's, which a node's replica
+        serves (``EmergencySave``, ``agree_on_resume``)."""
+        self.saver = BackgroundSaver(self.dcp.write, self._on_saved, self._on_save_failed)
         self._stalls: dict[int, float] = {}
         self.committed = DurableProgress()
         self.emergency = EmergencySave(
             env,
             local,
-            durable,
+            self.dcp.checkpoints,
             self.saver,
             self.committed,
             events,
@@ -144,28 +141,6 @@ class StatefulTrainer:
         collective: whoever holds it sees the state of a completed step."""
 
     # -- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        step = self.state.step
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "trainer": {
-                "step": step,
-                "epoch": self.sampler.epoch_of(step),
-                "consumed_samples": self.sampler.consumed_samples(step),
-            },
-            "run": dict(self.identity),
-            "settings": self.settings,
-            "rng": rng_state(self.device),
-        }
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        if (scaler := self.precision.state_dict()) is not None:
-            state["scaler"] = scaler
-        if self.extras:
-            state["extras"] = {name: extra.state_dict() for name, extra in self.extras.items()}
-        return state
-
     def small_state(self) -> dict[str, Any]:
         """What a restore puts back besides the parameters and the optimizer's moments: the
         optimizer's hyperparameters, the scheduler, the RNG streams and the buffers (e.g.
@@ -190,19 +165,6 @@ class StatefulTrainer:
         with torch.no_grad():
             for name, saved in state["buffers"].items():
                 buffers[name].copy_(saved)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._check_identity(state)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state.get("scaler"))  # the identity says it is there
-        for name, extra in self.extras.items():  # the task's options (its identity) made them
-            extra.load_state_dict(state["extras"][name])
-        self.state.step = int(state["trainer"]["step"])
-        set_rng_state(state["rng"], self.device)
-        self._apply_changed_settings(state)
 
     def _check_identity(self, state: dict[str, Any]) -> None:
         # A state written before a task option existed holds no value for it: it was trained
@@ -241,12 +203,8 @@ class StatefulTrainer:
 
     def _initialize_from(self, uri: str) -> None:
         """``--init-from``: another run's newest weights, this run's fresh optimizer, step 0;
-        a sharded model's on every rank together, each its own shards."""
-        if self.sharded is None:
-            step = run_changes.load_initial_weights(uri, self.model)
-        else:
-            scratch = self.sharded.checkpoints.scratch_dir()
-            step = run_changes.load_initial_shards(uri, self.model, scratch, self.checkpoint_group)
+        every rank together, each its own shards (a DDP replica: all of them)."""
+        step = run_changes.load_initial_shards(uri, self.model, self.scratch, self.checkpoint_group)
         if self.env.rank == 0:
             self.events.event("initialized", uri=uri, from_step=step)
             logger.info("initialized the model from %s, step %d", uri, step)
@@ -278,27 +236,28 @@ class StatefulTrainer:
     def _restore_whole(self) -> Resume:
         # A gloo checkpoint group carries CPU tensors, whatever the default backend.
         device = self.device if self.checkpoint_group is None else torch.device("cpu")
+        durable = DurableSource(self.dcp.checkpoints, lambda: self.dcp.state()[0], self.dcp.refuse)
         resume = agree_on_resume(
             self.env.rank,
             device,
             self.local,
-            self.durable,
+            durable,
             group=self.checkpoint_group,
-            scratch=self.scratch,
-            into=self.state_dict(),  # received in place: the state is held once
+            into=self.dcp.resolved(),  # received in place: the state is held once
         )
+        if resume.state is None and self.cfg.checkpoint.init_from:  # collectives: no lock
+            self._initialize_from(self.cfg.checkpoint.init_from)
         with self._state_lock:
             if resume.state is not None:
-                self.load_state_dict(resume.state)
-            elif self.cfg.checkpoint.init_from:
-                self._initialize_from(self.cfg.checkpoint.init_from)
+                self.dcp.apply(resume.state)
             self.restored = True
         if resume.source == "durable":
             self.committed.advance(resume.step)
-        elif resume.source == "local" and self.env.rank == 0:
+        elif resume.source == "local":
             # The step lives only on the nodes' disks: commit it now, in the background, so
-            # an eviction of every node before the next periodic save does not lose it.
-            self.saver.submit(resume.step, snapshot(self.state_dict()))
+            # an eviction of every node before the next periodic save does not lose it. Every
+            # rank writes its share: the same ``resume`` on each, so all submit together.
+            self.saver.submit(resume.step, self.dcp.snapshot())
         return resume
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -318,20 +277,9 @@ class StatefulTrainer:
         report_failure(self.events, step, error, in_a_row, self.committed.step, self.state.step)
 
     def maybe_save(self, last: list[float]) -> None:
-        """Rank 0 only: snapshot in the loop (the stall), write in the background (a sharded
-        model: every rank, ``ShardedState.maybe_save``)."""
-        if self.sharded is not None:
-            return self.sharded.maybe_save(last)
-        now = time.monotonic()
-        if self.env.rank != 0 or not self.policy.should_save(
-            self.state.step, int(last[0]), last[1], now
-        ):
-            return
-        started = time.perf_counter()
-        state = snapshot(self.state_dict())
-        self._stalls[self.state.step] = time.perf_counter() - started
-        if self.saver.submit(self.state.step, state):
-            last[0], last[1] = self.state.step, now
+        """Every rank: snapshot its share in the loop (the stall), write it in the background
+        (``ShardedState.maybe_save``)."""
+        self.dcp.maybe_save(last)
 
     def emergency_save(self, reason: str, stop: StopRequest | None = None) -> Outcome | None:
         """Save the last completed step before exiting: node-local, then durable when the node
@@ -347,7 +295,7 @@ class StatefulTrainer:
             return self.sharded.emergency_save(reason, stopping)
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
         return self.emergency.save(
-            self.state.step, lambda: cpu_state(self.state_dict()), reason, stopping
+            self.state.step, lambda: cpu_state(self.dcp.resolved()), reason, stopping
         )
 
     def stop_now(self, stop: StopRequest) -> None:

@@ -29,9 +29,13 @@ from tests.support.exactness import (
     run_spawned,
 )
 from tests.support.peer_failures import gloo_peer_closed
-from tests.support.trainer_harness import Harness, sigterm_during
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
-from training.checkpoints.storage import FileStore
+from tests.support.trainer_harness import (
+    Harness,
+    durable_head,
+    saved_checkpoint,
+    sigterm_during,
+    under,
+)
 from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
 from training.tasks import TASKS
 
@@ -60,7 +64,7 @@ def test_killed_everywhere_then_restored_from_the_durable_store_at_another_world
     expected = reference(references / f"{task}-plain", data[task], args)
     first = run_spawned(tmp_path, data[task], 2, args, kill_at=5)
     assert first == {}  # both ranks exited at step 5's boundary, without a word
-    head = CheckpointRepository(FileStore(tmp_path / "durable")).head()
+    head = durable_head(tmp_path / "durable")
     assert head is not None and head.step == 4
     second = run_spawned(tmp_path, data[task], 3, args)
     assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
@@ -136,12 +140,12 @@ def test_the_lr_scheduler_stopped_mid_warmup_resumes_where_it_was(
 
     _, code = run_here(tmp_path, data[task], args, before=sigterm_in_step_4)
     assert code == EXIT_RESTART
-    loaded = CheckpointRepository(FileStore(tmp_path / "durable")).load_latest()
-    assert loaded is not None and loaded.entry.step == 4
-    saved = deserialize(loaded.data)
-    assert saved["scheduler"]["last_epoch"] == 4
-    lrs = [group["lr"] for group in saved["optimizer"]["param_groups"]]
-    assert all(lr == pytest.approx(saved["scheduler"]["base_lrs"][0] * 5 / 8) for lr in lrs)
+    saved = saved_checkpoint(tmp_path / "durable")
+    assert saved["step"] == 4 and saved["trainer.scheduler.last_epoch"] == 4
+    groups = under(saved, "model.optimizer.param_groups.")
+    lrs = [lr for name, lr in groups.items() if name.endswith(".lr")]
+    base = saved["trainer.scheduler.base_lrs"][0]
+    assert lrs and all(lr == pytest.approx(base * 5 / 8) for lr in lrs)
     second = run_spawned(tmp_path, data[task], 2, args)
     (resumed,) = events(second[0][1], "resumed")
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 2)

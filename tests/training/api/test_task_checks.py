@@ -18,10 +18,8 @@ import torch.nn.functional as F
 
 from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.exactness import flags, make_data, run_here
-from tests.support.trainer_harness import harness, one_process_world
+from tests.support.trainer_harness import durable_head, harness, one_process_world
 from training.api import TaskContractError, TrainParts, TrainSpec
-from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.storage import FileStore
 from training.loop.trainer_state import EXIT_OK
 from training.tasks import TASKS
 
@@ -85,7 +83,7 @@ def test_state_kept_outside_the_checkpoint_is_refused_before_training(
 ) -> None:
     with pytest.raises(TaskContractError, match=f"keeps state outside the checkpoint.*{seen}"):
         run_here(tmp_path, data, flags("charlm", "--max-steps=3"), spec=variant())
-    assert CheckpointRepository(FileStore(tmp_path / "durable")).head() is None
+    assert durable_head(tmp_path / "durable") is None
 
 
 @pytest.mark.parametrize("variant", [hidden_scheduler, private_generator])

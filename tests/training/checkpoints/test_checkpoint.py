@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,6 +34,11 @@ def _state(step: int) -> bytes:
 
 def _repo(store: ObjectStore, keep: int = 3) -> CheckpointRepository:
     return CheckpointRepository(store, keep=keep)
+
+
+def _writes(repo: CheckpointRepository) -> Callable[[int, Any], Entry]:
+    """A saver's write that commits each snapshot to ``repo`` as one object."""
+    return lambda step, state: repo.commit(step, serialize(state))
 
 
 def test_commit_then_load_round_trips(object_store: ObjectStore) -> None:
@@ -200,11 +207,7 @@ def test_background_saver_skips_while_busy_and_commits(tmp_path) -> None:
             return super().put(name, data)
 
     saved: list[int] = []
-    saver = BackgroundSaver(
-        _repo(SlowStore(tmp_path)),
-        lambda entry, seconds: saved.append(entry.step),
-        scratch=tmp_path / ".scratch",
-    )
+    saver = BackgroundSaver(_writes(_repo(SlowStore(tmp_path))), lambda e, s: saved.append(e.step))
     assert saver.submit(1, {"w": torch.ones(1)})
     assert saver.busy and not saver.submit(2, {"w": torch.ones(1)})
     release.set()
@@ -316,7 +319,7 @@ def test_a_stalled_background_save_neither_blocks_nor_displaces_the_emergency_sa
             return super().list(prefix)
 
     repo = _repo(StallsBeforePublishing(tmp_path))
-    saver = BackgroundSaver(repo, lambda entry, seconds: None, scratch=tmp_path / ".scratch")
+    saver = BackgroundSaver(_writes(repo), lambda entry, seconds: None)
     saver.submit(4, {"w": torch.ones(1)})
     assert stalled.wait(10)
     emergency = threading.Thread(target=repo.commit, args=(8, _state(8)), name="emergency")
@@ -342,9 +345,7 @@ def test_background_saver_wait_is_bounded(tmp_path) -> None:
             release.wait(10)
             return super().put(name, data)
 
-    saver = BackgroundSaver(
-        _repo(Stalled(tmp_path)), lambda entry, seconds: None, scratch=tmp_path / ".scratch"
-    )
+    saver = BackgroundSaver(_writes(_repo(Stalled(tmp_path))), lambda entry, seconds: None)
     saver.submit(1, {"w": torch.ones(1)})
     assert saver.wait(0.2) is False and saver.busy
     release.set()

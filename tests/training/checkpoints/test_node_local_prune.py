@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.checkpoint import deserialize
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.node_prune import scratch_folder, sweep_scratch
+from training.checkpoints.serialization import load_mapped
+from training.checkpoints.sharded.repository import ShardedCheckpoints
+from training.checkpoints.sharded.writer import SaveOptions
 from training.checkpoints.storage import FileStore
 
 RUN = "run-1"
@@ -140,10 +143,11 @@ def test_the_save_the_agent_is_committing_is_never_pruned(tmp_path: Path) -> Non
     worker.save_state(7, _state(7))
     worker.wait_pruned()
     assert isinstance(payload.source, Path) and payload.source.exists()
-    durable = CheckpointRepository(FileStore(tmp_path / "durable"))
-    durable.commit(5, payload, prune=False, newer_only=True)
-    assert durable.newest_verified() is not None
-    assert durable.load_latest(parse=True).state["step"] == 5  # type: ignore[union-attr]
+    durable = ShardedCheckpoints(FileStore(tmp_path / "durable"), tmp_path / "scratch")
+    options = SaveOptions(prune=False, newer_only=True)
+    durable.save_alone(load_mapped(payload.source), 5, options)  # as the agent commits it
+    read = durable.read_whole("w")
+    assert read is not None and read[0].step == 5 and read[1]["w"].tolist() == [5.0] * 8
     # Once the agent is done (its process exits; here: close), the next save prunes it.
     agent.close()
     worker.save_state(8, _state(8))

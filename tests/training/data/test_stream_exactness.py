@@ -23,10 +23,8 @@ from tests.support.exactness import (
     run_here,
     run_spawned,
 )
-from tests.support.trainer_harness import Harness, sigterm_during
+from tests.support.trainer_harness import Harness, durable_head, sigterm_during
 from tests.training.data.stream_task import REFERENCE, write_points
-from training.checkpoints.checkpoint import CheckpointRepository
-from training.checkpoints.storage import FileStore
 from training.loop.config import ConfigError
 from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 
@@ -66,7 +64,7 @@ def test_killed_everywhere_then_resumed_at_another_world_size(
     assert first == {}  # both ranks exited at step 5's boundary, without a word
     # Step 4's periodic save is skipped when step 2's is still being written (one in flight,
     # training never waits): on a loaded machine the head may be step 2.
-    head = CheckpointRepository(FileStore(tmp_path / "durable")).head()
+    head = durable_head(tmp_path / "durable")
     assert head is not None and head.step in (2, 4)
     second = run_spawned(tmp_path, data, 3, [*ARGS, "--checkpoint-every-steps=2"])
     assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.elastic_cluster import final_parameters
 from tests.support.trainer_harness import TINY
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
-from training.checkpoints.storage import FileStore
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,9 +66,7 @@ def _train(data_dir: Path, root: Path, *flags: str) -> dict[str, torch.Tensor]:
     code = f"import sys\nfrom training.train import main\nsys.exit(main({args!r}))\n"
     result = _python(code)
     assert result.returncode == 0, result.stderr[-2000:]
-    loaded = CheckpointRepository(FileStore(root / "durable")).load_latest()
-    assert loaded is not None
-    return deserialize(loaded.data)["model"]
+    return final_parameters(root / "durable")
 
 
 @pytest.mark.usefixtures("processes")

@@ -78,7 +78,7 @@ def test_past_the_deadline_the_save_gives_up_keeps_the_local_copy_and_says_so(
         """Checkpoint uploads hang, as a Blob call to a store that stopped answering."""
 
         def put(self, name: str, data: bytes | Path) -> int:
-            if name.endswith(".pt"):
+            if name.endswith((".distcp", ".metadata")):
                 release.wait(60)
             return super().put(name, data)
 
@@ -108,12 +108,12 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
         need. The publish needs neither."""
 
         def get(self, name: str) -> bytes:
-            if name.endswith(".pt"):
+            if name.endswith((".distcp", ".metadata")):
                 raise OSError(f"get {name!r}: the store is too slow to read it back")
             return super().get(name)
 
         def list_modified(self, prefix: str = "") -> dict[str, float]:
-            if prefix == "ckpt-":  # every object with its age: what pruning lists
+            if prefix == "dcp-":  # every object with its age: what pruning lists
                 raise OSError("list: the store is too slow for pruning")
             return super().list_modified(prefix)
 
@@ -124,9 +124,7 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
     assert h.trainer.run(stop, Phases()) == EXIT_RESTART
     (save,) = h.events("emergency_save")
     assert (save["step"], save["durable"]) == (2, True)
-    assert FileStore(tmp_path / "durable").list("ckpt-manifest-") == [
-        "ckpt-manifest-0000000001.json"
-    ]
+    assert FileStore(tmp_path / "durable").list("dcp-manifest-") == ["dcp-manifest-0000000001.json"]
     assert h.durable.head().step == 2
 
 
@@ -202,8 +200,15 @@ def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
     sigterm.join(30)
     assert not sigterm.is_alive() and exits == [EXIT_RESTART]
     assert h.durable.head().step == 3, "the last completed step is not durable"
-    assert h.durable.load_latest().entry.step == 3
+    assert _verified_step(h) == 3
     assert {e["step"] for e in h.events("emergency_save")} == {3}
+
+
+def _verified_step(h: Harness) -> int:
+    """The step of the newest durable checkpoint whose every file verifies."""
+    read = h.durable.read_whole("model.model.")
+    assert read is not None
+    return read[0].step
 
 
 def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
@@ -217,7 +222,7 @@ def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _sigterm_thread(second, SimpleNamespace(at=None)).join(30)
     assert exits == [EXIT_RESTART]
-    assert second.durable.head().step == 5 and second.durable.load_latest().entry.step == 5
+    assert second.durable.head().step == 5 and _verified_step(second) == 5
 
 
 def test_a_resume_from_a_node_local_save_is_committed_durably_at_once(
@@ -238,7 +243,7 @@ def test_a_failing_periodic_save_is_reported_and_escalates(
         uploads = 0
 
         def put(self, name: str, data: bytes | Path) -> int:
-            if name.endswith(".pt"):
+            if name.endswith(".distcp"):
                 self.uploads += 1
                 if self.uploads > 1:
                     raise OSError(f"put {name!r}: Azure Blob error 503 (ServerBusy)")
@@ -363,10 +368,10 @@ def test_the_agents_commit_reads_the_manifests_once(
     assert commit_node_save(cfg, run_id, None) == 5
     assert first.durable.head().step == 5
     ops = [op for op, _ in counting.calls]
-    # the lineage; the manifest log (the listing, a look past its end, the head); the upload;
-    # the new manifest
-    assert ops == ["get", "list", "get", "get", "put", "put_new"], counting.calls
-    assert counting.calls[4][1].endswith(".pt") and ops.index("put") > ops.index("list")
+    # the lineage; the manifest log (the listing, a look past its end, the head); the upload
+    # (the node's file, then DCP's metadata); the new manifest
+    assert ops == ["get", "list", "get", "get", "put", "put", "put_new"], counting.calls
+    assert counting.calls[4][1].endswith(".distcp") and ops.index("put") > ops.index("list")
 
 
 def test_the_agents_commit_uploads_nothing_when_the_store_holds_that_step(

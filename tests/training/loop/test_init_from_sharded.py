@@ -1,6 +1,7 @@
 """``--init-from`` under ``--parallelism=fsdp2``: a sharded run at world size 3 (uneven shards:
-16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's single-file
-checkpoint and from a sharded run's checkpoint saved at world size 1 (resharded), float64.
+16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's checkpoint,
+from a sharded run's saved at world size 1 (resharded), and from an earlier version's single
+file, float64.
 The parameters its first step starts from are the source's weights, exactly; the optimizer is
 fresh, the step 0; and the run trains on from them."""
 
@@ -17,7 +18,7 @@ from tests.support.elastic_cluster import final_parameters
 from tests.support.exactness import flags, make_data, run_here
 from tests.support.trainer_harness import harness, one_process_world
 from tests.support.waiting import gloo_group
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
+from training.checkpoints.checkpoint import CheckpointRepository, deserialize, serialize
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.loop.config import ConfigError
@@ -63,7 +64,7 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
     assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == EXIT_OK
     sharded = [*ARGS, "--parallelism=fsdp2", "--max-steps=4"]  # saved at world size 1
     assert run_here(tmp_path / "fsdp2", data, sharded)[1] == EXIT_OK
-    ddp_weights = final_parameters(tmp_path / "ddp" / "durable")
+    ddp_weights = _weights(final_parameters(tmp_path / "ddp" / "durable"))
     read = ShardedCheckpoints(FileStore(tmp_path / "fsdp2" / "durable"), tmp_path / "s").read_whole(
         "model.model."
     )
@@ -96,14 +97,22 @@ def test_a_source_of_another_shape_is_one_line(tmp_path: Path, source: str) -> N
     assert "its model does not fit this task's" in message and "\n" not in message, message
 
 
+def _weights(parameters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's model parameters by the model's own names."""
+    prefix = "model.model."
+    return {k.removeprefix(prefix): v for k, v in parameters.items() if k.startswith(prefix)}
+
+
 @pytest.mark.usefixtures("training")
 def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    # An earlier version's checkpoints: one file each, the model under "model".
     data = make_data("charlm", tmp_path / "data")
-    made = [*ARGS, "--max-steps=4", "--checkpoint-every-steps=2"]
-    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
-    durable = tmp_path / "source" / "durable"
-    newest, before = CheckpointRepository(FileStore(durable)).entries()[:2]
-    assert (newest.step, before.step) == (4, 2)
+    assert run_here(tmp_path / "source", data, [*ARGS, "--max-steps=1"])[1] == EXIT_OK
+    weights = _weights(final_parameters(tmp_path / "source" / "durable"))
+    durable = tmp_path / "single"
+    files = CheckpointRepository(FileStore(durable))
+    before = files.commit(2, serialize({"model": {k: v / 2 for k, v in weights.items()}}))
+    newest = files.commit(4, serialize({"model": weights}))
     torn = durable / newest.name
     torn.write_bytes(torn.read_bytes()[:-100])
     expected = deserialize((durable / before.name).read_bytes())["model"]

@@ -111,23 +111,28 @@ def _with_single_file_checkpoint(root: Path) -> None:
     CheckpointRepository(FileStore(root)).commit(7, b"a single-file checkpoint")
 
 
-def test_a_sharded_run_refuses_a_store_of_single_file_checkpoints_naming_the_run(
-    charlm: list[str], tmp_path: Path
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_a_store_of_an_earlier_versions_single_file_checkpoints_is_refused_naming_the_run(
+    charlm: list[str], tmp_path: Path, parallelism: str
 ) -> None:
     _with_single_file_checkpoint(tmp_path / "durable")
     with pytest.raises(ConfigError) as refused:
-        load_inputs([*charlm, "--parallelism=fsdp2"], FIRST)
+        load_inputs([*charlm, f"--parallelism={parallelism}"], FIRST)
     message = str(refused.value)
-    assert "single-file checkpoints of run job" in message and "\n" not in message
-    assert "--parallelism=ddp" in message and "a new --checkpoint-uri" in message
+    assert "single-file checkpoints of run job" in message and "earlier version" in message
+    assert "a new --checkpoint-uri" in message and "--init-from" in message
+    assert "\n" not in message
 
 
-def test_a_ddp_run_refuses_a_store_of_sharded_checkpoints(argv: list[str], tmp_path: Path) -> None:
-    durable = tmp_path / "durable"
-    durable.mkdir()
-    (durable / "dcp-0000000004-0123abcd.metadata").write_bytes(b"sharded")
-    with pytest.raises(ConfigError, match="sharded checkpoints of run job.*--parallelism=fsdp2"):
-        load_inputs(argv, FIRST)
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_a_store_of_dcp_checkpoints_is_either_parallelisms(
+    charlm: list[str], tmp_path: Path, parallelism: str
+) -> None:
+    # Both keep torch.distributed.checkpoint checkpoints, resharded on load: one resumes the
+    # other's, and a store holding single files beside them is past its earlier version.
+    _with_single_file_checkpoint(tmp_path / "durable")
+    (tmp_path / "durable" / "dcp-0000000004-0123abcd.metadata").write_bytes(b"sharded")
+    load_inputs([*charlm, f"--parallelism={parallelism}"], FIRST)
 
 
 def test_a_sharded_run_may_init_from_a_single_file_checkpoint(
@@ -137,17 +142,10 @@ def test_a_sharded_run_may_init_from_a_single_file_checkpoint(
     load_inputs([*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"], FIRST)
 
 
-def test_a_ddp_run_refuses_to_init_from_sharded_checkpoints_before_any_collective(
-    charlm: list[str], tmp_path: Path
-) -> None:
+def test_a_ddp_run_may_init_from_sharded_checkpoints(charlm: list[str], tmp_path: Path) -> None:
     CheckpointRepository(FileStore(tmp_path / "other"), prefix="dcp").commit(4, b"sharded")
-    with pytest.raises(ConfigError) as refused:
-        load_inputs([*charlm, f"--init-from={tmp_path / 'other'}"], FIRST)
-    message = str(refused.value)
-    assert message.startswith(f"--init-from (or TRAIN_INIT_FROM) {tmp_path / 'other'}: holds ")
-    assert "sharded checkpoints" in message and "use --parallelism=fsdp2" in message
-    assert "\n" not in message
-    # A sharded run starts from it; with nothing there, it is refused all the same.
+    load_inputs([*charlm, f"--init-from={tmp_path / 'other'}"], FIRST)
+    # A sharded run too; with nothing there, either is refused.
     load_inputs([*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"], FIRST)
     (tmp_path / "empty").mkdir()
     argv = [*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'empty'}"]

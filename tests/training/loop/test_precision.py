@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.support.elastic_cluster import final_parameters, max_abs_difference
+from tests.support.elastic_cluster import PARAMETERS, final_parameters, max_abs_difference
 from tests.support.exactness import (
     flags,
     make_data,
@@ -26,9 +26,8 @@ from tests.support.exactness import (
     run_here,
 )
 from tests.support.peer_failures import gloo_peer_closed
-from tests.support.trainer_harness import Harness, sigterm_during
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
-from training.checkpoints.storage import FileStore
+from tests.support.trainer_harness import Harness, saved_checkpoint, sigterm_during, under
+from training.checkpoints.sharded.state import unpack
 from training.loop.config import ConfigError, parse_config
 from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 from training.tasks import TASKS
@@ -51,9 +50,11 @@ def data(tmp_path_factory: pytest.TempPathFactory, training: None) -> Path:
 
 
 def _saved(root: Path) -> dict:
-    loaded = CheckpointRepository(FileStore(root / "durable")).load_latest()
-    assert loaded is not None
-    return deserialize(loaded.data)
+    return saved_checkpoint(root / "durable")
+
+
+def _scaler(root: Path) -> dict:
+    return under(_saved(root), "trainer.extras.scaler.")
 
 
 def _sigterm_in_step_4(h: Harness, stop: SimpleNamespace) -> None:
@@ -72,13 +73,16 @@ def test_bf16_mixed_computes_in_bf16_and_keeps_float32_state(data: Path, tmp_pat
     assert code == EXIT_OK
     assert set(seen) == {torch.bfloat16}
     saved = _saved(tmp_path)
-    assert {v.dtype for v in saved["model"].values()} == {torch.float32}
-    moments = [s["exp_avg"] for s in saved["optimizer"]["state"].values()]
+    weights = under(saved, "model.model.")
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+    moments = [v for k, v in under(saved, "model.optimizer.state.").items() if k.endswith("avg")]
     assert moments and {m.dtype for m in moments} == {torch.float32}
-    assert "scaler" not in saved and saved["run"]["precision"] == "bf16-mixed"
+    assert not under(saved, "trainer.extras.scaler.")
+    assert unpack(saved["run"])["precision"] == "bf16-mixed"
     fp32, code = run_here(tmp_path / "fp32", data, _args("fp32", "--max-steps=2"))
     assert code == EXIT_OK
-    assert max_abs_difference(final_parameters(tmp_path / "fp32" / "durable"), saved["model"]) > 0
+    parameters = {k: v for k, v in saved.items() if k.startswith(PARAMETERS)}
+    assert max_abs_difference(final_parameters(tmp_path / "fp32" / "durable"), parameters) > 0
 
 
 @pytest.mark.parametrize("fault", ["peer_lost", "sigterm"])
@@ -116,11 +120,11 @@ def test_fp16_mixeds_scaler_is_saved_and_resumed(
     assert code == EXIT_RESTART
     # The scaler moved from its start (a grown tracker, or a scale halved by an overflow):
     # one not restored would start over at step 4.
-    assert _saved(tmp_path)["scaler"] != torch.amp.GradScaler("cpu").state_dict()
+    assert _scaler(tmp_path) != torch.amp.GradScaler("cpu").state_dict()
     _, code = run_here(tmp_path, data, args)
     assert code == EXIT_OK
     # The same scale and growth tracker at the end, and the same steps skipped on overflow.
-    assert _saved(tmp_path)["scaler"] == _saved(whole)["scaler"]
+    assert _scaler(tmp_path) == _scaler(whole)
     assert max_abs_difference(final_parameters(tmp_path / "durable"), expected) == 0.0
 
 

@@ -151,7 +151,7 @@ def test_off_cuda_no_event_is_recorded_and_the_save_holds_the_last_step(
     saved = deserialize(loaded.data)
     assert saved["trainer"]["step"] == 3
     for name, value in h.trainer.model.state_dict().items():
-        assert torch.equal(saved["model"][name], value), name
+        assert torch.equal(saved["model"]["model"][name], value), name
 
 
 def _copied_in_state_reads(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

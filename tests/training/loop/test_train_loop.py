@@ -29,7 +29,8 @@ from tests.support.trainer_harness import (
 )
 from tests.support.waiting import gloo_group
 from training import train
-from training.checkpoints.checkpoint import CheckpointRepository
+from training.checkpoints.sharded.repository import ShardedCheckpoints
+from training.checkpoints.sharded.state import pack, unpack
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.loop import inputs, metrics
@@ -100,7 +101,7 @@ def test_a_stalled_store_cannot_hold_up_the_node_local_save(
 
     class Stalled(FileStore):
         def put(self, name: str, data: bytes | Path) -> int:
-            if name.endswith(".pt"):
+            if name.endswith(".distcp"):
                 release.wait(30)
             return super().put(name, data)
 
@@ -113,7 +114,7 @@ def test_a_stalled_store_cannot_hold_up_the_node_local_save(
         return entry
 
     h.local.repository.commit = commit  # type: ignore[method-assign]
-    h.trainer.saver.submit(0, h.trainer.state_dict())  # a periodic save, stuck in the store
+    h.trainer.saver.submit(0, h.trainer.dcp.snapshot())  # a periodic save, stuck in the store
     saving = threading.Thread(target=h.trainer.emergency_save, args=("sigterm",))
     saving.start()
     try:
@@ -208,15 +209,15 @@ def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
     first = harness(tmp_path, data_dir, "--max-steps=1", "--model-blocks=2")
-    state = first.trainer.state_dict()
-    # As written before the settings were recorded apart: all of them in the identity.
-    state["run"] = {**state["run"], **state.pop("settings")["values"]}
-    del state["run"]["dropout"], state["run"]["model_blocks"]  # before these options existed
-    assert harness(tmp_path, data_dir, "--model-blocks=2").trainer.load_state_dict(state) is None
+    state = first.trainer.dcp.resolved()
+    run, settings = unpack(state["run"]), unpack(state["settings"])
+    del run["model_blocks"], settings["values"]["dropout"]  # before these options existed
+    state = {**state, "run": pack(run), "settings": pack(settings)}
+    assert harness(tmp_path, data_dir, "--model-blocks=2").trainer.dcp.apply(state) is None
     with pytest.raises(ConfigError, match="written with model_blocks=2; this run has model_bl"):
-        harness(tmp_path, data_dir, "--model-blocks=3").trainer.load_state_dict(state)
+        harness(tmp_path, data_dir, "--model-blocks=3").trainer.dcp.apply(state)
     h = harness(tmp_path, data_dir, "--model-blocks=2", "--dropout=0.5")
-    h.trainer.load_state_dict(state)
+    h.trainer.dcp.apply(state)
     (changed,) = h.events("settings_changed")
     assert changed["changed"] == {"dropout": {"old": 0.0, "new": 0.5}}
 
@@ -284,13 +285,13 @@ def test_a_run_never_reads_its_checkpoints_back_to_finish(
 def test_a_runs_checkpoints_reach_the_store_from_a_file_never_as_bytes_in_memory(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
-    # A periodic save and the final one are each serialized into a file on local disk, which
+    # A periodic save and the final one write each rank's part into a file on local disk, which
     # the store streams (or links): the state in memory plus its bytes would be twice it.
     class Puts(FileStore):
         puts: list[str] = []
 
         def put(self, name: str, data: bytes | Path) -> int:
-            if name.endswith(".pt"):
+            if name.endswith(".distcp"):
                 self.puts.append(type(data).__name__)
             return super().put(name, data)
 
@@ -308,13 +309,13 @@ def test_finish_commits_when_the_claimed_head_does_not_verify(
 ) -> None:
     _trained_to(tmp_path, data_dir, 3)
     store = FileStore(tmp_path / "durable")
-    head = CheckpointRepository(store).head()
+    head = ShardedCheckpoints(store, tmp_path / "scratch").head()
     assert head is not None and head.step == 3
     store.put(head.name, store.get(head.name)[:100])  # the object behind the claim is damaged
     h = harness(tmp_path, data_dir, "--max-steps=3")
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
-    loaded = h.durable.load_latest()
-    assert loaded is not None and loaded.entry.step == 3
+    read = h.durable.read_whole("model.model.")
+    assert read is not None and read[0].step == 3
 
 
 # --- Start-up errors: named, exit 2, before any collective --------------------------------------
@@ -438,7 +439,7 @@ class _SlowWrites(FileStore):
     """Rank 0's durable store: every checkpoint object takes longer than a collective may."""
 
     def put(self, name: str, data: bytes | Path) -> int:
-        if name.endswith(".pt"):
+        if name.endswith(".distcp"):
             time.sleep(2 * FROZEN_PEER_S)
         return super().put(name, data)
 
@@ -470,7 +471,7 @@ def test_the_final_save_may_take_longer_than_the_collective_timeout(
     results = mp.Manager().dict()
     mp.spawn(_finish_worker, args=(str(tmp_path), str(data_dir), results), nprocs=2, join=True)
     assert dict(results) == {0: EXIT_OK, 1: EXIT_OK}
-    head = CheckpointRepository(FileStore(tmp_path / "durable")).head()
+    head = ShardedCheckpoints(FileStore(tmp_path / "durable"), tmp_path / "scratch").head()
     assert head is not None and head.step == 2
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.exactness import run_here
+from tests.support.trainer_harness import saved_checkpoint
 from tests.training.tasks.user_package import REFERENCE, user_package_on_path, write_user_package
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize
-from training.checkpoints.storage import FileStore
+from training.checkpoints.sharded.state import unpack
 from training.loop.config import ConfigError, parse_config
 from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK
 from training.tasks import TASKS, is_task_reference
@@ -56,9 +56,8 @@ def test_a_task_from_the_users_own_package_trains_and_resumes(
         assert code == EXIT_OK
     (resumed,) = second.events("resumed")
     assert (resumed["source"], resumed["step"]) == ("durable", 30)
-    loaded = CheckpointRepository(FileStore(tmp_path / "durable")).load_latest()
-    assert loaded is not None and loaded.entry.step == 35
-    assert deserialize(loaded.data)["run"]["task"] == REFERENCE
+    saved = saved_checkpoint(tmp_path / "durable")
+    assert saved["step"] == 35 and unpack(saved["run"])["task"] == REFERENCE
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from training.checkpoints.node_prune import scratch_folder
 from training.checkpoints.serialization import load_mapped
 from training.checkpoints.sharded.reader import fetch_verified
 from training.checkpoints.sharded.repository import (
+    DoesNotFitState,
     ShardedCheckpoints,
     coordinator_decides,
 )
@@ -55,10 +56,8 @@ def load_sharded_source(
     wanted = {MODEL_KEY: {MODEL_KEY: weights}}
     try:
         entry = ShardedCheckpoints(store, scratch).load(wanted, group=group)
-    except CheckpointError as exc:
-        if "does not fit this state" not in str(exc):
-            raise
-        raise DoesNotFit(str(exc).split("does not fit this state: ", 1)[-1]) from None
+    except DoesNotFitState as exc:
+        raise DoesNotFit(exc.detail) from None
     if entry is not None:
         set_model_state_dict(model, weights)
     return entry

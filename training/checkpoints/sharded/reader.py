@@ -57,6 +57,9 @@ class StoreReader(FileSystemReader):
         super().__init__(cache)
         self.store, self.entry, self.cache, self.kept = store, entry, cache, kept
         self._files = {f.name: f for f in entry.files}
+        self.store_error: OSError | None = None
+        """The store's own failure (an outage, a denial), which says nothing of the checkpoint:
+        DCP reports it only as text."""
 
     def read_metadata(self) -> Metadata:  # type: ignore[override]
         """No ``rank`` keyword: DCP then never looks for per-rank metadata, which we never
@@ -66,6 +69,9 @@ class StoreReader(FileSystemReader):
             data = self.store.get(name)
         except FileNotFoundError as exc:
             raise self._failed(name, MISSING) from exc
+        except OSError as exc:
+            self.store_error = exc
+            raise
         if len(data) != self.entry.size or sha256(data) != self.entry.sha256:
             raise self._failed(name, f"fails its checksum ({len(data)} bytes)")
         metadata = decode(data, name)
@@ -85,7 +91,11 @@ class StoreReader(FileSystemReader):
         return plan
 
     def _fetch(self, listed: StoredFile) -> None:
-        problem = fetch(self.store, listed, self.cache / listed.name, self.kept)
+        try:
+            problem = fetch(self.store, listed, self.cache / listed.name, self.kept)
+        except OSError as exc:
+            self.store_error = exc
+            raise
         if problem is not None:
             raise self._failed(listed.name, problem)
 

@@ -155,6 +155,12 @@ class TrainerState(Stateful):
         set_rng_state(state_dict[RNG], self.device)
 
 
+def resolve(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` as plain values, each ``Stateful`` part by its ``state_dict`` (its tensors the
+    live ones): what DCP writes of it, and what a DDP restore sends."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+
+
 def training_state(model_state: ModelState, trainer: TrainerState) -> dict[str, Stateful]:
     """The state dict a sharded checkpoint saves and loads: ``dcp.save``/``dcp.load`` call
     each part's ``state_dict`` (and ``load_state_dict`` after a load)."""
@@ -199,3 +205,22 @@ class CoordinatorSavePlanner(DefaultSavePlanner):
         items = [i for i in plan.items if not i.index.fqn.startswith(COORDINATOR_ONLY)]
         self.plan = dataclasses.replace(plan, items=items)
         return self.plan
+
+
+def replicated_share(flat: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The items of a replicated state (DDP: every rank holds all of them; ``flat`` is DCP's
+    flattened form) that ``rank`` of ``world`` writes: each tensor to the rank that has the
+    fewest bytes so far, largest first, so the ranks write about equal parts; every other
+    value, and the coordinator's RNG streams, to rank 0. Every rank computes the same split
+    with no message, and together the shares are the whole state: a collective DCP save of
+    them holds each item once, and no rank copies more than its share to save it."""
+    load = [0] * world
+    owner: dict[str, int] = {}
+    tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+    for key in sorted(tensors, key=lambda k: (-tensors[k].nbytes, k)):
+        if key.startswith(COORDINATOR_ONLY):
+            owner[key] = 0
+            continue
+        owner[key] = min(range(world), key=lambda r: (load[r], r))
+        load[owner[key]] += tensors[key].nbytes
+    return {k: v for k, v in flat.items() if owner.get(k, 0) == rank}

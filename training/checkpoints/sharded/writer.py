@@ -37,7 +37,13 @@ from torch.futures import Future
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
 from training.checkpoints.deadline import Deadline
-from training.checkpoints.manifest import StoredFile, metadata_name, shard_name, sharded_id
+from training.checkpoints.manifest import (
+    LogRead,
+    StoredFile,
+    metadata_name,
+    shard_name,
+    sharded_id,
+)
 from training.checkpoints.serialization import HashingWriter, Payload, without_crc
 from training.checkpoints.sharded.metadata import encode
 
@@ -66,6 +72,11 @@ class SaveOptions:
     deadline: Deadline | None = None
     prune: bool = True
     newer_only: bool = False
+    alone: bool = False
+    """One process writes the whole checkpoint and commits it (DCP's ``no_dist``): a DDP
+    node's save of its replica, whose every rank holds the same state."""
+    log: LogRead | None = None
+    """The manifest log read before the upload, which the commit publishes on."""
 
 
 class StoreWriter(StorageWriter):
@@ -94,7 +105,7 @@ class StoreWriter(StorageWriter):
         self.checkpoint_id, self.entry, self._save_id = None, None, uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        if not kwargs.get("use_collectives", True):
+        if not kwargs.get("use_collectives", True) and not self.options.alone:
             raise CheckpointError("a sharded checkpoint is committed by its coordinator")
 
     def storage_meta(self) -> StorageMeta | None:
@@ -176,6 +187,7 @@ class StoreWriter(StorageWriter):
             deadline=self.options.deadline,
             prune=self.options.prune,
             newer_only=self.options.newer_only,
+            log=self.options.log,
             files=tuple(sorted(files.values(), key=lambda f: f.name)),
             name=metadata_name(self.checkpoint_id),
             since=self._grace_start(files),

@@ -11,8 +11,10 @@ so, and exits ``EXIT_NOT_DURABLE``.
 
 Either part happens once per step, whoever asks: a peer's loss may start a save that stays on
 the node, and this node's own SIGTERM, arriving during that save or after it, still makes it
-durable. The state is serialized once, straight into a file
-(``training/checkpoints/serialization.py``), and the durable upload streams that file; the
+durable. The state is serialized once, straight into a file on the node
+(``training/checkpoints/serialization.py``); the durable commit maps that file and writes it,
+item by item, as a ``torch.distributed.checkpoint`` checkpoint of this process alone
+(``ShardedCheckpoints.save_alone``): every rank of a DDP run holds the same state. The
 eviction's commit skips pruning and, like every commit, never reads its upload back
 (``training/checkpoints/checkpoint.py``).
 """
@@ -24,15 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
-from training.checkpoints.checkpoint import (
-    CheckpointError,
-    CheckpointRepository,
-    Payload,
-    StaleCheckpoint,
-    serialize,
-)
+from training.checkpoints.checkpoint import CheckpointError, Payload, StaleCheckpoint
 from training.checkpoints.deadline import (
     Deadline,
     DeadlineExceeded,
@@ -42,6 +39,10 @@ from training.checkpoints.deadline import (
     within,
 )
 from training.checkpoints.node_local import NONE, NodeLocalState, node_local_key
+from training.checkpoints.node_prune import SCRATCH
+from training.checkpoints.serialization import load_mapped
+from training.checkpoints.sharded.repository import ShardedCheckpoints
+from training.checkpoints.sharded.writer import SaveOptions
 from training.elastic.exit_codes import RETRY_ME
 from training.elastic.faults import sigterm_from_outside
 from training.loop.config import ConfigError, TrainConfig
@@ -90,7 +91,7 @@ class EmergencySave:
         self,
         env: DistEnv,
         local: NodeLocalState | None,
-        durable: CheckpointRepository,
+        durable: ShardedCheckpoints,
         saver: BackgroundSaver,
         committed: DurableProgress,
         events: EventLog,
@@ -210,9 +211,10 @@ class EmergencySave:
         payload = self._local[1] if self._local and self._local[0] == step else None
 
         def commit() -> None:
-            # No node-local copy: its disk failed, or there is none. Memory is what is left.
-            data = payload or Payload.of(serialize(state()))
-            self.durable.commit(step, data, deadline=deadline, prune=False)
+            # The node's save, mapped: read once, as it uploads. With none (its disk failed,
+            # or there is no node-local directory), the state in memory.
+            saved = load_mapped(payload.source) if payload is not None else state()
+            self.durable.save_alone(saved, step, SaveOptions(deadline=deadline, prune=False))
 
         try:
             persisting(deadline, commit, "durable emergency commit")
@@ -261,18 +263,19 @@ class EmergencySave:
 
 
 def commit_if_newer(
-    local: NodeLocalState, durable: CheckpointRepository, deadline: Deadline | None
+    local: NodeLocalState, durable: ShardedCheckpoints, deadline: Deadline | None
 ) -> int | None:
     """Commit this node's newest save durably when it is newer than the durable head; the
-    step committed, or None. Its bytes are verified and streamed from the node's file; the
-    durable manifests are read once, by the commit, before it uploads anything (on a slow
-    store every round trip counts against the eviction's deadline)."""
+    step committed, or None. Its bytes are verified, then it is mapped from the node's file
+    and written item by item as a DCP checkpoint; the head is read before anything is
+    uploaded (on a slow store every round trip counts against the eviction's deadline)."""
     newest = local.newest()
     if newest is None:
         return None
     step, payload = newest
+    options = SaveOptions(deadline=deadline, prune=False, newer_only=True)
     try:
-        durable.commit(step, payload, deadline=deadline, prune=False, newer_only=True)
+        durable.save_alone(load_mapped(payload.source), step, options)
     except StaleCheckpoint:
         return None
     return step
@@ -292,9 +295,11 @@ def commit_node_save(cfg: TrainConfig, run_id: str, stopped_at: float | None) ->
     )
 
     def commit() -> int | None:
-        durable, lineage = open_durable(cfg, retry_s=deadline.remaining(), read_head=False)
+        repository, lineage = open_durable(cfg, retry_s=deadline.remaining(), read_head=False)
         key = node_local_key(run_id, cfg.checkpoint.checkpoint_uri, lineage)
         local = NodeLocalState(cfg.checkpoint.local_dir, key)
+        scratch = Path(cfg.checkpoint.local_dir) / SCRATCH
+        durable = ShardedCheckpoints(repository.store, scratch, cfg.checkpoint.checkpoint_keep)
         what = "the agent's durable commit of the node's save"
         return retrying(deadline, lambda: commit_if_newer(local, durable, deadline), what)
 

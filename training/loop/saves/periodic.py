@@ -13,12 +13,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from training.checkpoints.checkpoint import CheckpointRepository, Entry, StaleCheckpoint
-from training.checkpoints.node_prune import scratch_folder
-from training.checkpoints.serialization import spool
+from training.checkpoints.checkpoint import Entry, StaleCheckpoint
 from training.loop.metrics import EventLog
 
 logger = logging.getLogger(__name__)
@@ -45,7 +42,7 @@ class SavePolicy:
 
 
 class BackgroundSaver:
-    """Serialises and commits snapshots on one background thread; the loop only copies.
+    """Writes and commits snapshots on one background thread; the loop only copies.
 
     A save that comes due while the previous one is still being written is skipped, not
     queued: the next one supersedes it and the loop never waits on storage.
@@ -53,20 +50,14 @@ class BackgroundSaver:
 
     def __init__(
         self,
-        repository: CheckpointRepository,
+        write: Callable[[int, Any], Entry | None],
         on_saved: Callable[[Entry, float], None],
         on_failed: Callable[[int, BaseException, int], None] | None = None,
-        write: Callable[[int, Any], Entry | None] | None = None,
-        *,
-        scratch: Path,
     ) -> None:
-        """``on_failed(step, error, failures_in_a_row)`` runs on the saver's thread. ``write``
-        commits a snapshot instead of ``repository`` (a sharded save: every rank writes, the
-        coordinator commits and gets the entry; ``on_saved`` runs where there is one).
-        ``scratch``: local disk the state is serialized into before its upload."""
-        self.repository = repository
-        self.scratch = scratch
-        self.write = write or self._commit
+        """``write(step, snapshot)`` commits a snapshot: every rank writes its part, the
+        coordinator commits and gets the entry (``on_saved`` runs where there is one).
+        ``on_failed(step, error, failures_in_a_row)`` runs on the saver's thread."""
+        self.write = write
         self.on_saved = on_saved
         self.on_failed = on_failed
         self._thread: threading.Thread | None = None
@@ -114,9 +105,6 @@ class BackgroundSaver:
         if entry is not None:
             self.on_saved(entry, time.monotonic() - started)
 
-    def _commit(self, step: int, state: dict[str, Any]) -> Entry:
-        return commit_from_disk(self.repository, step, state, self.scratch)
-
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the save in flight (if any) is done, or ``timeout_s`` has passed.
 
@@ -125,16 +113,6 @@ class BackgroundSaver:
         if self._thread is not None:
             self._thread.join(timeout_s)
         return not self.busy
-
-
-def commit_from_disk(
-    repository: CheckpointRepository, step: int, state: dict[str, Any], scratch: Path
-) -> Entry:
-    """Commit ``state`` serialized into a file on local disk, hashed as it is written, which
-    the store streams (Blob) or links (a directory): never the state's bytes in memory beside
-    the state."""
-    with scratch_folder(scratch, ".spool-") as folder:
-        return repository.commit(step, spool(state, folder / "state.pt"))
 
 
 def report_failure(

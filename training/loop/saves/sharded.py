@@ -1,8 +1,11 @@
-"""How a sharded run (``--parallelism=fsdp2``) keeps its state: each rank its own shards.
+"""How a run keeps its state in DCP checkpoints: each rank its own shards (``--parallelism=
+fsdp2``), or its share of a replicated DDP state.
 
-A checkpoint holds what the DDP path's does (the model, the optimizer, the step, the
-scheduler, the RNG streams, fp16's scaler, the run's identity and settings), through
-``torch.distributed.checkpoint`` on the durable store (training/checkpoints/sharded/):
+A checkpoint holds the model, the optimizer, the step, the scheduler, the RNG streams, fp16's
+scaler, the run's identity and settings, through ``torch.distributed.checkpoint`` on the
+durable store (training/checkpoints/sharded/). DDP uses the periodic and final saves below,
+each rank writing its share of the replica (``replicated_share``); its emergency save and its
+restore are a node's whole replica (``EmergencySave``, ``agree_on_resume``). A sharded run:
 
 - **periodic saves**: every rank writes its shards at the same steps, in the background, one
   save in flight; at a due step the ranks agree (one small all-reduce) that none is still
@@ -26,10 +29,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from training.checkpoints.checkpoint import CheckpointError, Entry
@@ -39,10 +44,18 @@ from training.checkpoints.resume import Resume
 from training.checkpoints.serialization import snapshot
 from training.checkpoints.sharded.parts import complete, drop_kept, part_set_id, save_part
 from training.checkpoints.sharded.repository import (
+    DoesNotFitState,
     ShardedCheckpoints,
     coordinator_decides,
 )
-from training.checkpoints.sharded.state import ModelState, TrainerState, pack, unpack
+from training.checkpoints.sharded.state import (
+    ModelState,
+    TrainerState,
+    pack,
+    replicated_share,
+    resolve,
+    unpack,
+)
 from training.checkpoints.storage import FileStore
 from training.elastic.faults import sigterm_from_outside
 from training.loop.saves.emergency import Outcome
@@ -65,7 +78,7 @@ class _Scaler(Stateful):
 
 
 class ShardedState:
-    """The state path of ``trainer`` when its model is sharded."""
+    """The state path of ``trainer``: its DCP checkpoints, and a sharded model's restore."""
 
     def __init__(self, trainer: Any, scratch: Path) -> None:
         """``trainer``: the ``StatefulTrainer`` (training/loop/trainer_state.py) that owns this
@@ -103,11 +116,45 @@ class ShardedState:
         }
         return state, progress
 
+    def resolved(self) -> dict[str, Any]:
+        """The state as plain values, its tensors the live ones (no copy): what DCP writes."""
+        return resolve(self.state()[0])
+
     def snapshot(self) -> dict[str, Any]:
-        """A CPU copy of every rank's part (its shards stay DTensors: DCP places them)."""
-        state, _ = self.state()
-        resolved = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-        return snapshot(resolved)
+        """A CPU copy of every rank's part (its shards stay DTensors: DCP places them). A
+        replicated (DDP) state is copied only in this rank's share of it: a save of every
+        rank's share holds the whole state once, and no rank copies all of it."""
+        resolved = self.resolved()
+        if self.t.cfg.run.parallelism == "fsdp2":
+            return snapshot(resolved)
+        flat, _ = flatten_state_dict(resolved)
+        return snapshot(replicated_share(flat, self.t.env.rank, self.t.env.world_size))
+
+    def apply(self, resolved: dict[str, Any]) -> None:
+        """Load a state given as plain values (``resolved``'s form: a DDP restore's, sent by its
+        holder) into the model, the optimizer and the trainer, once the identity matches."""
+        t = self.t
+        saved = {"run": unpack(resolved["run"]), "settings": unpack(resolved["settings"])}
+        t._check_identity(saved)
+        state, trainer_state = self.state()
+        for key, part in state.items():
+            if isinstance(part, Stateful):
+                part.load_state_dict(resolved[key])
+        t.state.step = trainer_state.step
+        t._apply_changed_settings(saved)
+
+    def refuse(self, step: int, error: CheckpointError) -> NoReturn:
+        """A checkpoint that verifies but does not fit this state (``DoesNotFitState``): the
+        settings that differ when its identity names them (ConfigError), else ``error``."""
+        entry = next((e for e in self.checkpoints.entries() if e.step == step), None)
+        try:
+            saved = self.checkpoints.read_entry(entry, "run", values=True) if entry else None
+        except (OSError, CheckpointError, CheckpointException) as exc:
+            logger.warning("cannot read the identity of the checkpoint of step %d: %s", step, exc)
+            saved = None
+        if saved is not None:
+            self.t._check_identity({"run": unpack(saved["run"])})
+        raise error
 
     def untrained(self) -> bool:
         """Whether no step was taken yet: the state is then the seed's, which a fresh start
@@ -128,7 +175,10 @@ class ShardedState:
         self.round_nonce, from_parts = coordinator_decides(self._complete_parts, group)
         state, trainer_state = self.state()
         fresh = not t.optimizer.state
-        entry = self.checkpoints.load(state, group=group)
+        try:
+            entry = self.checkpoints.load(state, group=group)
+        except DoesNotFitState as exc:
+            self.refuse(exc.entry.step, exc)
         if entry is None and t.cfg.checkpoint.init_from:  # collectives: outside the lock
             t._initialize_from(t.cfg.checkpoint.init_from)
         with t._state_lock:
@@ -252,7 +302,9 @@ class ShardedState:
         """The final step, saved by every rank unless it is durable already."""
         t, group = self.t, self.t.checkpoint_group
         t.saver.wait()
-        head = coordinator_decides(self.checkpoints.repository.head, group)
+        # The store, not this process's memory, says what is durable (by the objects' sizes:
+        # no download): another writer or a damaged object may have changed it.
+        head = coordinator_decides(self.checkpoints.repository.newest_intact, group)
         if (head is None or head.step < t.state.step) and not self.untrained():
             state, _ = self.state()
             self.checkpoints.save(state, t.state.step, group=group)
