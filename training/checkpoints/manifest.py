@@ -277,4 +277,4 @@ class Loaded:
     entry: Entry
     data: bytes
     state: dict[str, Any] | None = None
-    """The state in ``data``, when the reader parsed it (``load_latest(parse=True)``)."""
+    """The state in ``data``, when the reader parsed it (``NodeLocalState.load``)."""

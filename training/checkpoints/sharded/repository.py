@@ -264,10 +264,6 @@ class ShardedCheckpoints:
             logger.warning("checkpoint of step %d cannot be loaded: %s", entry.step, exc)
             return None
 
-    def scratch_dir(self) -> Path:
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        return self.scratch
-
 
 class _Failed(str):
     """What the coordinator could not read, sent in place of what it read."""
