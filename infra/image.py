@@ -67,25 +67,26 @@ def build_command(
     registry by a subscription-wide lookup that lags right after the registry is created
     (Azure/azure-cli #27913), and in ``az``'s default subscription, not the stack's.
     """
-    file_in_context = f"{context.rstrip('/')}/{dockerfile}"
+    # Both take --file as a path from the working directory, not from the context: azure-cli's
+    # acr build.py, "If docker_file_path is not specified, the default is Dockerfile in
+    # source_location. Otherwise, it's based on current working directory."
+    path = f"{context.rstrip('/')}/{dockerfile}"
+    file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(path)}"
     context = shlex.quote(context)
-    # az acr build takes the Dockerfile relative to the context, docker build relative to here.
-    acr_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(dockerfile)}"
-    docker_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(file_in_context)}"
     where = f"--resource-group {shlex.quote(resource_group)}"
     where += f" --subscription {shlex.quote(subscription_id)}"
     if builder == "acr":
         image = shlex.quote(f"{repository}:{tag}")
         return (
             f"az acr build --registry {shlex.quote(registry_name)} {where}"
-            f" --platform {PLATFORM} --image {image}{acr_file} {context}"
+            f" --platform {PLATFORM} --image {image}{file} {context}"
         )
     if builder == "docker":
         ref = shlex.quote(f"{login_server}/{repository}:{tag}")
         return (
             f"az acr login --name {shlex.quote(registry_name)} --subscription "
             f"{shlex.quote(subscription_id)}"
-            f" && docker build --platform {PLATFORM} --tag {ref}{docker_file} {context}"
+            f" && docker build --platform {PLATFORM} --tag {ref}{file} {context}"
             f" && docker push {ref}"
         )
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
