@@ -31,13 +31,13 @@ from workloads.manifests.job import (
     LOCAL_MOUNT,
     RUN_ID_LABEL,
     ElasticJobSpec,
-    blob_url,
     elastic_job_spec,
     elastic_policy,
     pytorchjob_manifest,
     rendezvous_id,
     training_args,
 )
+from workloads.manifests.run import blob_url
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SPOT_TOLERATION
 from workloads.manifests.watch import watch_commands
 
@@ -198,11 +198,12 @@ def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> N
 
 
 def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
-    """The id hashed every field of the spec; ``prefer_spot`` came later and is left out at its
-    default, so turning nothing on replaces no running job."""
+    """The id hashed every field of the spec; ``prefer_spot`` and trainArgs' fields came later
+    and are left out at their defaults, so turning nothing on replaces no running job."""
     spec = _job_spec()
     fields = dataclasses.asdict(spec)
-    del fields["prefer_spot"]
+    for added in ("prefer_spot", "program"):
+        del fields[added]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     assert rendezvous_id(spec) == f"spotlab-train-1-{digest}"
