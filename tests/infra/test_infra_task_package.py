@@ -236,5 +236,13 @@ def test_destroy_keeps_the_checkpoints_and_says_where(package: Path) -> None:
 def test_the_stack_files_override_the_training() -> None:
     dev = _container(run_program("dev"))["command"]
     a100 = _container(run_program("a100"))["command"]
-    assert dev[-2:] == ["--lr=0.1", "--warmup-steps=100"]
+    assert dev[-2:] == ["--lr=0.1", "--micro-batch-size=128"]
     assert a100[-2:] == ["--lr=0.2", "--micro-batch-size=128"]
+
+
+def test_a_refusal_in_one_run_is_not_the_next_runs_error(package: Path) -> None:
+    """The SDK keeps the Outputs that awaited a failed ``apply``; the harness forgets them."""
+    started = _run(package)
+    refused = _run(package, _recorded(started), trainArgs={**TRAIN_ARGS, "width": 64})
+    assert isinstance(refused.error, RunRefused)
+    assert _run(package).error is None

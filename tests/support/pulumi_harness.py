@@ -17,6 +17,7 @@ that prove two runs agree.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import os
@@ -528,6 +529,7 @@ def run_pulumi(
     except Exception as exc:  # noqa: BLE001 handed to the caller, raised below when check
         error = exc
     finally:
+        _drain()
         settings.set_root_resource(None)
     if error is not None and check:
         raise error
@@ -541,6 +543,17 @@ def run_pulumi(
         stack=stack,
         error=error,
     )
+
+
+def _drain() -> None:
+    """Forget what a failed run left behind: the SDK raises the first exception of an
+    ``apply`` and keeps the Outputs that await it in ``SETTINGS.outputs``, which ``set_mocks``
+    does not reset; the next run would await them and take their error for its own."""
+    loop = asyncio.get_event_loop()
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if pending:
+        _sync_await(asyncio.gather(*pending, return_exceptions=True))
+    settings.SETTINGS.outputs = set()
 
 
 def run_program(
