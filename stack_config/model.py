@@ -161,7 +161,7 @@ class TrainingRun:
     task, its state options, the seed, the global batch, the precision, the dtype)."""
     lineage: str = ""
     """Names the checkpoints' folder of this identity; "": the job's own folder (a built-in
-    task at its default shape, as before trainArgs existed)."""
+    task at its default shape, whose every run shares it)."""
     package_dir: str = ""
     """The task package as an absolute path on the deployer's machine ("": none)."""
 

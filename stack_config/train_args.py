@@ -186,7 +186,7 @@ def identity(cfg: LabConfig, source: TaskSource | None, values: Mapping[str, Any
 
 def is_default_shape(ident: Mapping[str, Any], source: TaskSource | None, builtin: bool) -> bool:
     """A built-in task with its state options, seed and dtype at their defaults: the shape of
-    every run before trainArgs existed, whose checkpoints are in the job's own folder."""
+    runs that share the job's own checkpoints folder (a stack's existing runs keep theirs)."""
     if not builtin or source is None or not source.readable:
         return False
     if any(ident.get(k) != LOOP_DEFAULTS[k] for k in IDENTITY_FLAGS):
@@ -211,11 +211,14 @@ def training_run(
 ) -> TrainingRun:
     """The flags, identity and lineage of the stack's run; ConfigError listing every problem.
 
-    ``source`` is None for a ``script`` (its arguments are its own, and it has no identity the
-    lab knows).
+    ``source`` is None for a ``script``: its arguments are its own, and all the lab knows of
+    what its checkpoints mean is which script writes them.
     """
     if cfg.job.script:
-        return TrainingRun(script_flags(cfg.job.train_args), {}, "", package_dir)
+        ident = {"script": cfg.job.script}
+        return TrainingRun(
+            script_flags(cfg.job.train_args), ident, lineage(ident, False), package_dir
+        )
     problems = shadowing_problems(cfg, source) if source else []
     values, arg_problems = loop_values(cfg, source)
     problems += arg_problems
@@ -240,8 +243,7 @@ def identity_problem(cfg: LabConfig, recorded: Mapping[str, Any]) -> str | None:
 
     ``recorded`` is what the run's record held when this ``runId`` started: ``runId``, and its
     ``identity`` and ``lineage``. Two runs in the job's own folder (the built-in tasks at their
-    default shape) are left to the workers, as before trainArgs: they refuse another run's
-    checkpoint with exit 2.
+    default shape) are left to the workers: they refuse another run's checkpoint with exit 2.
     """
     if str(recorded.get("runId")) != cfg.job.run_id:
         return None
@@ -259,6 +261,15 @@ def identity_problem(cfg: LabConfig, recorded: Mapping[str, Any]) -> str | None:
         for k in changed
     )
     run = cfg.job.run_id
+    if old.get("script") != new.get("script"):
+        programs = [
+            f"script {p}" if p else "the lab's training loop"
+            for p in (old.get("script"), new.get("script"))
+        ]
+        return (
+            f"{cfg.key('script')}: run {run} ran {programs[0]}, the stack now runs {programs[1]}; "
+            f"another program is another run: set {cfg.key('runId')} to a new value"
+        )
     return (
         f"{what}: that shapes what run {run}'s checkpoints hold, so run {run} cannot resume "
         f"with it; set {cfg.key('runId')} to a new value to start a new run (its checkpoints "

@@ -197,7 +197,13 @@ def test_a_script_takes_train_args_as_its_own_arguments(package: Path) -> None:
         package,
     )
     assert cfg.training.flags == ("--epochs=3", "--lr=0.1", "--use_amp")
-    assert cfg.training.identity == {} and cfg.training.lineage == ""
+    assert cfg.training.identity == {"script": "train_ddp.py"} and cfg.training.lineage
+    loop = _resolved({}, package)
+    problem = identity_problem(replace(cfg, job=replace(cfg.job, run_id="1")), _recorded(loop))
+    assert problem == (
+        "spot-lab:script: run 1 ran the lab's training loop, the stack now runs script "
+        "train_ddp.py; another program is another run: set spot-lab:runId to a new value"
+    )
     assert script_flags({"--x": "a b"}) == ("--x=a b",)
     (problem,) = _problems({"launcher": "torchrun", "script": "absent.py"}, package)
     assert problem == f"spot-lab:script absent.py: no such file in spot-lab:taskPackage {package}"
