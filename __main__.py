@@ -17,11 +17,12 @@ import stack_config
 from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
-from infra.image import TrainingImage, TrainingImageArgs
+from infra.image import TaskImage, TaskImageArgs, TrainingImage, TrainingImageArgs
 from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
 from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
 from infra.storage import LabStorage, LabStorageArgs
+from stack_config.task_package import resolve
 from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 
 PROJECT_DIR = Path(__file__).resolve().parent
@@ -49,6 +50,10 @@ def read_config() -> stack_config.LabConfig:
     location = pulumi.Config("azure-native").get("location")
     cfg = stack_config.load(raw, project, pulumi.get_stack(), location)
     stack_config.validate(cfg)
+    # The task package and the task, read from disk (never run), with trainArgs.
+    cfg, warnings = resolve(cfg, PROJECT_DIR)
+    for warning in warnings:
+        pulumi.log.warn(warning)
     return cfg
 
 
@@ -65,9 +70,16 @@ class AzureLab:
     image: TrainingImage
     stager_image: TrainingImage
     """The data-staging Job's image: no CUDA, built from the same tree."""
+    task_image: TaskImage | None
+    """The training image plus the user's ``taskPackage``, when the stack names one."""
     deployer: DeployerSignIn
     deployer_type: pulumi.Output[str]
     """``User`` or ``ServicePrincipal``: what the deployer's object id is."""
+
+    @property
+    def worker_image(self) -> TrainingImage | TaskImage:
+        """The image the training job runs."""
+        return self.task_image or self.image
 
 
 def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> AzureLab:
@@ -75,7 +87,10 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
     names = lab_names(cfg)
     tags = {"project": cfg.project, "stack": cfg.stack}
     resource_group = LabResourceGroup(
-        "lab", LabResourceGroupArgs(names.resource_group, cfg.location, tags)
+        "lab",
+        LabResourceGroupArgs(
+            names.resource_group, cfg.location, tags, retain_on_delete=cfg.retain_checkpoints
+        ),
     )
     deployer_type = resource_group.deployer_client_id.apply(deployer.principal_type)
     cluster = AksCluster(
@@ -157,6 +172,22 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
             ("stager", names.stager_image_repository, "Dockerfile.stager"),
         )
     )
+    task_image = None
+    if cfg.training.package_dir:
+        task_image = TaskImage(
+            "task-image",
+            TaskImageArgs(
+                base=image,
+                registry_name=registry.name,
+                login_server=registry.login_server,
+                resource_group=resource_group.name,
+                subscription_id=resource_group.subscription_id,
+                project_dir=PROJECT_DIR,
+                package_dir=Path(cfg.training.package_dir),
+                repository=names.task_image_repository,
+                builder=cfg.image_builder,
+            ),
+        )
     return AzureLab(
         resource_group,
         cluster,
@@ -166,6 +197,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
         stager_identity,
         image,
         stager_image,
+        task_image,
         deployer,
         deployer_type,
     )
@@ -192,6 +224,7 @@ def deploy_stores(
             resource_group.deployer_object_id,
             deployer_type,
             tags,
+            retain_on_delete=cfg.retain_checkpoints,
         ),
     )
     registry = LabRegistry(
@@ -216,8 +249,9 @@ def export_azure(azure: AzureLab) -> None:
     pulumi.export("dataContainer", azure.storage.data_container)
     pulumi.export("checkpointsContainer", azure.storage.checkpoints_container)
     pulumi.export("blobEndpoint", azure.storage.blob_endpoint)
-    pulumi.export("image", azure.image.image_ref)
-    pulumi.export("imageTag", azure.image.tag)
+    pulumi.export("image", azure.worker_image.image_ref)
+    pulumi.export("imageTag", azure.worker_image.tag)
+    pulumi.export("trainingImage", azure.image.image_ref)
     pulumi.export("stagerImage", azure.stager_image.image_ref)
     pulumi.export("trainingClientId", azure.training_identity.client_id)
     pulumi.export("stagerClientId", azure.stager_identity.client_id)
@@ -258,7 +292,7 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
         LabWorkloadsArgs(
             config=cfg,
             kubeconfig=cluster.kubeconfig,
-            image=azure.image.image_ref,
+            image=azure.worker_image.image_ref,
             stager_image=azure.stager_image.image_ref,
             storage_account=storage.account_name,
             storage_resource_group=storage.resource_group_name,
@@ -277,6 +311,34 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
     pulumi.export("jobName", workloads.job_name)
     pulumi.export("rdzvId", workloads.rdzv_id)
     pulumi.export("watchCommands", workloads.watch_commands)
+    pulumi.export("checkpointUri", workloads.checkpoint_uri)
+    prefix = cfg.data.prefix.strip("/")
+    pulumi.export(
+        "dataUri",
+        pulumi.Output.all(storage.blob_endpoint, storage.data_container).apply(
+            lambda v: "/".join(p for p in (v[0].rstrip("/"), v[1], prefix) if p)
+        ),
+    )
+    if cfg.retain_checkpoints:
+        # `pulumi destroy` runs no program, but shows the outputs it removes: this one says
+        # what stays in Azure and how to take the weights out and delete it.
+        pulumi.export(
+            "keptOnDestroy",
+            pulumi.Output.all(
+                azure.resource_group.name, storage.account_name, workloads.checkpoint_uri
+            ).apply(lambda v: kept_on_destroy(*v)),
+        )
+
+
+def kept_on_destroy(resource_group: str, account: str, checkpoint_uri: str) -> str:
+    """What ``pulumi destroy`` leaves in Azure with ``retainCheckpoints``, and what to do."""
+    return (
+        f"pulumi destroy keeps resource group {resource_group} with storage account {account} "
+        f"and the checkpoints at {checkpoint_uri}. Export the weights: python -m lab export "
+        f"--checkpoint-uri {checkpoint_uri} --out model.pt. Delete them: az group delete "
+        f"--name {resource_group} --yes (a new pulumi up of this stack needs them gone: it "
+        "does not create over an existing resource)"
+    )
 
 
 def main() -> None:

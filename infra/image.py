@@ -8,6 +8,12 @@ plus the Dockerfile being built), so changing anything an image sees builds a ne
 rolls its users onto it, while caches and other ignored files change nothing. By default the
 build runs in the registry (ACR Tasks via ``az acr build``), so no local Docker daemon is
 needed.
+
+A third, the task image (``TaskImage``), is the training image plus the user's task package
+(``taskPackage``) on its import path and the package's ``requirements.txt``
+(``infra/task_image.Dockerfile``). Its context is the package, as its own ``.dockerignore``
+leaves it; its tag hashes the training image's tag, that Dockerfile and those files, so a change
+to the user's code, or to the lab's, is a new image and a new job, and nothing else is.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_command as command
@@ -23,6 +30,10 @@ import pulumi_command as command
 from infra.build_context import DOCKERFILE, context_files
 
 TAG_LENGTH = 16
+TASK_DOCKERFILE = "infra/task_image.Dockerfile"
+"""The task image's Dockerfile, from the project directory (outside the package's context)."""
+PACKAGE_ENV = "TASK_PACKAGE_DIR"
+"""The build command's variable holding the package's path on the deployer's machine."""
 
 
 def tree_digest(root: Path, dockerfile: str = DOCKERFILE) -> str:
@@ -43,6 +54,16 @@ def image_tag(root: Path, dockerfile: str = DOCKERFILE) -> str:
     return tree_digest(root, dockerfile)[:TAG_LENGTH]
 
 
+def task_image_tag(base_tag: str, package: Path, dockerfile: Path) -> str:
+    """The task image's tag: its base (the training image's tag), its Dockerfile, and every
+    file of the package its build receives (none of the package's own Dockerfiles count)."""
+    digest = hashlib.sha256()
+    for part in (base_tag.encode(), dockerfile.read_bytes(), tree_digest(package, "").encode()):
+        digest.update(f"{len(part)}\0".encode())
+        digest.update(part)
+    return digest.hexdigest()[:TAG_LENGTH]
+
+
 # AKS's GPU nodes are x86-64: a build on an ARM laptop must not default to arm64, which fails
 # on the node with "exec format error".
 PLATFORM = "linux/amd64"
@@ -59,33 +80,42 @@ def build_command(
     tag: str,
     context: str,
     dockerfile: str = DOCKERFILE,
+    outside: bool = False,
+    build_args: dict[str, str] | None = None,
 ) -> str:
     """The shell command that builds ``context`` (a directory) with ``dockerfile`` (relative to
     it) and pushes ``repository:tag``.
 
+    ``outside``: ``dockerfile`` is a path from the working directory, outside the context (both
+    builders take one), and ``context`` names an environment variable that holds the context's
+    path, expanded by the shell (the path is the deployer's, kept out of the command).
     ``az`` is told the registry's resource group and subscription: without them it finds the
     registry by a subscription-wide lookup that lags right after the registry is created
     (Azure/azure-cli #27913), and in ``az``'s default subscription, not the stack's.
     """
-    file_in_context = f"{context.rstrip('/')}/{dockerfile}"
-    context = shlex.quote(context)
-    # az acr build takes the Dockerfile relative to the context, docker build relative to here.
-    acr_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(dockerfile)}"
-    docker_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(file_in_context)}"
+    # Both take --file as a path from the working directory, not from the context: azure-cli's
+    # acr build.py, "If docker_file_path is not specified, the default is Dockerfile in
+    # source_location. Otherwise, it's based on current working directory."
+    path = dockerfile if outside else f"{context.rstrip('/')}/{dockerfile}"
+    file = "" if dockerfile == DOCKERFILE and not outside else f" --file {shlex.quote(path)}"
+    context = f'"${{{context}}}"' if outside else shlex.quote(context)
+    args = "".join(
+        f" --build-arg {shlex.quote(f'{k}={v}')}" for k, v in sorted((build_args or {}).items())
+    )
     where = f"--resource-group {shlex.quote(resource_group)}"
     where += f" --subscription {shlex.quote(subscription_id)}"
     if builder == "acr":
         image = shlex.quote(f"{repository}:{tag}")
         return (
             f"az acr build --registry {shlex.quote(registry_name)} {where}"
-            f" --platform {PLATFORM} --image {image}{acr_file} {context}"
+            f" --platform {PLATFORM} --image {image}{file}{args} {context}"
         )
     if builder == "docker":
         ref = shlex.quote(f"{login_server}/{repository}:{tag}")
         return (
             f"az acr login --name {shlex.quote(registry_name)} --subscription "
             f"{shlex.quote(subscription_id)}"
-            f" && docker build --platform {PLATFORM} --tag {ref}{docker_file} {context}"
+            f" && docker build --platform {PLATFORM} --tag {ref}{file}{args} {context}"
             f" && docker push {ref}"
         )
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
@@ -132,35 +162,100 @@ class TrainingImage(pulumi.ComponentResource):
                 f"no {args.dockerfile} in the image build context {context_dir}"
             )
         tag = image_tag(context_dir, args.dockerfile)
-        create = pulumi.Output.all(
-            args.registry_name, args.login_server, args.resource_group, args.subscription_id
-        ).apply(
-            lambda reg: build_command(
-                args.builder,
-                registry_name=reg[0],
-                login_server=reg[1],
-                resource_group=reg[2],
-                subscription_id=reg[3],
-                repository=args.repository,
-                tag=tag,
-                context=args.context,
-                dockerfile=args.dockerfile,
-            )
-        )
-        build = command.local.Command(
-            f"{name}-build",
-            create=create,
-            # No `dir`: an absolute path of this machine would be an input, so the same stack
-            # run from a checkout elsewhere would rebuild. Unset, pulumi-command runs in its
-            # working directory (local command runner: `cmd.Dir, err = os.Getwd()`), which the
-            # engine sets to the project directory, where the relative context resolves.
-            # A new tag (changed tree) replaces the command, which runs the build again.
-            triggers=[tag],
-            opts=pulumi.ResourceOptions(parent=self),
-        )
         self.tag = tag
-        # Derived from the build's stdout, so nothing can use the ref before the push is done.
-        self.image_ref = pulumi.Output.all(build.stdout, args.login_server).apply(
-            lambda out: f"{out[1]}/{args.repository}:{tag}"
+        self.image_ref = pushed_image(
+            self, name, args, tag, context=args.context, dockerfile=args.dockerfile
         )
         self.register_outputs({"tag": self.tag, "image_ref": self.image_ref})
+
+
+@dataclass
+class TaskImageArgs:
+    """Inputs of ``TaskImage``."""
+
+    base: TrainingImage
+    """The training image the task image adds the package to (built first)."""
+    registry_name: pulumi.Input[str]
+    login_server: pulumi.Input[str]
+    resource_group: pulumi.Input[str]
+    subscription_id: pulumi.Input[str]
+    project_dir: Path
+    """The project root: ``TASK_DOCKERFILE`` is read from there."""
+    package_dir: Path
+    """The task package on the deployer's machine: the build context."""
+    repository: str
+    builder: str = "acr"
+
+
+class TaskImage(pulumi.ComponentResource):
+    """The training image plus the user's package, built when either changes."""
+
+    tag: str
+    image_ref: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: TaskImageArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:image:TaskImage", name, None, opts)
+        tag = task_image_tag(args.base.tag, args.package_dir, args.project_dir / TASK_DOCKERFILE)
+        self.tag = tag
+        self.image_ref = pushed_image(
+            self,
+            name,
+            args,
+            tag,
+            context=PACKAGE_ENV,
+            dockerfile=TASK_DOCKERFILE,
+            outside=True,
+            # By the base's content tag, which the training image's build just pushed.
+            build_args={"BASE_IMAGE": args.base.image_ref},
+            # The package's path is the deployer's: in the environment, so that the command
+            # itself is the same on every machine.
+            environment={PACKAGE_ENV: str(args.package_dir)},
+        )
+        self.register_outputs({"tag": self.tag, "image_ref": self.image_ref})
+
+
+def pushed_image(
+    parent: pulumi.Resource,
+    name: str,
+    args: TrainingImageArgs | TaskImageArgs,
+    tag: str,
+    *,
+    build_args: dict[str, pulumi.Input[str]] | None = None,
+    environment: dict[str, str] | None = None,
+    **build: Any,
+) -> pulumi.Output[str]:
+    """Run ``build_command`` once per tag (a ``Command`` child of ``parent``); the image's
+    reference, derived from the build's stdout so that nothing uses it before the push."""
+    args_out = pulumi.Output.all(**(build_args or {}))
+    create = pulumi.Output.all(
+        args.registry_name, args.login_server, args.resource_group, args.subscription_id, args_out
+    ).apply(
+        lambda reg: build_command(
+            args.builder,
+            registry_name=reg[0],
+            login_server=reg[1],
+            resource_group=reg[2],
+            subscription_id=reg[3],
+            repository=args.repository,
+            tag=tag,
+            build_args=reg[4] or None,
+            **build,
+        )
+    )
+    built = command.local.Command(
+        f"{name}-build",
+        create=create,
+        # No `dir`: an absolute path of this machine would be an input, so the same stack
+        # run from a checkout elsewhere would rebuild. Unset, pulumi-command runs in its
+        # working directory (local command runner: `cmd.Dir, err = os.Getwd()`), which the
+        # engine sets to the project directory, where the relative context resolves.
+        # A new tag (changed tree) replaces the command, which runs the build again.
+        environment=environment,
+        triggers=[tag],
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return pulumi.Output.all(built.stdout, args.login_server).apply(
+        lambda out: f"{out[1]}/{args.repository}:{tag}"
+    )

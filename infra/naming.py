@@ -47,6 +47,8 @@ class LabNames:
     """Repository of the training image inside the registry."""
     stager_image_repository: str = "spot-lab-stager"
     """Repository of the data-staging Job's image inside the registry."""
+    task_image_repository: str = "spot-lab-task"
+    """Repository of the task image (the training image plus the user's task package)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ class LabResourceGroupArgs:
     """Azure region of the resource group (and of the lab)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
+    retain_on_delete: bool = False
+    """Keep the group on ``pulumi destroy`` (``retainCheckpoints``): deleting a resource group
+    deletes everything in it, the storage account kept for its checkpoints too."""
 
 
 class LabResourceGroup(pulumi.ComponentResource):
@@ -51,6 +54,8 @@ class LabResourceGroup(pulumi.ComponentResource):
                 # It was the top-level "lab" before this component existed: without the
                 # alias, an existing stack would replace the group and everything in it.
                 aliases=[pulumi.Alias(name="lab", parent=pulumi.ROOT_STACK_RESOURCE)],
+                # pulumi-azure-native deletes a group with whatever it holds (its issue #2522).
+                retain_on_delete=args.retain_on_delete,
             ),
         )
         client = azure_native.authorization.get_client_config_output(

@@ -30,6 +30,7 @@ def assign_role(
     scope: pulumi.Input[str],
     parent: pulumi.Resource,
     principal_type: pulumi.Input[str] = "ServicePrincipal",
+    retain_on_delete: bool = False,
 ) -> azure_native.authorization.RoleAssignment:
     """Grant ``role`` on ``scope`` to a managed identity, or to whoever runs ``pulumi up``
     (``principal_type`` "User" or "ServicePrincipal": ARM refuses a type that does not match,
@@ -44,5 +45,5 @@ def assign_role(
             lambda scope_id: role_definition_id(scope_id, role)
         ),
         scope=scope,
-        opts=pulumi.ResourceOptions(parent=parent),
+        opts=pulumi.ResourceOptions(parent=parent, retain_on_delete=retain_on_delete),
     )

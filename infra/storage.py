@@ -5,8 +5,13 @@ misused, and every reader and writer authenticates as an identity with a role on
 The workers (their own workload identity, ``__main__.py``) read ``data`` through the read-only
 Blob CSI volume, which mounts with their own token (``workloads/manifests/volume.py``), and
 write ``checkpoints`` through the Blob API; the staging Job writes ``data``; the deploying user
-may write ``data`` too (``az storage blob upload-batch --auth-mode login``). No node-wide
-identity (the kubelet's, whose token any pod on a node can get) has a role here.
+may write ``data`` too (``az storage blob upload-batch --auth-mode login``) and read
+``checkpoints`` (``python -m lab export``). No node-wide identity (the kubelet's, whose token
+any pod on a node can get) has a role here.
+
+With ``retain_on_delete`` (``retainCheckpoints``, the default) ``pulumi destroy`` leaves the
+account, its ``checkpoints`` container and the deployer's read role on it in Azure, out of the
+stack (Pulumi's ``retainOnDelete``); the ``data`` container goes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure_native
 
-from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, assign_role
+from infra.roles import STORAGE_BLOB_DATA_CONTRIBUTOR, STORAGE_BLOB_DATA_READER, assign_role
 
 DATA_CONTAINER = "data"
 CHECKPOINTS_CONTAINER = "checkpoints"
@@ -64,6 +69,8 @@ class LabStorageArgs:
     """``User`` or ``ServicePrincipal``: what ``uploader_id`` is."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
+    retain_on_delete: bool = False
+    """Keep the account and its checkpoints on ``pulumi destroy`` (``retainCheckpoints``)."""
 
 
 class LabStorage(pulumi.ComponentResource):
@@ -86,11 +93,12 @@ class LabStorage(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-lab:storage:LabStorage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_delete)
         account = azure_native.storage.StorageAccount(
             f"{name}-account",
             resource_group_name=args.resource_group_name,
             **storage_account_spec(args.account_name, args.location, args.tags),
-            opts=child,
+            opts=kept,
         )
         containers = {
             container: azure_native.storage.BlobContainer(
@@ -99,7 +107,7 @@ class LabStorage(pulumi.ComponentResource):
                 resource_group_name=args.resource_group_name,
                 container_name=container,
                 public_access="None",
-                opts=child,
+                opts=kept if container == CHECKPOINTS_CONTAINER else child,
             )
             for container in (DATA_CONTAINER, CHECKPOINTS_CONTAINER)
         }
@@ -110,6 +118,17 @@ class LabStorage(pulumi.ComponentResource):
             scope=containers[DATA_CONTAINER].id,
             parent=self,
             principal_type=args.uploader_type,
+        )
+        # The weights are the deployer's to take out (`lab export`), also after a destroy that
+        # kept them: the role stays with the container.
+        assign_role(
+            f"{name}-deployer-checkpoints-reader",
+            principal_id=args.uploader_id,
+            role=STORAGE_BLOB_DATA_READER,
+            scope=containers[CHECKPOINTS_CONTAINER].id,
+            parent=self,
+            principal_type=args.uploader_type,
+            retain_on_delete=args.retain_on_delete,
         )
         self.account_name = account.name
         self.account_id = account.id

@@ -7,7 +7,9 @@ rule before a single resource is registered. Both are pure: no pulumi import, no
 - ``model``: the dataclasses;
 - ``keys``: every config key and the field it fills;
 - ``parse``: raw strings into a ``LabConfig``;
-- ``validate``: the rules (``fallback``: the on-demand fallback's).
+- ``validate``: the rules (``fallback``: the on-demand fallback's);
+- ``task_package``: the user's package and task, read from disk (``task_source``) and resolved
+  with ``trainArgs`` (``train_args``) into what the workers run.
 """
 
 from stack_config.keys import KEYS, SETTINGS, Setting
@@ -23,6 +25,7 @@ from stack_config.model import (
     GpuPoolConfig,
     JobConfig,
     LabConfig,
+    TrainingRun,
 )
 from stack_config.parse import config_values, load
 from stack_config.validate import validate
@@ -42,6 +45,7 @@ __all__ = [
     "JobConfig",
     "LabConfig",
     "Setting",
+    "TrainingRun",
     "config_values",
     "load",
     "validate",

@@ -16,6 +16,7 @@ import yaml
 
 from stack_config.model import ConfigError, LabConfig
 from stack_config.parse import load
+from stack_config.task_package import resolve
 from stack_config.validate import validate
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -94,6 +95,8 @@ class StackSettings:
     """``azure-native:subscriptionId`` of the stack file, when set."""
     provider: dict[str, str]
     """The stack's ``azure-native:*`` values, without the namespace."""
+    warnings: tuple[str, ...] = ()
+    """What ``pulumi up`` would warn about the task package (``task_package.resolve``)."""
 
 
 def load_stack(stack: str, project_dir: Path = PROJECT_DIR) -> StackSettings:
@@ -109,4 +112,5 @@ def load_stack(stack: str, project_dir: Path = PROJECT_DIR) -> StackSettings:
     }
     cfg = load(raw, project, stack.split("/")[-1], provider.get("location"))
     validate(cfg)
-    return StackSettings(cfg, provider.get("subscriptionId") or None, provider)
+    cfg, warnings = resolve(cfg, project_dir)
+    return StackSettings(cfg, provider.get("subscriptionId") or None, provider, tuple(warnings))

@@ -18,7 +18,8 @@ class Setting:
     path: str
     """Dotted path of the field: ``gpu_pool.max_nodes``, ``job.rendezvous.join_timeout_s``."""
     kind: type
-    """``str`` or ``int``; spot price and Kubernetes version are strings, parsed here."""
+    """``str``, ``int``, ``bool`` or ``dict`` (a Pulumi object, JSON); spot price and Kubernetes
+    version are strings, parsed here."""
     optional: bool = False
     """An empty value means "not set" (None); Pulumi.yaml then declares it a string."""
 
@@ -65,6 +66,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdzvKeepAliveMaxAttempt", "job.rendezvous.keep_alive_max_attempt", int),
     # Optional: unset, it follows the on-demand fallback (stack_config/fallback.py).
     Setting("rdzvJoinTimeout", "job.rendezvous.join_timeout_s", int, optional=True),
+    Setting("taskPackage", "task_package", str),
+    Setting("trainArgs", "job.train_args", dict),
+    Setting("launcher", "job.launcher", str),
+    Setting("script", "job.script", str),
+    Setting("dataPrefix", "data.prefix", str),
+    Setting("retainCheckpoints", "retain_checkpoints", bool),
 )
 KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS)
 REMOVED: dict[str, str] = {

@@ -6,7 +6,9 @@ only the GPU-size table and the rendezvous settings, so no module here imports a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from infra import gpu_sizes
 from training.data.sources import SOURCES, DataSource
@@ -104,6 +106,15 @@ class JobConfig:
     rendezvous: RendezvousSettings = field(default_factory=RendezvousSettings)
     termination_grace_s: int = DEFAULT_TERMINATION_GRACE_S
     """The worker pods' termination grace; the workers' stop deadline is derived from it."""
+    train_args: Mapping[str, Any] = field(default_factory=dict)
+    """``trainArgs``: flag name -> value for every worker: the loop's flags and the task's
+    options (``launcher`` warm), or the script's arguments (``script``)."""
+    launcher: str = "warm"
+    """How the agent starts the workers: ``warm`` (forked from a warm server) or ``torchrun``
+    (plain torchrun, which also runs an unported ``script``)."""
+    script: str = ""
+    """A plain torchrun script in the task package (a path inside it); needs launcher
+    torchrun. "": the lab's own training loop."""
 
     @property
     def start_replicas(self) -> int:
@@ -129,11 +140,30 @@ class DataConfig:
     uploads."""
     checksum: str = ""
     """md5:<hex> or sha256:<hex> of what ``source_url`` serves; "": the task's own source's."""
+    prefix: str = ""
+    """A folder of the data container the workers train from ("": all of it)."""
 
     @property
     def staged(self) -> bool:
         """Whether ``pulumi up`` stages the data (else the user uploads it)."""
         return self.source_url != NO_STAGING
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What the workers run, as ``pulumi up`` resolved it from the task's source and
+    ``trainArgs`` (``stack_config/task_package.py``): read once, before any resource."""
+
+    flags: tuple[str, ...] = ()
+    """``trainArgs`` as command-line arguments: ``--lr=0.0004`` for the loop, or a script's."""
+    identity: Mapping[str, Any] = field(default_factory=dict)
+    """The run's identity as ``up`` knows it: what a checkpoint must match to be resumed (the
+    task, its state options, the seed, the global batch, the precision, the dtype)."""
+    lineage: str = ""
+    """Names the checkpoints' folder of this identity; "": the job's own folder (a built-in
+    task at its default shape, whose every run shares it)."""
+    package_dir: str = ""
+    """The task package as an absolute path on the deployer's machine ("": none)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,13 @@ class LabConfig:
     task: str = "cifar"
     """What the job trains: a task of training/tasks/ (``TASKS``), or a TrainSpec of the
     user's own module in the image, as ``module.path:attribute``."""
+    task_package: str = ""
+    """A directory on the deployer's machine whose contents go on the image's import path
+    (``/app``); "": the lab's image alone."""
+    retain_checkpoints: bool = True
+    """Whether ``pulumi destroy`` keeps the storage account and its checkpoints."""
+    training: TrainingRun = field(default_factory=TrainingRun)
+    """Resolved from the task's source and ``trainArgs`` after ``validate``."""
 
     @property
     def data_source(self) -> DataSource:

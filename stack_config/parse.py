@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from decimal import Decimal, InvalidOperation
@@ -24,11 +25,42 @@ def _parse(setting: Setting, raw: str, project: str) -> object:
             return int(raw.strip())
         except ValueError:
             raise ConfigError([f"{key} must be an integer, got {raw!r}"]) from None
+    if setting.kind is bool:
+        return _parse_bool(raw, key)
+    if setting.kind is dict:
+        return _parse_object(raw, key)
     if setting.key == "spotMaxPrice":
         return _parse_spot_price(raw, key)
     if setting.key == "kubernetesVersion":
         return raw.strip() or None
     return raw.strip()
+
+
+def _parse_bool(raw: str, key: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError([f"{key} must be true or false, got {raw!r}"])
+    return value == "true"
+
+
+def _parse_object(raw: str, key: str) -> dict[str, object]:
+    """A Pulumi object (the CLI hands it over as JSON) of flag names to single values."""
+    allowed = (
+        "a map of flag names to values, e.g. `pulumi config set --path trainArgs.lr 0.0004` "
+        "or, in the stack file, trainArgs: {lr: 0.0004}"
+    )
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError:
+        raise ConfigError([f"{key} must be {allowed}; got {raw!r}"]) from None
+    if not isinstance(value, dict):
+        raise ConfigError([f"{key} must be {allowed}; got {raw!r}"])
+    nested = sorted(k for k, v in value.items() if isinstance(v, dict | list) or v is None)
+    if nested:
+        raise ConfigError(
+            [f"{key}.{nested[0]} must be one value (a number, a string, true or false)"]
+        )
+    return dict(value)
 
 
 def _parse_spot_price(raw: str, key: str) -> float:

@@ -12,6 +12,7 @@ from infra import gpu_sizes, naming
 from stack_config.fallback import fallback_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
+from stack_config.task_package import package_problems
 from training.data.sources import CHECKSUM
 from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
 from training.loop.config import PARALLELISMS, PRECISIONS
@@ -39,6 +40,7 @@ def validate(cfg: LabConfig) -> None:
         *_replica_problems(cfg),
         *_training_problems(cfg),
         *_data_problems(cfg),
+        *package_problems(cfg),
     ]
     if problems:
         raise ConfigError(problems)

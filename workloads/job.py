@@ -1,5 +1,14 @@
 """The elastic PyTorchJob, created once the operator, etcd, the dataset volume and its GPU pool
-exist."""
+exist, with the record of what its run started with.
+
+Each ``runId`` has a record (a ConfigMap, ``run_record_manifest``) holding the run's identity
+as ``up`` first saw it. The record keeps those first values (``ignoreChanges`` on its data:
+the engine puts the old inputs back, pulumi/pulumi #2657), so at every later ``up``, preview
+included, its output is what the run started with, read from Pulumi's own state. The job's
+spec waits for that comparison (``identity_problem``): a setting that changes what the run's
+checkpoints hold is refused before the job is touched, unless ``runId`` changed, which is a new
+record (a new name) and a new run.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +18,18 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from stack_config import LabConfig
+from stack_config import ConfigError, LabConfig
+from stack_config.train_args import identity_problem
 from workloads.manifests.job import (
     PYTORCHJOB_API_VERSION,
     PYTORCHJOB_KIND,
     ElasticJobSpec,
-    blob_url,
     elastic_job_spec,
     job_name,
     pytorchjob_manifest,
     rendezvous_id,
 )
+from workloads.manifests.run import blob_url, checkpoint_path, run_record_manifest
 from workloads.ordering import child_options
 
 
@@ -58,7 +68,17 @@ class ElasticTrainingJob(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-lab:workloads:ElasticTrainingJob", name, None, opts)
         cfg = args.config
+        record = run_record_manifest(cfg)
+        run_record = k8s.core.v1.ConfigMap(
+            f"{name}-run-{cfg.job.run_id}",
+            metadata=record["metadata"],
+            data=record["data"],
+            opts=pulumi.ResourceOptions.merge(
+                child_options(self, opts), pulumi.ResourceOptions(ignore_changes=["data"])
+            ),
+        )
         spec = pulumi.Output.all(
+            run_record.data.apply(lambda recorded: _checked(cfg, recorded)),
             args.image,
             args.rdzv_host,
             args.priority_class,
@@ -66,7 +86,7 @@ class ElasticTrainingJob(pulumi.ComponentResource):
             args.data_claim,
             args.checkpoints_container,
             args.gpu_pool_name,
-        ).apply(lambda values: _spec(cfg, *values))
+        ).apply(lambda values: _spec(cfg, *values[1:]))
         manifest = spec.apply(pytorchjob_manifest)
         job = k8s.apiextensions.CustomResource(
             f"{name}-pytorchjob",
@@ -93,6 +113,26 @@ class ElasticTrainingJob(pulumi.ComponentResource):
         )
 
 
+class RunRefused(pulumi.RunError):
+    """The stack's settings change what the recorded run's checkpoints hold.
+
+    A ``RunError``: Pulumi shows its message alone, not a traceback, and it is no ValueError,
+    which the SDK would wrap into the input it was serializing ("While processing input").
+    """
+
+    def __init__(self, problem: str) -> None:
+        self.problems = [problem]
+        super().__init__(str(ConfigError(self.problems)))
+
+
+def _checked(cfg: LabConfig, recorded: dict[str, str] | None) -> bool:
+    """Refuse the settings when they change what the recorded run's checkpoints hold."""
+    problem = identity_problem(cfg, recorded or {})
+    if problem is not None:
+        raise RunRefused(problem)
+    return True
+
+
 def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
     image, rdzv_host, priority_class, endpoint, data_claim, checkpoints, gpu_pool = values
     return elastic_job_spec(
@@ -101,6 +141,6 @@ def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
         rdzv_host=rdzv_host,
         priority_class=priority_class,
         data_claim=data_claim,
-        checkpoint_uri=blob_url(endpoint, checkpoints, job_name(cfg)),
+        checkpoint_uri=blob_url(endpoint, checkpoints, checkpoint_path(cfg)),
         gpu_pool=gpu_pool,
     )

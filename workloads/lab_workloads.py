@@ -10,7 +10,7 @@ through one Kubernetes provider (server-side apply):
 - with the on-demand fallback on, the cluster autoscaler's priorities (Spot first),
 - the Kubeflow training operator v1.9.4,
 - the dataset's read-only Blob CSI volume and the Job that stages the dataset,
-- the elastic PyTorchJob.
+- the elastic PyTorchJob, and the record of what its run started with.
 
 The provider, and so every object, waits for the deployer's access to the cluster and for the
 node pools; ``pulumi destroy`` therefore deletes every object before the pools, the role and
@@ -89,6 +89,8 @@ class LabWorkloads(pulumi.ComponentResource):
     job_name: pulumi.Output[str]
     rdzv_id: pulumi.Output[str]
     """The job's rendezvous id: changes with a new image, spec or runId."""
+    checkpoint_uri: pulumi.Output[str]
+    """Where the job's run keeps its checkpoints (Blob URL)."""
     watch_commands: pulumi.Output[dict[str, str]]
 
     def __init__(
@@ -148,6 +150,7 @@ class LabWorkloads(pulumi.ComponentResource):
         self.namespace = namespace.name
         self.job_name = job.job_name
         self.rdzv_id = job.rdzv_id
+        self.checkpoint_uri = job.checkpoint_uri
         self.watch_commands = pulumi.Output.from_input(
             watch_commands(cfg.namespace, job_name(cfg), cfg.job.max_replicas, cfg.fallback.enabled)
         )
@@ -156,6 +159,7 @@ class LabWorkloads(pulumi.ComponentResource):
                 "namespace": self.namespace,
                 "job_name": self.job_name,
                 "rdzv_id": self.rdzv_id,
+                "checkpoint_uri": self.checkpoint_uri,
                 "watch_commands": self.watch_commands,
             }
         )

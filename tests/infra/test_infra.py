@@ -775,7 +775,8 @@ def test_dev_to_a100_replaces_the_gpu_pool_and_keeps_the_cluster() -> None:
     a100 = yaml.safe_load((PROJECT_DIR / "Pulumi.a100.yaml").read_text())["config"]
     # Not namePrefix: it names every resource, so it makes another lab, not a change.
     overrides = {
-        key.split(":", 1)[1]: str(value)
+        # An object (trainArgs) as the CLI hands it over: JSON.
+        key.split(":", 1)[1]: json.dumps(value) if isinstance(value, dict) else str(value)
         for key, value in a100.items()
         if key.startswith("spot-lab:") and key != "spot-lab:namePrefix"
     }

@@ -258,7 +258,9 @@ def test_off_the_plan_is_todays(off: ProgramRun) -> None:
     }
     pools = {r.inputs["agentPoolName"] for r in off.of_type(AGENT_POOL)}
     assert pools == {"gpu244695ac", "sys6c853e1f"}
-    assert off.of_type(CONFIG_MAP) == [] and "onDemandPoolName" not in off.outputs
+    # The one ConfigMap is the run's record (workloads/job.py), not the expander's priorities.
+    assert [r.name for r in off.of_type(CONFIG_MAP)] == ["workloads-job-run-1"]
+    assert "onDemandPoolName" not in off.outputs
     worker = _worker(off)
     assert worker["nodeSelector"] == {
         "spot-lab/pool": "gpu-spot",

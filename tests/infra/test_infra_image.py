@@ -123,9 +123,11 @@ def test_the_staging_job_runs_the_slim_image_built_from_the_same_tree() -> None:
     run = run_program("dev")
     tag = image_tag(TRAINING, "Dockerfile.stager")
     build = run.one("command:local:Command", "stager-image-build")
-    # ACR Tasks takes the Dockerfile relative to the context.
+    # az acr build reads --file from the working directory, not the context (azure-cli,
+    # command_modules/acr/build.py: "Otherwise, it's based on current working directory"), and
+    # fails with "Unable to find 'Dockerfile.stager'" when it is not there.
     assert build.inputs["create"].endswith(
-        f"--image spot-lab-stager:{tag} --file Dockerfile.stager training"
+        f"--image spot-lab-stager:{tag} --file training/Dockerfile.stager training"
     )
     staging = run.one("kubernetes:batch/v1:Job").inputs["spec"]["template"]["spec"]
     (container,) = staging["containers"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -42,24 +43,41 @@ def test_every_setting_is_declared_in_pulumi_yaml_and_nothing_else() -> None:
 
 
 def test_pulumi_yaml_declares_type_default_and_description() -> None:
+    objects = {s.key for s in stack_config.SETTINGS if s.kind is dict}
     for key, spec in _declared().items():
+        assert spec["description"].strip(), key
+        if key in objects:
+            # Pulumi.yaml has no object type: an object's default is a `value:` without one.
+            assert "type" not in spec and spec["value"] == {}, key
+            continue
         assert spec["type"] in ("string", "integer", "boolean"), key
         assert "default" in spec, key
-        assert spec["description"].strip(), key
+
+
+def _yaml_string(value: object) -> str:
+    """A Pulumi.yaml default the way the CLI hands it to the program."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def test_pulumi_yaml_defaults_equal_dataclass_defaults() -> None:
-    raw = {key: str(spec["default"]) for key, spec in _declared().items()}
+    raw = {
+        key: _yaml_string(spec["default"] if "default" in spec else spec["value"])
+        for key, spec in _declared().items()
+    }
     assert load(raw, "spot-lab", "dev") == LabConfig(project="spot-lab", stack="dev")
 
 
 def test_integer_keys_are_declared_as_integers() -> None:
     declared = _declared()
+    kinds = {bool: "boolean", dict: None}
     for setting in stack_config.SETTINGS:
         # An optional integer is a string that may be empty: Pulumi requires a typed key
         # without a default, and "" is not an integer.
         expected = "integer" if setting.kind is int and not setting.optional else "string"
-        assert declared[setting.key]["type"] == expected, setting.key
+        expected = kinds.get(setting.kind, expected)
+        assert declared[setting.key].get("type") == expected, setting.key
     assert declared["gpuMaxNodes"]["default"] == ""
     assert "default: workerMaxReplicas" in declared["gpuMaxNodes"]["description"]
 
@@ -481,9 +499,19 @@ def test_the_charlm_task_stages_tiny_shakespeare_by_default_or_a_mirror() -> Non
 
 
 def test_a_task_of_the_users_own_module_is_checked_by_its_shape_and_uploads_its_data() -> None:
-    cfg = _cfg({"task": "my_package.my_module:spec", "dataSourceUrl": "none"})
+    cfg = _cfg(
+        {"task": "my_package.my_module:spec", "taskPackage": "../my-repo", "dataSourceUrl": "none"}
+    )
     assert cfg.task == "my_package.my_module:spec" and not cfg.data.staged
     assert "my_package" not in sys.modules  # its module is the image's, never imported here
+
+
+def test_a_task_of_a_module_the_image_cannot_hold_names_task_and_task_package() -> None:
+    message = _problems({"task": "my_package.my_module:spec", "dataSourceUrl": "none"})
+    assert "spot-lab:task my_package.my_module:spec is neither a built-in task" in message
+    assert "set spot-lab:taskPackage to the directory that holds my_package/" in message
+    # A module of the image's own training package needs no package.
+    assert _cfg({"task": "training.tasks.charlm:SPEC", "dataSourceUrl": "none"})
 
 
 def test_every_task_of_the_image_has_a_data_source_and_nothing_else() -> None:

@@ -5,6 +5,10 @@ the CLI would, applies overrides, runs ``__main__.py`` and returns every registe
 and the settled stack outputs. Each call starts from fresh runtime state, so one pytest
 session can run the program many times with different config.
 
+The mocks answer with plausible state for each resource, ARM-shaped ids and the results of the
+functions the program calls (its client config, the cluster's credentials and agent pools):
+``AzureAnswers`` says what the world outside the program holds.
+
 The program is a function of its config, the mocked Azure's answers and the ``ARM_*``
 environment (the deployer's sign-in), so ``run_program`` runs it once per such key in a
 session and hands each caller its own copy; ``fresh=True`` runs it again, for the tests
@@ -13,33 +17,27 @@ that prove two runs agree.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import copy
 import os
 import runpy
 import sys
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.catalog.deployer import AZURE_CLI_APP_ID
 from stack_config.files import stack_file_config
-from tests.support.azure_answers import (
-    AKS_SERVER_ID,
-    SUBSCRIPTION_ID,
-    TENANT_ID,
-    AzureAnswers,
-    fake_kubeconfig,
-    fake_uuid,
-    mock_id,
-    mock_invoke,
-    mock_state,
-)
 
 __all__ = [
     "AKS_SERVER_ID",
@@ -57,6 +55,221 @@ __all__ = [
 ]
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+# ---- what the mocked Azure answers: plausible resource state, ids and invoke results ----
+
+SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
+TENANT_ID = "11111111-1111-1111-1111-111111111111"
+
+
+def fake_uuid(*parts: str) -> str:
+    """A stable UUID for a mocked principal or client id, so runs are reproducible."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
+
+
+@dataclass(frozen=True)
+class AzureAnswers:
+    """What the mocked Azure says about the world outside the program."""
+
+    subscription_id: str = SUBSCRIPTION_ID
+    """The subscription the mocked provider deploys into (ids and getClientConfig)."""
+    deployer_client_id: str = AZURE_CLI_APP_ID
+    """getClientConfig's client id: the Azure CLI's own for a user (the default), else the
+    signed-in principal's."""
+    live_pool_counts: Mapping[str, int] = field(default_factory=dict)
+    """Agent pools the cluster already has, with their current node counts (getManagedCluster)."""
+    kept_inputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Inputs the stack's state already holds, by resource name: for the properties a resource
+    ignores (``ignoreChanges``) the engine answers with these instead of the program's ("the
+    engine simply replaces the values of input properties in the goal state with old inputs",
+    pulumi/pulumi #2657), so the program reads what an earlier ``up`` recorded."""
+
+
+# ---- plausible provider answers -------------------------------------------------------------
+
+# Input property that carries each Azure resource's physical name (else Pulumi auto-names it).
+_AZURE_NAME_INPUTS = {
+    "azure-native:resources:ResourceGroup": "resourceGroupName",
+    "azure-native:containerservice:ManagedCluster": "resourceName",
+    "azure-native:containerservice:AgentPool": "agentPoolName",
+    "azure-native:storage:StorageAccount": "accountName",
+    "azure-native:storage:BlobContainer": "containerName",
+    "azure-native:containerregistry:Registry": "registryName",
+    "azure-native:managedidentity:UserAssignedIdentity": "resourceName",
+    "azure-native:managedidentity:FederatedIdentityCredential": (
+        "federatedIdentityCredentialResourceName"
+    ),
+    "azure-native:authorization:RoleAssignment": "roleAssignmentName",
+}
+
+
+def _physical_name(type_: str, name: str, inputs: dict[str, Any]) -> str:
+    key = _AZURE_NAME_INPUTS.get(type_)
+    if key and inputs.get(key):
+        return str(inputs[key])
+    if type_ == "azure-native:authorization:RoleAssignment":
+        return fake_uuid(type_, name)
+    # Auto-naming appends a random suffix; a fixed one keeps runs reproducible.
+    return f"{name}1a2b3c4"
+
+
+def mock_state(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The state a provider would return for a new resource: inputs plus computed outputs."""
+    state = dict(inputs)
+    if type_.startswith("azure-native:"):
+        state["name"] = _physical_name(type_, name, inputs)
+        state.update(_azure_outputs(type_, name, state))
+    elif type_.startswith("kubernetes:") and isinstance(state.get("metadata"), dict):
+        metadata = dict(state["metadata"])
+        metadata.setdefault("name", f"{name}-1a2b3c4")
+        metadata.setdefault("uid", fake_uuid(type_, name))
+        state["metadata"] = metadata
+    elif type_ == "command:local:Command":
+        state.update({"stdout": "", "stderr": ""})
+    return state
+
+
+def _azure_outputs(type_: str, name: str, state: dict[str, Any]) -> dict[str, Any]:
+    physical = state["name"]
+    location = state.get("location", "westus3")
+    if type_ == "azure-native:containerservice:ManagedCluster":
+        rg = state.get("resourceGroupName", "rg")
+        return {
+            "nodeResourceGroup": state.get("nodeResourceGroup") or f"MC_{rg}_{physical}_{location}",
+            "identityProfile": {
+                "kubeletidentity": {
+                    "clientId": fake_uuid(name, "kubelet", "client"),
+                    "objectId": fake_uuid(name, "kubelet", "object"),
+                }
+            },
+            "oidcIssuerProfile": {
+                "enabled": True,
+                "issuerURL": f"https://{location}.oic.prod-aks.azure.com/{TENANT_ID}/"
+                f"{fake_uuid(name, 'oidc')}/",
+            },
+            "provisioningState": "Succeeded",
+        }
+    if type_ == "azure-native:storage:StorageAccount":
+        return {"primaryEndpoints": {"blob": f"https://{physical}.blob.core.windows.net/"}}
+    if type_ == "azure-native:containerregistry:Registry":
+        return {"loginServer": f"{physical.lower()}.azurecr.io"}
+    if type_ == "azure-native:managedidentity:UserAssignedIdentity":
+        return {
+            "clientId": fake_uuid(name, "client"),
+            "principalId": fake_uuid(name, "principal"),
+            "tenantId": TENANT_ID,
+        }
+    return {}
+
+
+# Resource provider namespaces, for ARM-shaped ids.
+_ARM_NAMESPACES = {
+    "authorization": "Microsoft.Authorization",
+    "containerregistry": "Microsoft.ContainerRegistry",
+    "containerservice": "Microsoft.ContainerService",
+    "managedidentity": "Microsoft.ManagedIdentity",
+    "storage": "Microsoft.Storage",
+}
+
+
+def mock_id(
+    type_: str, name: str, state: dict[str, Any], subscription_id: str = SUBSCRIPTION_ID
+) -> str:
+    """An ARM-shaped id for Azure resources, ``<name>-id`` for others."""
+    if not type_.startswith("azure-native:"):
+        return f"{name}-id"
+    _, module, kind = type_.split(":")
+    if kind == "ResourceGroup":
+        return f"/subscriptions/{subscription_id}/resourceGroups/{state['name']}"
+    rg = state.get("resourceGroupName", "rg")
+    if kind == "BlobContainer":  # a child of the account's blob service, as ARM nests it
+        return (
+            f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/Microsoft.Storage"
+            f"/storageAccounts/{state['accountName']}/blobServices/default/containers/"
+            f"{state['name']}"
+        )
+    if kind == "RoleAssignment":  # an extension resource: its id hangs off its scope
+        return f"{state['scope']}/providers/Microsoft.Authorization/roleAssignments/{state['name']}"
+    plural = kind[0].lower() + (f"{kind[1:-1]}ies" if kind.endswith("y") else f"{kind[1:]}s")
+    namespace = _ARM_NAMESPACES.get(module, f"Microsoft.{module}")
+    return (
+        f"/subscriptions/{subscription_id}/resourceGroups/{rg}/providers/"
+        f"{namespace}/{plural}/{state['name']}"
+    )
+
+
+# AKS's well-known Entra ID server (application) id, the same for every cluster.
+AKS_SERVER_ID = "6dae42f8-4368-4678-94ff-3960e28e3630"
+
+
+def fake_kubeconfig(cluster: str, fmt: str | None = None) -> str:
+    """What listClusterUserCredential returns for a mocked cluster.
+
+    ``format=exec`` on an Entra ID cluster gives the kubelogin plugin with a device-code login
+    (the AKS API's ``format`` parameter); without it, a token stands in for the legacy forms.
+    """
+    if fmt == "exec":
+        user: dict[str, Any] = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": "kubelogin",
+                "args": [
+                    "get-token",
+                    "--environment",
+                    "AzurePublicCloud",
+                    "--server-id",
+                    AKS_SERVER_ID,
+                    "--client-id",
+                    "80faf920-1908-4b52-b5ef-a8e7bedfc67a",
+                    "--tenant-id",
+                    TENANT_ID,
+                    "--login",
+                    "devicecode",
+                ],
+                "installHint": "kubelogin is not installed",
+            }
+        }
+    else:
+        user = {"token": "mock-token"}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": cluster, "cluster": {"server": f"https://{cluster}.mock:443"}}],
+            "users": [{"name": f"clusterUser_{cluster}", "user": user}],
+            "contexts": [
+                {"name": cluster, "context": {"cluster": cluster, "user": f"clusterUser_{cluster}"}}
+            ],
+            "current-context": cluster,
+        }
+    )
+
+
+def mock_invoke(
+    token: str, args: dict[str, Any], answers: AzureAnswers | None = None
+) -> dict[str, Any]:
+    """Answers for the functions (invokes) the program may call; unknown ones return ``{}``."""
+    answers = answers or AzureAnswers()
+    if token in (
+        "azure-native:containerservice:listManagedClusterUserCredentials",
+        "azure-native:containerservice:listManagedClusterAdminCredentials",
+    ):
+        kubeconfig = fake_kubeconfig(str(args.get("resourceName", "cluster")), args.get("format"))
+        value = base64.b64encode(kubeconfig.encode()).decode()
+        return {"kubeconfigs": [{"name": "clusterUser", "value": value}]}
+    if token == "azure-native:authorization:getClientConfig":
+        return {
+            "clientId": answers.deployer_client_id,
+            "objectId": fake_uuid("deployer", "object"),
+            "subscriptionId": answers.subscription_id,
+            "tenantId": TENANT_ID,
+        }
+    if token == "azure-native:containerservice:getManagedCluster":
+        pools = [{"name": "bootstrap", "count": 1, "mode": "System"}]
+        pools += [{"name": n, "count": c} for n, c in answers.live_pool_counts.items()]
+        return {"name": args.get("resourceName"), "agentPoolProfiles": pools}
+    return {}
 
 
 @dataclass
@@ -83,6 +296,8 @@ class Registered:
     ignore_changes: list[str] = field(default_factory=list)
     replace_on_changes: list[str] = field(default_factory=list)
     delete_before_replace: bool = False
+    retain_on_delete: bool = False
+    """``pulumi destroy`` leaves it in the cloud (Pulumi's ``retainOnDelete``)."""
     custom_timeouts: dict[str, str] = field(default_factory=dict)
     """``create``/``update``/``delete`` timeouts the resource asked for (empty ones left out)."""
     renamed_from: list[tuple[str, bool]] = field(default_factory=list)
@@ -172,13 +387,18 @@ class LabMocks(pulumi.runtime.Mocks):
     def __init__(self, answers: AzureAnswers | None = None) -> None:
         self.calls: list[Invoked] = []
         self.answers = answers or AzureAnswers()
+        self.ignored: dict[str, list[str]] = {}
+        """Each resource's ``ignoreChanges``, as the monitor saw it registered."""
 
     @property
     def subscription_id(self) -> str:
         return self.answers.subscription_id
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
-        state = mock_state(args.typ, args.name, dict(args.inputs))
+        kept = self.answers.kept_inputs.get(args.name, {})
+        ignored = self.ignored.get(args.name, [])
+        inputs = dict(args.inputs) | {k: v for k, v in kept.items() if k in ignored}
+        state = mock_state(args.typ, args.name, inputs)
         return mock_id(args.typ, args.name, state, self.subscription_id), state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
@@ -195,6 +415,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.registered: list[Registered] = []
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+        self.mocks.ignored[request.name] = list(request.ignoreChanges)
         response = super().RegisterResource(request)
         if request.type == "pulumi:pulumi:Stack":
             return response
@@ -217,6 +438,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 ignore_changes=list(request.ignoreChanges),
                 replace_on_changes=list(request.replaceOnChanges),
                 delete_before_replace=bool(request.deleteBeforeReplace),
+                retain_on_delete=bool(request.retainOnDelete),
                 custom_timeouts={
                     key: value
                     for key in ("create", "update", "delete")
@@ -307,6 +529,7 @@ def run_pulumi(
     except Exception as exc:  # noqa: BLE001 handed to the caller, raised below when check
         error = exc
     finally:
+        _drain()
         settings.set_root_resource(None)
     if error is not None and check:
         raise error
@@ -320,6 +543,17 @@ def run_pulumi(
         stack=stack,
         error=error,
     )
+
+
+def _drain() -> None:
+    """Forget what a failed run left behind: the SDK raises the first exception of an
+    ``apply`` and keeps the Outputs that await it in ``SETTINGS.outputs``, which ``set_mocks``
+    does not reset; the next run would await them and take their error for its own."""
+    loop = asyncio.get_event_loop()
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if pending:
+        _sync_await(asyncio.gather(*pending, return_exceptions=True))
+    settings.SETTINGS.outputs = set()
 
 
 def run_program(

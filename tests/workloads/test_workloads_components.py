@@ -104,7 +104,7 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 17
+    assert len(objects) == 18  # the job's run record among them
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name

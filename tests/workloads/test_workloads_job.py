@@ -31,15 +31,16 @@ from workloads.manifests.job import (
     LOCAL_MOUNT,
     RUN_ID_LABEL,
     ElasticJobSpec,
-    blob_url,
     elastic_job_spec,
     elastic_policy,
     pytorchjob_manifest,
     rendezvous_id,
     training_args,
 )
+from workloads.manifests.run import blob_url
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SPOT_TOLERATION
 from workloads.manifests.watch import watch_commands
+from workloads.manifests.worker_program import WorkerProgram
 
 K8S_VERSION = "1.33"
 IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
@@ -198,11 +199,12 @@ def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> N
 
 
 def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
-    """The id hashed every field of the spec; ``prefer_spot`` came later and is left out at its
-    default, so turning nothing on replaces no running job."""
+    """The id hashed every field of the spec; ``prefer_spot`` and trainArgs' fields came later
+    and are left out at their defaults, so turning nothing on replaces no running job."""
     spec = _job_spec()
     fields = dataclasses.asdict(spec)
-    del fields["prefer_spot"]
+    for added in ("prefer_spot", "program"):
+        del fields[added]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     assert rendezvous_id(spec) == f"spotlab-train-1-{digest}"
@@ -540,3 +542,38 @@ def test_the_elastic_policy_validates_against_the_v1_9_4_crd_schema() -> None:
     assert (policy["rdzvBackend"],) == ETCD_BACKENDS and "v2" not in policy["rdzvBackend"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**policy, "rdzvPort": "2379"}, schema)  # the check can fail
+
+
+# ---- what the workers run: the loop with the stack's flags, or a plain script ----------------
+
+
+def test_the_stack_flags_follow_the_jobs_own_and_change_the_rendezvous_id() -> None:
+    plain = _job_spec()
+    flagged = _job_spec(program=WorkerProgram(flags=("--lr=0.01", "--width=32")))
+    command = _container(pytorchjob_manifest(flagged))["command"]
+    assert command == train_command([*training_args(flagged), "--lr=0.01", "--width=32"])
+    assert rendezvous_id(flagged) != rendezvous_id(plain)
+
+
+def test_a_script_runs_under_the_agent_with_plain_torchrun() -> None:
+    program = WorkerProgram(launcher="torchrun", script="train_ddp.py", flags=("--epochs=3",))
+    manifest = pytorchjob_manifest(_job_spec(program=program))
+    assert _container(manifest)["command"] == [
+        "python",
+        "-m",
+        "training.agent",
+        "train_ddp.py",
+        "--epochs=3",
+    ]
+    assert _env(manifest)["TRAIN_LAUNCHER"] == "torchrun"
+    # The same rendezvous as the loop's job: the operator's PET_* env from elasticPolicy.
+    assert (
+        _elastic(manifest)["rdzvBackend"]
+        == _elastic(pytorchjob_manifest(_job_spec()))["rdzvBackend"]
+    )
+
+
+def test_a_data_prefix_is_a_folder_of_the_dataset_mount() -> None:
+    manifest = pytorchjob_manifest(_job_spec(program=WorkerProgram(data_prefix="/points/v2/")))
+    assert _env(manifest)["TRAIN_DATA_URI"] == "/mnt/dataset/points/v2"
+    assert _env(pytorchjob_manifest(_job_spec()))["TRAIN_DATA_URI"] == "/mnt/dataset"

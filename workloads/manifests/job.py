@@ -24,7 +24,6 @@ from training.elastic.launch import (
     RendezvousSettings,
     stop_deadline_s,
     termination_grace_problem,
-    train_command,
     worker_env,
 )
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
@@ -35,6 +34,7 @@ from workloads.manifests.scheduling import (
     node_loss_tolerations,
     spot_preference,
 )
+from workloads.manifests.worker_program import WorkerProgram, data_uri, worker_command
 
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 PYTORCHJOB_KIND = "PyTorchJob"
@@ -49,6 +49,8 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 """The operator puts this label on every pod of a job."""
 RUN_ID_LABEL = "spot-lab/run-id"
 """On the job and its pods: which run (``runId``) they belong to."""
+# Added after rendezvous ids were in use: left out of the id's hash at these defaults.
+_ADDED_FIELDS = {"prefer_spot": False, "program": asdict(WorkerProgram())}
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class ElasticJobSpec:
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
     workers prefer the Spot one (``spot_preference``)."""
+    program: WorkerProgram = field(default_factory=WorkerProgram)
+    """What the workers run (the loop or a script, with the stack's flags) and its data's folder."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -139,9 +143,9 @@ def rendezvous_id(spec: ElasticJobSpec) -> str:
     ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
     """
     fields = asdict(spec)
-    # Added after ids were in use: left out at its default, every existing job keeps its id.
-    if not fields["prefer_spot"]:
-        del fields["prefer_spot"]
+    for name, default in _ADDED_FIELDS.items():  # so every existing job keeps its id
+        if fields[name] == default:
+            del fields[name]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     return f"{spec.name}-{spec.run_id}-{digest}"
@@ -211,11 +215,12 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
         checkpoint_uri=spec.checkpoint_uri,
         local_dir=LOCAL_MOUNT,
         collective_timeout_s=spec.collective_timeout_s,
+        launcher=spec.program.launcher,
     )
     # The agent copies the dataset from the read-only Blob CSI mount to the pod's disk when the
     # pod starts: the mount's token is fresh then on every driver version (before v1.27 it is
     # never refreshed, infra/catalog/blob_csi.py), and training reads local disk, not FUSE.
-    env |= {DATA_URI_ENV: DATASET_MOUNT, DATA_DIR_ENV: LOCAL_DATA_DIR}
+    env |= {DATA_URI_ENV: data_uri(spec.program, DATASET_MOUNT), DATA_DIR_ENV: LOCAL_DATA_DIR}
     mounts = [
         {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -225,7 +230,7 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": train_command(training_args(spec)),
+        "command": worker_command(spec.program, training_args(spec)),
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "resources": {
             "requests": {"cpu": spec.worker_cpu, "memory": spec.worker_memory},
@@ -326,22 +331,6 @@ def run_policy(spec: ElasticJobSpec) -> dict[str, Any]:
     return policy
 
 
-def blob_url(blob_endpoint: str | None, container: str | None, path: str = "") -> str:
-    """``<endpoint>/<container>[/<path>]``: where the workers write checkpoints (Blob API).
-
-    Checkpoints always go through the Blob API, never the Blob CSI mount: the checkpoint
-    protocol needs create-if-absent and consistent listings, which blobfuse2's per-node caches
-    cannot give (``training/checkpoints/storage.py``). The dataset comes through the read-only
-    volume.
-    """
-    if not blob_endpoint or not blob_endpoint.startswith("https://") or not container:
-        raise ValueError(
-            "the workers need an https:// blob_endpoint and a container, "
-            f"got {blob_endpoint!r} and {container!r}"
-        )
-    return "/".join(p for p in (blob_endpoint.rstrip("/"), container, path.strip("/")) if p)
-
-
 def elastic_job_spec(
     config: LabConfig,
     *,
@@ -392,6 +381,7 @@ def elastic_job_spec(
         task=config.task,
         precision=job.precision,
         parallelism=job.parallelism,
+        program=WorkerProgram(job.launcher, job.script, config.training.flags, config.data.prefix),
     )
 
 
