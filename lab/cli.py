@@ -1,6 +1,7 @@
 """``python -m lab``: run a scenario on this machine, list scenarios; before and around a cloud
-run, check the subscription (``preflight``), compare regions (``prices``), evict a node, and
-move the job back to Spot (``rebalance``)."""
+run, check the subscription (``preflight``), compare regions (``prices``), upload the data
+(``data upload``), evict a node, move the job back to Spot (``rebalance``) and export the
+trained weights (``export``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 # Only what the parsers need, at import: ``--help`` answers at once. What a command runs
 # (etcd, the nodes, the report, the Azure and Kubernetes clients, torch) loads when it runs.
 from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
+from lab.azure.storage_commands import STORAGE_COMMANDS, add_storage_parsers, run_storage_command
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter, bad_flag
 from lab.local.scenario import FAULT_KINDS
 from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _report_parser(sub)
     add_cluster_parsers(sub)
+    add_storage_parsers(sub)
     for name, text in CLOUD_COMMANDS.items():
         sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
@@ -265,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_scenarios()
     if args.command == "report":
         return _report(args)
+    if args.command in STORAGE_COMMANDS:
+        return run_storage_command(args)
     if args.command in CLUSTER_COMMANDS:
         return run_cluster_command(args, lambda: _run_prices(args))
     from lab.local.etcd_server import EtcdError

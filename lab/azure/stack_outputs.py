@@ -1,0 +1,71 @@
+"""Where a stack keeps its data, checkpoints and run records: its outputs, as the Pulumi CLI
+prints them (``pulumi stack output --json``), read for ``lab data upload``, ``lab export`` and
+``lab report --stack``. The storage outputs are not secrets, so no ``--show-secrets``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lab.azure.stack_choice import selected_stack
+from stack_config.files import PROJECT_DIR
+
+
+class StackOutputsError(Exception):
+    """The stack's outputs cannot be read, or lack what the command needs; one line."""
+
+
+def stack_outputs(stack: str | None, project_dir: Path = PROJECT_DIR) -> tuple[str, dict[str, Any]]:
+    """(the stack's name, its outputs): ``stack``, else the one ``pulumi stack select`` chose."""
+    name = stack or selected_stack(project_dir)
+    if not name:
+        raise StackOutputsError("no stack selected: pass --stack NAME or run `pulumi stack select`")
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        raise StackOutputsError("the pulumi CLI is not on PATH: it reads the stack's outputs")
+    command = [pulumi, "stack", "output", "--json", "--stack", name, "--non-interactive"]
+    try:
+        done = subprocess.run(command, cwd=project_dir, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StackOutputsError(f"`pulumi stack output --stack {name}` failed: {exc}") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StackOutputsError(f"`pulumi stack output --stack {name}` failed: {why}")
+    try:
+        outputs = json.loads(done.stdout or "{}")
+    except ValueError:
+        raise StackOutputsError(f"`pulumi stack output --stack {name}` printed no JSON") from None
+    if not isinstance(outputs, dict) or not outputs:
+        raise StackOutputsError(f"stack {name} has no outputs: run `pulumi up` first")
+    return name, outputs
+
+
+def _needed(outputs: Mapping[str, Any], stack: str, *keys: str) -> list[str]:
+    missing = [k for k in keys if not isinstance(outputs.get(k), str) or not outputs[k]]
+    if missing:
+        raise StackOutputsError(
+            f"stack {stack}'s outputs lack {', '.join(missing)}: is the stack up (`pulumi up`)?"
+        )
+    return [str(outputs[k]) for k in keys]
+
+
+def data_container_uri(outputs: Mapping[str, Any], stack: str) -> str:
+    """The ``data`` container's URL (what the workers' dataset volume mounts)."""
+    endpoint, container = _needed(outputs, stack, "blobEndpoint", "dataContainer")
+    return f"{endpoint.rstrip('/')}/{container}"
+
+
+def checkpoint_uri(outputs: Mapping[str, Any], stack: str) -> str:
+    """Where the job's checkpoints are: ``checkpointUri`` when the stack exports it, else the
+    job's folder of the ``checkpoints`` container (``workloads/manifests/job.py``, ``blob_url``:
+    the job's name is its run name)."""
+    if isinstance(outputs.get("checkpointUri"), str) and outputs["checkpointUri"]:
+        return str(outputs["checkpointUri"])
+    endpoint, container, job = _needed(
+        outputs, stack, "blobEndpoint", "checkpointsContainer", "jobName"
+    )
+    return f"{endpoint.rstrip('/')}/{container}/{job}"
