@@ -79,17 +79,24 @@ CLOUD_COMMANDS = {
 def _report_parser(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser(
         "report",
-        help="the report of a run from its saved logs: a lab run or a cluster's pod logs",
+        help="the report of a run from its saved logs, or from the records a cluster run stored",
         description="Build report.json, report.txt and timeline.png from saved logs: a lab "
         "run's directory (lab-runs/<timestamp>), or a directory of pod logs (pods/<pod>.log "
         "or <pod>.log, as `kubectl logs --timestamps` prints them) with, optionally, the "
         "cluster's events (events.json from `kubectl get events -o json`, or events.jsonl) "
-        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only.\n"
-        "Exit status: 0 written, 2 the logs cannot be read or a flag is wrong.",
+        "and the evictions of `lab drill` (drill-events.jsonl). Without --logs, from the "
+        "records every worker stored beside its checkpoints (--stack's, or --records-uri), "
+        "which outlive the pods: they are written into --out as pod logs first.\n"
+        "Exit status: 0 written, 1 the stored records cannot be read, 2 the logs cannot be "
+        "read or a flag is wrong.",
         formatter_class=HelpFormatter,
     )
+    report.add_argument("--logs", type=Path, metavar="DIR", help="the directory of the logs")
     report.add_argument(
-        "--logs", type=Path, required=True, metavar="DIR", help="the directory of the logs"
+        "--records-uri",
+        metavar="URI",
+        help="a run's stored records (its --records-uri: <checkpoint-uri>/records by default) "
+        "instead of --stack's",
     )
     report.add_argument(
         "--out",
@@ -138,6 +145,10 @@ def _report(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and not (0 < value < math.inf):  # nan and inf too
             return bad_flag(f"--{flag.replace('_', '-')}", "> 0", value)
+    if args.logs is None:
+        code = _stored_records(args)
+        if code != EXIT_OK:
+            return code
     try:
         run = load_run(
             args.logs, max_steps=args.max_steps, global_batch_size=args.global_batch_size
@@ -153,6 +164,33 @@ def _report(args: argparse.Namespace) -> int:
     write_outputs(out, run, report)
     print(format_report(report))
     print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
+    return EXIT_OK
+
+
+def _stored_records(args: argparse.Namespace) -> int:
+    """``--logs`` from the run's stored records, fetched into ``--out``; the exit status."""
+    import os
+
+    from lab.azure.clients import AzureError
+    from lab.azure.run_records import fetch_records, records_of
+    from lab.azure.stack_outputs import StackOutputsError, checkpoint_uri, stack_outputs
+
+    if not args.records_uri and not args.stack:
+        return bad_flag("--logs", "a directory of logs, or --stack/--records-uri", None)
+    args.logs = args.out or Path("lab-runs") / time.strftime("records-%Y%m%d-%H%M%S")
+    try:
+        uri = args.records_uri
+        if not uri:
+            stack, outputs = stack_outputs(args.stack)
+            uri = records_of(checkpoint_uri(outputs, stack))
+        count = fetch_records(uri, args.logs, os.environ)
+    except (StackOutputsError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (AzureError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{count} stored record objects from {uri} in {args.logs / 'pods'}")
     return EXIT_OK
 
 

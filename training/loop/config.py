@@ -82,6 +82,10 @@ class CheckpointConfig:
     """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
     storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
     Blob store into timeouts and restart loops."""
+    records_uri: str = ""
+    """Where each process also stores its metrics and events, a small object per 30 s, so a
+    run's history outlives its pods (lab report --stack): a directory or an https:// Blob URL;
+    "" = beside Blob checkpoints (<checkpoint-uri>/records), nowhere for a directory's; off."""
     init_from: str = ""
     """Another run's --checkpoint-uri to start from: the model's weights of its newest
     verified checkpoint, with a fresh optimizer at step 0 (only while this run has no state
