@@ -4,8 +4,6 @@ outputs); and where the stack's outputs say its storage is."""
 
 from __future__ import annotations
 
-import json
-import stat
 from pathlib import Path
 
 import pytest
@@ -13,22 +11,11 @@ from azure.storage.blob import ContainerClient
 
 from lab.azure.stack_outputs import StackOutputsError, checkpoint_uri, data_container_uri
 from lab.cli import main
+from tests.support.lab_azure_fixtures import fake_pulumi
 from training.data.dataset_marker import MARKER, parse_marker
 from training.data.fetch_data import fetch_dataset
 
 FILES = {"points.pt": b"x" * 5000, "extra/deep/labels.txt": b"a\nb\n", "empty.bin": b""}
-
-
-def fake_pulumi(bin_dir: Path, outputs: dict[str, str]) -> None:
-    """``pulumi stack output --json`` printing ``outputs``, as the CLI does for a stack."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "outputs.json").write_text(json.dumps(outputs))
-    script = bin_dir / "pulumi"
-    script.write_text(
-        '#!/bin/sh\ncase "$*" in "stack output --json --stack "*) '
-        f"exec /bin/cat {bin_dir / 'outputs.json'};; *) exit 1;; esac\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
 
 @pytest.fixture
