@@ -50,6 +50,8 @@ class Points:
 
 
 def load_data(data_dir: str, options: MyOptions) -> Data:
+    """``points.pt`` (the points x and their targets y) and ``extra/scale.txt`` (the targets'
+    scale) in ``data_dir``; the last ``--validation`` points are held out."""
     root = Path(data_dir)
     raw = (root / "points.pt").read_bytes()  # OSError: one line naming --data-dir
     points = torch.load(root / "points.pt", weights_only=True)
