@@ -171,27 +171,21 @@ def _stored_records(args: argparse.Namespace) -> int:
     """``--logs`` from the run's stored records, fetched into ``--out``; the exit status."""
     import os
 
-    from lab.azure.clients import AzureError
     from lab.azure.run_records import fetch_records, records_of
-    from lab.azure.stack_outputs import StackOutputsError, checkpoint_uri, stack_outputs
+    from lab.azure.stack_outputs import checkpoint_uri, stack_uri, storage_exit
 
     if not args.records_uri and not args.stack:
         return bad_flag("--logs", "a directory of logs, or --stack/--records-uri", None)
     args.logs = args.out or Path("lab-runs") / time.strftime("records-%Y%m%d-%H%M%S")
-    try:
-        uri = args.records_uri
-        if not uri:
-            stack, outputs = stack_outputs(args.stack)
-            uri = records_of(checkpoint_uri(outputs, stack))
-        count = fetch_records(uri, args.logs, os.environ)
-    except (StackOutputsError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (AzureError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"{count} stored record objects from {uri} in {args.logs / 'pods'}")
-    return EXIT_OK
+
+    def fetch() -> None:
+        stored = stack_uri(
+            args.records_uri, args.stack, lambda o, s: records_of(checkpoint_uri(o, s))
+        )
+        count = fetch_records(stored, args.logs, os.environ)
+        print(f"{count} stored record objects from {stored} in {args.logs / 'pods'}")
+
+    return storage_exit(fetch)
 
 
 def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, str]:

@@ -152,26 +152,22 @@ def _first(error: BaseException) -> str:
 
 def main(args: Any, environ: Mapping[str, str]) -> int:
     """``lab data upload``, its flags parsed; the exit status."""
-    from lab.azure.clients import AzureError, storage_credential
-    from lab.azure.stack_outputs import StackOutputsError, data_container_uri, stack_outputs
-    from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+    from lab.azure.clients import storage_credential
+    from lab.azure.stack_outputs import data_container_uri, stack_uri, storage_exit
+    from lab.exit_status import EXIT_BAD_INPUT, EXIT_OK
 
     if not args.dir.is_dir():
         print(f"error: DIR {args.dir} is not a directory", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        uri = args.container_uri
-        if not uri:
-            stack, outputs = stack_outputs(args.stack)
-            uri = data_container_uri(outputs, stack)
-        plan = Upload(args.dir, uri, args.prefix or "")
-        upload(plan, storage_credential(uri, environ))
-    except (StackOutputsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (AzureError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    where = f"{uri}/{plan.prefix}" if plan.prefix else uri
-    print(f"{where} holds the dataset and its marker: waiting workers start copying it")
-    return EXIT_OK
+    plan: list[Upload] = []
+
+    def run() -> None:
+        uri = stack_uri(args.container_uri, args.stack, data_container_uri)
+        plan.append(Upload(args.dir, uri, args.prefix or ""))
+        upload(plan[0], storage_credential(uri, environ))
+
+    code = storage_exit(run)
+    if code == EXIT_OK:
+        where = "/".join(p for p in (plan[0].container_uri, plan[0].prefix) if p)
+        print(f"{where} holds the dataset and its marker: waiting workers start copying it")
+    return code

@@ -1,17 +1,20 @@
 """Where a stack keeps its data, checkpoints and run records: its outputs, as the Pulumi CLI
 prints them (``pulumi stack output --json``), read for ``lab data upload``, ``lab export`` and
-``lab report --stack``. The storage outputs are not secrets, so no ``--show-secrets``."""
+``lab report --stack``, and how those commands end. The storage outputs are not secrets, so no
+``--show-secrets``."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lab.azure.stack_choice import selected_stack
+from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from stack_config.files import PROJECT_DIR
 
 
@@ -69,3 +72,29 @@ def checkpoint_uri(outputs: Mapping[str, Any], stack: str) -> str:
         outputs, stack, "blobEndpoint", "checkpointsContainer", "jobName"
     )
     return f"{endpoint.rstrip('/')}/{container}/{job}"
+
+
+def stack_uri(
+    given: str | None, stack: str | None, where: Callable[[Mapping[str, Any], str], str]
+) -> str:
+    """``given`` when the user named a location, else ``where`` in the stack's outputs."""
+    if given:
+        return given
+    name, outputs = stack_outputs(stack)
+    return where(outputs, name)
+
+
+def storage_exit(action: Callable[[], None], bad_input: tuple[type[Exception], ...] = ()) -> int:
+    """Run ``action`` and say how it ended: 0; 2 for bad input (no stack outputs, a wrong
+    location, ``bad_input``); 1 when Azure or the store failed. One line on stderr."""
+    from lab.azure.clients import AzureError  # the Azure SDKs: on use only
+
+    try:
+        action()
+    except (StackOutputsError, ValueError, *bad_input) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (AzureError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

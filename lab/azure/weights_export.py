@@ -276,27 +276,20 @@ def open_checkpoints(uri: str, environ: Mapping[str, str]) -> ObjectStore:
 
 def main(args: Any, environ: Mapping[str, str]) -> int:
     """``lab export``, its flags parsed; the exit status."""
-    from lab.azure.clients import AzureError
-    from lab.azure.stack_outputs import StackOutputsError, checkpoint_uri, stack_outputs
-    from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+    from lab.azure.stack_outputs import checkpoint_uri, stack_uri, storage_exit
+    from lab.exit_status import EXIT_BAD_INPUT
 
     if args.out.suffix not in (".pt", ".safetensors"):
         print(f"error: --out {args.out} must end in .pt or .safetensors", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        uri = args.checkpoint_uri
-        if not uri:
-            stack, outputs = stack_outputs(args.stack)
-            uri = checkpoint_uri(outputs, stack)
-        store = open_checkpoints(uri, environ)
+
+    def run() -> None:
+        store = open_checkpoints(
+            stack_uri(args.checkpoint_uri, args.stack, checkpoint_uri), environ
+        )
         scratch = args.scratch or args.out.parent / f".{args.out.name}.scratch"
         entry, count = export(store, args.out, args.step, scratch)
-    except (ExportError, StackOutputsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (AzureError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    size = args.out.stat().st_size / 1e6
-    print(f"wrote {args.out}: the model of step {entry.step} ({count} tensors, {size:.1f} MB)")
-    return EXIT_OK
+        size = args.out.stat().st_size / 1e6
+        print(f"wrote {args.out}: the model of step {entry.step} ({count} tensors, {size:.1f} MB)")
+
+    return storage_exit(run, bad_input=(ExportError,))
