@@ -22,7 +22,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.storage.blob import ContainerClient
+from azure.storage.blob import ContainerClient, LinearRetry
 
 from training.checkpoints.blob_location import BlobLocation, credential_from_env, parse_blob_uri
 from training.data.dataset_marker import CHUNK_BYTES, MARKER
@@ -43,6 +43,11 @@ class BlobSource:
             credential=credential,
             max_single_get_size=CHUNK_BYTES,
             max_chunk_get_size=CHUNK_BYTES,
+            # A few quick retries, not the SDK's exponential backoff (a minute and more before
+            # an unreachable endpoint is said): the pod exits for a new one instead.
+            retry_policy=LinearRetry(backoff=1, retry_total=3, random_jitter_range=1),
+            connection_timeout=5,
+            read_timeout=30,
         )
 
     @classmethod
