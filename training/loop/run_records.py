@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 
+from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ RECORDS_FOLDER = "records"
 NODE_ENV = "TRAIN_NODE_NAME"
 """The name a node's records go under; the host's name (a pod's name) without it."""
 OFF = "off"
+CLOSE_S = 3.0
+"""What the last upload may take when the process ends: an eviction's SIGTERM leaves the worker
+seconds, which its save needs more."""
 
 
 def records_uri(setting: str, checkpoint_uri: str) -> str | None:
@@ -79,8 +83,9 @@ class StoredRecords:
             if self._size >= self.flush_bytes:
                 self._wake.set()
 
-    def flush(self) -> bool:
-        """Upload what gathered as one object; False when the store failed (kept for later)."""
+    def flush(self, store: ObjectStore | None = None) -> bool:
+        """Upload what gathered as one object (through ``store``, a bounded view, if given);
+        False when the store failed or took too long (the lines are kept for later)."""
         with self._lock:
             lines, dropped = self._lines, self._dropped
             self._lines, self._size, self._dropped = [], 0, 0
@@ -91,7 +96,7 @@ class StoredRecords:
             lines.insert(0, json.dumps({**lost, "lines": dropped}))
         name = f"{self._prefix}_{self._seq:06d}.jsonl"
         try:
-            self.store.put(name, ("\n".join(lines) + "\n").encode())
+            (store or self.store).put(name, ("\n".join(lines) + "\n").encode())
         except OSError as exc:
             logger.warning("cannot store %d record lines in %s: %s", len(lines), name, exc)
             kept = lines[1:] if dropped else lines
@@ -104,11 +109,12 @@ class StoredRecords:
         return True
 
     def close(self) -> None:
-        """Upload what is left, once; the thread stops."""
+        """Upload what is left, once, within ``CLOSE_S``; the thread stops (an upload of its
+        still under way goes on while the process lives)."""
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=self.interval_s + 30)
-        self.flush()
+        self._thread.join(timeout=1.0)
+        self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
 
     def _run(self) -> None:
         while not self._stopped.is_set():
