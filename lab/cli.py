@@ -1,6 +1,7 @@
 """``python -m lab``: run a scenario on this machine, list scenarios; before and around a cloud
-run, check the subscription (``preflight``), compare regions (``prices``), evict a node, and
-move the job back to Spot (``rebalance``)."""
+run, check the subscription (``preflight``), compare regions (``prices``), upload the data
+(``data upload``), evict a node, move the job back to Spot (``rebalance``) and export the
+trained weights (``export``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 # Only what the parsers need, at import: ``--help`` answers at once. What a command runs
 # (etcd, the nodes, the report, the Azure and Kubernetes clients, torch) loads when it runs.
 from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
+from lab.azure.storage_commands import STORAGE_COMMANDS, add_storage_parsers, run_storage_command
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter, bad_flag
 from lab.local.scenario import FAULT_KINDS
 from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario
@@ -77,17 +79,24 @@ CLOUD_COMMANDS = {
 def _report_parser(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser(
         "report",
-        help="the report of a run from its saved logs: a lab run or a cluster's pod logs",
+        help="the report of a run from its saved logs, or from the records a cluster run stored",
         description="Build report.json, report.txt and timeline.png from saved logs: a lab "
         "run's directory (lab-runs/<timestamp>), or a directory of pod logs (pods/<pod>.log "
         "or <pod>.log, as `kubectl logs --timestamps` prints them) with, optionally, the "
         "cluster's events (events.json from `kubectl get events -o json`, or events.jsonl) "
-        "and the evictions of `lab drill` (drill-events.jsonl). Reads files only.\n"
-        "Exit status: 0 written, 2 the logs cannot be read or a flag is wrong.",
+        "and the evictions of `lab drill` (drill-events.jsonl). Without --logs, from the "
+        "records every worker stored beside its checkpoints (--stack's, or --records-uri), "
+        "which outlive the pods: they are written into --out as pod logs first.\n"
+        "Exit status: 0 written, 1 the stored records cannot be read, 2 the logs cannot be "
+        "read or a flag is wrong.",
         formatter_class=HelpFormatter,
     )
+    report.add_argument("--logs", type=Path, metavar="DIR", help="the directory of the logs")
     report.add_argument(
-        "--logs", type=Path, required=True, metavar="DIR", help="the directory of the logs"
+        "--records-uri",
+        metavar="URI",
+        help="a run's stored records (its --records-uri: <checkpoint-uri>/records by default) "
+        "instead of --stack's",
     )
     report.add_argument(
         "--out",
@@ -136,6 +145,10 @@ def _report(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and not (0 < value < math.inf):  # nan and inf too
             return bad_flag(f"--{flag.replace('_', '-')}", "> 0", value)
+    if args.logs is None:
+        code = _stored_records(args)
+        if code != EXIT_OK:
+            return code
     try:
         run = load_run(
             args.logs, max_steps=args.max_steps, global_batch_size=args.global_batch_size
@@ -152,6 +165,27 @@ def _report(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
     return EXIT_OK
+
+
+def _stored_records(args: argparse.Namespace) -> int:
+    """``--logs`` from the run's stored records, fetched into ``--out``; the exit status."""
+    import os
+
+    from lab.azure.run_records import fetch_records, records_of
+    from lab.azure.stack_outputs import checkpoint_uri, stack_uri, storage_exit
+
+    if not args.records_uri and not args.stack:
+        return bad_flag("--logs", "a directory of logs, or --stack/--records-uri", None)
+    args.logs = args.out or Path("lab-runs") / time.strftime("records-%Y%m%d-%H%M%S")
+
+    def fetch() -> None:
+        stored = stack_uri(
+            args.records_uri, args.stack, lambda o, s: records_of(checkpoint_uri(o, s))
+        )
+        count = fetch_records(stored, args.logs, os.environ)
+        print(f"{count} stored record objects from {stored} in {args.logs / 'pods'}")
+
+    return storage_exit(fetch)
 
 
 def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, str]:
@@ -197,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _report_parser(sub)
     add_cluster_parsers(sub)
+    add_storage_parsers(sub)
     for name, text in CLOUD_COMMANDS.items():
         sub.add_parser(name, help=f"{text} (see its --help)", add_help=False)
     return parser
@@ -265,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_scenarios()
     if args.command == "report":
         return _report(args)
+    if args.command in STORAGE_COMMANDS:
+        return run_storage_command(args)
     if args.command in CLUSTER_COMMANDS:
         return run_cluster_command(args, lambda: _run_prices(args))
     from lab.local.etcd_server import EtcdError

@@ -13,8 +13,9 @@ import time
 
 import torch.distributed as dist
 
-from training.api import TaskContractError
-from training.checkpoints.checkpoint import CheckpointError
+from training.api import Data, TaskContractError
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.node_local import NodeLocalState
 from training.data.cifar10 import DatasetError
 from training.elastic.exit_codes import DEVICE_FAULT, LOCAL_ERROR
 from training.elastic.faults import (
@@ -35,6 +36,7 @@ from training.loop.dist import (
 )
 from training.loop.inputs import StoreUnavailable, load_inputs
 from training.loop.metrics import EventLog, Phases, setup_logging
+from training.loop.run_records import open_records
 from training.loop.step_guard import StepGuard
 from training.loop.trainer import Trainer
 from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART, exit_now
@@ -91,6 +93,24 @@ def run(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return EXIT_RESTART
     phases.mark("inputs")
+    events.sink = open_records(cfg.checkpoint.records_uri, cfg.checkpoint.checkpoint_uri)
+    try:
+        return _run(cfg, env, data, durable, local, events, stop, phases)
+    finally:
+        events.close()  # the run's records, stored before the process goes
+
+
+def _run(
+    cfg: TrainConfig,
+    env: DistEnv,
+    data: Data,
+    durable: CheckpointRepository,
+    local: NodeLocalState,
+    events: EventLog,
+    stop: StopRequest,
+    phases: Phases,
+) -> int:
+    """The rest of ``run``, once its inputs are checked."""
     logger.info("config %s", cfg.as_dict())
     if cfg.run.deterministic:  # before the device: cuBLAS reads its setting as CUDA starts
         logger.info("deterministic mode: %s", use_deterministic_algorithms())

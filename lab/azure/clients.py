@@ -155,6 +155,23 @@ def credential_from_env(
     return ClientSecretCredential(who.tenant_id, who.client_id, secret)
 
 
+def storage_credential(account_uri: str, environ: Mapping[str, str]) -> Any:
+    """Who signs Blob requests of the lab's storage commands: the account key or SAS of
+    ``AZURE_STORAGE_CONNECTION_STRING`` when it is set (Azurite), else the deployer's sign-in,
+    which holds the data roles ``pulumi up`` gave it (``infra/storage.py``)."""
+    from training.checkpoints.blob_location import (
+        CONNECTION_STRING_ENV,
+        parse_blob_uri,
+    )
+    from training.checkpoints.blob_location import (
+        credential_from_env as key_credential,
+    )
+
+    if environ.get(CONNECTION_STRING_ENV, "").strip():
+        return key_credential(parse_blob_uri(account_uri), environ)
+    return credential_from_env(environ)
+
+
 def explain(err: Exception) -> AzureError:
     """An SDK or credential exception as an ``AzureError`` with a one-line message."""
     if isinstance(err, AzureError):

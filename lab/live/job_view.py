@@ -18,6 +18,9 @@ def describe_event(record: Record) -> str:
         "peer_failure": f"step {record.get('step')}",
         "finished": f"step {record.get('step')}",
         "started": f"rank {record.get('rank')}",
+        # The agent's, before it joins: the data source has no completion marker yet.
+        "data_waiting": f"{record.get('waited_s')} s: {record.get('why')}; {record.get('hint')}",
+        "data_copied": f"{record.get('files')} files, {record.get('copied')} copied now",
     }.get(name, "")
     return f"{name} {details} on {record.get('node')}".replace("  ", " ")
 

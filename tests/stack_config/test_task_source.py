@@ -67,8 +67,8 @@ def test_the_user_package_is_read_without_importing_it(tmp_path: Path) -> None:
     package = write_user_package(tmp_path)
     source = read_task("mytask.model:spec", [package])
     assert [(o.name, o.kind, o.default) for o in source.options or ()] == [
-        ("width", int, 16),
-        ("total_steps", int, 1000),
+        ("width", int, 8),
+        ("validation", int, 16),
     ]
     assert source.state_options == ("width",)
     assert "mytask" not in sys.modules

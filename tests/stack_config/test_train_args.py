@@ -81,7 +81,7 @@ def test_loop_flags_and_task_options_become_typed_flags(package: Path) -> None:
             {"widht": 32},
             "spot-lab:trainArgs.widht is neither a flag of the training loop nor an option of "
             "spot-lab:task mytask.model:spec (did you mean width?); the task's options: width, "
-            "total-steps;",
+            "validation;",
         ),
         (
             {"max-steps": 10},
@@ -116,7 +116,7 @@ def test_a_built_in_tasks_options_are_known_too() -> None:
 
 def test_a_task_option_named_like_a_loop_flag_is_refused_naming_it(package: Path) -> None:
     model = package / "mytask" / "model.py"
-    text = model.read_text().replace("    total_steps: int = 1000", "    lr: float = 0.1")
+    text = model.read_text().replace("    validation: int = 16", "    lr: float = 0.1")
     model.write_text(text)
     (problem,) = _problems({}, package)
     assert problem.startswith(
@@ -252,9 +252,9 @@ def test_the_identity_follows_what_shapes_the_state_and_not_the_rest(package: Pa
         "precision": "fp32",
         "seed": 0,
         "dtype": "float32",
-        "option.width": 16,
+        "option.width": 8,
     }
-    resumable = _resolved({"trainArgs": {"lr": 0.01, "total-steps": 5000}}, package)
+    resumable = _resolved({"trainArgs": {"lr": 0.01, "validation": 32}}, package)
     assert resumable.training.lineage == base.training.lineage != ""
     wider = _resolved({"trainArgs": {"width": 64}}, package)
     assert wider.training.lineage != base.training.lineage

@@ -1,5 +1,6 @@
-"""What the preflight and prices tests share: a subscription recorded as Azure answers it,
-fake local tools on PATH, and stack files in a scratch project."""
+"""What the lab's Azure tools' tests share: a subscription recorded as Azure answers it, fake
+local tools on PATH (a ``pulumi`` printing a stack's outputs too), and stack files in a scratch
+project."""
 
 from __future__ import annotations
 
@@ -138,6 +139,19 @@ esac"""
             continue
         path.write_text(f"#!/bin/sh\n{script}\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+def fake_pulumi(bin_dir: Path, outputs: dict[str, str]) -> Path:
+    """``pulumi stack output --json`` printing ``outputs``, as the CLI does for a stack."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "outputs.json").write_text(json.dumps(outputs))
+    script = bin_dir / "pulumi"
+    script.write_text(
+        '#!/bin/sh\ncase "$*" in "stack output --json --stack "*) '
+        f"exec /bin/cat {bin_dir / 'outputs.json'};; *) exit 1;; esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return bin_dir
 
 

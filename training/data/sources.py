@@ -17,8 +17,6 @@ TEXT = "text"
 """One UTF-8 text file, staged as ``CORPUS_FILE``."""
 FORMATS = (CIFAR10, TEXT)
 CORPUS_FILE = "input.txt"
-DATA_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin|input\.txt)$")
-"""The files a task reads, at the data container's root (the marker's '.' keeps it out)."""
 CHECKSUM = re.compile(r"^(md5:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
 """A source's checksum as the stack config and the staging Job accept it."""
 

@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
+from training.data.dataset_marker import MARKER, local_file, marker_body
 from training.data.sources import CHECKSUM, CIFAR10, CORPUS_FILE, FORMATS, TEXT
 
 EXIT_BAD_INPUT = 2
 EXIT_RETRY = 1
-MARKER = ".staged.json"
-"""The marker blob: its leading '.' keeps it out of the training loader's file pattern."""
 # CIFAR-10's files in its archive (training/data/cifar10.py reads them).
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
 CHUNK = 1 << 20
@@ -198,10 +197,14 @@ def stage(source: str, checksum: str, container_uri: str, data_format: str = CIF
             for path in files:
                 with open(path, "rb") as data:
                     container.upload_blob(path.name, data, overwrite=True)
-            marker = {"source": source, "checksum": checksum.strip().lower()}
-            marker["format"] = data_format
-            marker["files"] = [p.name for p in files]
-            container.upload_blob(MARKER, json.dumps(marker), overwrite=True)
+            # Last: the workers copy nothing before it is there (training/data/fetch_data.py).
+            marker = marker_body(
+                (local_file(batches, path) for path in files),
+                source=source,
+                checksum=checksum.strip().lower(),
+                format=data_format,
+            )
+            container.upload_blob(MARKER, marker, overwrite=True)
         return f"staged {len(files)} files from {source} into {container_uri}"
     except AzureError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

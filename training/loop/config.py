@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import inspect
 import itertools
 import os
@@ -46,7 +47,8 @@ class ConfigError(ValueError):
 @dataclass
 class DataConfig:
     data_dir: str = ""
-    """Directory with CIFAR-10 binary batches (``data_batch_N.bin``). Required."""
+    """The directory the task reads its data from (its load_data; on the cluster, the copy of
+    the data container, TRAIN_DATA_DIR). Required."""
     loader_workers: int = 2
     """Threads that read indexable samples ahead of the step (0: read in the training thread).
     A stream is always read by one thread of its own."""
@@ -82,6 +84,10 @@ class CheckpointConfig:
     """Timeout of the checkpoint group: ranks wait this long for one that reads or writes
     storage (restore, final save). The short ``--collective-timeout-s`` would turn a slow
     Blob store into timeouts and restart loops."""
+    records_uri: str = ""
+    """Where each process also stores its metrics and events, a small object per 30 s, so a
+    run's history outlives its pods (lab report --stack): a directory or an https:// Blob URL;
+    "" = beside Blob checkpoints (<checkpoint-uri>/records), nowhere for a directory's; off."""
     init_from: str = ""
     """Another run's --checkpoint-uri to start from: the model's weights of its newest
     verified checkpoint, with a fresh optimizer at step 0 (only while this run has no state
@@ -138,6 +144,10 @@ class RunConfig:
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms, cuDNN deterministic with
     benchmarking and TF32 off, CUBLAS_WORKSPACE_CONFIG (docs/training.md: what holds)."""
+
+
+LOOP_SECTIONS = (DataConfig, OptimConfig, CheckpointConfig, RunConfig)
+"""The loop's own settings, whose names no task option may take."""
 
 
 @dataclass
@@ -221,6 +231,8 @@ def parse_config(
             default = getattr(section, f.name)
             if f.name == "task":  # the names, which the field's docstring cannot list
                 about = f"{about} One of: {', '.join(TASK_NAMES)}. Or {REFERENCE_FORM}."
+            if f.name == "data_dir":  # what this task reads there
+                about = f"{about} {cfg.run.task}: {_data_doc(cfg.spec)}"
             parser.add_argument(
                 _flag(f.name),
                 default=None,
@@ -241,12 +253,34 @@ def parse_config(
     return cfg
 
 
+def _data_doc(spec: TrainSpec) -> str:
+    """The first paragraph of the task's ``load_data`` docstring: what ``--data-dir`` holds."""
+    doc = " ".join((inspect.getdoc(spec.load_data) or "").split("\n\n")[0].split())
+    return doc or "its load_data(data_dir, options) says nothing of it (give it a docstring)"
+
+
+def check_options(name: str, spec: TrainSpec) -> None:
+    """ConfigError when the task's options are no dataclass, or one is named like a loop
+    flag (``lr``): the task's flag would shadow the loop's, and argparse would only crash."""
+    if not dataclasses.is_dataclass(spec.options):
+        raise ConfigError(f"task {name}: TrainSpec.options must be a dataclass of its settings")
+    loop = {f.name for section in LOOP_SECTIONS for f in fields(section)}
+    for option in fields(spec.options):
+        if option.name in loop:
+            raise ConfigError(
+                f"task {name}: option {option.name!r} of {spec.options.__name__} is named like "
+                f"the loop's own flag {_flag(option.name)}: rename it (the loop's "
+                f"{_flag(option.name)} is what BuildContext and TrainParts hand over)"
+            )
+
+
 def _task_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TrainConfig:
     """The config of the task ``--task`` (or ``TRAIN_TASK``) names, with its defaults."""
     probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     probe.add_argument("--task", default=None)
     name = probe.parse_known_args(argv)[0].task or env.get(ENV_PREFIX + "TASK") or DEFAULT_TASK
     spec = task_spec(name)
+    check_options(name, spec)
     cfg = TrainConfig(options=spec.options())
     cfg.run.task = name
     for key, value in spec.defaults.items():

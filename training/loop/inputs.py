@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from training.api import Data, Samples, Stream, is_stream
+from training.api import Data, Samples, Stream, TaskContractError, is_stream
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
@@ -22,6 +22,7 @@ from training.data.cifar10 import DatasetError
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
 from training.loop.dist import DistEnv
 from training.loop.run_changes import check_init_from, state_option_names
+from training.loop.task_checks import check_data
 
 STORE_RETRY_S = 20.0
 """How long a worker of a later round keeps trying a failing checkpoint store before it ends
@@ -152,11 +153,16 @@ def load_data(cfg: TrainConfig) -> Data:
     """The task's data from ``--data-dir``; DatasetError naming the setting when unreadable."""
     where = f"--data-dir (or TRAIN_DATA_DIR) {cfg.data.data_dir}"
     try:
-        return cfg.spec.load_data(cfg.data.data_dir, cfg.options)
+        data = cfg.spec.load_data(cfg.data.data_dir, cfg.options)
     except OSError as exc:
         raise DatasetError(f"{where}: cannot read it: {exc}") from exc
     except ValueError as exc:
         raise DatasetError(f"{where}: {exc}") from exc
+    try:
+        check_data(cfg.run.task, data)
+    except TaskContractError as exc:
+        raise ConfigError(str(exc)) from None
+    return data
 
 
 def load_inputs(

@@ -1,4 +1,5 @@
-"""Structured JSON lines on stdout (metrics and events), readable logs on stderr."""
+"""Structured JSON lines on stdout (metrics and events), readable logs on stderr; the same lines
+to a sink too (``run_records.py``: the run's storage), when one is given."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from training.loop.dist import DistEnv
 
@@ -23,21 +24,47 @@ def setup_logging(env: DistEnv, level: int = logging.INFO) -> None:
     )
 
 
+class RecordSink(Protocol):
+    """Where the lines go besides the stream: each call is cheap (it runs at every step)."""
+
+    def write(self, line: str) -> None:
+        """One record, a JSON object without its newline."""
+
+    def close(self) -> None:
+        """Keep what was written; no more lines come."""
+
+
 class EventLog:
     """One JSON object per line: ``kind`` is "metrics" or "event"."""
 
-    def __init__(self, env: DistEnv, stream: IO[str] | None = None, agent: bool = False) -> None:
-        """``agent``: the lines of a node's agent, not of a worker (their ``rank`` is null)."""
+    def __init__(
+        self,
+        env: DistEnv,
+        stream: IO[str] | None = None,
+        agent: bool = False,
+        sink: RecordSink | None = None,
+    ) -> None:
+        """``agent``: the lines of a node's agent, not of a worker (their ``rank`` is null).
+        ``sink``: where every line goes too."""
         self.env = env
         self.stream = stream or sys.stdout
+        self.sink = sink
         rank = None if agent else env.rank
         self._base = {"rank": rank, "restart_count": env.restart_count, "run_id": env.run_id}
         if env.rdzv_round:  # which group a line comes from: two groups at once is split brain
             self._base["rdzv_round"] = env.rdzv_round
 
     def _write(self, record: dict[str, Any]) -> None:
-        self.stream.write(json.dumps({"ts": round(time.time(), 3), **self._base, **record}) + "\n")
+        line = json.dumps({"ts": round(time.time(), 3), **self._base, **record})
+        self.stream.write(line + "\n")
         self.stream.flush()
+        if self.sink is not None:
+            self.sink.write(line)
+
+    def close(self) -> None:
+        """Hand the sink what it holds (the stream is not ours to close)."""
+        if self.sink is not None:
+            self.sink.close()
 
     def metrics(self, **fields: Any) -> None:
         self._write({"kind": "metrics", **fields})

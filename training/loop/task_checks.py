@@ -30,7 +30,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.api import MicroBatch, TaskContractError
+from training.api import Data, MicroBatch, TaskContractError, is_stream
+
+
+def check_data(task: str, data: Any) -> None:
+    """TaskContractError naming the field when ``load_data`` returned no ``Data``, or training
+    samples without a ``digest`` str (a stream: without an ``identity`` str): the run's
+    identity holds it, so a state is never resumed over other data of the same size."""
+    if not isinstance(data, Data):
+        raise TaskContractError(
+            f"task {task!r}: load_data must return a training.api.Data, got {type(data).__name__}"
+        )
+    field = "identity" if is_stream(data.train) else "digest"
+    if not hasattr(data.train, field):
+        raise TaskContractError(
+            f"task {task!r}: Data.train ({type(data.train).__name__}) has no {field}: give it a "
+            f"property {field} -> str (a SHA-256 of its content: docs/your-own-model.md)"
+        )
+    value = getattr(data.train, field)
+    if not isinstance(value, str) or not value:
+        raise TaskContractError(
+            f"task {task!r}: Data.train.{field} must be a non-empty str (a SHA-256 hex digest "
+            f"of the content), got {type(value).__name__} {value!r:.40}"
+        )
+
 
 RELATIVE_TOLERANCE = 1e-4
 """Rehearsal differences allowed relative to the step's own size: none on the CPU, where the

@@ -122,3 +122,16 @@ def test_only_records_are_parsed(tmp_path: Path) -> None:
         ("node-0", 1.0),
         ("node-1", 2.0),
     ]
+
+
+def test_a_worker_waiting_for_its_data_shows_why_and_the_command() -> None:
+    line = json.dumps(
+        {"ts": 5.0, "kind": "event", "event": "data_waiting", "rank": None, "waited_s": 60,
+         "why": "no .staged.json in /mnt/dataset yet", "hint": "upload it with `lab data upload`"}
+    )  # fmt: skip
+    view = JobView()
+    record = parse_record(line, "mytask-train-worker-0")
+    assert record is not None
+    view.observe(record)
+    assert view.last_event.startswith("data_waiting 60 s: no .staged.json in /mnt/dataset yet")
+    assert "lab data upload" in view.last_event and view.last_event.endswith("worker-0")

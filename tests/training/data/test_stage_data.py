@@ -15,6 +15,7 @@ from azure.storage.blob import ContainerClient
 
 from training.checkpoints.blob_store import CONNECTION_STRING_ENV
 from training.data.cifar10 import load_cifar10_binary, write_synthetic_cifar10
+from training.data.fetch_data import fetch_dataset
 from training.data.stage_data import MARKER, main, parse_checksum
 
 
@@ -96,12 +97,10 @@ def test_stages_the_batches_once_and_they_load(
     assert main(args) == 0
     names = sorted(b.name for b in client.list_blobs())
     assert names == [MARKER, *[f"data_batch_{i}.bin" for i in range(1, 6)], "test_batch.bin"]
-    # What the workers' loader reads from the container is the dataset the archive held.
+    # The workers' copy takes the marker as staging's end, checks every file against it, and
+    # what it copied is the dataset the archive held.
     local = tmp_path / "fetched"
-    local.mkdir()
-    for name in names:
-        if name != MARKER:
-            (local / name).write_bytes(client.download_blob(name).readall())
+    fetch_dataset(uri, local)
     assert len(load_cifar10_binary(local, "train")) == 60
     assert len(load_cifar10_binary(local, "test")) == 20
     # A second pulumi up with the same checksum downloads nothing.

@@ -1,0 +1,1 @@
+"""A small regression task of the user's own package, trained by the lab."""

@@ -1,0 +1,139 @@
+"""A run's history in its own storage: each process's metrics and events, a small object per
+interval, so ``lab report --stack`` rebuilds the report after the pods (and their stdout) are
+gone.
+
+The records are the JSON lines the ``EventLog`` prints (``metrics.py``), written again through
+its sink. ``StoredRecords`` keeps them in memory and a thread of its own uploads what gathered
+every ``interval_s`` (or sooner, once ``flush_bytes`` gathered) as one new object, named so that
+a node's objects sort in the order they were written: ``<node>_<start><writer>_<seq>.jsonl``.
+A step costs an append to a list; a store that fails keeps the lines for the next try, up to
+``max_bytes``, past which the oldest are dropped (and counted in the next object's first line).
+Objects are only ever created, never rewritten, so no two processes race for one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from training.checkpoints.deadline import Deadline
+from training.checkpoints.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+RECORDS_FOLDER = "records"
+"""Beside a run's checkpoints: ``<checkpoint-uri>/records``."""
+NODE_ENV = "TRAIN_NODE_NAME"
+"""The name a node's records go under; the host's name (a pod's name) without it."""
+OFF = "off"
+CLOSE_S = 3.0
+"""What the last upload may take when the process ends: an eviction's SIGTERM leaves the worker
+seconds, which its save needs more."""
+
+
+def records_uri(setting: str, checkpoint_uri: str) -> str | None:
+    """Where the records go for ``--records-uri`` ``setting``: as given; beside checkpoints in
+    Blob when empty (a directory's: nowhere, local runs keep their logs); None for ``off``."""
+    if setting == OFF:
+        return None
+    if setting:
+        return setting
+    if checkpoint_uri.startswith(("https://", "http://")):
+        return f"{checkpoint_uri.rstrip('/')}/{RECORDS_FOLDER}"
+    return None
+
+
+def node_name() -> str:
+    """What this node's records are filed under (``_`` is the objects' separator)."""
+    return (os.environ.get(NODE_ENV) or socket.gethostname()).replace("_", "-")
+
+
+class StoredRecords:
+    """A ``RecordSink``: the lines, gathered and uploaded as objects by a thread of its own."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        node: str,
+        interval_s: float = 30.0,
+        flush_bytes: int = 1 << 20,
+        max_bytes: int = 16 << 20,
+    ) -> None:
+        self.store, self.interval_s = store, interval_s
+        self.flush_bytes, self.max_bytes = flush_bytes, max_bytes
+        self._prefix = f"{node}_{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
+        self._seq, self._lines, self._size, self._dropped = 0, [], 0, 0
+        self._lock = threading.Lock()
+        self._wake, self._stopped = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="run-records", daemon=True)
+        self._thread.start()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            while self._size > self.max_bytes and len(self._lines) > 1:
+                self._size -= len(self._lines.pop(0)) + 1
+                self._dropped += 1
+            if self._size >= self.flush_bytes:
+                self._wake.set()
+
+    def flush(self, store: ObjectStore | None = None) -> bool:
+        """Upload what gathered as one object (through ``store``, a bounded view, if given);
+        False when the store failed or took too long (the lines are kept for later)."""
+        with self._lock:
+            lines, dropped = self._lines, self._dropped
+            self._lines, self._size, self._dropped = [], 0, 0
+        if not lines:
+            return True
+        if dropped:  # what the buffer could not keep while the store failed
+            lost = {"ts": round(time.time(), 3), "kind": "event", "event": "records_dropped"}
+            lines.insert(0, json.dumps({**lost, "lines": dropped}))
+        name = f"{self._prefix}_{self._seq:06d}.jsonl"
+        try:
+            (store or self.store).put(name, ("\n".join(lines) + "\n").encode())
+        except OSError as exc:
+            logger.warning("cannot store %d record lines in %s: %s", len(lines), name, exc)
+            kept = lines[1:] if dropped else lines
+            with self._lock:
+                self._lines[:0] = kept
+                self._size += sum(len(line) + 1 for line in kept)
+                self._dropped += dropped
+            return False
+        self._seq += 1
+        return True
+
+    def close(self) -> None:
+        """Upload what is left, once, within ``CLOSE_S``; the thread stops (an upload of its
+        still under way goes on while the process lives)."""
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout=1.0)
+        self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if not self._stopped.is_set():
+                self.flush()
+
+
+def open_records(setting: str, checkpoint_uri: str) -> StoredRecords | None:
+    """The sink for ``--records-uri``, or None (off, or a store that cannot be opened: the
+    run's logs still go to stdout, and training does not stop for its history)."""
+    uri = records_uri(setting, checkpoint_uri)
+    if uri is None:
+        return None
+    from training.checkpoints.stores import open_store
+
+    try:
+        return StoredRecords(open_store(uri), node_name())
+    except (OSError, ValueError) as exc:
+        logger.warning("--records-uri %s: the run's records stay in its logs only: %s", uri, exc)
+        return None
