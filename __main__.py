@@ -23,6 +23,7 @@ from infra.registry import LabRegistry, LabRegistryArgs
 from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
 from infra.storage import LabStorage, LabStorageArgs
 from stack_config.task_package import resolve
+from workloads.job import ConfigRefused
 from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 
 PROJECT_DIR = Path(__file__).resolve().parent
@@ -48,10 +49,13 @@ def read_config() -> stack_config.LabConfig:
     config = pulumi.Config(project)
     raw = {key: value for key in stack_config.KEYS if (value := config.get(key)) is not None}
     location = pulumi.Config("azure-native").get("location")
-    cfg = stack_config.load(raw, project, pulumi.get_stack(), location)
-    stack_config.validate(cfg)
-    # The task package and the task, read from disk (never run), with trainArgs.
-    cfg, warnings = resolve(cfg, PROJECT_DIR)
+    try:
+        cfg = stack_config.load(raw, project, pulumi.get_stack(), location)
+        stack_config.validate(cfg)
+        # The task package and the task, read from disk (never run), with trainArgs.
+        cfg, warnings = resolve(cfg, PROJECT_DIR)
+    except stack_config.ConfigError as exc:  # one line per problem, no traceback
+        raise ConfigRefused(exc.problems) from None
     for warning in warnings:
         pulumi.log.warn(warning)
     return cfg

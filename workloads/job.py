@@ -113,15 +113,17 @@ class ElasticTrainingJob(pulumi.ComponentResource):
         )
 
 
-class RunRefused(pulumi.RunError):
-    """The stack's settings change what the recorded run's checkpoints hold.
+class ConfigRefused(pulumi.RunError):
+    """A stack config ``pulumi up`` refuses: a bad value, or settings that change what the
+    recorded run's checkpoints hold; ``problems`` has one line each.
 
-    A ``RunError``: Pulumi shows its message alone, not a traceback, and it is no ValueError,
-    which the SDK would wrap into the input it was serializing ("While processing input").
+    A ``RunError``: Pulumi prints the message alone, not a traceback (the SDK's
+    ``run_in_stack`` logs a ``RunError`` as its text), and raised in an ``apply`` it is not
+    wrapped into the input being serialized ("While processing input"), as a ValueError is.
     """
 
-    def __init__(self, problem: str) -> None:
-        self.problems = [problem]
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
         super().__init__(str(ConfigError(self.problems)))
 
 
@@ -129,7 +131,7 @@ def _checked(cfg: LabConfig, recorded: dict[str, str] | None) -> bool:
     """Refuse the settings when they change what the recorded run's checkpoints hold."""
     problem = identity_problem(cfg, recorded or {})
     if problem is not None:
-        raise RunRefused(problem)
+        raise ConfigRefused([problem])
     return True
 
 

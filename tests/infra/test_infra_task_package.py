@@ -11,10 +11,9 @@ import pytest
 
 from infra.build_context import context_files
 from infra.image import TASK_DOCKERFILE, image_tag, task_image_tag
-from stack_config import ConfigError
 from tests.support.pulumi_harness import PROJECT_DIR, AzureAnswers, ProgramRun, run_program
 from tests.support.user_package import write_user_package
-from workloads.job import RunRefused
+from workloads.job import ConfigRefused
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 COMMAND = "command:local:Command"
@@ -62,7 +61,7 @@ def _env(run: ProgramRun) -> dict[str, str]:
 
 
 def _refusal(run: ProgramRun) -> str:
-    assert isinstance(run.error, ConfigError | RunRefused), run.error
+    assert isinstance(run.error, ConfigRefused), run.error
     (problem,) = run.error.problems
     assert "\n" not in problem
     return problem
@@ -244,5 +243,5 @@ def test_a_refusal_in_one_run_is_not_the_next_runs_error(package: Path) -> None:
     """The SDK keeps the Outputs that awaited a failed ``apply``; the harness forgets them."""
     started = _run(package)
     refused = _run(package, _recorded(started), trainArgs={**TRAIN_ARGS, "width": 64})
-    assert isinstance(refused.error, RunRefused)
+    assert isinstance(refused.error, ConfigRefused)
     assert _run(package).error is None
