@@ -92,6 +92,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
             admin_principal_type=deployer_type,
             deployer=deployer,
             tags=tags,
+            subscription_id=resource_group.subscription_id,
         ),
     )
     storage, registry = deploy_stores(cfg, resource_group, cluster, deployer_type, tags)

@@ -9,7 +9,7 @@ import ipaddress
 import re
 
 from infra import gpu_sizes, naming
-from stack_config.fallback import fallback_problems
+from stack_config.fallback import fallback_problems, gpu_node_total_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.sources import CHECKSUM
@@ -36,6 +36,7 @@ def validate(cfg: LabConfig) -> None:
         *_cluster_problems(cfg),
         *_gpu_pool_problems(cfg),
         *fallback_problems(cfg),
+        *gpu_node_total_problems(cfg),
         *_replica_problems(cfg),
         *_training_problems(cfg),
         *_data_problems(cfg),

@@ -595,3 +595,12 @@ def test_more_heartbeats_than_the_rendezvous_was_measured_with_are_refused() -> 
     # Beating half as often keeps etcd's load within what was measured.
     assert _cfg({**big, "rdzvKeepAliveInterval": "2"}).job.max_replicas == 100
     assert _cfg({"gpuMaxNodes": "64", "workerMaxReplicas": "64"}).job.max_replicas == 64
+
+
+def test_the_gpu_pools_together_stay_within_what_the_autoscaler_tolerates_unready() -> None:
+    """infra.catalog.gpu_pools.MAX_GPU_NODES is the autoscaler's ok-total-unready-count."""
+    _cfg({"gpuMaxNodes": "98", "onDemandMaxNodes": "2"})  # 100: allowed
+    message = _problems({"gpuMaxNodes": "99", "onDemandMaxNodes": "2"})
+    assert "spot-lab:gpuMaxNodes (99) plus spot-lab:onDemandMaxNodes (2) must be at most 100" in (
+        message
+    )
