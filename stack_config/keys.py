@@ -34,6 +34,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("apiServerAuthorizedIpRanges", "cluster.api_server_authorized_ip_ranges", str),
     Setting("systemVmSize", "cluster.system_vm_size", str),
     Setting("systemNodeCount", "cluster.system_node_count", int),
+    Setting("etcdMembers", "etcd_members", int),
     Setting("gpuVmSize", "gpu_pool.vm_size", str),
     Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
     Setting("gpuMaxNodes", "gpu_pool.max_nodes", int, optional=True),

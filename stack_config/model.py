@@ -29,8 +29,8 @@ class ClusterConfig:
     """AKS version, e.g. "1.33"; None lets AKS pick its default."""
     system_vm_size: str = "Standard_D2s_v5"
     """CPU size of the pool for etcd, the operator and data staging (not AKS's bootstrap pool)."""
-    system_node_count: int = 2
-    """Nodes of that pool; two keep etcd and the operator up through a node upgrade."""
+    system_node_count: int = 3
+    """Nodes of that pool, at least ``LabConfig.etcd_members``: one etcd member per node."""
     api_server_authorized_ip_ranges: str = ""
     """Comma-separated IPv4 CIDRs allowed to reach the API server; "" = any address."""
 
@@ -159,6 +159,9 @@ class LabConfig:
     task: str = "cifar"
     """What the job trains: a task of training/tasks/ (``TASKS``), or a TrainSpec of the
     user's own module in the image, as ``module.path:attribute``."""
+    etcd_members: int = 3
+    """Members of the rendezvous' etcd, one per system node: 3 or 5 keep quorum through the loss
+    of a node; 1 (a throwaway dev stack) is down while its node is."""
 
     @property
     def data_source(self) -> DataSource:

@@ -9,6 +9,7 @@ import ipaddress
 import re
 
 from infra import gpu_sizes, naming
+from stack_config.etcd_members import etcd_member_problems
 from stack_config.fallback import fallback_problems, gpu_node_total_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
@@ -125,6 +126,7 @@ def _is_ipv4_cidr(text: str) -> bool:
 def _cluster_problems(cfg: LabConfig) -> list[str]:
     cluster = cfg.cluster
     problems = _at_least(cfg, {"systemNodeCount": cluster.system_node_count}, 1)
+    problems += etcd_member_problems(cfg)
     version = cluster.kubernetes_version
     if version is not None and not K8S_VERSION.match(version):
         problems.append(

@@ -121,6 +121,7 @@ class LabWorkloads(pulumi.ComponentResource):
         etcd_spec = EtcdSpec(
             namespace=cfg.namespace,
             priority_class=rendezvous_class.name,
+            replicas=cfg.etcd_members,
             operator_namespace=OPERATOR_NAMESPACE,
             operator_pod_labels=dict(OPERATOR_POD_LABELS),
         )

@@ -604,3 +604,29 @@ def test_the_gpu_pools_together_stay_within_what_the_autoscaler_tolerates_unread
     assert "spot-lab:gpuMaxNodes (99) plus spot-lab:onDemandMaxNodes (2) must be at most 100" in (
         message
     )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"etcdMembers": "2"}, "spot-lab:etcdMembers must be 1 (a throwaway dev stack) or an odd"),
+        ({"etcdMembers": "0"}, "spot-lab:etcdMembers must be 1"),
+        (
+            {"systemNodeCount": "2"},
+            "spot-lab:systemNodeCount (2) must be >= spot-lab:etcdMembers (3): each etcd member",
+        ),
+        (
+            {"etcdMembers": "5", "systemNodeCount": "4"},
+            "spot-lab:systemNodeCount (4) must be >= spot-lab:etcdMembers (5)",
+        ),
+    ],
+)
+def test_etcd_members_need_a_quorum_and_a_system_node_each(
+    raw: dict[str, str], message: str
+) -> None:
+    assert message in _problems(raw)
+
+
+def test_one_etcd_member_on_one_system_node_is_a_dev_stack() -> None:
+    cfg = _cfg({"etcdMembers": "1", "systemNodeCount": "1"})
+    assert (cfg.etcd_members, cfg.cluster.system_node_count) == (1, 1)
