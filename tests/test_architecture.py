@@ -19,6 +19,7 @@ MAY_IMPORT = {
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
+    "training.node_agent": (),
     "training.data": ("training.api", "training.elastic", "training.checkpoints"),
     "training.tasks": ("training.api", "training.data"),
     "training.loop": (

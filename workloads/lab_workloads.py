@@ -6,7 +6,8 @@ through one Kubernetes provider (server-side apply):
 - the namespace and the training ServiceAccount (workload identity),
 - PriorityClasses: preemptible training below the rendezvous,
 - etcd (the rendezvous) on the system pool,
-- the NVIDIA device plugin on the GPU pools,
+- the NVIDIA device plugin on the GPU pools, and the nodes' agent that turns Azure's eviction
+  notice into the workers' SIGTERM,
 - with the on-demand fallback on, the cluster autoscaler's priorities (Spot first),
 - the Kubeflow training operator v1.9.4,
 - the dataset's read-only Blob CSI volume and the Job that stages the dataset,
@@ -20,6 +21,7 @@ the cluster. The objects themselves come from the pure builders in ``workloads.m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -34,11 +36,13 @@ from workloads.manifests.data_staging import DataStagingSpec
 from workloads.manifests.device_plugin import DevicePluginSpec
 from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name
+from workloads.manifests.node_agent import NodeAgentSpec
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
 from workloads.manifests.priority import lab_priority_classes
 from workloads.manifests.scheduling import any_gpu_pool
 from workloads.manifests.watch import watch_commands
 from workloads.namespace import LabNamespace, LabNamespaceArgs
+from workloads.node_agent import NodeAgent, NodeAgentArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
 from workloads.volume import DatasetVolume, DatasetVolumeArgs
@@ -126,6 +130,7 @@ class LabWorkloads(pulumi.ComponentResource):
             operator_pod_labels=dict(OPERATOR_POD_LABELS),
         )
         rendezvous = Rendezvous(f"{name}-etcd", RendezvousArgs(spec=etcd_spec), opts=in_namespace)
+        self._node_agent(name, args, rendezvous_class.name, in_namespace)
         dataset = DatasetVolume(
             f"{name}-dataset",
             DatasetVolumeArgs(
@@ -196,6 +201,23 @@ class LabWorkloads(pulumi.ComponentResource):
         on_both = DevicePluginSpec(node_selector={}, affinity=any_gpu_pool())
         NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(on_both), opts=opts)
         return [AutoscalerPriorities(f"{name}-autoscaler-priorities", opts=opts)]
+
+    def _node_agent(
+        self, name: str, args: LabWorkloadsArgs, priority: str, opts: pulumi.ResourceOptions
+    ) -> NodeAgent:
+        """The agent on every GPU node (both pools with the fallback, as the device plugin)."""
+        cfg = args.config
+        placement: dict[str, Any] = (
+            {"node_selector": {}, "affinity": any_gpu_pool()} if cfg.fallback.enabled else {}
+        )
+        spec = pulumi.Output.from_input(args.image).apply(
+            lambda image: NodeAgentSpec(
+                namespace=cfg.namespace, image=image, priority_class=priority, **placement
+            )
+        )
+        return NodeAgent(
+            f"{name}-node-agent", NodeAgentArgs(spec=spec, namespace=cfg.namespace), opts=opts
+        )
 
     def _staging(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions

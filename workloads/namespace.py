@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 
 from workloads.manifests.namespace import (
     identity_egress_policy,
+    metadata_egress_policy,
     namespace_manifest,
     training_service_account,
 )
@@ -57,6 +58,14 @@ class LabNamespace(pulumi.ComponentResource):
             f"{name}-identity-egress",
             metadata=policy["metadata"],
             spec=policy["spec"],
+            opts=child_options(self, opts, depends_on=[namespace]),
+        )
+        # Only the GPU nodes' agent may reach the instance metadata service.
+        no_metadata = metadata_egress_policy(args.name)
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-no-metadata-egress",
+            metadata=no_metadata["metadata"],
+            spec=no_metadata["spec"],
             opts=child_options(self, opts, depends_on=[namespace]),
         )
         self.name = namespace.metadata.name

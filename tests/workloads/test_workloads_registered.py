@@ -130,7 +130,11 @@ def test_a_one_member_etcd_has_no_budget_to_block_its_nodes_drain() -> None:
 
 
 def test_registered_device_plugin_runs_on_every_gpu_spot_node(run: ProgramRun) -> None:
-    daemonset = _one_by_kind(run, "DaemonSet")
+    (daemonset,) = [
+        r.inputs
+        for r in run.resources
+        if r.type.endswith(":DaemonSet") and "device-plugin" in r.name
+    ]
     pod = daemonset["spec"]["template"]["spec"]
     (plugin,) = pod["containers"]
     assert plugin["image"] == DEVICE_PLUGIN_IMAGE == "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"

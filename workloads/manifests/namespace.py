@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.manifests.scheduling import ROLE_LABEL
+
 WORKLOAD_IDENTITY_CLIENT_ID = "azure.workload.identity/client-id"
 # Pods opt in with this label; the webhook then injects AZURE_CLIENT_ID and a token file.
 WORKLOAD_IDENTITY_USE = {"azure.workload.identity/use": "true"}
@@ -88,5 +90,30 @@ def identity_egress_policy(namespace: str) -> dict[str, Any]:
                     ],
                 },
             ],
+        },
+    }
+
+
+NODE_AGENT_ROLE = "node-agent"
+"""The ``spot-lab/role`` of the GPU nodes' agent (``workloads/manifests/node_agent.py``): the one
+pod of the namespace that may reach the instance metadata service."""
+
+
+def metadata_egress_policy(namespace: str) -> dict[str, Any]:
+    """Every pod of the namespace but the node agent may reach anything but the instance
+    metadata service: etcd and any pod without an identity too, not only the identity pods
+    (``identity_egress_policy``), so that only the agent, which reads the node's Scheduled
+    Events there, can ask it for the node's identity. Policies add up: a pod both select still
+    reaches no metadata address, since neither admits it."""
+    selector = {"key": ROLE_LABEL, "operator": "NotIn", "values": [NODE_AGENT_ROLE]}
+    allowed = identity_egress_policy(namespace)["spec"]["egress"]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "no-metadata-egress", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchExpressions": [selector]},
+            "policyTypes": ["Egress"],
+            "egress": allowed,
         },
     }
