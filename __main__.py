@@ -17,7 +17,7 @@ import stack_config
 from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
-from infra.image import TrainingImage, TrainingImageArgs
+from infra.image import BaseImages, BaseImagesArgs, TrainingImage, TrainingImageArgs
 from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
 from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
@@ -138,6 +138,16 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
         storage.data_container_id,
         "data-writer",
     )
+    # The Dockerfiles' bases in the lab's registry first: no build pulls from Docker Hub.
+    base_images = BaseImages(
+        "base-images",
+        BaseImagesArgs(
+            registry_name=registry.name,
+            resource_group=resource_group.name,
+            subscription_id=resource_group.subscription_id,
+            training_dir=PROJECT_DIR / "training",
+        ),
+    )
     image, stager_image = (
         TrainingImage(
             f"{who}-image",
@@ -151,6 +161,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
                 repository=repository,
                 builder=cfg.image_builder,
                 dockerfile=dockerfile,
+                base_images=base_images,
             ),
         )
         for who, repository, dockerfile in (

@@ -21,6 +21,7 @@ import pulumi
 import pulumi_command as command
 
 from infra.build_context import DOCKERFILE, context_files
+from infra.catalog.base_images import BASE_REGISTRY_ARG, ImageRef, training_base_images
 
 TAG_LENGTH = 16
 
@@ -59,9 +60,11 @@ def build_command(
     tag: str,
     context: str,
     dockerfile: str = DOCKERFILE,
+    base_registry: str = "",
 ) -> str:
     """The shell command that builds ``context`` (a directory) with ``dockerfile`` (relative to
-    it) and pushes ``repository:tag``.
+    it) and pushes ``repository:tag``; ``base_registry``, when given, is where its ``FROM``
+    pulls the base (``BASE_REGISTRY_ARG``): the lab's registry, after ``import_command``.
 
     ``az`` is told the registry's resource group and subscription: without them it finds the
     registry by a subscription-wide lookup that lags right after the registry is created
@@ -74,21 +77,92 @@ def build_command(
     docker_file = "" if dockerfile == DOCKERFILE else f" --file {shlex.quote(file_in_context)}"
     where = f"--resource-group {shlex.quote(resource_group)}"
     where += f" --subscription {shlex.quote(subscription_id)}"
+    base = f" --build-arg {BASE_REGISTRY_ARG}={shlex.quote(base_registry)}" if base_registry else ""
     if builder == "acr":
         image = shlex.quote(f"{repository}:{tag}")
         return (
             f"az acr build --registry {shlex.quote(registry_name)} {where}"
-            f" --platform {PLATFORM} --image {image}{acr_file} {context}"
+            f" --platform {PLATFORM} --image {image}{acr_file}{base} {context}"
         )
     if builder == "docker":
         ref = shlex.quote(f"{login_server}/{repository}:{tag}")
         return (
             f"az acr login --name {shlex.quote(registry_name)} --subscription "
             f"{shlex.quote(subscription_id)}"
-            f" && docker build --platform {PLATFORM} --tag {ref}{docker_file} {context}"
+            f" && docker build --platform {PLATFORM} --tag {ref}{docker_file}{base} {context}"
             f" && docker push {ref}"
         )
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
+
+
+def import_command(
+    *, registry_name: str, resource_group: str, subscription_id: str, base: ImageRef
+) -> str:
+    """``az acr import`` of one base, by its pinned digest, into the lab's registry under the
+    same repository and tag, so the Dockerfile's ``FROM ${BASE_REGISTRY}/...@digest`` finds it
+    there. ACR copies every platform of a multi-architecture image's manifest list (ACR, "Import
+    container images": "images for all architectures and platforms specified in the manifest
+    list get copied"; "identify an image by its manifest digest instead of by tag"). The copy is
+    Azure's, once per registry and digest: Docker Hub's limit can refuse it too, but then the
+    next `pulumi up` retries it, and no build ever pulls from Docker Hub. ``--force``: a tag left
+    by an earlier, interrupted import is overwritten."""
+    if not base.digest:
+        raise ValueError(f"base image {base.reference} must be pinned by digest to be imported")
+    source = f"docker.io/{base.repository}@{base.digest}"
+    return (
+        f"az acr import --name {shlex.quote(registry_name)}"
+        f" --resource-group {shlex.quote(resource_group)}"
+        f" --subscription {shlex.quote(subscription_id)}"
+        f" --source {shlex.quote(source)} --image {shlex.quote(f'{base.repository}:{base.tag}')}"
+        " --force"
+    )
+
+
+def imported_bases(training_dir: Path) -> list[ImageRef]:
+    """The bases the Dockerfiles of ``training_dir`` pull through ``BASE_REGISTRY_ARG``, each
+    once."""
+    bases = [b for refs in training_base_images(training_dir).values() for b in refs if b.imported]
+    return list(dict.fromkeys(bases))
+
+
+@dataclass
+class BaseImagesArgs:
+    """Inputs of ``BaseImages``."""
+
+    registry_name: pulumi.Input[str]
+    resource_group: pulumi.Input[str]
+    subscription_id: pulumi.Input[str]
+    training_dir: Path
+    """Where the Dockerfiles are: their ``FROM`` lines name the bases."""
+
+
+class BaseImages(pulumi.ComponentResource):
+    """The Dockerfiles' bases, imported into the lab's registry before any build."""
+
+    imports: list[pulumi.Resource]
+
+    def __init__(
+        self, name: str, args: BaseImagesArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:image:BaseImages", name, None, opts)
+        self.imports = []
+        where = pulumi.Output.all(args.registry_name, args.resource_group, args.subscription_id)
+        for base in imported_bases(args.training_dir):
+            create = where.apply(
+                lambda w, base=base: import_command(
+                    registry_name=w[0], resource_group=w[1], subscription_id=w[2], base=base
+                )
+            )
+            self.imports.append(
+                command.local.Command(
+                    f"{name}-{base.repository.replace('/', '-')}",
+                    create=create,
+                    # A new pin is a new import; an unchanged one is never imported again.
+                    triggers=[base.digest],
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+            )
+        self.register_outputs({})
 
 
 @dataclass
@@ -114,6 +188,8 @@ class TrainingImageArgs:
     """``acr`` (ACR Tasks, no local daemon) or ``docker`` (local build and push)."""
     dockerfile: str = DOCKERFILE
     """The Dockerfile inside the context: ``Dockerfile`` or ``Dockerfile.stager``."""
+    base_images: BaseImages | None = None
+    """The bases imported into this registry: the build pulls them from there, after them."""
 
 
 class TrainingImage(pulumi.ComponentResource):
@@ -145,6 +221,7 @@ class TrainingImage(pulumi.ComponentResource):
                 tag=tag,
                 context=args.context,
                 dockerfile=args.dockerfile,
+                base_registry=reg[1] if args.base_images is not None else "",
             )
         )
         build = command.local.Command(
@@ -156,7 +233,10 @@ class TrainingImage(pulumi.ComponentResource):
             # engine sets to the project directory, where the relative context resolves.
             # A new tag (changed tree) replaces the command, which runs the build again.
             triggers=[tag],
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=args.base_images.imports if args.base_images is not None else [],
+            ),
         )
         self.tag = tag
         # Derived from the build's stdout, so nothing can use the ref before the push is done.
