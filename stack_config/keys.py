@@ -36,6 +36,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("systemNodeCount", "cluster.system_node_count", int),
     Setting("etcdMembers", "etcd_members", int),
     Setting("gpuVmSize", "gpu_pool.vm_size", str),
+    Setting("rdma", "rdma", str),
     Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
     Setting("gpuMaxNodes", "gpu_pool.max_nodes", int, optional=True),
     Setting("spotMaxPrice", "gpu_pool.spot_max_price", str),
@@ -78,3 +79,4 @@ REMOVED: dict[str, str] = {
 """Keys of earlier versions, and why each went."""
 
 IMAGE_BUILDERS = ("acr", "docker")
+RDMA_MODES = ("auto", "on", "off")

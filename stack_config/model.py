@@ -159,6 +159,8 @@ class LabConfig:
     task: str = "cifar"
     """What the job trains: a task of training/tasks/ (``TASKS``), or a TrainSpec of the
     user's own module in the image, as ``module.path:attribute``."""
+    rdma: str = "auto"
+    """InfiniBand between the GPU nodes: auto (where the size has it), on or off."""
     etcd_members: int = 3
     """Members of the rendezvous' etcd, one per system node: 3 or 5 keep quorum through the loss
     of a node; 1 (a throwaway dev stack) is down while its node is."""
@@ -179,6 +181,18 @@ class LabConfig:
         if size is None:
             raise ValueError(f"{self.gpu_pool.vm_size} is not in infra.gpu_sizes.SIZES")
         return size
+
+    @property
+    def infiniband(self) -> bool:
+        """Whether the workers use the size's InfiniBand (``rdma``; ``validate`` refuses on
+        for a size without it)."""
+        size = gpu_sizes.gpu_size(self.gpu_pool.vm_size)
+        return self.rdma != "off" and size is not None and size.infiniband is not None
+
+    @property
+    def nccl_ib_env(self) -> dict[str, str]:
+        """The workers' NCCL_IB_* settings: the size's, with InfiniBand on; else none."""
+        return gpu_sizes.nccl_ib_env(self.gpu_size) if self.infiniband else {}
 
     @property
     def gpus_per_node(self) -> int:

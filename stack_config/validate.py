@@ -11,6 +11,7 @@ import re
 from infra import gpu_sizes, naming
 from stack_config.etcd_members import etcd_member_problems
 from stack_config.fallback import fallback_problems, gpu_node_total_problems
+from stack_config.infiniband import rdma_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from training.data.sources import CHECKSUM
@@ -153,6 +154,7 @@ def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
     if pool.max_nodes is not None:
         problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
     problems += _gpu_size_problems(cfg)
+    problems += rdma_problems(cfg)
     # Compared even when another rule broke, so every problem shows up in one run.
     ceiling = cfg.gpu_max_nodes
     if _counts(pool.min_nodes, ceiling) and pool.min_nodes > ceiling:

@@ -10,6 +10,7 @@ through one Kubernetes provider (server-side apply):
   notice into the workers' SIGTERM,
 - with the on-demand fallback on, the cluster autoscaler's priorities (Spot first),
 - the Kubeflow training operator v1.9.4,
+- with InfiniBand (``rdma``), NVIDIA's Network Operator and its RDMA device plugin,
 - the dataset's read-only Blob CSI volume and the Job that stages the dataset,
 - the elastic PyTorchJob.
 
@@ -42,6 +43,7 @@ from workloads.manifests.priority import lab_priority_classes
 from workloads.manifests.scheduling import any_gpu_pool
 from workloads.manifests.watch import watch_commands
 from workloads.namespace import LabNamespace, LabNamespaceArgs
+from workloads.network_operator import NetworkOperator, NetworkOperatorArgs
 from workloads.node_agent import NodeAgent, NodeAgentArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
@@ -108,6 +110,7 @@ class LabWorkloads(pulumi.ComponentResource):
                 name=cfg.namespace,
                 service_account=cfg.service_account,
                 training_client_id=args.training_client_id,
+                allow_ipc_lock=cfg.infiniband,
             ),
             opts=cluster,
         )
@@ -145,6 +148,14 @@ class LabWorkloads(pulumi.ComponentResource):
         # The CRD and its webhook must exist, etcd must answer and the data must be staged,
         # before the job: GPU nodes start only for a job that can train.
         before_job: list[pulumi.Resource] = [operator, rendezvous, dataset, *gpu_side]
+        if cfg.infiniband:  # the workers ask for its rdma/shared_ib
+            before_job.append(
+                NetworkOperator(
+                    f"{name}-network-operator",
+                    NetworkOperatorArgs(vm_size=cfg.gpu_pool.vm_size),
+                    opts=cluster,
+                )
+            )
         if cfg.data.staged:
             before_job.append(self._staging(name, args, in_namespace).job)
         job_opts = pulumi.ResourceOptions.merge(

@@ -630,3 +630,26 @@ def test_etcd_members_need_a_quorum_and_a_system_node_each(
 def test_one_etcd_member_on_one_system_node_is_a_dev_stack() -> None:
     cfg = _cfg({"etcdMembers": "1", "systemNodeCount": "1"})
     assert (cfg.etcd_members, cfg.cluster.system_node_count) == (1, 1)
+
+
+def test_rdma_follows_the_sizes_infiniband_unless_turned_off() -> None:
+    assert _cfg({}).infiniband is False  # the T4 has none
+    nd = {"gpuVmSize": "Standard_ND96asr_v4", "globalBatchSize": "256"}
+    assert _cfg(nd).infiniband is True
+    assert _cfg({**nd, "rdma": "off"}).infiniband is False
+    assert _cfg({**nd, "rdma": "on"}).infiniband is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"rdma": "yes"}, "spot-lab:rdma must be one of auto, on, off; got 'yes'"),
+        (
+            {"rdma": "on"},
+            "spot-lab:rdma on: Standard_NC4as_T4_v3 has no InfiniBand (sizes with it: "
+            "Standard_ND96asr_v4,",
+        ),
+    ],
+)
+def test_rdma_refuses_what_cannot_be(raw: dict[str, str], message: str) -> None:
+    assert message in _problems(raw)

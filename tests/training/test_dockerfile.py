@@ -363,3 +363,17 @@ def test_stages_built_on_stages_are_not_bases() -> None:
     assert [b.repository for b in dockerfile_bases(text)] == ["library/python", "library/busybox"]
     with pytest.raises(ValueError, match="sha256:<64 hex digits>"):
         parse_image_ref("python:3.11@sha256:abc")
+
+
+def test_the_training_image_carries_the_rdma_userspace_nccl_loads(
+    instructions: list[tuple[str, str]], stager: list[tuple[str, str]]
+) -> None:
+    """libibverbs and its mlx5 provider, pinned to bookworm's rdma-core (the base's release),
+    in the workers' image only; the build checks the provider is where libibverbs loads it."""
+    (install,) = [run for run in _args(instructions, "RUN") if "libibverbs1" in run]
+    assert "libibverbs1=44.0-2" in install and "ibverbs-providers=44.0-2" in install
+    assert "--no-install-recommends" in install and "rm -rf /var/lib/apt/lists/*" in install
+    assert "libibverbs/libmlx5-rdmav34.so" in install
+    assert not [run for run in _args(stager, "RUN") if "libibverbs" in run]
+    users = [i for i, (kw, _) in enumerate(instructions) if kw == "USER"]
+    assert instructions.index(("RUN", install)) < min(users)  # installed as root

@@ -28,6 +28,7 @@ from training.elastic.launch import (
     worker_env,
 )
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
+from workloads.manifests.network_operator import with_infiniband
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
     TRAINER_LABELS,
@@ -102,6 +103,7 @@ class ElasticJobSpec:
     prefer_spot: bool = False
     """With the on-demand fallback: the selector admits both GPU pools of the generation and the
     workers prefer the Spot one (``spot_preference``)."""
+    nccl_ib_env: dict[str, str] = field(default_factory=dict)  # rdma: the size's NCCL_IB_*
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -135,13 +137,10 @@ def rendezvous_id(spec: ElasticJobSpec) -> str:
     A rendezvous closed by an orderly shutdown (or an exhausted restart budget) stays closed
     for its id, so a reused id would hang the next job. Hashing the whole spec, image tag
     and run id included, gives every new image, spec or run a fresh id while an unchanged
-    one keeps its id. Re-creating an identical job (after it finished, or after
-    ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
+    one keeps its id (fields added after ids were in use count only when set). Re-creating an
+    identical job (after it finished, or after ``kubectl delete``) needs a new ``runId``.
     """
-    fields = asdict(spec)
-    # Added after ids were in use: left out at its default, every existing job keeps its id.
-    if not fields["prefer_spot"]:
-        del fields["prefer_spot"]
+    fields = {k: v for k, v in asdict(spec).items() if v or k not in ("prefer_spot", "nccl_ib_env")}
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]
     return f"{spec.name}-{spec.run_id}-{digest}"
@@ -266,7 +265,7 @@ def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
             **({"affinity": spot_preference()} if spec.prefer_spot else {}),
             # The Spot taint's toleration is harmless on the on-demand pool, which lacks it.
             "tolerations": [*gpu_spot_tolerations(), *node_loss_tolerations()],
-            "containers": [_worker_container(spec)],
+            "containers": [with_infiniband(_worker_container(spec), spec.nccl_ib_env)],
             "volumes": _worker_volumes(spec),
         },
     }
@@ -389,6 +388,7 @@ def elastic_job_spec(
         termination_grace_s=job.termination_grace_s,
         node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
         prefer_spot=fallback,
+        nccl_ib_env=config.nccl_ib_env,
         task=config.task,
         precision=job.precision,
         parallelism=job.parallelism,

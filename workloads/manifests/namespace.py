@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.manifests.pod_security import namespace_labels
 from workloads.manifests.scheduling import ROLE_LABEL
 
 WORKLOAD_IDENTITY_CLIENT_ID = "azure.workload.identity/client-id"
@@ -11,21 +12,20 @@ WORKLOAD_IDENTITY_CLIENT_ID = "azure.workload.identity/client-id"
 WORKLOAD_IDENTITY_USE = {"azure.workload.identity/use": "true"}
 
 
-def namespace_manifest(name: str) -> dict[str, Any]:
+def namespace_manifest(name: str, allow_ipc_lock: bool = False) -> dict[str, Any]:
     """The namespace for etcd, the volumes' claims and the training job.
 
     Pod Security "baseline" is enforced: nothing in the lab needs host access, so a pod that
-    asks for it is a mistake worth rejecting.
+    asks for it is a mistake worth rejecting. With InfiniBand the workers need ``IPC_LOCK``,
+    which baseline refuses: then a policy of our own enforces baseline with that one capability
+    added (``workloads/manifests/pod_security.py``).
     """
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
         "metadata": {
             "name": name,
-            "labels": {
-                "app.kubernetes.io/part-of": "spot-lab",
-                "pod-security.kubernetes.io/enforce": "baseline",
-            },
+            "labels": {"app.kubernetes.io/part-of": "spot-lab", **namespace_labels(allow_ipc_lock)},
         },
     }
 
