@@ -1,6 +1,8 @@
 """A Kubernetes API server on loopback that replays recorded answers, so the official client's
 own watch, log-streaming and error code runs against it. It also takes the writes of ``lab
-rebalance``: a node's cordon (PATCH) and a pod's eviction (POST), each handed to a hook.
+rebalance`` and the GPU nodes' agent: a node's cordon (PATCH), a pod's eviction (POST, handed to
+a hook) and a pod's delete (DELETE, with its uid precondition), and answers pod lists by their
+label and ``spec.nodeName`` field selectors as the API server does.
 
 Watches answer with their recorded events, one JSON object a line, then end the stream the
 way the API server does at ``timeoutSeconds``; the client's reconnect (with the last
