@@ -17,7 +17,14 @@ import stack_config
 from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
-from infra.image import TaskImage, TaskImageArgs, TrainingImage, TrainingImageArgs
+from infra.image import (
+    BaseImages,
+    BaseImagesArgs,
+    TaskImage,
+    TaskImageArgs,
+    TrainingImage,
+    TrainingImageArgs,
+)
 from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
 from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
@@ -111,6 +118,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
             admin_principal_type=deployer_type,
             deployer=deployer,
             tags=tags,
+            subscription_id=resource_group.subscription_id,
         ),
     )
     storage, registry = deploy_stores(cfg, resource_group, cluster, deployer_type, tags)
@@ -156,6 +164,16 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
         storage.data_container_id,
         "data-writer",
     )
+    # The Dockerfiles' bases in the lab's registry first: no build pulls from Docker Hub.
+    base_images = BaseImages(
+        "base-images",
+        BaseImagesArgs(
+            registry_name=registry.name,
+            resource_group=resource_group.name,
+            subscription_id=resource_group.subscription_id,
+            training_dir=PROJECT_DIR / "training",
+        ),
+    )
     image, stager_image = (
         TrainingImage(
             f"{who}-image",
@@ -169,6 +187,7 @@ def deploy_azure(cfg: stack_config.LabConfig, deployer: DeployerSignIn) -> Azure
                 repository=repository,
                 builder=cfg.image_builder,
                 dockerfile=dockerfile,
+                base_images=base_images,
             ),
         )
         for who, repository, dockerfile in (

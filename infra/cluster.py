@@ -20,35 +20,48 @@ pure and return the SDK's keyword arguments.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_azure_native as azure_native
+import pulumi_command as command
 
 from infra.catalog.deployer import DeployerSignIn
+from infra.catalog.gpu_pools import MAX_GPU_NODES
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.kubeconfig import deployer_kubeconfig
 from infra.node_pools import (
-    AUTOSCALED_COUNT,
+    AUTOSCALED_IGNORED,
+    BOOTSTRAP_POOL_NAME,
     GPU_POOL_CREATE_ONLY,
+    NO_OP,
     ON_DEMAND_POOL_CREATE_ONLY,
     SYSTEM_POOL_CREATE_ONLY,
+    PoolAddress,
     bootstrap_pool_profile,
+    bounds_command,
     gpu_on_demand_pool_spec,
     gpu_spot_pool_spec,
     system_pool_spec,
+    upgrade_command,
 )
 from infra.roles import AKS_RBAC_CLUSTER_ADMIN, assign_role
 from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
-# The autoscaler's own floor for unready nodes it tolerates (AKS's default, upstream's too).
-OK_UNREADY_DEFAULT = 3
+# The cluster's inline pool list never takes part in a diff. A refresh copies every pool of the
+# cluster, the separate AgentPools included, into it (pulumi-azure-native #1532: after a pool
+# changed outside, `pulumi up --refresh` planned the cluster's replacement), and a cluster PUT
+# with a changed list reconciles every pool, putting all of them into Scaling
+# (pulumi-azure-native #4264, closed "won't fix"). The inline pool is the fixed bootstrap pool,
+# which no setting changes except its Kubernetes version, and that goes through
+# `_upgrade_bootstrap_pool`. A cluster update for another reason sends the list as the state
+# holds it (pulumi-azure-native #2719): as created, since no `up` refreshes.
+INLINE_POOLS = ("agentPoolProfiles",)
 
 
-def autoscaler_profile(
-    fallback: FallbackConfig | None = None, gpu_max_nodes: int = OK_UNREADY_DEFAULT
-) -> dict[str, str]:
+def autoscaler_profile(fallback: FallbackConfig | None = None) -> dict[str, str]:
     """Cluster autoscaler tuning for a pool that scales from zero and costs money per minute.
 
     Each value against the upstream default, with its reason, is in docs/azure.md ("The
@@ -65,7 +78,6 @@ def autoscaler_profile(
     that fails outright is quicker: AKS's autoscaler deletes nodes that fail to provision at
     once instead of waiting out this time (AKS CHANGELOG, release notes 2025-10-12).
     """
-    on_demand = fallback.max_nodes if fallback is not None and fallback.enabled else 0
     profile = {
         # Give back idle GPU nodes after 5 min instead of the default 10.
         "scale_down_unneeded_time": "5m",
@@ -74,8 +86,10 @@ def autoscaler_profile(
         "skip_nodes_with_local_storage": "false",
         # Past this many unready nodes (and 45 % of all), the autoscaler "stops all operations
         # until the situation improves" (its FAQ, "How does CA deal with unready nodes?"): an
-        # eviction wave that takes every GPU node at once must not stop their replacement.
-        "ok_total_unready_count": str(max(OK_UNREADY_DEFAULT, gpu_max_nodes + on_demand)),
+        # eviction wave that takes every GPU node at once must not stop their replacement. The
+        # most GPU nodes the config allows, not this stack's ceilings: a new ceiling is then no
+        # cluster PUT, only the pool's (AKS's default, 3, would halt on a wave of 4).
+        "ok_total_unready_count": str(MAX_GPU_NODES),
         "expander": "least-waste",
     }
     if fallback is not None and fallback.enabled:
@@ -106,7 +120,6 @@ def managed_cluster_spec(
     cluster: ClusterConfig,
     tags: dict[str, str],
     fallback: FallbackConfig | None = None,
-    gpu_max_nodes: int = OK_UNREADY_DEFAULT,
 ) -> dict[str, Any]:
     """The ``ManagedCluster`` arguments (without the resource group)."""
     spec: dict[str, Any] = {
@@ -118,7 +131,7 @@ def managed_cluster_spec(
         "enable_rbac": True,
         "agent_pool_profiles": [bootstrap_pool_profile(cluster.kubernetes_version)],
         "network_profile": network_profile(),
-        "auto_scaler_profile": autoscaler_profile(fallback, gpu_max_nodes),
+        "auto_scaler_profile": autoscaler_profile(fallback),
         # AKS's managed Blob CSI driver: the dataset's read-only volume mounts through it with
         # the pod's own workload identity (workloads/manifests/volume.py).
         "storage_profile": {"blob_csi_driver": {"enabled": True}},
@@ -177,6 +190,8 @@ class AksClusterArgs:
     """The on-demand fallback pool of the GPU size (off by default)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every Azure resource."""
+    subscription_id: pulumi.Input[str] = ""
+    """The stack's subscription: `az aks nodepool` changes the autoscaled pools there."""
 
 
 class AksCluster(pulumi.ComponentResource):
@@ -213,10 +228,10 @@ class AksCluster(pulumi.ComponentResource):
                 args.cluster,
                 args.tags,
                 args.fallback,
-                args.gpu_max_nodes,
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=list(INLINE_POOLS)),
         )
+        self._upgrade_bootstrap_pool(name, args, cluster)
         system_pool = azure_native.containerservice.AgentPool(
             f"{name}-system",
             resource_group_name=args.resource_group_name,
@@ -291,8 +306,9 @@ class AksCluster(pulumi.ComponentResource):
         spec: dict[str, Any],
         create_only: tuple[str, ...] = GPU_POOL_CREATE_ONLY,
     ) -> azure_native.containerservice.AgentPool:
-        """An autoscaled pool: its count is the autoscaler's once it exists (AUTOSCALED_COUNT)."""
-        return azure_native.containerservice.AgentPool(
+        """An autoscaled pool, never PUT after its create (AUTOSCALED_IGNORED): its bounds and
+        its Kubernetes version change through `az aks nodepool` (``_in_place``)."""
+        pool = azure_native.containerservice.AgentPool(
             resource_name,
             resource_group_name=args.resource_group_name,
             resource_name_=cluster.name,
@@ -303,9 +319,58 @@ class AksCluster(pulumi.ComponentResource):
                 # these properties (pulumi-azure-native #3655 made some replace, #2774 dropped
                 # others), a change to one replaces the pool instead of a refused update.
                 replace_on_changes=[_camel(key) for key in create_only],
-                ignore_changes=list(AUTOSCALED_COUNT),
+                ignore_changes=[_camel(key) for key in AUTOSCALED_IGNORED],
             ),
         )
+        where = (cluster.name, spec["agent_pool_name"])
+        bounds = (spec["min_count"], spec["max_count"])
+        self._in_place(f"{resource_name}-bounds", args, pool, where, bounds, bounds_command)
+        if version := spec.get("orchestrator_version"):
+            self._in_place(f"{resource_name}-version", args, pool, where, version, upgrade_command)
+        return pool
+
+    def _in_place(
+        self,
+        resource_name: str,
+        args: AksClusterArgs,
+        after: pulumi.Resource,
+        where: tuple[pulumi.Input[str], str],
+        setting: Any,
+        az_command: Callable[..., str],
+    ) -> command.local.Command:
+        """`az aks nodepool` applying a pool's setting when it changes (not on the pool's create).
+
+        ``where`` is the cluster's and the pool's names; ``az_command`` takes the pool's
+        ``PoolAddress`` and ``setting``. It runs after ``after`` (and so after the cluster): a
+        new Kubernetes version reaches the control plane first, then the pools, the order AKS
+        takes with a Spot pool present ("You can't upgrade the control plane and node pools at
+        the same time", AKS, Spot node pools, Limitations).
+        """
+        address = pulumi.Output.all(
+            args.resource_group_name, where[0], where[1], args.subscription_id
+        ).apply(lambda v: PoolAddress(*v))
+        settings = setting if isinstance(setting, tuple) else (setting,)
+        return command.local.Command(
+            resource_name,
+            create=NO_OP,
+            update=address.apply(lambda a: az_command(a, *settings)),
+            # A changed setting runs `update` (pulumi-command: "If the `update` command was
+            # provided the resource will be updated"), never `create` again.
+            triggers=list(settings),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[after]),
+        )
+
+    def _upgrade_bootstrap_pool(
+        self, name: str, args: AksClusterArgs, cluster: azure_native.containerservice.ManagedCluster
+    ) -> None:
+        """The inline bootstrap pool follows ``kubernetesVersion`` after the control plane: its
+        own version is frozen in the cluster's state (INLINE_POOLS)."""
+        version = args.cluster.kubernetes_version
+        if version:
+            where = (cluster.name, BOOTSTRAP_POOL_NAME)
+            self._in_place(
+                f"{name}-bootstrap-version", args, cluster, where, version, upgrade_command
+            )
 
     def _kubeconfig(
         self, args: AksClusterArgs, cluster: azure_native.containerservice.ManagedCluster

@@ -91,6 +91,20 @@ _REJECTED: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 @dataclass(frozen=True)
+class InfiniBand:
+    """A size's InfiniBand: the links RDMA traffic between nodes takes instead of Ethernet."""
+
+    links: int
+    """Mellanox ConnectX NICs, one per GPU on the ND sizes."""
+    gbps: int
+    """Each link's rate."""
+    hca_prefix: str = "mlx5"
+    """What NCCL_IB_HCA matches: the mlx5 driver's devices. In the worker's container only the
+    InfiniBand devices the RDMA device plugin hands it are there (its selector takes link type
+    infiniband, not the Ethernet VF of accelerated networking, which is mlx5 too)."""
+
+
+@dataclass(frozen=True)
 class GpuSize:
     """One VM size the pool accepts: what a node of it has."""
 
@@ -101,6 +115,8 @@ class GpuSize:
     gpus: int
     """Whole NVIDIA GPUs: the node runs this many training processes."""
     gpu_model: str
+    infiniband: InfiniBand | None = None
+    """None: the size's nodes talk over Ethernet only."""
 
     @property
     def family(self) -> GpuFamily:
@@ -123,10 +139,14 @@ SIZES: tuple[GpuSize, ...] = (
     GpuSize("Standard_NC96ads_A100_v4", 96, 880, 4, "A100 80GB PCIe"),
     GpuSize("Standard_NC40ads_H100_v5", 40, 320, 1, "H100 NVL"),
     GpuSize("Standard_NC80adis_H100_v5", 80, 640, 2, "H100 NVL"),
-    GpuSize("Standard_ND96asr_v4", 96, 900, 8, "A100 40GB SXM"),
-    GpuSize("Standard_ND96amsr_A100_v4", 96, 1900, 8, "A100 80GB SXM"),
-    GpuSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100 SXM"),
-    GpuSize("Standard_ND96isr_H200_v5", 96, 1850, 8, "H200 SXM"),
+    # The ND sizes' InfiniBand, from their size pages: ND A100 v4 and NDm A100 v4 "8x 200 Gigabit
+    # Mellanox HDR InfiniBand", ND H100 v5 and ND H200 v5 "8x 400 Gb/s NVIDIA Quantum-2 CX7
+    # InfiniBand" (Azure, "ND family" sizes); the "r" in the name is "RDMA capable"
+    # (Azure/aks-rdma-infiniband, "Prerequisites", VM size naming).
+    GpuSize("Standard_ND96asr_v4", 96, 900, 8, "A100 40GB SXM", InfiniBand(8, 200)),
+    GpuSize("Standard_ND96amsr_A100_v4", 96, 1900, 8, "A100 80GB SXM", InfiniBand(8, 200)),
+    GpuSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100 SXM", InfiniBand(8, 400)),
+    GpuSize("Standard_ND96isr_H200_v5", 96, 1850, 8, "H200 SXM", InfiniBand(8, 400)),
 )
 _BY_NAME = {size.name.lower(): size for size in SIZES}
 
@@ -149,6 +169,24 @@ def rejection_reason(vm_size: str) -> str | None:
 def allowed_families() -> str:
     """The accepted families with an example each, for error messages."""
     return ", ".join(f"{f.name} e.g. {f.example}" for f in FAMILIES)
+
+
+def nccl_ib_env(size: GpuSize) -> dict[str, str]:
+    """The NCCL settings of a size's InfiniBand (NCCL, "Environment Variables"): use it
+    (``NCCL_IB_DISABLE=0``, as Azure/aks-rdma-infiniband's tests set it), on the HCAs whose
+    names start with the catalogue's prefix (``NCCL_IB_HCA``: "a list of prefixes"), with
+    Relaxed Ordering, which "can greatly help the performance of InfiniBand networks in
+    virtualized environments" (``NCCL_IB_PCI_RELAXED_ORDERING``; an Azure VM is one), and its
+    bootstrap on the pod's own interface (``NCCL_SOCKET_IFNAME``). {} for a size without."""
+    ib = size.infiniband
+    if ib is None:
+        return {}
+    return {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": ib.hca_prefix,
+        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
 
 
 # ---- what a node of a size leaves for the worker pod ---------------------------------------------

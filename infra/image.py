@@ -28,6 +28,7 @@ import pulumi
 import pulumi_command as command
 
 from infra.build_context import DOCKERFILE, context_files
+from infra.catalog.base_images import BASE_REGISTRY_ARG, ImageRef, training_base_images
 
 TAG_LENGTH = 16
 TASK_DOCKERFILE = "infra/task_image.Dockerfile"
@@ -84,7 +85,8 @@ def build_command(
     build_args: dict[str, str] | None = None,
 ) -> str:
     """The shell command that builds ``context`` (a directory) with ``dockerfile`` (relative to
-    it) and pushes ``repository:tag``.
+    it) and pushes ``repository:tag``; ``build_args`` are its ``--build-arg``s (the training
+    images' ``BASE_REGISTRY_ARG``: the lab's registry, after ``import_command``).
 
     ``outside``: ``dockerfile`` is a path from the working directory, outside the context (both
     builders take one), and ``context`` names an environment variable that holds the context's
@@ -121,6 +123,76 @@ def build_command(
     raise ValueError(f"image builder must be one of acr, docker; got {builder!r}")
 
 
+def import_command(
+    *, registry_name: str, resource_group: str, subscription_id: str, base: ImageRef
+) -> str:
+    """``az acr import`` of one base, by its pinned digest, into the lab's registry under the
+    same repository and tag, so the Dockerfile's ``FROM ${BASE_REGISTRY}/...@digest`` finds it
+    there. ACR copies every platform of a multi-architecture image's manifest list (ACR, "Import
+    container images": "images for all architectures and platforms specified in the manifest
+    list get copied"; "identify an image by its manifest digest instead of by tag"). The copy is
+    Azure's, once per registry and digest: Docker Hub's limit can refuse it too, but then the
+    next `pulumi up` retries it, and no build ever pulls from Docker Hub. ``--force``: a tag left
+    by an earlier, interrupted import is overwritten."""
+    if not base.digest:
+        raise ValueError(f"base image {base.reference} must be pinned by digest to be imported")
+    source = f"docker.io/{base.repository}@{base.digest}"
+    return (
+        f"az acr import --name {shlex.quote(registry_name)}"
+        f" --resource-group {shlex.quote(resource_group)}"
+        f" --subscription {shlex.quote(subscription_id)}"
+        f" --source {shlex.quote(source)} --image {shlex.quote(f'{base.repository}:{base.tag}')}"
+        " --force"
+    )
+
+
+def imported_bases(training_dir: Path) -> list[ImageRef]:
+    """The bases the Dockerfiles of ``training_dir`` pull through ``BASE_REGISTRY_ARG``, each
+    once."""
+    bases = [b for refs in training_base_images(training_dir).values() for b in refs if b.imported]
+    return list(dict.fromkeys(bases))
+
+
+@dataclass
+class BaseImagesArgs:
+    """Inputs of ``BaseImages``."""
+
+    registry_name: pulumi.Input[str]
+    resource_group: pulumi.Input[str]
+    subscription_id: pulumi.Input[str]
+    training_dir: Path
+    """Where the Dockerfiles are: their ``FROM`` lines name the bases."""
+
+
+class BaseImages(pulumi.ComponentResource):
+    """The Dockerfiles' bases, imported into the lab's registry before any build."""
+
+    imports: list[pulumi.Resource]
+
+    def __init__(
+        self, name: str, args: BaseImagesArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-lab:image:BaseImages", name, None, opts)
+        self.imports = []
+        where = pulumi.Output.all(args.registry_name, args.resource_group, args.subscription_id)
+        for base in imported_bases(args.training_dir):
+            create = where.apply(
+                lambda w, base=base: import_command(
+                    registry_name=w[0], resource_group=w[1], subscription_id=w[2], base=base
+                )
+            )
+            self.imports.append(
+                command.local.Command(
+                    f"{name}-{base.repository.replace('/', '-')}",
+                    create=create,
+                    # A new pin is a new import; an unchanged one is never imported again.
+                    triggers=[base.digest],
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+            )
+        self.register_outputs({})
+
+
 @dataclass
 class TrainingImageArgs:
     """Inputs of ``TrainingImage``."""
@@ -144,6 +216,8 @@ class TrainingImageArgs:
     """``acr`` (ACR Tasks, no local daemon) or ``docker`` (local build and push)."""
     dockerfile: str = DOCKERFILE
     """The Dockerfile inside the context: ``Dockerfile`` or ``Dockerfile.stager``."""
+    base_images: BaseImages | None = None
+    """The bases imported into this registry: the build pulls them from there, after them."""
 
 
 class TrainingImage(pulumi.ComponentResource):
@@ -163,8 +237,17 @@ class TrainingImage(pulumi.ComponentResource):
             )
         tag = image_tag(context_dir, args.dockerfile)
         self.tag = tag
+        imported = args.base_images is not None
         self.image_ref = pushed_image(
-            self, name, args, tag, context=args.context, dockerfile=args.dockerfile
+            self,
+            name,
+            args,
+            tag,
+            context=args.context,
+            dockerfile=args.dockerfile,
+            # The base from the lab's registry, once imported there: no Docker Hub pull.
+            build_args={BASE_REGISTRY_ARG: args.login_server} if imported else None,
+            depends_on=args.base_images.imports if args.base_images is not None else [],
         )
         self.register_outputs({"tag": self.tag, "image_ref": self.image_ref})
 
@@ -224,6 +307,7 @@ def pushed_image(
     *,
     build_args: dict[str, pulumi.Input[str]] | None = None,
     environment: dict[str, str] | None = None,
+    depends_on: list[pulumi.Resource] | None = None,
     **build: Any,
 ) -> pulumi.Output[str]:
     """Run ``build_command`` once per tag (a ``Command`` child of ``parent``); the image's
@@ -254,7 +338,7 @@ def pushed_image(
         # A new tag (changed tree) replaces the command, which runs the build again.
         environment=environment,
         triggers=[tag],
-        opts=pulumi.ResourceOptions(parent=parent),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on or []),
     )
     return pulumi.Output.all(built.stdout, args.login_server).apply(
         lambda out: f"{out[1]}/{args.repository}:{tag}"

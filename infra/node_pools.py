@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from infra.catalog.gpu_pools import NAME_HASH, ON_DEMAND_PREFIX, SPOT_PREFIX
@@ -67,16 +69,20 @@ GPU_POOL_CREATE_ONLY = (
 # the program", Pulumi docs, resource option ignoreChanges), so an `up` never plans a count of
 # its own: a PUT while the pool is Scaling is refused (OperationNotAllowed, Azure/AKS #1561),
 # and one that succeeds leaves the pool Updating for minutes, adding no Spot node meanwhile.
-# Terraform gives the same advice for node_count. An update for another property sends the
-# state's count; `pulumi refresh` writes the live count there (azure-native's Read applies the
-# live changes to the recorded inputs), so change a pool with `pulumi up --refresh`: a count
-# that differs from the live one is a manual scale, which AKS refuses on an autoscaled pool
-# ("Cannot manually scale AgentPool ... with cluster autoscaler enabled",
-# terraform-provider-azurerm #4543). Ignoring the count only when nothing else changes cannot be
-# done: ignoreChanges is fixed when the resource registers, before an Output of the live pool
-# resolves, and reading the pool synchronously fails the whole program on a first up (the GET's
-# 404 is recorded as a failed RPC even when caught: pulumi's runtime/rpc_manager.py).
+# Terraform gives the same advice for node_count.
 AUTOSCALED_COUNT = ("count",)
+# And since no `up` refreshes (a refresh rewrites the cluster, infra/cluster.py), the state's
+# count is the one the pool was created with: a pool PUT that carried it would scale the pool
+# back to it ("the azurerm provider attempts to reset the node count to the initial value",
+# FairwindsOps/azure-terraform-modules PR 3) or be refused as a manual scale. So an autoscaled
+# pool is never PUT by Pulumi after its create: its bounds and its Kubernetes version, the
+# settings that change in place, are left to `az aks nodepool update --update-cluster-autoscaler`
+# and `az aks nodepool upgrade`, which read the live pool and PUT it back with only that setting
+# changed, its live count kept (azure-cli, command_modules/acs/custom.py, aks_agentpool_upgrade:
+# `instance = client.get(...)`; `instance.orchestrator_version = kubernetes_version`;
+# `begin_create_or_update(..., instance)`; the update decorator reads the pool the same way).
+AUTOSCALED_IN_PLACE = ("min_count", "max_count", "orchestrator_version")
+AUTOSCALED_IGNORED = (*AUTOSCALED_COUNT, *AUTOSCALED_IN_PLACE)
 SYSTEM_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "os_type", "type")
 # The fallback pool's, plus the generation it belongs to (the Spot pool's name).
 ON_DEMAND_POOL_CREATE_ONLY = ("vm_size", "scale_set_priority", "gpu_profile", "os_type", "type")
@@ -204,3 +210,53 @@ def pool_name(prefix: str, spec: dict[str, Any], create_only: tuple[str, ...]) -
 def gpu_pool_name(spec: dict[str, Any]) -> str:
     """The GPU Spot pool's name."""
     return pool_name(GPU_POOL_NAME_PREFIX, spec, GPU_POOL_CREATE_ONLY)
+
+
+# ---- the settings of a pool that `az` changes in place (AUTOSCALED_IN_PLACE) ------------------
+# `create` is a no-op: a new pool is created with these settings already, and a PUT right after
+# its create would be refused while the autoscaler scales it for the job's first pods.
+NO_OP = "true"
+
+
+@dataclass(frozen=True)
+class PoolAddress:
+    """Where an agent pool is, as `az aks nodepool` names it."""
+
+    resource_group: str
+    cluster: str
+    pool: str
+    subscription: str
+
+    def flags(self) -> str:
+        """The pool's flags; the subscription is the stack's, never az's default."""
+        return " ".join(
+            f"--{flag} {shlex.quote(value)}"
+            for flag, value in (
+                ("resource-group", self.resource_group),
+                ("cluster-name", self.cluster),
+                ("name", self.pool),
+                ("subscription", self.subscription),
+            )
+        )
+
+
+def bounds_command(address: PoolAddress, min_count: int, max_count: int) -> str:
+    """The autoscaler's new bounds for a pool, its live node count kept (az reads the pool)."""
+    if not 0 <= min_count <= max_count:
+        raise ValueError(f"bounds must be 0 <= min <= max, got {min_count}..{max_count}")
+    return (
+        f"az aks nodepool update {address.flags()} --update-cluster-autoscaler "
+        f"--min-count {min_count} --max-count {max_count} --output none"
+    )
+
+
+def upgrade_command(address: PoolAddress, kubernetes_version: str) -> str:
+    """A pool's Kubernetes upgrade, its live node count kept. ``--yes``: az asks before an
+    upgrade to the version the pool already runs (which is then a no-op), and `up` has no
+    terminal to answer it."""
+    if not kubernetes_version:
+        raise ValueError("an upgrade needs a Kubernetes version")
+    return (
+        f"az aks nodepool upgrade {address.flags()} "
+        f"--kubernetes-version {shlex.quote(kubernetes_version)} --yes --output none"
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from infra.catalog.gpu_pools import MAX_GPU_NODES
 from stack_config.model import LabConfig
 
 VM_START_S = 600
@@ -47,6 +48,21 @@ def with_join_timeout_default(cfg: LabConfig) -> LabConfig:
         join = max(join, after * 60 + VM_START_S)
     job = replace(cfg.job, rendezvous=replace(rdzv, join_timeout_s=join))
     return replace(cfg, job=job)
+
+
+def gpu_node_total_problems(cfg: LabConfig) -> list[str]:
+    """The GPU pools' ceilings together (Spot and on-demand) stay within the unready nodes the
+    cluster autoscaler is told to tolerate (``infra.catalog.gpu_pools.MAX_GPU_NODES``)."""
+    on_demand = cfg.fallback.max_nodes if cfg.fallback.enabled else 0
+    total = cfg.gpu_max_nodes
+    if not (_count(total) and _count(on_demand)) or total + on_demand <= MAX_GPU_NODES:
+        return []
+    pool = "gpuMaxNodes" if cfg.gpu_pool.max_nodes is not None else "workerMaxReplicas"
+    return [
+        f"{cfg.key(pool)} ({total}) plus {cfg.key('onDemandMaxNodes')} ({on_demand}) must be at "
+        f"most {MAX_GPU_NODES} GPU nodes: the cluster autoscaler is told to tolerate that many "
+        "unready nodes, so that an eviction wave never halts it"
+    ]
 
 
 def fallback_problems(cfg: LabConfig) -> list[str]:

@@ -35,7 +35,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("apiServerAuthorizedIpRanges", "cluster.api_server_authorized_ip_ranges", str),
     Setting("systemVmSize", "cluster.system_vm_size", str),
     Setting("systemNodeCount", "cluster.system_node_count", int),
+    Setting("etcdMembers", "etcd_members", int),
     Setting("gpuVmSize", "gpu_pool.vm_size", str),
+    Setting("rdma", "rdma", str),
     Setting("gpuMinNodes", "gpu_pool.min_nodes", int),
     Setting("gpuMaxNodes", "gpu_pool.max_nodes", int, optional=True),
     Setting("spotMaxPrice", "gpu_pool.spot_max_price", str),
@@ -84,3 +86,4 @@ REMOVED: dict[str, str] = {
 """Keys of earlier versions, and why each went."""
 
 IMAGE_BUILDERS = ("acr", "docker")
+RDMA_MODES = ("auto", "on", "off")

@@ -31,8 +31,8 @@ class ClusterConfig:
     """AKS version, e.g. "1.33"; None lets AKS pick its default."""
     system_vm_size: str = "Standard_D2s_v5"
     """CPU size of the pool for etcd, the operator and data staging (not AKS's bootstrap pool)."""
-    system_node_count: int = 2
-    """Nodes of that pool; two keep etcd and the operator up through a node upgrade."""
+    system_node_count: int = 3
+    """Nodes of that pool, at least ``LabConfig.etcd_members``: one etcd member per node."""
     api_server_authorized_ip_ranges: str = ""
     """Comma-separated IPv4 CIDRs allowed to reach the API server; "" = any address."""
 
@@ -196,6 +196,11 @@ class LabConfig:
     """Whether ``pulumi destroy`` keeps the storage account and its checkpoints."""
     training: TrainingRun = field(default_factory=TrainingRun)
     """Resolved from the task's source and ``trainArgs`` after ``validate``."""
+    rdma: str = "auto"
+    """InfiniBand between the GPU nodes: auto (where the size has it), on or off."""
+    etcd_members: int = 3
+    """Members of the rendezvous' etcd, one per system node: 3 or 5 keep quorum through the loss
+    of a node; 1 (a throwaway dev stack) is down while its node is."""
 
     @property
     def data_source(self) -> DataSource:
@@ -213,6 +218,18 @@ class LabConfig:
         if size is None:
             raise ValueError(f"{self.gpu_pool.vm_size} is not in infra.gpu_sizes.SIZES")
         return size
+
+    @property
+    def infiniband(self) -> bool:
+        """Whether the workers use the size's InfiniBand (``rdma``; ``validate`` refuses on
+        for a size without it)."""
+        size = gpu_sizes.gpu_size(self.gpu_pool.vm_size)
+        return self.rdma != "off" and size is not None and size.infiniband is not None
+
+    @property
+    def nccl_ib_env(self) -> dict[str, str]:
+        """The workers' NCCL_IB_* settings: the size's, with InfiniBand on; else none."""
+        return gpu_sizes.nccl_ib_env(self.gpu_size) if self.infiniband else {}
 
     @property
     def gpus_per_node(self) -> int:

@@ -9,7 +9,9 @@ import ipaddress
 import re
 
 from infra import gpu_sizes, naming
-from stack_config.fallback import fallback_problems
+from stack_config.etcd_members import etcd_member_problems
+from stack_config.fallback import fallback_problems, gpu_node_total_problems
+from stack_config.infiniband import rdma_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_package import package_problems
@@ -37,6 +39,7 @@ def validate(cfg: LabConfig) -> None:
         *_cluster_problems(cfg),
         *_gpu_pool_problems(cfg),
         *fallback_problems(cfg),
+        *gpu_node_total_problems(cfg),
         *_replica_problems(cfg),
         *_training_problems(cfg),
         *_data_problems(cfg),
@@ -126,6 +129,7 @@ def _is_ipv4_cidr(text: str) -> bool:
 def _cluster_problems(cfg: LabConfig) -> list[str]:
     cluster = cfg.cluster
     problems = _at_least(cfg, {"systemNodeCount": cluster.system_node_count}, 1)
+    problems += etcd_member_problems(cfg)
     version = cluster.kubernetes_version
     if version is not None and not K8S_VERSION.match(version):
         problems.append(
@@ -152,6 +156,7 @@ def _gpu_pool_problems(cfg: LabConfig) -> list[str]:
     if pool.max_nodes is not None:
         problems += _at_least(cfg, {"gpuMaxNodes": pool.max_nodes}, 1)
     problems += _gpu_size_problems(cfg)
+    problems += rdma_problems(cfg)
     # Compared even when another rule broke, so every problem shows up in one run.
     ceiling = cfg.gpu_max_nodes
     if _counts(pool.min_nodes, ceiling) and pool.min_nodes > ceiling:

@@ -1,6 +1,6 @@
 """The house's rules, read off the source with ``ast``: each room of ``lab/`` and ``training/``
-imports only the rooms docs/architecture.md allows, no import cycle, no module over 400 lines
-and no folder over 15 modules (``tests/`` included)."""
+imports only the rooms docs/architecture.md allows, and no import cycle. Rooms are cut by
+concept, not by size: no rule counts lines or modules."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKED = ("lab", "bench", "infra", "workloads", "stack_config", "training")
-MAX_LINES = 400
-MAX_MODULES = 15
 MAY_IMPORT = {
     "lab.report": (),
     "lab.live": ("lab.report",),
@@ -19,6 +17,7 @@ MAY_IMPORT = {
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
+    "training.node_agent": (),
     "training.data": ("training.api", "training.elastic", "training.checkpoints"),
     "training.tasks": ("training.api", "training.data"),
     "training.loop": (
@@ -152,24 +151,6 @@ def test_no_import_cycle_between_modules_or_between_rooms() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
-
-
-def test_no_module_is_over_400_lines() -> None:
-    long = {
-        str(path.relative_to(REPO)): lines
-        for path in MODULES.values()
-        if (lines := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long
-
-
-def test_no_folder_holds_more_than_15_modules() -> None:
-    """The checked packages' folders, and the test suite's (its folders mirror the rooms)."""
-    folders: dict[Path, int] = {}
-    for path in [*MODULES.values(), *(REPO / "tests").rglob("*.py")]:
-        folders[path.parent] = folders.get(path.parent, 0) + 1
-    crowded = {str(d.relative_to(REPO)): n for d, n in folders.items() if n > MAX_MODULES}
-    assert not crowded
 
 
 def _imports_pulumi(path: Path) -> bool:

@@ -28,7 +28,8 @@ class RendezvousArgs:
 
 
 class Rendezvous(pulumi.ComponentResource):
-    """An etcd StatefulSet (three members), its Services, PodDisruptionBudget and NetworkPolicy."""
+    """An etcd StatefulSet (three members, or one), its Services, PodDisruptionBudget (with three)
+    and NetworkPolicy."""
 
     host: pulumi.Output[str]
     """The client Service's DNS name (the PyTorchJob's rdzvHost)."""
@@ -53,13 +54,13 @@ class Rendezvous(pulumi.ComponentResource):
         k8s.networking.v1.NetworkPolicy(
             f"{name}-network-policy", metadata=policy["metadata"], spec=policy["spec"], opts=child
         )
-        budget = etcd_disruption_budget(spec)
-        k8s.policy.v1.PodDisruptionBudget(
-            f"{name}-disruption-budget",
-            metadata=budget["metadata"],
-            spec=budget["spec"],
-            opts=child,
-        )
+        if (budget := etcd_disruption_budget(spec)) is not None:
+            k8s.policy.v1.PodDisruptionBudget(
+                f"{name}-disruption-budget",
+                metadata=budget["metadata"],
+                spec=budget["spec"],
+                opts=child,
+            )
         members = etcd_statefulset(spec)
         # Created after the peer Service: members look each other up through it at start.
         k8s.apps.v1.StatefulSet(

@@ -6,9 +6,11 @@ through one Kubernetes provider (server-side apply):
 - the namespace and the training ServiceAccount (workload identity),
 - PriorityClasses: preemptible training below the rendezvous,
 - etcd (the rendezvous) on the system pool,
-- the NVIDIA device plugin on the GPU pools,
+- the NVIDIA device plugin on the GPU pools, and the nodes' agent that turns Azure's eviction
+  notice into the workers' SIGTERM,
 - with the on-demand fallback on, the cluster autoscaler's priorities (Spot first),
 - the Kubeflow training operator v1.9.4,
+- with InfiniBand (``rdma``), NVIDIA's Network Operator and its RDMA device plugin,
 - the dataset's read-only Blob CSI volume and the Job that stages the dataset,
 - the elastic PyTorchJob, and the record of what its run started with.
 
@@ -20,6 +22,7 @@ the cluster. The objects themselves come from the pure builders in ``workloads.m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -34,11 +37,14 @@ from workloads.manifests.data_staging import DataStagingSpec
 from workloads.manifests.device_plugin import DevicePluginSpec
 from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name
+from workloads.manifests.node_agent import NodeAgentSpec
 from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
 from workloads.manifests.priority import lab_priority_classes
 from workloads.manifests.scheduling import any_gpu_pool
 from workloads.manifests.watch import watch_commands
 from workloads.namespace import LabNamespace, LabNamespaceArgs
+from workloads.network_operator import NetworkOperator, NetworkOperatorArgs
+from workloads.node_agent import NodeAgent, NodeAgentArgs
 from workloads.operator import TrainingOperator, TrainingOperatorArgs
 from workloads.priority import PriorityClasses, PriorityClassesArgs
 from workloads.volume import DatasetVolume, DatasetVolumeArgs
@@ -106,6 +112,7 @@ class LabWorkloads(pulumi.ComponentResource):
                 name=cfg.namespace,
                 service_account=cfg.service_account,
                 training_client_id=args.training_client_id,
+                allow_ipc_lock=cfg.infiniband,
             ),
             opts=cluster,
         )
@@ -123,10 +130,12 @@ class LabWorkloads(pulumi.ComponentResource):
         etcd_spec = EtcdSpec(
             namespace=cfg.namespace,
             priority_class=rendezvous_class.name,
+            replicas=cfg.etcd_members,
             operator_namespace=OPERATOR_NAMESPACE,
             operator_pod_labels=dict(OPERATOR_POD_LABELS),
         )
         rendezvous = Rendezvous(f"{name}-etcd", RendezvousArgs(spec=etcd_spec), opts=in_namespace)
+        self._node_agent(name, args, rendezvous_class.name, in_namespace)
         dataset = DatasetVolume(
             f"{name}-dataset",
             DatasetVolumeArgs(
@@ -141,6 +150,14 @@ class LabWorkloads(pulumi.ComponentResource):
         # The CRD and its webhook must exist, etcd must answer and the data must be staged,
         # before the job: GPU nodes start only for a job that can train.
         before_job: list[pulumi.Resource] = [operator, rendezvous, dataset, *gpu_side]
+        if cfg.infiniband:  # the workers ask for its rdma/shared_ib
+            before_job.append(
+                NetworkOperator(
+                    f"{name}-network-operator",
+                    NetworkOperatorArgs(vm_size=cfg.gpu_pool.vm_size),
+                    opts=cluster,
+                )
+            )
         if cfg.data.staged:
             before_job.append(self._staging(name, args, in_namespace).job)
         job_opts = pulumi.ResourceOptions.merge(
@@ -199,6 +216,23 @@ class LabWorkloads(pulumi.ComponentResource):
         on_both = DevicePluginSpec(node_selector={}, affinity=any_gpu_pool())
         NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(on_both), opts=opts)
         return [AutoscalerPriorities(f"{name}-autoscaler-priorities", opts=opts)]
+
+    def _node_agent(
+        self, name: str, args: LabWorkloadsArgs, priority: str, opts: pulumi.ResourceOptions
+    ) -> NodeAgent:
+        """The agent on every GPU node (both pools with the fallback, as the device plugin)."""
+        cfg = args.config
+        placement: dict[str, Any] = (
+            {"node_selector": {}, "affinity": any_gpu_pool()} if cfg.fallback.enabled else {}
+        )
+        spec = pulumi.Output.from_input(args.image).apply(
+            lambda image: NodeAgentSpec(
+                namespace=cfg.namespace, image=image, priority_class=priority, **placement
+            )
+        )
+        return NodeAgent(
+            f"{name}-node-agent", NodeAgentArgs(spec=spec, namespace=cfg.namespace), opts=opts
+        )
 
     def _staging(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions

@@ -23,7 +23,7 @@ Why the training image is torch's CUDA 12.6 build on ``python:3.11-slim-bookworm
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DOCKER_HUB = "registry-1.docker.io"
@@ -37,6 +37,13 @@ AKS_GPU_DRIVER_BRANCH = 570
 MIN_DRIVER_FOR_CUDA_MAJOR = {12: 525, 13: 580}
 """The oldest driver branch each CUDA major version runs on (NVIDIA CUDA compatibility)."""
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+BASE_REGISTRY_ARG = "BASE_REGISTRY"
+"""The Dockerfiles' ``ARG`` that names the registry a base is pulled from: ``docker.io`` when
+built by hand; ``pulumi up`` first imports each base into the lab's registry by its digest and
+builds with ``--build-arg BASE_REGISTRY=<the lab's login server>`` (``infra/image.py``), so no
+build pulls anonymously from Docker Hub, whose limit a shared build agent's address exhausts
+(Azure-Samples/azure-search-openai-demo #3101, MicrosoftLearning/mslearn-azure-ai #125)."""
+_ARG = re.compile(r"\$\{(?P<braced>\w+)\}|\$(?P<bare>\w+)")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class ImageRef:
     tag: str
     digest: str = ""
     """``sha256:<hex>`` when pinned by digest, which then wins over the tag when pulling."""
+    imported: bool = False
+    """Its registry is ``BASE_REGISTRY_ARG``'s: ``pulumi up`` imports it into the lab's registry
+    and the build pulls it from there."""
 
     @property
     def reference(self) -> str:
@@ -83,18 +93,26 @@ def parse_image_ref(text: str) -> ImageRef:
 
 def dockerfile_bases(text: str) -> list[ImageRef]:
     """The base of each stage of a Dockerfile (``FROM [--platform=...] image [AS name]``),
-    skipping stages built on an earlier stage."""
+    skipping stages built on an earlier stage; an ``ARG`` declared before the first ``FROM``
+    is read with its default (Docker: such an ARG "can be used in FROM")."""
     stages: set[str] = set()
     bases: list[ImageRef] = []
+    defaults: dict[str, str] = {}
     for line in text.splitlines():
         words = line.split()
+        if words and words[0].upper() == "ARG" and not bases and len(words) > 1:
+            name, _, default = words[1].partition("=")
+            defaults[name] = default
         if not words or words[0].upper() != "FROM":
             continue
         args = [w for w in words[1:] if not w.startswith("--")]
         if len(args) >= 3 and args[1].upper() == "AS":
             stages.add(args[2].lower())
         if args and args[0].lower() not in stages:
-            bases.append(parse_image_ref(args[0]))
+            used = {m["braced"] or m["bare"] for m in _ARG.finditer(args[0])}
+            image = _ARG.sub(lambda m: defaults.get(m["braced"] or m["bare"], ""), args[0])
+            ref = parse_image_ref(image)
+            bases.append(replace(ref, imported=BASE_REGISTRY_ARG in used))
     return bases
 
 

@@ -23,6 +23,10 @@ NAME_HASH = 8
 """Hex digits of the settings' hash after the prefix: Linux pool names have at most 12
 characters."""
 SPOT, ON_DEMAND = "spot", "on-demand"
+MAX_GPU_NODES = 100
+"""Most GPU nodes the lab's pools may have together (the Spot pool's ceiling plus the on-demand
+one's): the cluster autoscaler's ``ok-total-unready-count`` is set to it, so no eviction wave of
+the lab's own nodes halts the autoscaler, and a new ceiling changes no cluster setting."""
 
 _POOL = r"[a-z][a-z0-9]*"
 SCALE_SET = re.compile(rf"aks-(?P<pool>{_POOL})-(?P<digits>\d+)-vmss")

@@ -16,7 +16,9 @@ from pulumi.runtime.sync_await import _sync_await
 
 from infra import cluster as aks_cluster
 from infra import node_pools as aks
+from infra.catalog.base_images import training_base_images
 from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from infra.catalog.gpu_pools import MAX_GPU_NODES
 from infra.catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
 from infra.kubeconfig import deployer_kubeconfig
@@ -147,8 +149,9 @@ def test_gpu_pool_is_a_separate_spot_agent_pool(run: ProgramRun) -> None:
     assert pool.inputs["maxCount"] == int(config["spot-lab:workerMaxReplicas"])
     # No pool of this name yet: it is created with gpuMinNodes nodes.
     assert pool.inputs["count"] == pool.inputs["minCount"]
-    # Once created, the count is the autoscaler's (infra.node_pools.AUTOSCALED_COUNT).
-    assert pool.ignore_changes == ["count"]
+    # Once created, the pool is never PUT again (infra.node_pools.AUTOSCALED_IGNORED): the
+    # count is the autoscaler's, bounds and version go through `az aks nodepool`.
+    assert pool.ignore_changes == ["count", "minCount", "maxCount", "orchestratorVersion"]
     assert pool.inputs["agentPoolName"] == run.outputs["gpuPoolName"]
 
 
@@ -187,21 +190,16 @@ def test_cluster_features(run: ProgramRun) -> None:
     assert "kubernetesVersion" not in cluster
 
 
-@pytest.mark.parametrize(
-    ("fallback", "expected"),
-    [(None, "6"), (FallbackConfig(max_nodes=2), "8"), (FallbackConfig(max_nodes=0), "6")],
-)
-def test_an_eviction_wave_does_not_halt_the_autoscaler(
-    fallback: FallbackConfig | None, expected: str
-) -> None:
+@pytest.mark.parametrize("fallback", [None, FallbackConfig(max_nodes=2)])
+def test_an_eviction_wave_does_not_halt_the_autoscaler(fallback: FallbackConfig | None) -> None:
     """Past ok-total-unready-count (and 45 % of the nodes) unready nodes, the autoscaler "stops
     all operations until the situation improves" (its FAQ, "How does CA deal with unready
     nodes?"): a wave that takes every Spot node at once must not stop the scale-up that
-    replaces them. At least AKS's default, 3."""
-    assert aks_cluster.autoscaler_profile(fallback, 6)["ok_total_unready_count"] == expected
-    assert aks_cluster.autoscaler_profile(fallback, 2)["ok_total_unready_count"] == (
-        "4" if fallback and fallback.enabled else "3"
-    )
+    replaces them. The most GPU nodes the config allows (stack_config refuses more), whatever
+    this stack's ceilings: a new ceiling plans no cluster update
+    (tests/infra/test_infra_gpu_pool.py)."""
+    assert aks_cluster.autoscaler_profile(fallback)["ok_total_unready_count"] == "100"
+    assert MAX_GPU_NODES == 100
 
 
 def test_default_gpu_size_is_the_t4() -> None:
@@ -359,9 +357,13 @@ def test_image_is_built_in_the_registry_with_the_content_tag(run: ProgramRun) ->
     assert build.inputs["create"] == (
         f"az acr build --registry {registry['name']} --resource-group "
         f"{run.outputs['resourceGroup']} --subscription {SUBSCRIPTION_ID} "
-        f"--platform linux/amd64 --image spot-lab-trainer:{tag} training"
+        f"--platform linux/amd64 --image spot-lab-trainer:{tag} "
+        f"--build-arg BASE_REGISTRY={registry['loginServer']} training"
     )
     assert build.inputs["triggers"] == [tag]
+    # After the bases are in that registry: the build pulls nothing from Docker Hub.
+    (imported,) = [r for r in run.of_type(COMMAND) if r.name.startswith("base-images-")]
+    assert run.waits_for(build, imported)
     # No absolute path of this machine among the inputs: another checkout must not rebuild.
     assert "dir" not in build.inputs
     assert str(PROJECT_DIR) not in repr(build.inputs)
@@ -372,11 +374,28 @@ def test_docker_builder_builds_and_pushes_locally() -> None:
     run = run_program("dev", {"imageBuilder": "docker"})
     create = run.one(COMMAND, "training-image-build").inputs["create"]
     ref = run.outputs["image"]
+    login_server = run.outputs["registryLoginServer"]
     assert create.endswith(
-        f"docker build --platform linux/amd64 --tag {ref} training && docker push {ref}"
+        f"docker build --platform linux/amd64 --tag {ref} "
+        f"--build-arg BASE_REGISTRY={login_server} training && docker push {ref}"
     )
     assert create.startswith("az acr login --name ")
     assert f"--subscription {SUBSCRIPTION_ID}" in create
+
+
+def test_the_bases_are_imported_into_the_lab_registry_by_digest(run: ProgramRun) -> None:
+    """One import per base the Dockerfiles share (both build on the same slim Python), by its
+    pinned digest, under the repository and tag their FROM names through BASE_REGISTRY."""
+    (imported,) = [r for r in run.of_type(COMMAND) if r.name.startswith("base-images-")]
+    registry = run.one(REGISTRY).outputs
+    (base,) = {b for refs in training_base_images(PROJECT_DIR / "training").values() for b in refs}
+    assert imported.inputs["create"] == (
+        f"az acr import --name {registry['name']} --resource-group {run.outputs['resourceGroup']}"
+        f" --subscription {SUBSCRIPTION_ID} --source docker.io/library/python@{base.digest}"
+        f" --image library/python:{base.tag} --force"
+    )
+    assert imported.inputs["triggers"] == [base.digest]
+    assert run.waits_for(run.one(COMMAND, "stager-image-build"), imported)
 
 
 def test_image_ref_waits_for_the_build() -> None:

@@ -34,6 +34,7 @@ import yaml
 from tests.support.pulumi_harness import AzureAnswers, ProgramRun, planned_changes, run_program
 
 AGENT_POOL = "azure-native:containerservice:AgentPool"
+COMMAND = "command:local:Command"
 CLUSTER = "azure-native:containerservice:ManagedCluster"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 DAEMONSET = "kubernetes:apps/v1:DaemonSet"
@@ -219,13 +220,17 @@ def test_a_size_change_replaces_both_pools_and_the_job_follows_the_new_generatio
 
 def test_the_fallback_pools_count_is_the_autoscalers(on: ProgramRun) -> None:
     """Like the Spot pool's (tests/infra/test_infra_gpu_pool.py): a count the autoscaler moved
-    plans nothing, and a new ceiling updates only the ceiling."""
+    plans nothing, and a new ceiling goes through `az aks nodepool update`, never a PUT of the
+    pool with the count of its create."""
     created = on.one(AGENT_POOL, "gpu-on-demand")
     answers = AzureAnswers(live_pool_counts={created.inputs["agentPoolName"]: 2})
     again = run_program("dev", ON, answers=answers).one(AGENT_POOL, "gpu-on-demand")
     assert planned_changes(created, again) == []
     raised = run_program("dev", {**ON, "onDemandMaxNodes": "3"}, answers=answers)
-    assert planned_changes(created, raised.one(AGENT_POOL, "gpu-on-demand")) == ["maxCount"]
+    assert planned_changes(created, raised.one(AGENT_POOL, "gpu-on-demand")) == []
+    bounds = raised.one(COMMAND, "gpu-on-demand-bounds").inputs["update"]
+    assert f"--name {created.inputs['agentPoolName']} " in bounds
+    assert "--update-cluster-autoscaler --min-count 0 --max-count 3" in bounds
 
 
 # ---- off: today's plan ----------------------------------------------------------------------
@@ -253,8 +258,9 @@ def test_off_the_plan_is_todays(off: ProgramRun) -> None:
         "scaleDownDelayAfterAdd": "5m",
         "scaleDownUnneededTime": "5m",
         "skipNodesWithLocalStorage": "false",
-        # Added with issue 37 for every stack, the fallback on or off (test_infra.py).
-        "okTotalUnreadyCount": "3",
+        # For every stack, the fallback on or off: the most GPU nodes the config allows
+        # (test_infra.py), so that a new ceiling is no cluster update.
+        "okTotalUnreadyCount": "100",
     }
     pools = {r.inputs["agentPoolName"] for r in off.of_type(AGENT_POOL)}
     assert pools == {"gpu244695ac", "sys6c853e1f"}
@@ -282,6 +288,7 @@ def test_every_resource_name_is_the_same_with_the_fallback_on_plus_its_own(
 
     assert names(on) - names(off) == {
         f"{AGENT_POOL}::cluster-gpu-on-demand",
+        f"{COMMAND}::cluster-gpu-on-demand-bounds",
         "spot-lab:workloads:AutoscalerPriorities::workloads-autoscaler-priorities",
         f"{CONFIG_MAP}::workloads-autoscaler-priorities-configmap",
     }

@@ -1,5 +1,6 @@
 """Changes to the GPU pool strand nothing: an `up` leaves the autoscaler's node count alone, new
-bounds apply to the pool as it is, and a new pool generation takes the job with it before the
+bounds and a new Kubernetes version reach the pool through `az aks nodepool` (which reads the live
+pool), no `up` rewrites the cluster, and a new pool generation takes the job with it before the
 old one goes.
 
 What AKS, Pulumi and pulumi-azure-native do with an autoscaled pool's ``count``, from their
@@ -14,9 +15,14 @@ sources (``infra.node_pools.AUTOSCALED_COUNT``):
   old inputs for properties marked as ignoreChanges" (pulumi/pulumi #2657), and uses the
   program's value when the state has none, "most importantly when creating the resource"
   (Pulumi docs). ``planned_changes`` reproduces that comparison.
+- A refresh writes every pool of the cluster, the separate AgentPools with their live counts
+  included, into the cluster's ``agentPoolProfiles`` (pulumi-azure-native #1532), and a cluster
+  PUT with a changed list puts every pool into Scaling (#4264). ``_refreshed`` is that state.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -29,6 +35,8 @@ from tests.support.pulumi_harness import (
 )
 
 AGENT_POOL = "azure-native:containerservice:AgentPool"
+CLUSTER = "azure-native:containerservice:ManagedCluster"
+COMMAND = "command:local:Command"
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 
 
@@ -51,23 +59,38 @@ def test_a_second_up_after_the_autoscaler_moved_the_pool_plans_no_pool_update(
     assert planned_changes(created, again) == []
 
 
+def _command(run: ProgramRun, name: str) -> Registered:
+    return run.one(COMMAND, name)
+
+
 @pytest.mark.parametrize(
-    ("overrides", "changed"),
+    ("overrides", "bounds"),
     [
-        ({"gpuMinNodes": "2"}, ["minCount"]),
-        ({"gpuMaxNodes": "5"}, ["maxCount"]),
-        ({"gpuMaxNodes": "4"}, ["maxCount"]),
+        ({"gpuMinNodes": "2"}, "--min-count 2 --max-count 3"),
+        ({"gpuMaxNodes": "5"}, "--max-count 5"),
     ],
 )
-def test_a_change_of_bounds_updates_the_bounds_and_never_the_count(
-    overrides: dict[str, str], changed: list[str]
+def test_new_bounds_go_through_az_which_keeps_the_live_count(
+    overrides: dict[str, str], bounds: str
 ) -> None:
-    created = _pool(run_program("dev"))
-    answers = AzureAnswers(live_pool_counts={created.inputs["agentPoolName"]: 3})
-    updated = _pool(run_program("dev", overrides, answers=answers))
-    assert updated.inputs["agentPoolName"] == created.inputs["agentPoolName"]  # not a new pool
-    assert planned_changes(created, updated) == changed
-    assert updated.inputs["enableAutoScaling"] is True
+    """No PUT of the pool carries the count the state holds (the create's): the pool plans no
+    update, and `az aks nodepool update --update-cluster-autoscaler` (a read of the live pool,
+    then its PUT with the new bounds) runs as the command's update."""
+    created = run_program("dev")
+    answers = AzureAnswers(live_pool_counts={_pool(created).inputs["agentPoolName"]: 3})
+    updated = run_program("dev", overrides, answers=answers)
+    assert _pool(updated).inputs["agentPoolName"] == _pool(created).inputs["agentPoolName"]
+    assert planned_changes(_pool(created), _pool(updated)) == []
+    before, after = _command(created, "gpu-spot-bounds"), _command(updated, "gpu-spot-bounds")
+    assert planned_changes(before, after) == ["triggers", "update"]
+    assert after.inputs["update"].startswith("az aks nodepool update ")
+    assert "--update-cluster-autoscaler" in after.inputs["update"]
+    assert bounds in after.inputs["update"]
+    assert f"--name {_pool(updated).inputs['agentPoolName']} " in after.inputs["update"]
+    assert "--subscription " in after.inputs["update"]
+    # Never on the pool's create: the autoscaler may be scaling the new pool already.
+    assert after.inputs["create"] == "true"
+    assert updated.waits_for(after, _pool(updated))
 
 
 def test_a_new_pool_is_created_with_gpu_min_nodes() -> None:
@@ -75,8 +98,9 @@ def test_a_new_pool_is_created_with_gpu_min_nodes() -> None:
     run = run_program("dev", {"gpuMinNodes": "1"})
     pool = _pool(run)
     assert pool.inputs["count"] == pool.inputs["minCount"] == 1
-    # The program's count is what a create carries; after that the state's is kept.
-    assert pool.ignore_changes == ["count"]
+    # The program's count is what a create carries; after that the state's is kept, and the
+    # pool is never PUT again (bounds and version: `az aks nodepool`).
+    assert pool.ignore_changes == ["count", "minCount", "maxCount", "orchestratorVersion"]
 
 
 def test_t4_to_a100_is_a_new_pool_the_job_follows_and_the_old_one_goes_last() -> None:
@@ -101,14 +125,68 @@ def test_t4_to_a100_is_a_new_pool_the_job_follows_and_the_old_one_goes_last() ->
     assert job.replace_on_changes == ["spec"] and job.delete_before_replace
 
 
-def test_every_up_refreshes_first_so_a_pool_update_carries_the_live_count() -> None:
-    """An update of another pool setting sends the count in Pulumi's state (ignoreChanges), and
-    AKS refuses one that differs from the live count as a manual scale (terraform-provider-azurerm
-    #4543); a refresh before every up records the live count (Pulumi.yaml's ``options.refresh:
-    always``, pulumi/pulumi #8071: a string, not a boolean, pulumi-hugo #1971)."""
+def _refreshed(cluster: Registered, counts: dict[str, int]) -> Registered:
+    """The cluster's state after `pulumi refresh`: its inline list holds every pool of the
+    cluster, with the live counts (pulumi-azure-native #1532)."""
+    profiles = list(cluster.inputs["agentPoolProfiles"])
+    profiles += [{"name": name, "count": count, "mode": "User"} for name, count in counts.items()]
+    return replace(cluster, inputs={**cluster.inputs, "agentPoolProfiles": profiles})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"gpuMinNodes": "1"}, {"workerMaxReplicas": "5"}, {"gpuVmSize": "Standard_NC8as_T4_v3"}],
+)
+@pytest.mark.parametrize("refreshed", [False, True])
+def test_a_second_up_after_autoscaling_or_a_pool_change_plans_no_cluster_update(
+    overrides: dict[str, str], refreshed: bool
+) -> None:
+    """The autoscaler moved the GPU pool to 3 nodes; then nothing changed, or a pool setting
+    did. No `up` refreshes (Pulumi.yaml has no ``options.refresh``), and after a refresh by hand
+    the inline list the refresh rewrote is ignored (``infra.cluster.INLINE_POOLS``)."""
+    first = run_program("dev")
+    live = {_pool(first).inputs["agentPoolName"]: 3}
+    state = first.one(CLUSTER)
+    if refreshed:
+        state = _refreshed(state, live)
+        assert planned_changes(state, replace(first.one(CLUSTER), ignore_changes=[]))
+    again = run_program("dev", overrides, answers=AzureAnswers(live_pool_counts=live))
+    assert planned_changes(state, again.one(CLUSTER)) == []
+
+
+def test_no_up_refreshes_first() -> None:
+    """A blanket refresh made every `up` after a pool change a PUT of the whole cluster."""
     import yaml
 
     from tests.support.pulumi_harness import PROJECT_DIR
 
     project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
-    assert project["options"] == {"refresh": "always"}
+    assert "refresh" not in (project.get("options") or {})
+
+
+def test_a_kubernetes_version_change_upgrades_the_control_plane_then_every_pool() -> None:
+    """With a Spot pool, AKS upgrades the control plane and the pools only one after the other
+    (AKS, Spot node pools, Limitations). The cluster's PUT changes only kubernetesVersion (its
+    inline pool keeps its version: INLINE_POOLS); each pool then follows after it: the system
+    pool by its own PUT (its count is Pulumi's), the GPU pool and the inline bootstrap pool by
+    `az aks nodepool upgrade`, which keeps the live count."""
+    before = run_program("dev", {"kubernetesVersion": "1.33"})
+    after = run_program("dev", {"kubernetesVersion": "1.34"})
+    cluster = after.one(CLUSTER)
+    assert planned_changes(before.one(CLUSTER), cluster) == ["kubernetesVersion"]
+    system = after.one(AGENT_POOL, "cluster-system")
+    assert planned_changes(before.one(AGENT_POOL, "cluster-system"), system) == [
+        "orchestratorVersion"
+    ]
+    assert after.waits_for(system, cluster)
+    assert planned_changes(_pool(before), _pool(after)) == []
+    for name, pool in (
+        ("gpu-spot-version", _pool(after).inputs["agentPoolName"]),
+        ("bootstrap-version", "bootstrap"),
+    ):
+        upgrade = _command(after, name)
+        assert planned_changes(_command(before, name), upgrade) == ["triggers", "update"]
+        assert upgrade.inputs["update"].startswith("az aks nodepool upgrade ")
+        assert f"--name {pool} " in upgrade.inputs["update"]
+        assert "--kubernetes-version 1.34 --yes" in upgrade.inputs["update"]
+        assert after.waits_for(upgrade, cluster)

@@ -623,3 +623,61 @@ def test_more_heartbeats_than_the_rendezvous_was_measured_with_are_refused() -> 
     # Beating half as often keeps etcd's load within what was measured.
     assert _cfg({**big, "rdzvKeepAliveInterval": "2"}).job.max_replicas == 100
     assert _cfg({"gpuMaxNodes": "64", "workerMaxReplicas": "64"}).job.max_replicas == 64
+
+
+def test_the_gpu_pools_together_stay_within_what_the_autoscaler_tolerates_unready() -> None:
+    """infra.catalog.gpu_pools.MAX_GPU_NODES is the autoscaler's ok-total-unready-count."""
+    _cfg({"gpuMaxNodes": "98", "onDemandMaxNodes": "2"})  # 100: allowed
+    message = _problems({"gpuMaxNodes": "99", "onDemandMaxNodes": "2"})
+    assert "spot-lab:gpuMaxNodes (99) plus spot-lab:onDemandMaxNodes (2) must be at most 100" in (
+        message
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"etcdMembers": "2"}, "spot-lab:etcdMembers must be 1 (a throwaway dev stack) or an odd"),
+        ({"etcdMembers": "0"}, "spot-lab:etcdMembers must be 1"),
+        (
+            {"systemNodeCount": "2"},
+            "spot-lab:systemNodeCount (2) must be >= spot-lab:etcdMembers (3): each etcd member",
+        ),
+        (
+            {"etcdMembers": "5", "systemNodeCount": "4"},
+            "spot-lab:systemNodeCount (4) must be >= spot-lab:etcdMembers (5)",
+        ),
+    ],
+)
+def test_etcd_members_need_a_quorum_and_a_system_node_each(
+    raw: dict[str, str], message: str
+) -> None:
+    assert message in _problems(raw)
+
+
+def test_one_etcd_member_on_one_system_node_is_a_dev_stack() -> None:
+    cfg = _cfg({"etcdMembers": "1", "systemNodeCount": "1"})
+    assert (cfg.etcd_members, cfg.cluster.system_node_count) == (1, 1)
+
+
+def test_rdma_follows_the_sizes_infiniband_unless_turned_off() -> None:
+    assert _cfg({}).infiniband is False  # the T4 has none
+    nd = {"gpuVmSize": "Standard_ND96asr_v4", "globalBatchSize": "256"}
+    assert _cfg(nd).infiniband is True
+    assert _cfg({**nd, "rdma": "off"}).infiniband is False
+    assert _cfg({**nd, "rdma": "on"}).infiniband is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"rdma": "yes"}, "spot-lab:rdma must be one of auto, on, off; got 'yes'"),
+        (
+            {"rdma": "on"},
+            "spot-lab:rdma on: Standard_NC4as_T4_v3 has no InfiniBand (sizes with it: "
+            "Standard_ND96asr_v4,",
+        ),
+    ],
+)
+def test_rdma_refuses_what_cannot_be(raw: dict[str, str], message: str) -> None:
+    assert message in _problems(raw)

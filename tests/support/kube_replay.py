@@ -1,6 +1,8 @@
 """A Kubernetes API server on loopback that replays recorded answers, so the official client's
 own watch, log-streaming and error code runs against it. It also takes the writes of ``lab
-rebalance``: a node's cordon (PATCH) and a pod's eviction (POST), each handed to a hook.
+rebalance`` and the GPU nodes' agent: a node's cordon (PATCH), a pod's eviction (POST, handed to
+a hook) and a pod's delete (DELETE, with its uid precondition), and answers pod lists by their
+label and ``spec.nodeName`` field selectors as the API server does.
 
 Watches answer with their recorded events, one JSON object a line, then end the stream the
 way the API server does at ``timeoutSeconds``; the client's reconnect (with the last
@@ -94,13 +96,18 @@ def pod_manifest(name: str, node: str, phase: str = "Running", version: str = "1
     }
 
 
-def node_manifest(name: str, labels: dict[str, str], ready: bool = True) -> dict[str, Any]:
-    """A Node as the API server lists it: its labels, Ready condition and cordon."""
+def node_manifest(
+    name: str, labels: dict[str, str], ready: bool = True, provider_id: str = ""
+) -> dict[str, Any]:
+    """A Node as the API server lists it: its labels, Ready condition, cordon and VM."""
+    spec: dict[str, Any] = {"unschedulable": False}
+    if provider_id:
+        spec["providerID"] = provider_id
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "resourceVersion": "1"},
-        "spec": {"unschedulable": False},
+        "spec": spec,
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
@@ -160,10 +167,15 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 return self._json(*kube.job)
             if url.path == NODES_PATH and not watching:
                 return self._json(200, {"kind": "NodeList", "items": kube.nodes, "metadata": {}})
+            if url.path.startswith(NODES_PATH + "/"):
+                name = url.path.rsplit("/", 1)[-1]
+                node = next((n for n in kube.nodes if n["metadata"]["name"] == name), None)
+                return self._json(200, node) if node else self._json(404, _not_found())
             if url.path == PODS_PATH:
                 if watching:
                     return self._watch(url.path, kube.pods, query)
-                return self._json(200, {"kind": "PodList", "items": kube.pods, "metadata": {}})
+                items = [p for p in kube.pods if _selected(p, query)]
+                return self._json(200, {"kind": "PodList", "items": items, "metadata": {}})
             if url.path == EVENTS_PATH and watching:
                 return self._watch(url.path, kube.events, query)
             if url.path == AUTOSCALER_EVENTS_PATH and watching:
@@ -207,10 +219,44 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 return self._json(code, {"kind": "Status", "code": code})
             return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
 
+        def do_DELETE(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            body = self._body()
+            kube.seen.append(("DELETE", path, {}))
+            kube.bodies.append(("DELETE", path, body))
+            name = path.rsplit("/", 1)[-1]
+            pod = next((p for p in kube.pods if p["metadata"]["name"] == name), None)
+            if not path.startswith(PODS_PATH + "/") or pod is None:
+                return self._json(404, _not_found())
+            uid = ((body or {}).get("preconditions") or {}).get("uid")
+            if uid and uid != pod["metadata"]["uid"]:
+                return self._json(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+            kube.pods.remove(pod)
+            return self._json(200, pod)
+
         def log_message(self, *args: Any) -> None:
             pass
 
     return Handler
+
+
+def _not_found() -> dict[str, Any]:
+    return {"kind": "Status", "code": 404, "reason": "NotFound"}
+
+
+def _selected(pod: dict[str, Any], query: dict[str, list[str]]) -> bool:
+    """The API server's ``labelSelector`` (``k=v`` terms) and ``fieldSelector``
+    (``spec.nodeName=``) on a pod list."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    for term in ",".join(query.get("labelSelector", [])).split(","):
+        key, _, value = term.partition("=")
+        if term and labels.get(key) != value:
+            return False
+    for term in ",".join(query.get("fieldSelector", [])).split(","):
+        key, _, value = term.partition("=")
+        if key == "spec.nodeName" and (pod.get("spec") or {}).get("nodeName") != value:
+            return False
+    return True
 
 
 def serve_kube() -> Iterator[FakeKube]:

@@ -196,10 +196,15 @@ def test_etcd_without_an_operator_namespace_admits_trainers_only() -> None:
     assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": TRAINER_LABELS}}]
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 4])
-def test_etcd_needs_an_odd_quorum_of_at_least_three(replicas: int) -> None:
+@pytest.mark.parametrize("replicas", [0, 2, 4])
+def test_etcd_needs_an_odd_quorum_of_at_least_three_or_one_member(replicas: int) -> None:
     with pytest.raises(ValueError, match="etcd replicas must be odd and >= 3"):
         etcd_statefulset(_etcd_spec(replicas=replicas))
+
+
+def test_a_single_member_has_no_disruption_budget() -> None:
+    assert etcd_statefulset(_etcd_spec(replicas=1))["spec"]["replicas"] == 1
+    assert etcd_disruption_budget(_etcd_spec(replicas=1)) is None
 
 
 # ---- priority classes ------------------------------------------------------------------------
@@ -227,7 +232,7 @@ def test_priority_class_rejects_bad_values() -> None:
 def test_device_plugin_on_gpu_spot_nodes() -> None:
     daemonset = device_plugin_daemonset(DevicePluginSpec())
     pod = daemonset["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    assert pod["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"

@@ -91,6 +91,7 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
         ("spot-lab:workloads:TrainingOperator", "lab-operator"),
         ("spot-lab:workloads:NvidiaDevicePlugin", "lab-device-plugin"),
         ("spot-lab:workloads:Rendezvous", "lab-etcd"),
+        ("spot-lab:workloads:NodeAgent", "lab-node-agent"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
         ("spot-lab:workloads:DataStaging", "lab-data-staging"),
         ("spot-lab:workloads:DatasetVolume", "lab-dataset"),
@@ -104,7 +105,9 @@ def test_one_server_side_apply_provider_for_every_kubernetes_object(
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert provider.inputs["kubeconfig"].startswith("apiVersion: v1")
     objects = [r for r in default_run.resources if r.type.startswith("kubernetes:")]
-    assert len(objects) == 18  # the job's run record among them
+    # 17, the job's run record, the namespace-wide metadata policy, and the node agent's 7
+    # (ServiceAccount, Role and binding, ClusterRole and binding, NetworkPolicy, DaemonSet).
+    assert len(objects) == 26
     for obj in objects:
         assert obj.provider is not None, obj.name
         assert obj.provider.startswith(provider.urn), obj.name

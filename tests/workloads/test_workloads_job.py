@@ -199,11 +199,12 @@ def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> N
 
 
 def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
-    """The id hashed every field of the spec; ``prefer_spot`` and trainArgs' fields came later
-    and are left out at their defaults, so turning nothing on replaces no running job."""
+    """The id hashed every field of the spec; ``prefer_spot``, trainArgs' fields and
+    ``nccl_ib_env`` came later and are left out at their defaults, so turning nothing on
+    replaces no running job."""
     spec = _job_spec()
     fields = dataclasses.asdict(spec)
-    for added in ("prefer_spot", "program"):
+    for added in ("prefer_spot", "program", "nccl_ib_env"):
         del fields[added]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]

@@ -60,7 +60,12 @@ def test_only_aks_addons_run_on_the_bootstrap_pool(run: ProgramRun) -> None:
 
 def test_workers_fit_the_gpu_spot_pool(run: ProgramRun) -> None:
     pool = run.one(GPU_POOL, "gpu-spot").inputs
-    for workload in (run.one(PYTORCHJOB), run.one("kubernetes:apps/v1:DaemonSet")):
+    daemonsets = run.of_type("kubernetes:apps/v1:DaemonSet")
+    assert {d.name for d in daemonsets} == {
+        "workloads-device-plugin-daemonset",
+        "workloads-node-agent-daemonset",
+    }
+    for workload in (run.one(PYTORCHJOB), *daemonsets):
         pod = _pod_spec(workload)
         assert pod["nodeSelector"].items() <= pool["nodeLabels"].items()
         for taint in pool["nodeTaints"]:

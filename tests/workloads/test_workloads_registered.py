@@ -101,23 +101,43 @@ def test_registered_etcd_serves_the_v2_api_from_the_pinned_image(run: ProgramRun
     assert pod["nodeSelector"] == SYSTEM_POOL
 
 
-def test_registered_etcd_spreads_members_without_blocking_a_small_pool(run: ProgramRun) -> None:
-    """Preferred, not required: on a one-node system pool all three members still schedule."""
+def test_registered_etcd_keeps_one_member_per_system_node(run: ProgramRun) -> None:
+    """Required, not preferred: a preference lets the scheduler put two of three members on one
+    node, and that node's loss takes the quorum; the pool has a node per member (3 by
+    default, stack_config refuses fewer)."""
     statefulset = _one_by_kind(run, "StatefulSet")
     anti = statefulset["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
-    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
-    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+    (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"] == statefulset["spec"]["selector"]
+    assert run.config["spot-lab:systemNodeCount"] == "3" == run.config["spot-lab:etcdMembers"]
     budget = _one_by_kind(run, "PodDisruptionBudget")["spec"]
     assert budget["minAvailable"] == 2
     assert budget["selector"] == statefulset["spec"]["selector"]
 
 
+def test_a_one_member_etcd_has_no_budget_to_block_its_nodes_drain() -> None:
+    """etcdMembers 1 on a one-node system pool (a throwaway dev stack): one member, and no
+    disruption budget, which with its only member would block every drain of that node."""
+    one = run_program("dev", {"etcdMembers": "1", "systemNodeCount": "1"})
+    (statefulset,) = [r.inputs for r in one.resources if r.type.endswith(":StatefulSet")]
+    assert statefulset["spec"]["replicas"] == 1
+    assert "--initial-cluster=etcd-0=http://" in " ".join(
+        statefulset["spec"]["template"]["spec"]["containers"][0]["command"]
+    )
+    assert [r for r in one.resources if r.type.endswith("PodDisruptionBudget")] == []
+
+
 def test_registered_device_plugin_runs_on_every_gpu_spot_node(run: ProgramRun) -> None:
-    daemonset = _one_by_kind(run, "DaemonSet")
+    (daemonset,) = [
+        r.inputs
+        for r in run.resources
+        if r.type.endswith(":DaemonSet") and "device-plugin" in r.name
+    ]
     pod = daemonset["spec"]["template"]["spec"]
     (plugin,) = pod["containers"]
-    assert plugin["image"] == DEVICE_PLUGIN_IMAGE == "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    assert plugin["image"] == DEVICE_PLUGIN_IMAGE == "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"
     assert daemonset["metadata"]["namespace"] == "kube-system"
     assert pod["nodeSelector"] == GPU_SPOT_POOL
     assert pod["priorityClassName"] == "system-node-critical"

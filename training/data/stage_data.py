@@ -27,11 +27,12 @@ import re
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
 from training.data.dataset_marker import MARKER, local_file, marker_body
@@ -42,6 +43,17 @@ EXIT_RETRY = 1
 # CIFAR-10's files in its archive (training/data/cifar10.py reads them).
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
 CHUNK = 1 << 20
+RBAC_WAIT_S = 15 * 60
+"""How long a refused read of the container is tried again. On the first `pulumi up` the Job
+starts as soon as its identity's role and federated credential exist, and neither is honoured at
+once: a token request right after a federated credential is added "might fail until the cache is
+refreshed" (AKS, "Deploy and configure workload identity"), and "Azure role assignments may take
+up to 30 minutes to propagate" (Azure Storage, "Assign an Azure role for access to blob data");
+minutes are the usual."""
+REFUSED = (401, 403)
+"""401: the token was refused (its federated credential is not known yet); 403: the role is not
+applied yet (AuthorizationPermissionMismatch)."""
+T = TypeVar("T")
 
 
 class StagingError(Exception):
@@ -166,6 +178,57 @@ def _container(container_uri: str) -> Any:
     )
 
 
+def _refused(exc: Exception) -> bool:
+    """Whether Azure turned the request down for want of a token or a role, not for the data."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    if isinstance(exc, ClientAuthenticationError):  # the token request itself, or a 401
+        return True
+    return isinstance(exc, HttpResponseError) and exc.status_code in REFUSED
+
+
+def retry_refused(
+    read: Callable[[], T],
+    what: str,
+    *,
+    wait_s: float = RBAC_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> T:
+    """``read()``, tried again with backoff (5 s doubling to 60 s) while Azure refuses it (401,
+    403) for up to ``wait_s``, each wait said in the log; any other error is raised as it is, a
+    refusal past the budget as a permanent ``StagingError`` (exit 2) naming what is missing."""
+    deadline, delay = clock() + wait_s, 5.0
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            if not _refused(exc):
+                raise
+            left = deadline - clock()
+            if left <= 0:
+                raise StagingError(
+                    f"{what} was still refused after {wait_s:.0f} s ({_first_line(exc)}): the "
+                    "stager identity needs its role on the container (Storage Blob Data "
+                    "Contributor) and its federated credential; `pulumi up` again retries",
+                    retry=False,
+                ) from None
+            pause = min(delay, left)
+            log(
+                f"stage-data: {what} refused ({_first_line(exc)}); a new role or federated "
+                f"credential takes minutes to apply: trying again in {pause:.0f} s, for "
+                f"{left:.0f} s more"
+            )
+            sleep(pause)
+            delay = min(delay * 2, 60.0)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def already_staged(container: Any, checksum: str) -> bool:
     """Whether the marker names this checksum and every file it lists is there."""
     from azure.core.exceptions import ResourceNotFoundError
@@ -185,7 +248,12 @@ def stage(source: str, checksum: str, container_uri: str, data_format: str = CIF
     parse_checksum(checksum)  # bad syntax is refused before any I/O
     try:
         container = _container(container_uri)
-        if already_staged(container, checksum.strip().lower()):
+        staged = retry_refused(
+            lambda: already_staged(container, checksum.strip().lower()),
+            f"reading {container_uri}",
+            wait_s=RBAC_WAIT_S,
+        )
+        if staged:
             return f"{container_uri} already holds {checksum}: nothing to do"
         with tempfile.TemporaryDirectory(prefix="stage-data-") as tmp:
             archive = Path(tmp) / "archive"

@@ -11,9 +11,15 @@ from typing import Any
 
 from workloads.manifests.scheduling import GPU_SPOT_POOL, gpu_spot_tolerations
 
-# Pinned release (upstream's static manifest for it): a moving tag could change how GPUs
-# are advertised under a running job.
-DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+# Pinned release (upstream's static manifest for it, unchanged in shape since v0.18.0): a moving
+# tag could change how GPUs are advertised under a running job. v0.19.0 is the first with
+# NVIDIA/k8s-device-plugin PR 1562 ("Fix healthchecking on old devices"): up to v0.18.2 a GPU
+# whose NVML event registration returns NOT_SUPPORTED fell through to "Marking device ... as
+# unhealthy" (internal/rm/health.go, two `if`s where v0.19.0 has a `switch`), and a device
+# marked unhealthy never recovers, so the node's GPU was lost for good; the A10 sizes run GRID
+# vGPU drivers (Azure/AKS #5875), where such registration can be unsupported. v0.19.3 is that
+# line's latest patch; it also reverts v0.19.0's default-on mofed/gdrcopy/gds mounts (#1837).
+DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.19.3"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 

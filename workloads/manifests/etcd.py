@@ -3,7 +3,8 @@
 The rendezvous (training/elastic/rendezvous.py, on etcd's v3 API) keeps the membership of
 every round in etcd, so the job survives losing any worker (unlike torch's ``c10d`` backend,
 whose rendezvous lives inside worker 0's agent).
-Three members keep quorum while one system node is drained for an upgrade.
+Three members, one per system node (required), keep quorum while any one system node is lost or
+drained for an upgrade; a throwaway dev stack may run one member (``etcdMembers: 1``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ the old claims go with the old StatefulSet (``whenDeleted: Delete``). Its data w
 rendezvous' ephemeral state."""
 PEER_PORT = 2380
 DATA_DIR = "/var/lib/etcd"
+SINGLE_MEMBER = 1
+"""One member: no quorum to keep, and none to lose. The rendezvous is down whenever that member's
+node is, drained or lost, until the member is back on another node with its disk, and it has no
+disruption budget (one that kept its only member would block every drain of its node)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ class EtcdSpec:
     """StatefulSet and client Service name; the Service's DNS name is the rdzvHost."""
     image: str = ETCD_IMAGE
     replicas: int = 3
-    """Odd and >= 3: quorum survives one member being drained or lost."""
+    """Odd and >= 3, so quorum survives one member being drained or lost; or 1 for a throwaway
+    dev stack (``SINGLE_MEMBER``)."""
     storage_class: str = "managed-csi"
     """AKS's built-in Azure Disk class; a restarted member must find its data to rejoin."""
     storage_size: str = "1Gi"
@@ -65,10 +71,10 @@ class EtcdSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the field when the cluster shape cannot keep quorum."""
-        if self.replicas < 3 or self.replicas % 2 == 0:
+        if self.replicas != SINGLE_MEMBER and (self.replicas < 3 or self.replicas % 2 == 0):
             raise ValueError(
-                f"etcd replicas must be odd and >= 3 (quorum must survive a drained node), "
-                f"got {self.replicas}"
+                f"etcd replicas must be odd and >= 3 (quorum must survive a drained node), or 1 "
+                f"(a throwaway dev stack), got {self.replicas}"
             )
         if self.client_port == PEER_PORT:
             raise ValueError(f"etcd client_port must differ from the peer port {PEER_PORT}")
@@ -157,16 +163,17 @@ def _etcd_container(spec: EtcdSpec) -> dict[str, Any]:
 
 
 def _spread_members(spec: EtcdSpec) -> dict[str, Any]:
-    # Prefer one member per node, so one lost node costs at most one member.
+    # One member per node, required: with a preference only, the scheduler may put two of three
+    # on one node, and losing that node loses quorum. A member with no node free stays Pending
+    # (the others keep quorum) instead; the system pool has at least as many nodes as members
+    # (stack_config), and a node upgrade adds at least one surge node before it drains one (AKS,
+    # "Upgrade an AKS cluster": max surge, at least one node).
     return {
         "podAntiAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
+            "requiredDuringSchedulingIgnoredDuringExecution": [
                 {
-                    "weight": 100,
-                    "podAffinityTerm": {
-                        "labelSelector": {"matchLabels": spec.labels},
-                        "topologyKey": "kubernetes.io/hostname",
-                    },
+                    "labelSelector": {"matchLabels": spec.labels},
+                    "topologyKey": "kubernetes.io/hostname",
                 }
             ]
         }
@@ -255,9 +262,12 @@ def etcd_peer_service(spec: EtcdSpec) -> dict[str, Any]:
     }
 
 
-def etcd_disruption_budget(spec: EtcdSpec) -> dict[str, Any]:
-    """Drains and upgrades may take members down only while a quorum stays up."""
+def etcd_disruption_budget(spec: EtcdSpec) -> dict[str, Any] | None:
+    """Drains and upgrades may take members down only while a quorum stays up (None with a
+    single member, which has no quorum to keep)."""
     spec.validate()
+    if spec.replicas == SINGLE_MEMBER:
+        return None
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

@@ -27,6 +27,7 @@ from training.elastic.launch import (
     worker_env,
 )
 from workloads.manifests.namespace import WORKLOAD_IDENTITY_USE
+from workloads.manifests.network_operator import with_infiniband
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
     TRAINER_LABELS,
@@ -50,7 +51,7 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 RUN_ID_LABEL = "spot-lab/run-id"
 """On the job and its pods: which run (``runId``) they belong to."""
 # Added after rendezvous ids were in use: left out of the id's hash at these defaults.
-_ADDED_FIELDS = {"prefer_spot": False, "program": asdict(WorkerProgram())}
+_ADDED_FIELDS = {"prefer_spot": False, "program": asdict(WorkerProgram()), "nccl_ib_env": {}}
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class ElasticJobSpec:
     workers prefer the Spot one (``spot_preference``)."""
     program: WorkerProgram = field(default_factory=WorkerProgram)
     """What the workers run (the loop or a script, with the stack's flags) and its data's folder."""
+    nccl_ib_env: dict[str, str] = field(default_factory=dict)  # rdma: the size's NCCL_IB_*
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -139,8 +141,8 @@ def rendezvous_id(spec: ElasticJobSpec) -> str:
     A rendezvous closed by an orderly shutdown (or an exhausted restart budget) stays closed
     for its id, so a reused id would hang the next job. Hashing the whole spec, image tag
     and run id included, gives every new image, spec or run a fresh id while an unchanged
-    one keeps its id. Re-creating an identical job (after it finished, or after
-    ``kubectl delete``) needs a new ``runId``: nothing else about it changed.
+    one keeps its id (fields added after ids were in use count only when set). Re-creating an
+    identical job (after it finished, or after ``kubectl delete``) needs a new ``runId``.
     """
     fields = asdict(spec)
     for name, default in _ADDED_FIELDS.items():  # so every existing job keeps its id
@@ -271,7 +273,7 @@ def worker_pod_template(spec: ElasticJobSpec) -> dict[str, Any]:
             **({"affinity": spot_preference()} if spec.prefer_spot else {}),
             # The Spot taint's toleration is harmless on the on-demand pool, which lacks it.
             "tolerations": [*gpu_spot_tolerations(), *node_loss_tolerations()],
-            "containers": [_worker_container(spec)],
+            "containers": [with_infiniband(_worker_container(spec), spec.nccl_ib_env)],
             "volumes": _worker_volumes(spec),
         },
     }
@@ -378,6 +380,7 @@ def elastic_job_spec(
         termination_grace_s=job.termination_grace_s,
         node_selector=(gpu_generation_selector if fallback else gpu_pool_selector)(gpu_pool),
         prefer_spot=fallback,
+        nccl_ib_env=config.nccl_ib_env,
         task=config.task,
         precision=job.precision,
         parallelism=job.parallelism,

@@ -4,26 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.manifests.pod_security import namespace_labels
+from workloads.manifests.scheduling import ROLE_LABEL
+
 WORKLOAD_IDENTITY_CLIENT_ID = "azure.workload.identity/client-id"
 # Pods opt in with this label; the webhook then injects AZURE_CLIENT_ID and a token file.
 WORKLOAD_IDENTITY_USE = {"azure.workload.identity/use": "true"}
 
 
-def namespace_manifest(name: str) -> dict[str, Any]:
+def namespace_manifest(name: str, allow_ipc_lock: bool = False) -> dict[str, Any]:
     """The namespace for etcd, the volumes' claims and the training job.
 
     Pod Security "baseline" is enforced: nothing in the lab needs host access, so a pod that
-    asks for it is a mistake worth rejecting.
+    asks for it is a mistake worth rejecting. With InfiniBand the workers need ``IPC_LOCK``,
+    which baseline refuses: then a policy of our own enforces baseline with that one capability
+    added (``workloads/manifests/pod_security.py``).
     """
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
         "metadata": {
             "name": name,
-            "labels": {
-                "app.kubernetes.io/part-of": "spot-lab",
-                "pod-security.kubernetes.io/enforce": "baseline",
-            },
+            "labels": {"app.kubernetes.io/part-of": "spot-lab", **namespace_labels(allow_ipc_lock)},
         },
     }
 
@@ -88,5 +90,30 @@ def identity_egress_policy(namespace: str) -> dict[str, Any]:
                     ],
                 },
             ],
+        },
+    }
+
+
+NODE_AGENT_ROLE = "node-agent"
+"""The ``spot-lab/role`` of the GPU nodes' agent (``workloads/manifests/node_agent.py``): the one
+pod of the namespace that may reach the instance metadata service."""
+
+
+def metadata_egress_policy(namespace: str) -> dict[str, Any]:
+    """Every pod of the namespace but the node agent may reach anything but the instance
+    metadata service: etcd and any pod without an identity too, not only the identity pods
+    (``identity_egress_policy``), so that only the agent, which reads the node's Scheduled
+    Events there, can ask it for the node's identity. Policies add up: a pod both select still
+    reaches no metadata address, since neither admits it."""
+    selector = {"key": ROLE_LABEL, "operator": "NotIn", "values": [NODE_AGENT_ROLE]}
+    allowed = identity_egress_policy(namespace)["spec"]["egress"]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "no-metadata-egress", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchExpressions": [selector]},
+            "policyTypes": ["Egress"],
+            "egress": allowed,
         },
     }

@@ -48,12 +48,15 @@ CRITICAL_ADDONS_TOLERATION: dict[str, Any] = {
 
 
 # How long a worker stays bound to a node that stopped reporting (not-ready) or cannot be
-# reached. Without a toleration of its own, the DefaultTolerationSeconds admission plugin gives
-# every pod 300 s before the taint evicts it (Kubernetes docs, Taints and Tolerations, "Taint
-# based Evictions"), and the worker's replacement stays uncreated that long (Azure/AKS #3528:
-# 300 s measured). A Spot VM that vanished never comes back, and a worker on a node that is
-# only slow costs one re-form of the survivors (about a second) when it goes, so 30 s: long
-# enough for a kubelet restart or a short network blip, far shorter than a new node's minutes.
+# reached before the taint manager deletes it. Without a toleration of its own, the
+# DefaultTolerationSeconds admission plugin gives every pod 300 s (Kubernetes docs, Taints and
+# Tolerations, "Taint based Evictions"). That delete is graceful, so on a node whose kubelet is
+# gone the pod object stays (Terminating) until the kubelet confirms, the Node object is deleted
+# or the pod is force-deleted; its replacement, which has the same name, waits for it. So what
+# shortens a vanished VM's replacement is the node agent's force delete (training/node_agent/),
+# not this. What 30 s buys: a node that comes back (a kubelet restart, a network blip longer
+# than 30 s) has its worker stopped and recreated at once, instead of up to 300 s later while
+# the survivors train without it.
 NODE_LOSS_TOLERATION_S = 30
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 

@@ -1,5 +1,6 @@
 """Check that the images ``pulumi up`` builds have their bases: each Dockerfile's ``FROM`` resolves
-in its registry, under its tag and its pinned digest, anonymously, as the image build pulls it.
+in its registry, under its tag and its pinned digest, anonymously, as the import into the lab's
+registry pulls it, and say where the build pulls it from (the lab's registry).
 
 A missing tag otherwise fails ``pulumi up`` inside ``az acr build``, minutes in, after the
 cluster and the registry exist. The bases and their pins come from the Dockerfiles
@@ -9,6 +10,7 @@ cluster and the registry exist. The bases and their pins come from the Dockerfil
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from infra.catalog.base_images import DOCKER_HUB, ImageRef, training_base_images
 from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
@@ -42,9 +44,22 @@ def check_base_images(ctx: Context) -> Iterator[Check]:
             continue
         for name, dockerfile, ref in entries:
             try:
-                yield resolve(registry, name, dockerfile, ref)
+                yield _where_built(resolve(registry, name, dockerfile, ref), ref)
             except RegistryError as err:
                 yield Check(name, FAILS, f"{_named(ref)}: {err}")
+
+
+IMPORTED = (
+    "pulumi up imports it into the lab's registry (az acr import, by digest) and the build pulls "
+    "it from there, not from Docker Hub"
+)
+
+
+def _where_built(check: Check, ref: ImageRef) -> Check:
+    """Which registry the build pulls ``ref`` from, on a line that found it."""
+    if not ref.imported or check.status == FAILS:
+        return check
+    return replace(check, detail=f"{check.detail}; {IMPORTED}")
 
 
 def resolve(registry: Registry, name: str, dockerfile: str, ref: ImageRef) -> Check:

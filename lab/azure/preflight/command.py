@@ -33,6 +33,7 @@ from lab.azure.preflight.fallback_quota import check_fallback_quota
 from lab.azure.preflight.flags import build_parser
 from lab.azure.preflight.identity import check_cluster_admin, check_permissions, check_sign_in
 from lab.azure.preflight.image_registry import Registry, registry_for
+from lab.azure.preflight.infiniband import check_infiniband
 from lab.azure.preflight.kubernetes_version import check_kubernetes_version
 from lab.azure.preflight.machine import check_tools
 from lab.azure.preflight.region import check_quota, check_vm_sizes
@@ -53,6 +54,7 @@ AZURE_CHECKS: tuple[tuple[str, Callable[[Context], Iterator[Check]]], ...] = (
     ("subscription", check_subscription),
     ("resource providers", check_providers),
     ("VM sizes", check_vm_sizes),
+    ("InfiniBand", check_infiniband),
     ("quota", check_quota),
     ("on-demand fallback quota", check_fallback_quota),
     ("Kubernetes version", check_kubernetes_version),

@@ -76,7 +76,7 @@ def test_preflight_checks_the_fallbacks_family_quota_named_by_the_sku(
     assert checks["Spot vCPU quota"]["status"] == "ok"
     regional = checks["regional vCPU quota with the fallback"]
     assert regional["detail"] == (
-        "4 used / 20 limit, needs 14 (the CPU pools' 6 + 2 × Standard_NC4as_T4_v3 at 4 on demand)"
+        "4 used / 20 limit, needs 16 (the CPU pools' 8 + 2 × Standard_NC4as_T4_v3 at 4 on demand)"
     )
 
 

@@ -78,14 +78,14 @@ def test_a_subscription_where_the_stack_fits_passes_every_check(
     assert checks["sign-in"]["detail"].startswith(f"ada@example.com (object id {OID})")
     assert checks["tool pulumi"]["detail"] == "v3.210.0"
     assert checks["tool az"]["detail"] == "2.79.0, signed in as ada@example.com"
-    # Exactly full: 12 Spot vCPUs for 3 × 4; 4 DSv5 used + 6 needed of 10.
+    # Exactly full: 12 Spot vCPUs for 3 × 4; 4 DSv5 used + 8 needed of 12.
     assert checks["Spot vCPU quota"]["detail"] == (
         "0 used / 12 limit, needs 12 (3 × Standard_NC4as_T4_v3 at 4)"
     )
     assert checks["standardDSv5Family quota"]["detail"] == (
-        "4 used / 10 limit, needs 6 (3 × Standard_D2s_v5)"
+        "4 used / 12 limit, needs 8 (4 × Standard_D2s_v5)"
     )
-    assert checks["regional vCPU quota"]["detail"].startswith("4 used / 20 limit, needs 6")
+    assert checks["regional vCPU quota"]["detail"].startswith("4 used / 20 limit, needs 8")
     # The zone restriction of the T4 size does not matter: the pools ask for no zone.
     assert (
         checks["GPU Spot size Standard_NC4as_T4_v3"]["detail"] == "offered in westus3 (zones 1, 2)"
@@ -384,7 +384,7 @@ def test_a_size_not_offered_as_spot_fails(
 def test_short_spot_and_family_quota_fail_with_used_limit_and_needed(
     azure: FakeAzure, tools: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    project = scratch_project(tmp_path, gpuMaxNodes="4", systemNodeCount="3")
+    project = scratch_project(tmp_path, gpuMaxNodes="4", systemNodeCount="4")
     code, checks = _preflight(azure, capsys, "--stack", "test", project=project)
     assert code == 1
     spot = checks["Spot vCPU quota"]
@@ -393,7 +393,7 @@ def test_short_spot_and_family_quota_fail_with_used_limit_and_needed(
     assert "'Total Regional Spot vCPUs' in westus3" in spot["fix"]
     assert "spot-lab:gpuMaxNodes" in spot["fix"]
     family = checks["standardDSv5Family quota"]
-    assert family["detail"] == "4 used / 10 limit, needs 8 (4 × Standard_D2s_v5)"
+    assert family["detail"] == "4 used / 12 limit, needs 10 (5 × Standard_D2s_v5)"
     assert checks["regional vCPU quota"]["status"] == "ok"
 
 

@@ -60,7 +60,9 @@ def test_both_bases_resolve_anonymously_by_head_alone(
     # CUDA build on it).
     for dockerfile in ("Dockerfile", "Dockerfile.stager"):
         assert checks[f"base image {dockerfile}"]["detail"] == (
-            f"python:{PYTHON[1]} exists; the tag names the pinned sha256:a36c24f9cbdf…"
+            f"python:{PYTHON[1]} exists; the tag names the pinned sha256:a36c24f9cbdf…; "
+            "pulumi up imports it into the lab's registry (az acr import, by digest) and the "
+            "build pulls it from there, not from Docker Hub"
         )
     # The spec's flow: a 401 challenge, a pull token for exactly that repository, the HEAD again.
     first, token, *_ = hub.seen

@@ -115,7 +115,7 @@ def test_idle_cost_comes_from_the_price_list(
     idle = _prices(azure, capsys)["idle"]
     by_name = {item["name"]: item["monthly"] for item in idle["items"]}
     assert by_name == {
-        "CPU pools": pytest.approx(3 * 0.096 * 730),  # 2 system + 1 bootstrap D2s_v5
+        "CPU pools": pytest.approx(4 * 0.096 * 730),  # 3 system + 1 bootstrap D2s_v5
         "load balancer": pytest.approx(0.025 * 730),
         "public IP": pytest.approx(0.005 * 730),
         "registry": pytest.approx(0.1666 * 730 / 24),  # billed per day
