@@ -8,7 +8,9 @@ every ``interval_s`` (or sooner, once ``flush_bytes`` gathered) as one new objec
 a node's objects sort in the order they were written: ``<node>_<start><writer>_<seq>.jsonl``.
 A step costs an append to a list; a store that fails keeps the lines for the next try, up to
 ``max_bytes``, past which the oldest are dropped (and counted in the next object's first line).
-Objects are only ever created, never rewritten, so no two processes race for one.
+Each upload takes its sequence number when it takes its lines, so the thread's upload and the
+one ``close`` makes at the end are two objects, never one name twice; objects are only ever
+created, never rewritten, so no two writers race for one.
 """
 
 from __future__ import annotations
@@ -87,14 +89,15 @@ class StoredRecords:
         """Upload what gathered as one object (through ``store``, a bounded view, if given);
         False when the store failed or took too long (the lines are kept for later)."""
         with self._lock:
+            if not self._lines:
+                return True
             lines, dropped = self._lines, self._dropped
             self._lines, self._size, self._dropped = [], 0, 0
-        if not lines:
-            return True
+            seq, self._seq = self._seq, self._seq + 1  # this upload's name, whatever else runs
         if dropped:  # what the buffer could not keep while the store failed
             lost = {"ts": round(time.time(), 3), "kind": "event", "event": "records_dropped"}
             lines.insert(0, json.dumps({**lost, "lines": dropped}))
-        name = f"{self._prefix}_{self._seq:06d}.jsonl"
+        name = f"{self._prefix}_{seq:06d}.jsonl"
         try:
             (store or self.store).put(name, ("\n".join(lines) + "\n").encode())
         except OSError as exc:
@@ -105,7 +108,6 @@ class StoredRecords:
                 self._size += sum(len(line) + 1 for line in kept)
                 self._dropped += dropped
             return False
-        self._seq += 1
         return True
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,28 @@ def test_where_the_records_go() -> None:
 def test_a_report_without_logs_nor_records_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report"]) == 2
     assert "--logs must be" in capsys.readouterr().err
+
+
+def test_the_last_upload_at_the_end_does_not_replace_one_still_under_way(tmp_path: Path) -> None:
+    """SIGTERM while the sink's thread uploads: the end's own upload is another object, and
+    every line is stored once."""
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(FileStore):
+        def put(self, name: str, data: bytes | Path) -> int:
+            if not started.is_set():  # the thread's upload hangs until the end's is done
+                started.set()
+                assert release.wait(30)
+            return super().put(name, data)
+
+    store = Slow(tmp_path / "records")
+    records = StoredRecords(store, "worker-0", interval_s=3600, flush_bytes=100)
+    records.write(json.dumps({"ts": 0, "kind": "event", "event": "e", "n": 0}) + " " * 100)
+    assert started.wait(30)  # the thread took the first line and is uploading it
+    records.write(json.dumps({"ts": 1, "kind": "event", "event": "e", "n": 1}))
+    records.close()
+    release.set()
+    records._thread.join(30)
+    stored = [json.loads(line)["n"] for n in store.list() for line in store.get(n).splitlines()]
+    assert len(store.list()) == 2 and sorted(stored) == [0, 1]
+
