@@ -6,11 +6,11 @@ The records are the JSON lines the ``EventLog`` prints (``metrics.py``), written
 its sink. ``StoredRecords`` keeps them in memory and a thread of its own uploads what gathered
 every ``interval_s`` (or sooner, once ``flush_bytes`` gathered) as one new object, named so that
 a node's objects sort in the order they were written: ``<node>_<start><writer>_<seq>.jsonl``.
-A step costs an append to a list; a store that fails keeps the lines for the next try, up to
-``max_bytes``, past which the oldest are dropped (and counted in the next object's first line).
-Each upload takes its sequence number when it takes its lines, so the thread's upload and the
-one ``close`` makes at the end are two objects, never one name twice; objects are only ever
-created, never rewritten, so no two writers race for one.
+A step costs an append to a deque; a store that fails keeps the lines for the next try, up to
+``max_bytes``, past which the oldest are dropped (one per line written, and counted in the next
+object's first line). Each upload takes its sequence number when it takes its lines, so the
+thread's upload and the one ``close`` makes at the end are two objects, never one name twice;
+objects are only ever created, never rewritten, so no two writers race for one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 
 from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import ObjectStore
@@ -69,7 +70,8 @@ class StoredRecords:
         self.store, self.interval_s = store, interval_s
         self.flush_bytes, self.max_bytes = flush_bytes, max_bytes
         self._prefix = f"{node}_{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
-        self._seq, self._lines, self._size, self._dropped = 0, [], 0, 0
+        self._seq, self._size, self._dropped = 0, 0, 0
+        self._lines: deque[str] = deque()
         self._lock = threading.Lock()
         self._wake, self._stopped = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="run-records", daemon=True)
@@ -80,7 +82,7 @@ class StoredRecords:
             self._lines.append(line)
             self._size += len(line) + 1
             while self._size > self.max_bytes and len(self._lines) > 1:
-                self._size -= len(self._lines.pop(0)) + 1
+                self._size -= len(self._lines.popleft()) + 1
                 self._dropped += 1
             if self._size >= self.flush_bytes:
                 self._wake.set()
@@ -91,9 +93,10 @@ class StoredRecords:
         with self._lock:
             if not self._lines:
                 return True
-            lines, dropped = self._lines, self._dropped
-            self._lines, self._size, self._dropped = [], 0, 0
+            taken, dropped = self._lines, self._dropped
+            self._lines, self._size, self._dropped = deque(), 0, 0
             seq, self._seq = self._seq, self._seq + 1  # this upload's name, whatever else runs
+        lines = list(taken)
         if dropped:  # what the buffer could not keep while the store failed
             lost = {"ts": round(time.time(), 3), "kind": "event", "event": "records_dropped"}
             lines.insert(0, json.dumps({**lost, "lines": dropped}))
@@ -102,10 +105,11 @@ class StoredRecords:
             (store or self.store).put(name, ("\n".join(lines) + "\n").encode())
         except OSError as exc:
             logger.warning("cannot store %d record lines in %s: %s", len(lines), name, exc)
-            kept = lines[1:] if dropped else lines
-            with self._lock:
-                self._lines[:0] = kept
-                self._size += sum(len(line) + 1 for line in kept)
+            kept, size = deque(taken), sum(len(line) + 1 for line in taken)
+            with self._lock:  # before what came since: only that much is moved here
+                kept.extend(self._lines)
+                self._lines = kept
+                self._size += size
                 self._dropped += dropped
             return False
         return True
