@@ -120,7 +120,10 @@ class StoredRecords:
         self._stopped.set()
         self._wake.set()
         self._thread.join(timeout=1.0)
-        self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
+        try:
+            self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
+        except Exception:  # the process ends next, whatever the store did: say it and go on
+            logger.exception("the run's last records were not stored")
 
     def _run(self) -> None:
         while not self._stopped.is_set():
