@@ -26,9 +26,10 @@ import os
 import shutil
 import struct
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -254,11 +255,18 @@ def _write_atomically(out: Path, shapes: Mapping[str, Any], read: Callable) -> N
 
 @contextmanager
 def _scratch(folder: Path) -> Iterator[Path]:
+    """A new folder inside ``folder`` (``--scratch`` may be a disk of the user's, with files of
+    theirs), removed with what it holds; ``folder`` too if this made it."""
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix=".lab-export-", dir=folder))
     try:
-        yield folder
+        yield own
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
+        if made:
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def open_checkpoints(uri: str, environ: Mapping[str, str]) -> ObjectStore:

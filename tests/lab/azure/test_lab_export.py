@@ -97,3 +97,15 @@ def test_nothing_to_export_is_one_line_and_exit_2(
     assert main(["export", *(f.format(tmp=tmp_path) for f in flags)]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and "\n" not in err
+
+def test_a_scratch_directory_of_the_users_keeps_what_it_held(
+    run: tuple[Path, dict[int, dict[str, torch.Tensor]]], tmp_path: Path
+) -> None:
+    uri, _ = run
+    scratch = tmp_path / "big-disk"
+    scratch.mkdir()
+    (scratch / "thesis.tex").write_text("mine")
+    flags = ["--checkpoint-uri", str(uri), "--out", str(tmp_path / "m.pt")]
+    assert main(["export", *flags, "--scratch", str(scratch)]) == 0
+    assert [p.name for p in scratch.iterdir()] == ["thesis.tex"]
+
