@@ -76,19 +76,19 @@ def verified(store: ObjectStore, entry: Entry, scratch: Path) -> tuple[Path, Met
     metadata; ExportError naming the first file that is missing or torn."""
     where = store.root if isinstance(store, FileStore) else scratch
     where.mkdir(parents=True, exist_ok=True)
-    raw = _checked(store, entry.name, entry.size, entry.sha256, None)
+    raw = _checked(store, entry.name, entry.size, entry.sha256, _Hashing(held=True))
     for file in entry.files:
+        # A directory's files are hashed where they are; a Blob's land in the scratch folder.
         keep = None if isinstance(store, FileStore) else scratch / file.name
-        _checked(store, file.name, file.size, file.sha256, keep)
+        _checked(store, file.name, file.size, file.sha256, _Hashing(into=keep))
     try:
         return where, decode(raw, entry.name)
     except CheckpointError as exc:
         raise ExportError(str(exc)) from None
 
 
-def _checked(store: ObjectStore, name: str, size: int, digest: str, keep: Path | None) -> bytes:
-    """The object's bytes (the metadata), or streamed into ``keep`` (a file), checked."""
-    sink = _Hashing(open(keep, "wb") if keep else None)  # noqa: SIM115 - closed below
+def _checked(store: ObjectStore, name: str, size: int, digest: str, sink: _Hashing) -> bytes:
+    """The object streamed through ``sink``, checked; its bytes if the sink held them."""
     try:
         store.get_into(name, sink)
     except FileNotFoundError:
@@ -104,17 +104,19 @@ def _checked(store: ObjectStore, name: str, size: int, digest: str, keep: Path |
 
 
 class _Hashing:
-    """A sink that hashes what passes, into ``file``, or kept in memory without one."""
+    """A sink that hashes what passes, on into the file ``into`` if given; ``held`` keeps the
+    bytes too (the metadata: small), else nothing stays in memory but the chunk passing."""
 
-    def __init__(self, file: Any) -> None:
-        self.file, self.digest, self.size, self.head = file, hashlib.sha256(), 0, bytearray()
+    def __init__(self, into: Path | None = None, held: bool = False) -> None:
+        self.file = open(into, "wb") if into else None  # noqa: SIM115 - closed by _checked
+        self.digest, self.size, self.head, self.held = hashlib.sha256(), 0, bytearray(), held
 
     def write(self, data: bytes) -> int:
         self.digest.update(data)
         self.size += len(data)
         if self.file:
             self.file.write(data)
-        else:
+        if self.held:
             self.head += data
         return len(data)
 

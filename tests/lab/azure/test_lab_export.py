@@ -5,6 +5,7 @@ into a fresh model: tests/training/test_user_package_on_the_cluster.py.)"""
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from lab.azure.weights_export import checkpoints, verified
 from lab.cli import main
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import ModelState
@@ -98,6 +100,7 @@ def test_nothing_to_export_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert said in err and "\n" not in err
 
+
 def test_a_scratch_directory_of_the_users_keeps_what_it_held(
     run: tuple[Path, dict[int, dict[str, torch.Tensor]]], tmp_path: Path
 ) -> None:
@@ -109,3 +112,19 @@ def test_a_scratch_directory_of_the_users_keeps_what_it_held(
     assert main(["export", *flags, "--scratch", str(scratch)]) == 0
     assert [p.name for p in scratch.iterdir()] == ["thesis.tex"]
 
+
+def test_the_check_of_a_directorys_checkpoint_holds_no_file_whole(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "ckpt")
+    model = nn.Linear(2048, 4096)  # 32 MiB of weights: one file of that size
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": ModelState(model, optimizer)}
+    ShardedCheckpoints(store, tmp_path / "scratch").save_alone(state, 1)
+    (entry,) = checkpoints(store)
+    assert max(f.size for f in entry.files) > 32 << 20
+    tracemalloc.start()
+    try:
+        verified(store, entry, tmp_path / "unused")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # a few of the store's 4 MiB chunks, never the 32 MiB file
