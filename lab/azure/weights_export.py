@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
@@ -238,10 +239,28 @@ def export(store: ObjectStore, out: Path, step: int | None, scratch: Path) -> tu
             shapes = {model_name(k): v for k, v in tensors.items()}
             if len(shapes) != len(tensors) or not shapes:
                 raise ExportError(f"checkpoint of step {entry.step} holds no model to export")
-            read, by_dcp = tensor_reader(path, metadata), {model_name(k): k for k in tensors}
+            read = _refusing(tensor_reader(path, metadata), entry, store)
+            by_dcp = {model_name(k): k for k in tensors}
             _write_atomically(out, shapes, lambda key, r=read, d=by_dcp: r(d[key]))
             return entry, len(shapes)
     raise ExportError(f"no checkpoint in {store.describe()} verifies ({'; '.join(problems)})")
+
+
+def _refusing(read: Callable[[str], torch.Tensor], entry: Entry, store: ObjectStore) -> Callable:
+    """``read``, a failure of which is an ExportError: a directory's checkpoint is read in
+    place after its check, so a run still pruning it (or a disk) can tear it in between."""
+
+    def checked_read(name: str) -> torch.Tensor:
+        try:
+            return read(name)
+        except (CheckpointException, OSError, EOFError, RuntimeError) as exc:
+            raise ExportError(
+                f"the checkpoint of step {entry.step} in {store.describe()} changed while it "
+                f"was read ({type(exc).__name__} reading {model_name(name)}): export again, "
+                "or an older one with --step"
+            ) from None
+
+    return checked_read
 
 
 def _write_atomically(out: Path, shapes: Mapping[str, Any], read: Callable) -> None:
