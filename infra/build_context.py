@@ -2,7 +2,9 @@
 
 The training image's tag hashes exactly these files, so a file the build never receives
 (a test cache, an editor's swap file) cannot change the tag. The rules follow Docker's
-(moby/patternmatcher, as ``docker build`` and ``az acr build`` apply them):
+(moby/patternmatcher, as ``docker build`` applies them; ``az acr build`` has its own reading,
+the same but for a pattern's leading or trailing '/', which it keeps and so matches nothing:
+``stack_config/task_package.py`` refuses such a line in a task package):
 
 - patterns are relative to the context root; a leading '/' is dropped; ``#`` starts a comment;
 - ``*`` and ``?`` never match '/'; ``**`` matches any number of directories, even none;

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import training
-from infra.build_context import context_files
+from infra.build_context import DOCKERIGNORE, context_files
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_source import TaskSource, TaskSourceError, read_task
 from stack_config.train_args import training_run
@@ -110,11 +110,34 @@ def context_problems(cfg: LabConfig, root: Path) -> list[str]:
             f"{where}: the image build would send the virtualenv {venvs[0]}: add it to "
             f"{root / '.dockerignore'} (the image installs {REQUIREMENTS})"
         )
+    if cfg.image_builder == "acr":
+        problems += acr_ignore_problems(cfg, root)
     clashes = sorted({p.parts[0] for p in sent if Path(p.parts[0]).stem in _RESERVED})
     if clashes:
         problems.append(
             f"{where} holds {clashes[0]} at its top: it would replace the lab's own training "
             "package in the image's /app; rename it, or leave it out with .dockerignore"
+        )
+    return problems
+
+
+def acr_ignore_problems(cfg: LabConfig, root: Path) -> list[str]:
+    """The ``.dockerignore`` lines ``az acr build`` reads otherwise than Docker: it keeps a
+    leading or trailing '/' of a pattern in its regex (azure-cli's acr ``_archive_utils.py``,
+    ``IgnoreRule``, strips them only after '!'; Azure/azure-cli #20413), so ``data/`` matches
+    no path and the folder is sent, while ``context_files`` (Docker's rules) leaves it out."""
+    ignore = root / DOCKERIGNORE
+    if not ignore.is_file():
+        return []
+    problems = []
+    for raw in ignore.read_text().splitlines():
+        line = raw.strip()
+        if line.startswith(("#", "!")) or line.strip("/") == line:
+            continue
+        problems.append(
+            f"{cfg.key('taskPackage')} {ignore}: az acr build matches nothing with the line "
+            f"{line!r} (it keeps a leading or trailing '/' in the pattern) and sends what it "
+            f"names: write {line.strip('/')!r}"
         )
     return problems
 

@@ -147,6 +147,17 @@ def test_a_refusal_is_one_line_and_nothing_is_created(
     assert run.resources == []
 
 
+def test_a_dockerignore_line_az_acr_build_reads_otherwise_is_refused(package: Path) -> None:
+    # azure-cli's acr _archive_utils.py keeps the '/' of `data/` in its pattern, which then
+    # matches no path: the data would go into the image while the tag says it stayed out.
+    (package / ".dockerignore").write_text(".git\ndata/\n/.venv\n!mytask/\n")
+    run = _run(package)
+    assert isinstance(run.error, ConfigRefused) and run.resources == []
+    assert [p.rpartition(": ")[2] for p in run.error.problems] == ["write 'data'", "write '.venv'"]
+    assert all("az acr build matches nothing with the line" in p for p in run.error.problems)
+    assert _run(package, imageBuilder="docker").error is None  # Docker's own rules strip it
+
+
 def _recorded(run: ProgramRun) -> AzureAnswers:
     """The state an earlier ``up`` of ``run`` left: its run's record."""
     record = run.one("kubernetes:core/v1:ConfigMap", RECORD)

@@ -113,4 +113,3 @@ def test_the_last_upload_at_the_end_does_not_replace_one_still_under_way(tmp_pat
     records._thread.join(30)
     stored = [json.loads(line)["n"] for n in store.list() for line in store.get(n).splitlines()]
     assert len(store.list()) == 2 and sorted(stored) == [0, 1]
-
