@@ -24,11 +24,9 @@ from typing import Any
 
 from stack_config.model import ConfigError, LabConfig, TrainingRun
 from stack_config.task_source import UNKNOWN, TaskSource
-from training.loop.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig
+from training.loop.config import LOOP_SECTIONS
 
-_LOOP_FIELDS = [
-    f for section in (DataConfig, OptimConfig, CheckpointConfig, RunConfig) for f in fields(section)
-]
+_LOOP_FIELDS = [f for section in LOOP_SECTIONS for f in fields(section)]
 LOOP_FLAGS: dict[str, type] = {f.name: type(f.default) for f in _LOOP_FIELDS}
 """Every flag of the training loop (by field name) and its type."""
 OWNED: dict[str, str | None] = {
