@@ -114,14 +114,19 @@ class StoredRecords:
             return False
         return True
 
-    def close(self) -> None:
-        """Upload what is left, once, within ``CLOSE_S``; the thread stops (an upload of its
-        still under way goes on while the process lives)."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Upload what is left, once, within ``CLOSE_S`` and before ``deadline`` (a SIGTERM's
+        stop deadline: the margin after it is the process's, to exit with its code); the
+        thread stops (an upload of its still under way goes on while the process lives)."""
+        budget = Deadline.after(min(CLOSE_S, deadline.remaining()) if deadline else CLOSE_S)
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=1.0)
+        self._thread.join(timeout=min(1.0, budget.remaining()))
         try:
-            self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
+            if budget.expired:
+                logger.warning("no time left to store the run's last %d records", len(self._lines))
+            else:
+                self.flush(self.store.bounded(budget))
         except Exception:  # the process ends next, whatever the store did: say it and go on
             logger.exception("the run's last records were not stored")
 

@@ -14,6 +14,7 @@ import pytest
 
 from lab.azure.run_records import fetch_records
 from lab.cli import main
+from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import FileStore
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
@@ -113,3 +114,17 @@ def test_the_last_upload_at_the_end_does_not_replace_one_still_under_way(tmp_pat
     records._thread.join(30)
     stored = [json.loads(line)["n"] for n in store.list() for line in store.get(n).splitlines()]
     assert len(store.list()) == 2 and sorted(stored) == [0, 1]
+
+
+def test_a_stop_deadline_already_spent_leaves_the_exit_its_margin(tmp_path: Path) -> None:
+    """The eviction's save took its whole deadline: the records do not take the seconds after
+    it, which the process needs to exit with its code before the kubelet's SIGKILL."""
+
+    class Unreachable(FileStore):
+        def put(self, name: str, data: bytes | Path) -> int:
+            raise AssertionError("stored after the stop's deadline")
+
+    records = StoredRecords(Unreachable(tmp_path / "records"), "worker-0", interval_s=3600)
+    records.write(json.dumps({"ts": 0, "kind": "event", "event": "emergency_save"}))
+    records.close(Deadline.after(0))
+    assert len(records._lines) == 1  # kept, not stored: the process ends now
