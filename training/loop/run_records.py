@@ -118,11 +118,11 @@ class StoredRecords:
         """Upload what is left, once, within ``CLOSE_S`` and before ``deadline`` (a SIGTERM's
         stop deadline: the margin after it is the process's, to exit with its code); the
         thread stops (an upload of its still under way goes on while the process lives)."""
-        budget = Deadline.after(min(CLOSE_S, deadline.remaining()) if deadline else CLOSE_S)
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=min(1.0, budget.remaining()))
         try:
+            budget = Deadline.after(min(CLOSE_S, deadline.remaining()) if deadline else CLOSE_S)
+            self._thread.join(timeout=min(1.0, budget.remaining()))
             if budget.expired:
                 logger.warning("no time left to store the run's last %d records", len(self._lines))
             else:
