@@ -111,7 +111,7 @@ def context_problems(cfg: LabConfig, root: Path) -> list[str]:
             f"{root / '.dockerignore'} (the image installs {REQUIREMENTS})"
         )
     if cfg.image_builder == "acr":
-        problems += acr_ignore_problems(cfg, root)
+        problems += acr_ignore_problems(cfg, root, sent)
     clashes = sorted({p.parts[0] for p in sent if Path(p.parts[0]).stem in _RESERVED})
     if clashes:
         problems.append(
@@ -121,24 +121,42 @@ def context_problems(cfg: LabConfig, root: Path) -> list[str]:
     return problems
 
 
-def acr_ignore_problems(cfg: LabConfig, root: Path) -> list[str]:
-    """The ``.dockerignore`` lines ``az acr build`` reads otherwise than Docker: it keeps a
-    leading or trailing '/' of a pattern in its regex (azure-cli's acr ``_archive_utils.py``,
-    ``IgnoreRule``, strips them only after '!'; Azure/azure-cli #20413), so ``data/`` matches
-    no path and the folder is sent, while ``context_files`` (Docker's rules) leaves it out."""
+def acr_ignore_problems(cfg: LabConfig, root: Path, sent: list[Path]) -> list[str]:
+    """The ``.dockerignore`` lines ``az acr build`` reads otherwise than Docker, whose rules
+    ``context_files`` follows (azure-cli's acr ``_archive_utils.py``, ``IgnoreRule``):
+
+    - it keeps a leading or trailing '/' in a pattern (it strips them only after '!';
+      Azure/azure-cli #20413), so ``data/`` matches no path and the folder is sent;
+    - ``**/`` becomes ``.*`` with no '/' after it, so ``**/data`` leaves out every name that
+      ends in ``data`` (``mytask/metadata/``), which the image then lacks.
+    """
     ignore = root / DOCKERIGNORE
     if not ignore.is_file():
         return []
-    problems = []
-    for raw in ignore.read_text().splitlines():
-        line = raw.strip()
-        if line.startswith(("#", "!")) or line.strip("/") == line:
+    where, problems = f"{cfg.key('taskPackage')} {ignore}", []
+    lines = [line.strip() for line in ignore.read_text().splitlines()]
+    for line in lines:
+        if not line or line.startswith(("#", "!")):
             continue
-        problems.append(
-            f"{cfg.key('taskPackage')} {ignore}: az acr build matches nothing with the line "
-            f"{line!r} (it keeps a leading or trailing '/' in the pattern) and sends what it "
-            f"names: write {line.strip('/')!r}"
-        )
+        if line.strip("/") != line:
+            problems.append(
+                f"{where}: az acr build matches nothing with the line {line!r} (it keeps a "
+                f"leading or trailing '/' in the pattern) and sends what it names: write "
+                f"{line.strip('/')!r}"
+            )
+        tail = line.removeprefix("**/")
+        if (
+            tail != line
+            and not any(c in tail for c in "/*?[\\")
+            and not any(other.startswith("!") for other in lines)
+        ):
+            dropped = [p for p in sent if any(n.endswith(tail) and n != tail for n in p.parts)]
+            if dropped:
+                problems.append(
+                    f"{where}: az acr build reads the line {line!r} as any name ending in "
+                    f"{tail} and would leave {dropped[0].as_posix()} out of the image: rename "
+                    f"it, or list the paths to leave out instead ({tail}, */{tail}, ...)"
+                )
     return problems
 
 
