@@ -354,7 +354,12 @@ def deploy_workloads(cfg: stack_config.LabConfig, azure: AzureLab) -> None:
 
 
 def kept_on_destroy(resource_group: str, account: str, checkpoint_uri: str) -> str:
-    """What ``pulumi destroy`` leaves in Azure with ``retainCheckpoints``, and what to do."""
+    """What ``pulumi destroy`` leaves in Azure with ``retainCheckpoints``, and what to do.
+
+    Retained resources leave the state but stay in Azure (Pulumi's ``retainOnDelete`` docs: the
+    provider's Delete is not called); pulumi-azure-native then refuses to create one of the
+    same id ("cannot create already existing resource", its existence check since PR #303),
+    hence the last sentence."""
     return (
         f"pulumi destroy keeps resource group {resource_group} with storage account {account} "
         f"and the checkpoints at {checkpoint_uri}. Export the weights: python -m lab export "

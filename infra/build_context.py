@@ -2,7 +2,9 @@
 
 The training image's tag hashes exactly these files, so a file the build never receives
 (a test cache, an editor's swap file) cannot change the tag. The rules follow Docker's
-(moby/patternmatcher, as ``docker build`` and ``az acr build`` apply them):
+(moby/patternmatcher, as ``docker build`` applies them; ``az acr build`` has its own reading,
+the same but for a pattern's leading or trailing '/', which it keeps and so matches nothing:
+``stack_config/task_package.py`` refuses such a line in a task package):
 
 - patterns are relative to the context root; a leading '/' is dropped; ``#`` starts a comment;
 - ``*`` and ``?`` never match '/'; ``**`` matches any number of directories, even none;
@@ -15,6 +17,7 @@ lists it, and it defines the image. Pure: no pulumi import.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -94,16 +97,28 @@ def is_ignored(path: str, patterns: list[IgnorePattern]) -> bool:
 
 def context_files(root: Path, dockerfile: str = DOCKERFILE) -> list[Path]:
     """Files under ``root`` the build receives, sorted by relative path, plus the Dockerfile it
-    builds (``dockerfile``, relative to ``root``)."""
+    builds (``dockerfile``, relative to ``root``).
+
+    An ignored folder is not walked when no ``!`` line could take anything back from it, as
+    Docker skips it (moby ``pkg/archive`` ``TarWithOptions``: "No exceptions (!...) in patterns
+    so just skip dir"): a repository's data folder costs nothing at every preview."""
     ignore_file = root / DOCKERIGNORE
     patterns = parse_dockerignore(ignore_file.read_text()) if ignore_file.is_file() else []
-    files = [
-        path
-        for path in root.rglob("*")
-        if path.is_file()
-        and (
-            path.relative_to(root).as_posix() == dockerfile
-            or not is_ignored(path.relative_to(root).as_posix(), patterns)
-        )
-    ]
+    prune = not any(p.exclusion for p in patterns)
+    files = []
+    for folder, dirs, names in os.walk(root):
+        base = Path(folder).relative_to(root).as_posix()
+        base = "" if base == "." else base
+        if prune:
+            dirs[:] = [
+                d
+                for d in dirs
+                if dockerfile.startswith(f"{base}/{d}/".lstrip("/"))
+                or not is_ignored(f"{base}/{d}".lstrip("/"), patterns)
+            ]
+        for name in names:
+            relative = f"{base}/{name}".lstrip("/")
+            path = Path(folder) / name
+            if path.is_file() and (relative == dockerfile or not is_ignored(relative, patterns)):
+                files.append(path)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())

@@ -1,8 +1,11 @@
 # The task image: the lab's training image plus the user's task package (`taskPackage`).
 # The build context is the package itself; this file stays in the project (`az acr build
-# --file` reads it from the working directory and adds it to the uploaded context under its own
-# name, azure-cli's acr `_archive_utils.py`; `docker build --file` takes a Dockerfile outside the
-# context too), so the package needs no Dockerfile of its own and its `.dockerignore` applies.
+# --file` reads it from the working directory and adds it to the uploaded context as
+# `<uuid>_task_image.Dockerfile`, azure-cli's acr `build.py` and `_archive_utils.py`, so the COPY
+# below also puts that one file in /app; `docker build --file` takes a Dockerfile outside the
+# context too), so the package needs no Dockerfile of its own and its `.dockerignore` applies
+# (az reads `task_image.Dockerfile.dockerignore` instead if the package has one, and always
+# leaves out a top-level `.git` and `.gitignore`).
 # BASE_IMAGE is the training image by its content tag, in the same registry: ACR Tasks pulls
 # from the registry it runs in ("Automate container image builds when a base image is updated",
 # Azure docs: `ARG REGISTRY_NAME` then `FROM ${REGISTRY_NAME}/...`).

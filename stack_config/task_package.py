@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import training
-from infra.build_context import context_files
+from infra.build_context import DOCKERIGNORE, context_files
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_source import TaskSource, TaskSourceError, read_task
 from stack_config.train_args import training_run
@@ -110,12 +110,53 @@ def context_problems(cfg: LabConfig, root: Path) -> list[str]:
             f"{where}: the image build would send the virtualenv {venvs[0]}: add it to "
             f"{root / '.dockerignore'} (the image installs {REQUIREMENTS})"
         )
+    if cfg.image_builder == "acr":
+        problems += acr_ignore_problems(cfg, root, sent)
     clashes = sorted({p.parts[0] for p in sent if Path(p.parts[0]).stem in _RESERVED})
     if clashes:
         problems.append(
             f"{where} holds {clashes[0]} at its top: it would replace the lab's own training "
             "package in the image's /app; rename it, or leave it out with .dockerignore"
         )
+    return problems
+
+
+def acr_ignore_problems(cfg: LabConfig, root: Path, sent: list[Path]) -> list[str]:
+    """The ``.dockerignore`` lines ``az acr build`` reads otherwise than Docker, whose rules
+    ``context_files`` follows (azure-cli's acr ``_archive_utils.py``, ``IgnoreRule``):
+
+    - it keeps a leading or trailing '/' in a pattern (it strips them only after '!';
+      Azure/azure-cli #20413), so ``data/`` matches no path and the folder is sent;
+    - ``**/`` becomes ``.*`` with no '/' after it, so ``**/data`` leaves out every name that
+      ends in ``data`` (``mytask/metadata/``), which the image then lacks.
+    """
+    ignore = root / DOCKERIGNORE
+    if not ignore.is_file():
+        return []
+    where, problems = f"{cfg.key('taskPackage')} {ignore}", []
+    lines = [line.strip() for line in ignore.read_text().splitlines()]
+    for line in lines:
+        if not line or line.startswith(("#", "!")):
+            continue
+        if line.strip("/") != line:
+            problems.append(
+                f"{where}: az acr build matches nothing with the line {line!r} (it keeps a "
+                f"leading or trailing '/' in the pattern) and sends what it names: write "
+                f"{line.strip('/')!r}"
+            )
+        tail = line.removeprefix("**/")
+        if (
+            tail != line
+            and not any(c in tail for c in "/*?[\\")
+            and not any(other.startswith("!") for other in lines)
+        ):
+            dropped = [p for p in sent if any(n.endswith(tail) and n != tail for n in p.parts)]
+            if dropped:
+                problems.append(
+                    f"{where}: az acr build reads the line {line!r} as any name ending in "
+                    f"{tail} and would leave {dropped[0].as_posix()} out of the image: rename "
+                    f"it, or list the paths to leave out instead ({tail}, */{tail}, ...)"
+                )
     return problems
 
 

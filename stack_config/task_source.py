@@ -163,6 +163,16 @@ def _absolute(module: str, path: Path, stmt: ast.ImportFrom) -> str:
     return ".".join([*base, *([stmt.module] if stmt.module else [])])
 
 
+def _imported(
+    stmt: ast.ImportFrom, name: str, module: str, path: Path, roots: list[Path]
+) -> tuple[str, str, Path | None]:
+    """Where ``from ... import`` (in ``module``, at ``path``) gets ``name``: the name it has
+    there, that module, and its file under ``roots`` (None when it is not in them)."""
+    original = next(a.name for a in stmt.names if (a.asname or a.name) == name)
+    source = _absolute(module, path, stmt)
+    return original, source, module_file(source, roots)
+
+
 def _resolve(
     module: str, name: str, path: Path, roots: list[Path], hops: int
 ) -> tuple[Path, ast.Call, ast.Module] | str:
@@ -174,12 +184,10 @@ def _resolve(
             return f"{module} may bind {name} at run time (import * or __getattr__)"
         raise TaskSourceError(f"module {module} has no attribute {name}")
     if isinstance(stmt, ast.ImportFrom) and hops < _MAX_HOPS:
-        alias = next(a for a in stmt.names if (a.asname or a.name) == name)
-        source = _absolute(module, path, stmt)
-        target = module_file(source, roots)
+        original, source, target = _imported(stmt, name, module, path, roots)
         if target is None:
             return f"{name} comes from {source}, which is not in the task package"
-        return _resolve(source, alias.name, target, roots, hops + 1)
+        return _resolve(source, original, target, roots, hops + 1)
     value = stmt.value if isinstance(stmt, ast.Assign | ast.AnnAssign) else None
     if isinstance(value, ast.Call) and _called(value) == "TrainSpec":
         return path, value, tree
@@ -226,12 +234,9 @@ def _options_class(
     if isinstance(stmt, ast.ClassDef):
         return stmt
     if isinstance(stmt, ast.ImportFrom) and hops < _MAX_HOPS:
-        alias = next(a for a in stmt.names if (a.asname or a.name) == name)
-        module = _module_name(path, roots)
-        source = _absolute(module, path, stmt)
-        target = module_file(source, roots)
+        original, _, target = _imported(stmt, name, _module_name(path, roots), path, roots)
         if target is not None:
-            return _options_class(alias.name, _parse(target), target, roots, hops + 1)
+            return _options_class(original, _parse(target), target, roots, hops + 1)
     return f"its options class {name} is not defined where the source can be read"
 
 

@@ -24,13 +24,10 @@ from typing import Any
 
 from stack_config.model import ConfigError, LabConfig, TrainingRun
 from stack_config.task_source import UNKNOWN, TaskSource
-from training.loop.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig
+from training.loop.config import LOOP_SECTIONS
 
-LOOP_FLAGS: dict[str, type] = {
-    f.name: type(f.default)
-    for section in (DataConfig, OptimConfig, CheckpointConfig, RunConfig)
-    for f in fields(section)
-}
+_LOOP_FIELDS = [f for section in LOOP_SECTIONS for f in fields(section)]
+LOOP_FLAGS: dict[str, type] = {f.name: type(f.default) for f in _LOOP_FIELDS}
 """Every flag of the training loop (by field name) and its type."""
 OWNED: dict[str, str | None] = {
     "task": "task",
@@ -49,7 +46,10 @@ OWNED: dict[str, str | None] = {
 """Loop flags the job sets from a stack key (or from its own storage: None)."""
 IDENTITY_FLAGS = ("seed", "dtype")
 """Loop flags ``trainArgs`` may set that are part of the run's identity."""
-LOOP_DEFAULTS: dict[str, Any] = {"seed": 0, "dtype": "float32"}
+LOOP_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in _LOOP_FIELDS if f.name in IDENTITY_FLAGS
+}
+"""Their defaults, the loop's own (``training/loop/config.py``)."""
 _KEY = re.compile(r"^-{0,2}([A-Za-z][A-Za-z0-9_-]*)$")
 
 

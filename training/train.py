@@ -78,12 +78,17 @@ def run(argv: list[str] | None = None) -> int:
     phases = Phases()
     env = DistEnv.from_env()
     setup_logging(env)
+    events = EventLog(env)
     # Under torchrun a SIGTERM acts at once, even mid-collective; nothing to save until the
     # trainer restored its state, so until then it only ends the process.
     stop = StopRequest(act_at_once=env.launched)
-    stop.until_then(lambda: exit_now(EXIT_RESTART))
+
+    def stop_before_training() -> None:
+        events.close()  # the run's records so far (its sink, once open)
+        exit_now(EXIT_RESTART)
+
+    stop.until_then(stop_before_training)
     watch_pauses()  # from here, not from the first step: a pause while restoring counts
-    events = EventLog(env)
     try:
         cfg, data, durable, local = load_inputs(argv, env)
     except (ConfigError, DatasetError) as exc:

@@ -5,9 +5,10 @@ Every file under DIR, nested folders too, goes to the same path under the contai
 ``--prefix``), signed in as the deployer (``az login``: ``pulumi up`` gave that identity
 Storage Blob Data Contributor on ``data``). The old marker goes first, so no worker copies
 a dataset half old and half new; each file is hashed, then uploaded in blocks (the SDK streams
-it, never whole in memory); the marker, listing every file with its size and SHA-256, goes
-last. A file whose blob and listed digest already match is not uploaded again, so an upload
-cut off goes on where it stopped.
+it, never whole in memory) with its SHA-256 in the blob's metadata, which Blob Storage commits
+with the blob; the marker, listing every file with its size and SHA-256, goes last. A file
+whose blob holds its size and digest is not uploaded again, so an upload cut off (its marker
+already gone) goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.live.status_line import StatusLine
-from training.data.dataset_marker import MARKER, DataFile, local_file, marker_body, parse_marker
+from training.data.dataset_marker import MARKER, DataFile, local_file, marker_body
+
+DIGEST_METADATA = "sha256"
+"""The blob metadata holding a file's SHA-256, set with its upload."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def upload(plan: Upload, credential: Any, status: StatusLine | None = None) -> l
                 with open(path, "rb") as data:
                     client.upload_blob(
                         name(file.path), data, length=file.size, overwrite=True,
-                        max_concurrency=4, progress_hook=moved,
+                        metadata={DIGEST_METADATA: file.sha256}, max_concurrency=4,
+                        progress_hook=moved,
                     )  # fmt: skip
             done += file.size
             status.update(progress_text(done, total, (index, len(paths)), _since(started)))
@@ -103,21 +108,16 @@ def _since(started: float) -> float:
 
 
 def _uploaded(client: Any, name: Any) -> tuple[bool, dict[str, DataFile]]:
-    """Whether a marker is there, and the files it lists whose blobs are still there at its
-    size: what need not go again (nothing, without a marker that lists digests)."""
-    from azure.core.exceptions import ResourceNotFoundError
-
-    try:
-        raw = client.download_blob(name(MARKER)).readall()
-    except ResourceNotFoundError:
-        return False, {}
-    try:
-        listed = parse_marker(raw, MARKER) or {}
-    except ValueError:  # to be replaced, listing nothing usable
-        return True, {}
-    prefix = name("")
-    sizes = {b.name[len(prefix) :]: b.size for b in client.list_blobs(name_starts_with=prefix)}
-    return True, {p: f for p, f in listed.items() if f.sha256 and sizes.get(p) == f.size}
+    """Whether a marker is there, and the blobs that say their digest (an upload of this
+    command's, also one cut off): what need not go again when the local file matches."""
+    prefix, had_marker, found = name(""), False, {}
+    for blob in client.list_blobs(name_starts_with=prefix or None, include=["metadata"]):
+        path = blob.name[len(prefix) :]
+        digest = (blob.metadata or {}).get(DIGEST_METADATA)
+        had_marker = had_marker or path == MARKER
+        if digest and path != MARKER:
+            found[path] = DataFile(path, int(blob.size), digest)
+    return had_marker, found
 
 
 class _errors:

@@ -26,15 +26,17 @@ import os
 import shutil
 import struct
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
@@ -75,19 +77,19 @@ def verified(store: ObjectStore, entry: Entry, scratch: Path) -> tuple[Path, Met
     metadata; ExportError naming the first file that is missing or torn."""
     where = store.root if isinstance(store, FileStore) else scratch
     where.mkdir(parents=True, exist_ok=True)
-    raw = _checked(store, entry.name, entry.size, entry.sha256, None)
+    raw = _checked(store, entry.name, entry.size, entry.sha256, _Hashing(held=True))
     for file in entry.files:
+        # A directory's files are hashed where they are; a Blob's land in the scratch folder.
         keep = None if isinstance(store, FileStore) else scratch / file.name
-        _checked(store, file.name, file.size, file.sha256, keep)
+        _checked(store, file.name, file.size, file.sha256, _Hashing(into=keep))
     try:
         return where, decode(raw, entry.name)
     except CheckpointError as exc:
         raise ExportError(str(exc)) from None
 
 
-def _checked(store: ObjectStore, name: str, size: int, digest: str, keep: Path | None) -> bytes:
-    """The object's bytes (the metadata), or streamed into ``keep`` (a file), checked."""
-    sink = _Hashing(open(keep, "wb") if keep else None)  # noqa: SIM115 - closed below
+def _checked(store: ObjectStore, name: str, size: int, digest: str, sink: _Hashing) -> bytes:
+    """The object streamed through ``sink``, checked; its bytes if the sink held them."""
     try:
         store.get_into(name, sink)
     except FileNotFoundError:
@@ -103,17 +105,19 @@ def _checked(store: ObjectStore, name: str, size: int, digest: str, keep: Path |
 
 
 class _Hashing:
-    """A sink that hashes what passes, into ``file``, or kept in memory without one."""
+    """A sink that hashes what passes, on into the file ``into`` if given; ``held`` keeps the
+    bytes too (the metadata: small), else nothing stays in memory but the chunk passing."""
 
-    def __init__(self, file: Any) -> None:
-        self.file, self.digest, self.size, self.head = file, hashlib.sha256(), 0, bytearray()
+    def __init__(self, into: Path | None = None, held: bool = False) -> None:
+        self.file = open(into, "wb") if into else None  # noqa: SIM115 - closed by _checked
+        self.digest, self.size, self.head, self.held = hashlib.sha256(), 0, bytearray(), held
 
     def write(self, data: bytes) -> int:
         self.digest.update(data)
         self.size += len(data)
         if self.file:
             self.file.write(data)
-        else:
+        if self.held:
             self.head += data
         return len(data)
 
@@ -235,10 +239,28 @@ def export(store: ObjectStore, out: Path, step: int | None, scratch: Path) -> tu
             shapes = {model_name(k): v for k, v in tensors.items()}
             if len(shapes) != len(tensors) or not shapes:
                 raise ExportError(f"checkpoint of step {entry.step} holds no model to export")
-            read, by_dcp = tensor_reader(path, metadata), {model_name(k): k for k in tensors}
+            read = _refusing(tensor_reader(path, metadata), entry, store)
+            by_dcp = {model_name(k): k for k in tensors}
             _write_atomically(out, shapes, lambda key, r=read, d=by_dcp: r(d[key]))
             return entry, len(shapes)
     raise ExportError(f"no checkpoint in {store.describe()} verifies ({'; '.join(problems)})")
+
+
+def _refusing(read: Callable[[str], torch.Tensor], entry: Entry, store: ObjectStore) -> Callable:
+    """``read``, a failure of which is an ExportError: a directory's checkpoint is read in
+    place after its check, so a run still pruning it (or a disk) can tear it in between."""
+
+    def checked_read(name: str) -> torch.Tensor:
+        try:
+            return read(name)
+        except (CheckpointException, OSError, EOFError, RuntimeError) as exc:
+            raise ExportError(
+                f"the checkpoint of step {entry.step} in {store.describe()} changed while it "
+                f"was read ({type(exc).__name__} reading {model_name(name)}): export again, "
+                "or an older one with --step"
+            ) from None
+
+    return checked_read
 
 
 def _write_atomically(out: Path, shapes: Mapping[str, Any], read: Callable) -> None:
@@ -254,11 +276,18 @@ def _write_atomically(out: Path, shapes: Mapping[str, Any], read: Callable) -> N
 
 @contextmanager
 def _scratch(folder: Path) -> Iterator[Path]:
+    """A new folder inside ``folder`` (``--scratch`` may be a disk of the user's, with files of
+    theirs), removed with what it holds; ``folder`` too if this made it."""
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    own = Path(tempfile.mkdtemp(prefix=".lab-export-", dir=folder))
     try:
-        yield folder
+        yield own
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
+        if made:
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def open_checkpoints(uri: str, environ: Mapping[str, str]) -> ObjectStore:

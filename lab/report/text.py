@@ -58,11 +58,15 @@ def format_world_sizes(report: dict[str, Any]) -> str:
     if not sizes:
         return ""
     total = sum(sizes["seconds"].values()) + sizes["no_step_s"]
+
+    def share(spent: float) -> str:  # a run logged within one clock tick has no time at all
+        return f"{spent / total:.0%}" if total else "-"
+
     parts = [
-        f"{world} for {spent:.1f} s ({spent / total:.0%})"
+        f"{world} for {spent:.1f} s ({share(spent)})"
         for world, spent in sorted(sizes["seconds"].items(), key=lambda item: -int(item[0]))
     ]
-    parts.append(f"no step {sizes['no_step_s']:.1f} s ({sizes['no_step_s'] / total:.0%})")
+    parts.append(f"no step {sizes['no_step_s']:.1f} s ({share(sizes['no_step_s'])})")
     lost = sizes["lost_to_missing_s"]
     return (
         f"world size: {', '.join(parts)}; missing workers cost {lost:.1f} s of training at "

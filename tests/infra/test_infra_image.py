@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,6 +82,31 @@ def test_the_real_context_is_the_package_its_requirements_and_the_dockerfile() -
     assert {"Dockerfile", "requirements.txt", "__init__.py", "train.py"} <= names
     assert ".dockerignore" not in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+
+
+def test_an_ignored_folder_is_not_walked_unless_a_line_takes_something_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path / "mytask" / "model.py", "spec = None\n")
+    _write(tmp_path / "data" / "shard" / "0.bin", "x")
+    _write(tmp_path / "data" / "keep.txt", "x")
+    scanned: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        scanned.append(Path(path).relative_to(tmp_path).as_posix())
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    (tmp_path / ".dockerignore").write_text("data\n")
+    assert [p.name for p in context_files(tmp_path, "")] == [".dockerignore", "model.py"]
+    assert not any(s.startswith("data") for s in scanned)  # Docker skips it too
+    (tmp_path / ".dockerignore").write_text("data\n!data/keep.txt\n")
+    assert [p.name for p in context_files(tmp_path, "")] == [
+        ".dockerignore",
+        "keep.txt",
+        "model.py",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,31 @@ def test_a_refusal_is_one_line_and_nothing_is_created(
     assert run.resources == []
 
 
+def test_a_dockerignore_line_az_acr_build_reads_otherwise_is_refused(package: Path) -> None:
+    # azure-cli's acr _archive_utils.py keeps the '/' of `data/` in its pattern, which then
+    # matches no path: the data would go into the image while the tag says it stayed out.
+    (package / ".dockerignore").write_text(".git\ndata/\n/.venv\n!mytask/\n")
+    run = _run(package)
+    assert isinstance(run.error, ConfigRefused) and run.resources == []
+    assert [p.rpartition(": ")[2] for p in run.error.problems] == ["write 'data'", "write '.venv'"]
+    assert all("az acr build matches nothing with the line" in p for p in run.error.problems)
+    assert _run(package, imageBuilder="docker").error is None  # Docker's own rules strip it
+
+
+def test_a_double_star_line_that_az_reads_wider_than_docker_is_refused(package: Path) -> None:
+    # azure-cli turns '**/' into '.*' with no '/' after it: '**/data' is every name ending in
+    # 'data', and the package's own mytask/metadata/ would be missing from the image.
+    (package / "mytask" / "metadata").mkdir()
+    (package / "mytask" / "metadata" / "__init__.py").write_text("")
+    (package / ".dockerignore").write_text(".git\n.venv\n**/__pycache__\n**/data\n")
+    (problem,) = _run(package).error.problems  # type: ignore[union-attr]
+    assert "'**/data' as any name ending in data" in problem
+    assert "mytask/metadata/__init__.py out of the image" in problem
+    (package / "mytask" / "metadata" / "__init__.py").unlink()
+    (package / "mytask" / "metadata").rmdir()
+    assert _run(package).error is None  # nothing else ends in 'data' but data/ itself
+
+
 def _recorded(run: ProgramRun) -> AzureAnswers:
     """The state an earlier ``up`` of ``run`` left: its run's record."""
     record = run.one("kubernetes:core/v1:ConfigMap", RECORD)

@@ -202,7 +202,9 @@ class TrainSpec:
     or a pair ``(sum, count)``: the sum of any per-item losses (tokens, not padding) and how
     many items it sums (a number or a scalar tensor), for a gradient of the mean over the
     count of the whole global batch, all ranks and micro-batches. Return the same kind every
-    time. Randomness comes from ``where.sample_seeds``, never from torch's global RNG."""
+    time. Randomness comes from ``where.sample_seeds``, never from torch's global RNG.
+    ``model`` is the module as the loop wraps it (DDP, compiled): call it, do not reach into
+    its attributes (``evaluate`` gets the module itself)."""
     evaluate: Callable[[nn.Module, Data, EvalContext], Evaluation] | None = None
     """Run every ``--eval-every`` steps on every rank, in ``eval()`` mode without gradients."""
     check: Callable[[Any], None] | None = None

@@ -4,7 +4,9 @@
 The checkpoints' ``BlobStore`` is flat (one folder, no ``/`` in a name), so the dataset reads
 the container through the SDK itself: ``list_blobs`` is a flat listing of every blob whose name
 starts with the prefix (azure-storage-blob 12.31 ``ContainerClient.list_blobs``), and
-``download_blob(offset=...).chunks()`` yields the blob in ``max_chunk_get_size`` pieces. The
+``download_blob(offset=...).chunks()`` yields the blob in ``max_chunk_get_size`` pieces, each
+asked with the first response's ETag (``If-Match``, the SDK's ``_download.py``), so a blob
+replaced mid-copy fails the read (412, an OSError: a new pod) instead of mixing versions. The
 URI and the credential follow the checkpoints' rules (``training/checkpoints/blob_location.py``).
 """
 

@@ -11,7 +11,11 @@ API instead (outside the cluster). ``TRAIN_DATA_URI`` may name a folder of eithe
 - **It waits for the data.** Nothing is copied before the source's completion marker
   (``dataset_marker.py``) and every file it lists are there: a job started in the same ``up``
   as its storage waits for ``python -m lab data upload`` (a ``data_waiting`` event each poll,
-  which ``lab watch`` shows) instead of failing for good.
+  which ``lab watch`` shows) instead of failing for good. On the mount a marker written after
+  the pod looked for it shows within blobfuse2's negative-lookup cache, 120 s by default
+  (azure-storage-fuse ``component/libfuse/libfuse.go``, ``defaultNegativeEntryExpiration``;
+  the volume sets no cache option), plus one ``POLL_S``; sizes that lag the same way (its
+  attribute cache, also 120 s) keep it waiting, never copying a short file.
 - **Any layout.** Every file under the root, nested folders too, lands at the same relative
   path under ``TRAIN_DATA_DIR``, which is what the task's ``load_data`` reads as ``--data-dir``.
 - **Bounded memory.** Each file streams through in ``CHUNK_BYTES`` pieces and is hashed on the

@@ -9,9 +9,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from training.loop.dist import DistEnv
+
+if TYPE_CHECKING:
+    from training.checkpoints.deadline import Deadline
 
 
 def setup_logging(env: DistEnv, level: int = logging.INFO) -> None:
@@ -30,8 +33,8 @@ class RecordSink(Protocol):
     def write(self, line: str) -> None:
         """One record, a JSON object without its newline."""
 
-    def close(self) -> None:
-        """Keep what was written; no more lines come."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Keep what was written, before ``deadline`` if given; no more lines come."""
 
 
 class EventLog:
@@ -61,10 +64,11 @@ class EventLog:
         if self.sink is not None:
             self.sink.write(line)
 
-    def close(self) -> None:
-        """Hand the sink what it holds (the stream is not ours to close)."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Hand the sink what it holds, before ``deadline`` if given (the stream is not ours
+        to close)."""
         if self.sink is not None:
-            self.sink.close()
+            self.sink.close(deadline)
 
     def metrics(self, **fields: Any) -> None:
         self._write({"kind": "metrics", **fields})

@@ -6,9 +6,11 @@ The records are the JSON lines the ``EventLog`` prints (``metrics.py``), written
 its sink. ``StoredRecords`` keeps them in memory and a thread of its own uploads what gathered
 every ``interval_s`` (or sooner, once ``flush_bytes`` gathered) as one new object, named so that
 a node's objects sort in the order they were written: ``<node>_<start><writer>_<seq>.jsonl``.
-A step costs an append to a list; a store that fails keeps the lines for the next try, up to
-``max_bytes``, past which the oldest are dropped (and counted in the next object's first line).
-Objects are only ever created, never rewritten, so no two processes race for one.
+A step costs an append to a deque; a store that fails keeps the lines for the next try, up to
+``max_bytes``, past which the oldest are dropped (one per line written, and counted in the next
+object's first line). Each upload takes its sequence number when it takes its lines, so the
+thread's upload and the one ``close`` makes at the end are two objects, never one name twice;
+objects are only ever created, never rewritten, so no two writers race for one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 
 from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import ObjectStore
@@ -67,7 +70,8 @@ class StoredRecords:
         self.store, self.interval_s = store, interval_s
         self.flush_bytes, self.max_bytes = flush_bytes, max_bytes
         self._prefix = f"{node}_{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
-        self._seq, self._lines, self._size, self._dropped = 0, [], 0, 0
+        self._seq, self._size, self._dropped = 0, 0, 0
+        self._lines: deque[str] = deque()
         self._lock = threading.Lock()
         self._wake, self._stopped = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="run-records", daemon=True)
@@ -78,7 +82,7 @@ class StoredRecords:
             self._lines.append(line)
             self._size += len(line) + 1
             while self._size > self.max_bytes and len(self._lines) > 1:
-                self._size -= len(self._lines.pop(0)) + 1
+                self._size -= len(self._lines.popleft()) + 1
                 self._dropped += 1
             if self._size >= self.flush_bytes:
                 self._wake.set()
@@ -87,34 +91,44 @@ class StoredRecords:
         """Upload what gathered as one object (through ``store``, a bounded view, if given);
         False when the store failed or took too long (the lines are kept for later)."""
         with self._lock:
-            lines, dropped = self._lines, self._dropped
-            self._lines, self._size, self._dropped = [], 0, 0
-        if not lines:
-            return True
+            if not self._lines:
+                return True
+            taken, dropped = self._lines, self._dropped
+            self._lines, self._size, self._dropped = deque(), 0, 0
+            seq, self._seq = self._seq, self._seq + 1  # this upload's name, whatever else runs
+        lines = list(taken)
         if dropped:  # what the buffer could not keep while the store failed
             lost = {"ts": round(time.time(), 3), "kind": "event", "event": "records_dropped"}
             lines.insert(0, json.dumps({**lost, "lines": dropped}))
-        name = f"{self._prefix}_{self._seq:06d}.jsonl"
+        name = f"{self._prefix}_{seq:06d}.jsonl"
         try:
             (store or self.store).put(name, ("\n".join(lines) + "\n").encode())
         except OSError as exc:
             logger.warning("cannot store %d record lines in %s: %s", len(lines), name, exc)
-            kept = lines[1:] if dropped else lines
-            with self._lock:
-                self._lines[:0] = kept
-                self._size += sum(len(line) + 1 for line in kept)
+            kept, size = deque(taken), sum(len(line) + 1 for line in taken)
+            with self._lock:  # before what came since: only that much is moved here
+                kept.extend(self._lines)
+                self._lines = kept
+                self._size += size
                 self._dropped += dropped
             return False
-        self._seq += 1
         return True
 
-    def close(self) -> None:
-        """Upload what is left, once, within ``CLOSE_S``; the thread stops (an upload of its
-        still under way goes on while the process lives)."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Upload what is left, once, within ``CLOSE_S`` and before ``deadline`` (a SIGTERM's
+        stop deadline: the margin after it is the process's, to exit with its code); the
+        thread stops (an upload of its still under way goes on while the process lives)."""
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=1.0)
-        self.flush(self.store.bounded(Deadline.after(CLOSE_S)))
+        try:
+            budget = Deadline.after(min(CLOSE_S, deadline.remaining()) if deadline else CLOSE_S)
+            self._thread.join(timeout=min(1.0, budget.remaining()))
+            if budget.expired:
+                logger.warning("no time left to store the run's last %d records", len(self._lines))
+            else:
+                self.flush(self.store.bounded(budget))
+        except Exception:  # the process ends next, whatever the store did: say it and go on
+            logger.exception("the run's last records were not stored")
 
     def _run(self) -> None:
         while not self._stopped.is_set():

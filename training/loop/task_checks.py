@@ -49,9 +49,12 @@ def check_data(task: str, data: Any) -> None:
         )
     value = getattr(data.train, field)
     if not isinstance(value, str) or not value:
+        got = f"{type(value).__name__} {value!r:.40}"
+        if isinstance(value, bytes):  # the common slip: hashlib's digest() for hexdigest()
+            got = "bytes (hashlib's .hexdigest() is the str, .digest() the bytes)"
         raise TaskContractError(
             f"task {task!r}: Data.train.{field} must be a non-empty str (a SHA-256 hex digest "
-            f"of the content), got {type(value).__name__} {value!r:.40}"
+            f"of the content), got {got}"
         )
 
 

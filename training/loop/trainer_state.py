@@ -321,6 +321,7 @@ class StatefulTrainer:
                 logger.exception("the stop's save of step %d failed", self.state.step)
                 raise
             finally:  # whatever happened, the process ends: the agent is waiting for it
+                self.events.close(self.emergency.note_stop())  # the run's records, in time
                 exit_now(code)
 
 

@@ -66,6 +66,28 @@ def test_an_upload_to_the_stacks_container_is_what_the_workers_copy(
     assert main(["data", "upload", "--stack", "dev", str(dataset)]) == 0
     assert sent == ["extra/deep/labels.txt", MARKER]
 
+    # Every file changed, the upload cut off at the third: the marker is gone, and the next
+    # upload sends only the third and the marker.
+    for path in FILES:
+        (dataset / path).write_bytes(b"v3 " + FILES[path])
+
+    def cut_off(self: ContainerClient, name: str, *args: object, **kwargs: object) -> object:
+        if name == "points.pt":
+            raise ConnectionError("the network went")
+        return counted(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(ContainerClient, "upload_blob", cut_off)
+    sent.clear()
+    assert main(["data", "upload", "--stack", "dev", str(dataset)]) == 1
+    assert sent == ["empty.bin", "extra/deep/labels.txt"]
+    assert not data_container.get_blob_client(MARKER).exists()  # the workers wait
+    monkeypatch.setattr(ContainerClient, "upload_blob", counted)
+    sent.clear()
+    assert main(["data", "upload", "--stack", "dev", str(dataset)]) == 0
+    assert sent == ["points.pt", MARKER]
+    fetch_dataset(f"{azurite_account}/data", tmp_path / "again")
+    assert (tmp_path / "again" / "points.pt").read_bytes() == b"v3 " + FILES["points.pt"]
+
 
 def test_an_upload_under_a_prefix_and_a_refusal(
     azurite: str, azurite_account: str, data_container: ContainerClient, dataset: Path,

@@ -5,13 +5,17 @@ into a fresh model: tests/training/test_user_package_on_the_cluster.py.)"""
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from lab.azure import weights_export
+from lab.azure.weights_export import checkpoints, verified
 from lab.cli import main
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import ModelState
@@ -97,3 +101,62 @@ def test_nothing_to_export_is_one_line_and_exit_2(
     assert main(["export", *(f.format(tmp=tmp_path) for f in flags)]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and "\n" not in err
+
+
+def test_a_scratch_directory_of_the_users_keeps_what_it_held(
+    run: tuple[Path, dict[int, dict[str, torch.Tensor]]], tmp_path: Path
+) -> None:
+    uri, _ = run
+    scratch = tmp_path / "big-disk"
+    scratch.mkdir()
+    (scratch / "thesis.tex").write_text("mine")
+    flags = ["--checkpoint-uri", str(uri), "--out", str(tmp_path / "m.pt")]
+    assert main(["export", *flags, "--scratch", str(scratch)]) == 0
+    assert [p.name for p in scratch.iterdir()] == ["thesis.tex"]
+
+
+def test_the_check_of_a_directorys_checkpoint_holds_no_file_whole(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "ckpt")
+    model = nn.Linear(2048, 4096)  # 32 MiB of weights: one file of that size
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": ModelState(model, optimizer)}
+    ShardedCheckpoints(store, tmp_path / "scratch").save_alone(state, 1)
+    (entry,) = checkpoints(store)
+    assert max(f.size for f in entry.files) > 32 << 20
+    tracemalloc.start()
+    try:
+        verified(store, entry, tmp_path / "unused")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # a few of the store's 4 MiB chunks, never the 32 MiB file
+
+
+def test_a_checkpoint_torn_while_it_is_read_is_one_line_and_no_file(
+    run: tuple[Path, dict[int, dict[str, torch.Tensor]]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A directory's checkpoint is checked, then read in place: a run still writing to it
+    # prunes (or a disk tears) its files in between.
+    uri, _ = run
+    real = weights_export.tensor_reader
+
+    def pruned_after_the_first_tensor(path: Path, metadata: Any) -> Any:
+        read = real(path, metadata)
+
+        def first_then_torn(name: str) -> torch.Tensor:
+            tensor = read(name)
+            for file in path.glob("dcp-0000000020-*.distcp"):
+                file.write_bytes(b"")
+            return tensor
+
+        return first_then_torn
+
+    monkeypatch.setattr(weights_export, "tensor_reader", pruned_after_the_first_tensor)
+    out = tmp_path / "m.pt"
+    assert main(["export", "--checkpoint-uri", str(uri), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "step 20" in err and "changed while it was read" in err
+    assert not out.exists() and not list(tmp_path.glob(".m.pt*"))

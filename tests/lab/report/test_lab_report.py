@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from lab.report.outcomes import build_report, fault_outcome, groups_at_once, pause_after_s
-from lab.report.text import format_table
+from lab.report.text import format_table, format_world_sizes
 from lab.report.timeline_plot import plot_timeline, timeline_figure
 
 START = 1000.0
@@ -426,3 +426,11 @@ def test_the_tasks_evaluations_are_the_reports_validation_loss() -> None:
         "validation loss 4.2500 at step 4 -> 2.5000 at step 14 (2 evaluations); sampled: 'All:'"
         in format_table(report)
     )
+
+
+def test_a_run_logged_within_one_clock_tick_has_its_world_sizes_said_without_shares() -> None:
+    # Every line of a short run, or of a test's, can carry the same millisecond.
+    sizes = {"seconds": {"2": 0.0}, "no_step_s": 0.0, "lost_to_missing_s": 0.0}
+    sizes |= {"full_world_size": 2, "lost_share": None, "mean_missing": None}
+    line = format_world_sizes({"world_sizes": sizes})
+    assert line.startswith("world size: 2 for 0.0 s (-), no step 0.0 s (-);")

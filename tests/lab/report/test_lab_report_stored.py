@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from lab.azure.run_records import fetch_records
 from lab.cli import main
+from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import FileStore
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
@@ -88,3 +90,41 @@ def test_where_the_records_go() -> None:
 def test_a_report_without_logs_nor_records_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report"]) == 2
     assert "--logs must be" in capsys.readouterr().err
+
+
+def test_the_last_upload_at_the_end_does_not_replace_one_still_under_way(tmp_path: Path) -> None:
+    """SIGTERM while the sink's thread uploads: the end's own upload is another object, and
+    every line is stored once."""
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(FileStore):
+        def put(self, name: str, data: bytes | Path) -> int:
+            if not started.is_set():  # the thread's upload hangs until the end's is done
+                started.set()
+                assert release.wait(30)
+            return super().put(name, data)
+
+    store = Slow(tmp_path / "records")
+    records = StoredRecords(store, "worker-0", interval_s=3600, flush_bytes=100)
+    records.write(json.dumps({"ts": 0, "kind": "event", "event": "e", "n": 0}) + " " * 100)
+    assert started.wait(30)  # the thread took the first line and is uploading it
+    records.write(json.dumps({"ts": 1, "kind": "event", "event": "e", "n": 1}))
+    records.close()
+    release.set()
+    records._thread.join(30)
+    stored = [json.loads(line)["n"] for n in store.list() for line in store.get(n).splitlines()]
+    assert len(store.list()) == 2 and sorted(stored) == [0, 1]
+
+
+def test_a_stop_deadline_already_spent_leaves_the_exit_its_margin(tmp_path: Path) -> None:
+    """The eviction's save took its whole deadline: the records do not take the seconds after
+    it, which the process needs to exit with its code before the kubelet's SIGKILL."""
+
+    class Unreachable(FileStore):
+        def put(self, name: str, data: bytes | Path) -> int:
+            raise AssertionError("stored after the stop's deadline")
+
+    records = StoredRecords(Unreachable(tmp_path / "records"), "worker-0", interval_s=3600)
+    records.write(json.dumps({"ts": 0, "kind": "event", "event": "emergency_save"}))
+    records.close(Deadline.after(0))
+    assert len(records._lines) == 1  # kept, not stored: the process ends now

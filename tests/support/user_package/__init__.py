@@ -28,7 +28,7 @@ def write_user_package(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(_SOURCE, root / PACKAGE, dirs_exist_ok=True, ignore=_no_cache)
     (root / "requirements.txt").write_text(f"{REQUIREMENT}\n")
-    (root / ".dockerignore").write_text(".git\n**/__pycache__\ndata/\n.venv/\n")
+    (root / ".dockerignore").write_text(".git\n**/__pycache__\ndata\n.venv\n")
     return root
 
 

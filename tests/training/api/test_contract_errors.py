@@ -16,6 +16,7 @@ from training.loop.inputs import load_data
 
 REPO = Path(__file__).resolve().parents[3]
 TASKS = '''
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,10 @@ class IntDigest(NoDigest):
     digest = 12345
 
 
+class BytesDigest(NoDigest):
+    digest = hashlib.sha256(b"points").digest()
+
+
 def build(options, data, run):
     model = torch.nn.Linear(2, 1)
     return TrainParts(model, torch.optim.SGD(model.parameters(), lr=run.lr))
@@ -63,6 +68,7 @@ def loss(model, batch, where):
 shadowing = TrainSpec("s", Shadowing, lambda d, o: Data(train=IntDigest()), build, collate, loss)
 no_digest = TrainSpec("n", Fine, lambda d, o: Data(train=NoDigest()), build, collate, loss)
 int_digest = TrainSpec("i", Fine, lambda d, o: Data(train=IntDigest()), build, collate, loss)
+bytes_digest = TrainSpec("b", Fine, lambda d, o: Data(train=BytesDigest()), build, collate, loss)
 '''
 
 
@@ -93,6 +99,7 @@ def test_an_option_named_like_a_loop_flag_is_one_line_naming_both() -> None:
     [
         ("no_digest", "Data.train (NoDigest) has no digest: give it a property digest -> str"),
         ("int_digest", "Data.train.digest must be a non-empty str (a SHA-256 hex digest of the"),
+        ("bytes_digest", "got bytes (hashlib's .hexdigest() is the str, .digest() the bytes)"),
     ],
 )
 def test_samples_without_a_digest_str_are_one_line_naming_the_field(task: str, said: str) -> None:

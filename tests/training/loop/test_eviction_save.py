@@ -9,6 +9,7 @@ itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -25,6 +26,7 @@ from training.checkpoints.storage import FileStore
 from training.elastic.faults import StopRequest
 from training.loop import inputs, trainer_state
 from training.loop.metrics import Phases
+from training.loop.run_records import StoredRecords
 from training.loop.saves.emergency import EXIT_NOT_DURABLE, commit_node_save
 from training.loop.trainer_state import EXIT_RESTART
 
@@ -409,3 +411,21 @@ def test_a_stop_whose_save_raises_says_why_before_the_process_ends(
         _sigterm_thread(h, SimpleNamespace(at=None)).join(30)  # now it goes: durable
     assert exits == [EXIT_RESTART]
     assert "a store that breaks in a way nobody wrote down" in caplog.text
+
+
+def test_the_sigterms_exit_stores_the_runs_records_its_save_included(
+    tmp_path: Path, data_dir: Path, world_of_one: None, exits: list[int]
+) -> None:
+    # The stop thread ends the process with os._exit, past every `finally` of the main
+    # thread: the records the run keeps in its storage (lab report --stack) are handed over
+    # before, the eviction's own save among them.
+    records = FileStore(tmp_path / "records")
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0")
+    h.trainer.events.sink = StoredRecords(records, "worker-0", interval_s=3600)
+    _peer_lost_at(h, 3)
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert records.list() == []  # nothing stored yet: once per interval, or at the end
+    _sigterm_thread(h, SimpleNamespace(at=None)).join(30)
+    assert exits == [EXIT_RESTART]
+    stored = [json.loads(line) for n in records.list() for line in records.get(n).splitlines()]
+    assert "emergency_save" in {r.get("event") for r in stored}
