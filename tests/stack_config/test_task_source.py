@@ -63,7 +63,12 @@ def test_a_built_in_tasks_source_says_what_its_spec_holds(task: str) -> None:
     assert dict(source.defaults) == dict(spec.defaults)
 
 
-def test_the_user_package_is_read_without_importing_it(tmp_path: Path) -> None:
+def test_the_user_package_is_read_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another test of this process may have imported the package: start without it.
+    for name in [n for n in sys.modules if n == "mytask" or n.startswith("mytask.")]:
+        monkeypatch.delitem(sys.modules, name)
     package = write_user_package(tmp_path)
     source = read_task("mytask.model:spec", [package])
     assert [(o.name, o.kind, o.default) for o in source.options or ()] == [
@@ -71,7 +76,7 @@ def test_the_user_package_is_read_without_importing_it(tmp_path: Path) -> None:
         ("validation", int, 16),
     ]
     assert source.state_options == ("width",)
-    assert "mytask" not in sys.modules
+    assert not [n for n in sys.modules if n == "mytask" or n.startswith("mytask.")]
 
 
 def test_positional_and_keyword_arguments_and_literal_defaults(tmp_path: Path) -> None:
