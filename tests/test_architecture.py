@@ -178,3 +178,18 @@ def test_the_labs_tools_load_no_pulumi_sdk() -> None:
             seen.add(name)
             todo += [t for t in GRAPH.get(name, ()) if t not in seen]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_architecture_page_names_the_rooms_and_their_imports_this_module_holds() -> None:
+    """docs/architecture.md's table of rooms is ``MAY_IMPORT``: each room, and what it may
+    import of its own package, or "nothing"."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text[text.index("| room | what it holds | may import") :].split("\n\n")[0]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        room, _, may = (cell.strip() for cell in row.strip("|").split(" | "))
+        name = room.strip("`/").replace("/", ".")
+        package = name.split(".")[0]
+        targets = [] if may == "nothing" else [t.strip("` ") for t in may.split(",")]
+        documented[name] = tuple(sorted(f"{package}.{t}" for t in targets))
+    assert documented == {room: tuple(sorted(may)) for room, may in MAY_IMPORT.items()}
