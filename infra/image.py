@@ -27,7 +27,7 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from infra.build_context import DOCKERFILE, context_files
+from catalog.build_context import DOCKERFILE, context_files
 from infra.catalog.base_images import BASE_REGISTRY_ARG, ImageRef, training_base_images
 
 TAG_LENGTH = 16

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from infra import gpu_sizes, naming
+from catalog import gpu_sizes, naming
 from stack_config.etcd_members import etcd_member_problems
 from stack_config.fallback import fallback_problems, gpu_node_total_problems
 from stack_config.infiniband import rdma_problems

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from infra import gpu_sizes
+from catalog import gpu_sizes
 from infra.node_pools import BOOTSTRAP_VM_SIZE
 from lab.azure.api_cache import ApiCache
 from lab.azure.clients import RETAIL_PRICES, Azure, AzureError, NotSignedIn

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import gpu_sizes
+from catalog import gpu_sizes
 from lab.azure.api_cache import ApiCache, cache_dir
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter

@@ -36,7 +36,7 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.catalog.deployer import AZURE_CLI_APP_ID
+from catalog.deployer import AZURE_CLI_APP_ID
 from stack_config.files import stack_file_config
 
 __all__ = [
@@ -597,7 +597,7 @@ def _run_key(
     answers: AzureAnswers | None,
 ) -> tuple[object, ...]:
     # Everything the program reads: its config (the stack file's content, overrides applied),
-    # the mocked Azure and the ARM_* sign-in (infra/catalog/deployer.py). The project's own
+    # the mocked Azure and the ARM_* sign-in (catalog/deployer.py). The project's own
     # files do not change during a session.
     sign_in = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("ARM_")))
     return (
