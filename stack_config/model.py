@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog import gpu_sizes
-from training.data.sources import SOURCES, DataSource
-from training.elastic.launch import DEFAULT_TERMINATION_GRACE_S, RendezvousSettings
+from training.settings import DEFAULT_TERMINATION_GRACE_S, SOURCES, DataSource, RendezvousSettings
 
 
 class ConfigError(ValueError):

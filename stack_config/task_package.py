@@ -23,8 +23,7 @@ from catalog.build_context import DOCKERIGNORE, context_files
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_source import TaskSource, TaskSourceError, read_task
 from stack_config.train_args import training_run
-from training.elastic.launch import LAUNCHERS
-from training.tasks import TASK_NAMES, is_task_reference
+from training.settings import LAUNCHERS, TASK_NAMES, is_task_reference
 
 REQUIREMENTS = "requirements.txt"
 LARGE_CONTEXT_BYTES = 100 * 1024 * 1024

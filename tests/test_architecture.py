@@ -20,7 +20,9 @@ MAY_IMPORT = {
     "training.node_agent": (),
     "training.data": ("training.api", "training.elastic", "training.checkpoints"),
     "training.tasks": ("training.api", "training.data"),
+    "training.settings": ("training.tasks", "training.data", "training.elastic"),
     "training.loop": (
+        "training.settings",
         "training.api",
         "training.tasks",
         "training.elastic",
