@@ -216,7 +216,8 @@ class LabWorkloads(pulumi.ComponentResource):
         self, component_name: str, component_type: str, opts: pulumi.ResourceOptions
     ) -> pulumi.ResourceOptions:
         """Options for an object that a component of its own held once: the alias names its
-        old parent, so an ``up`` on a stack that holds it keeps it instead of replacing it."""
+        old parent, so an ``up`` on a stack that holds it keeps it instead of replacing it
+        (tests/workloads/test_workloads_urns.py pins every URN)."""
         old_parent = pulumi.resource.create_urn(
             component_name, f"spot-lab:workloads:{component_type}", parent=self
         )
