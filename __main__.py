@@ -14,7 +14,8 @@ from pathlib import Path
 import pulumi
 
 import stack_config
-from infra.catalog.deployer import DeployerSignIn, deployer_sign_in
+from catalog.deployer import DeployerSignIn, deployer_sign_in
+from catalog.naming import GlobalNames, global_names, lab_names
 from infra.cluster import AksCluster, AksClusterArgs
 from infra.identity import WorkloadIdentity, WorkloadIdentityArgs
 from infra.image import (
@@ -25,7 +26,6 @@ from infra.image import (
     TrainingImage,
     TrainingImageArgs,
 )
-from infra.naming import GlobalNames, global_names, lab_names
 from infra.registry import LabRegistry, LabRegistryArgs
 from infra.resource_group import LabResourceGroup, LabResourceGroupArgs
 from infra.storage import LabStorage, LabStorageArgs
@@ -36,7 +36,7 @@ from workloads.lab_workloads import LabWorkloads, LabWorkloadsArgs
 PROJECT_DIR = Path(__file__).resolve().parent
 
 
-# The provider settings that decide how azure-native signs in (infra/catalog/deployer.py);
+# The provider settings that decide how azure-native signs in (catalog/deployer.py);
 # secrets are read only to know whether they are set.
 _SIGN_IN_SETTINGS = ("clientId", "tenantId", "useMsi", "useOidc")
 _SIGN_IN_SECRETS = ("clientSecret", "clientCertificatePath")

@@ -28,8 +28,8 @@ import pulumi
 import pulumi_azure_native as azure_native
 import pulumi_command as command
 
-from infra.catalog.deployer import DeployerSignIn
-from infra.catalog.gpu_pools import MAX_GPU_NODES
+from catalog.deployer import DeployerSignIn
+from catalog.gpu_pools import MAX_GPU_NODES
 from infra.cluster_access import ClusterAccessWait, ClusterAccessWaitArgs
 from infra.kubeconfig import deployer_kubeconfig
 from infra.node_pools import (

@@ -27,8 +27,8 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from infra.build_context import DOCKERFILE, context_files
-from infra.catalog.base_images import BASE_REGISTRY_ARG, ImageRef, training_base_images
+from catalog.base_images import BASE_REGISTRY_ARG, ImageRef, training_base_images
+from catalog.build_context import DOCKERFILE, context_files
 
 TAG_LENGTH = 16
 TASK_DOCKERFILE = "infra/task_image.Dockerfile"

@@ -4,7 +4,7 @@ The cluster has local accounts disabled, so there is no admin certificate to fet
 credential in exec format (``listClusterUserCredential`` with ``format=exec``) names the
 ``kubelogin`` plugin with a device-code login, the cluster's ``--server-id`` and its
 ``--tenant-id``. Here every user becomes a non-interactive ``kubelogin get-token`` that signs
-in as the identity ``pulumi up`` deployed as (``infra/catalog/deployer.py``): that identity
+in as the identity ``pulumi up`` deployed as (``catalog/deployer.py``): that identity
 holds the cluster-admin role. The cluster's tenant is kept where kubelogin can use it: a user whose
 default ``az`` tenant is another one would otherwise get 401 (Azure/kubelogin
 ``pkg/internal/converter/convert.go`` drops it when converting to ``azurecli``).
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from infra.catalog.deployer import DeployerSignIn
+from catalog.deployer import DeployerSignIn
 
 EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
 INSTALL_HINT = (

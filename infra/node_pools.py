@@ -10,7 +10,7 @@ it. etcd, the operator and the data staging run on the CPU pool (``systemVmSize`
 resources whose names derive from their create-only settings, so a change of size is a new
 pool, created before the old one is deleted, never a refused update and never a new cluster.
 Each GPU pool generation labels its nodes with its own name, and the job selects it
-(``infra/catalog/pool_labels.py``). The optional on-demand fallback pool of the same size
+(``catalog/pool_labels.py``). The optional on-demand fallback pool of the same size
 (``onDemandMaxNodes``) carries the Spot pool's generation and its name hashes it, so a new
 Spot pool always brings a new fallback pool beside it. Pure: the builders return the SDK's
 keyword arguments.
@@ -24,8 +24,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from infra.catalog.gpu_pools import NAME_HASH, ON_DEMAND_PREFIX, SPOT_PREFIX
-from infra.catalog.pool_labels import BOOTSTRAP, GPU_ON_DEMAND, GPU_SPOT, SYSTEM, pool_labels
+from catalog.gpu_pools import NAME_HASH, ON_DEMAND_PREFIX, SPOT_PREFIX
+from catalog.pool_labels import BOOTSTRAP, GPU_ON_DEMAND, GPU_SPOT, SYSTEM, pool_labels
 from stack_config import ClusterConfig, FallbackConfig, GpuPoolConfig
 
 # AKS puts this taint on every Spot node itself; declaring it keeps `refresh` free of drift.

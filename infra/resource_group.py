@@ -38,7 +38,7 @@ class LabResourceGroup(pulumi.ComponentResource):
     tenant_id: pulumi.Output[str]
     """The Entra ID tenant the deployer signed in to: the cluster's (AKS-managed Entra ID)."""
     """The deployer's token's client id: the Azure CLI's own app id for a user
-    (``infra/catalog/deployer.py``)."""
+    (``catalog/deployer.py``)."""
 
     def __init__(
         self, name: str, args: LabResourceGroupArgs, opts: pulumi.ResourceOptions | None = None

@@ -192,7 +192,7 @@ def _run_prices(args: argparse.Namespace) -> tuple[float | None, float | None, s
     """The prices a cluster run is costed at: the flags, else `lab prices`' cache."""
     if getattr(args, "spot_price", None) or getattr(args, "on_demand_price", None):
         return args.spot_price, args.on_demand_price, "prices given on the command line"
-    from lab.azure.prices import cached_vm_price
+    from lab.azure.prices.command import cached_vm_price
     from lab.azure.stack_choice import resolve_stack
     from stack_config.model import ConfigError
 
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return preflight(argv[1:])
     if argv[:1] == ["prices"]:
-        from lab.azure.prices import main as prices
+        from lab.azure.prices.command import main as prices
 
         return prices(argv[1:])
     args = build_parser().parse_args(argv)

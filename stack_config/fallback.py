@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from infra.catalog.gpu_pools import MAX_GPU_NODES
+from catalog.gpu_pools import MAX_GPU_NODES
 from stack_config.model import LabConfig
 
 VM_START_S = 600
@@ -52,7 +52,7 @@ def with_join_timeout_default(cfg: LabConfig) -> LabConfig:
 
 def gpu_node_total_problems(cfg: LabConfig) -> list[str]:
     """The GPU pools' ceilings together (Spot and on-demand) stay within the unready nodes the
-    cluster autoscaler is told to tolerate (``infra.catalog.gpu_pools.MAX_GPU_NODES``)."""
+    cluster autoscaler is told to tolerate (``catalog.gpu_pools.MAX_GPU_NODES``)."""
     on_demand = cfg.fallback.max_nodes if cfg.fallback.enabled else 0
     total = cfg.gpu_max_nodes
     if not (_count(total) and _count(on_demand)) or total + on_demand <= MAX_GPU_NODES:

@@ -1,12 +1,12 @@
 """The ``rdma`` key: InfiniBand between the GPU nodes, where the size has it.
 
-``auto`` turns it on for the sizes whose catalogue entry has InfiniBand (``infra/gpu_sizes.py``,
+``auto`` turns it on for the sizes whose catalogue entry has InfiniBand (``catalog/gpu_sizes.py``,
 the ND sizes) and off elsewhere; ``on`` is refused for a size without it rather than ignored.
 """
 
 from __future__ import annotations
 
-from infra import gpu_sizes
+from catalog import gpu_sizes
 from stack_config.keys import RDMA_MODES
 from stack_config.model import LabConfig
 

@@ -1,6 +1,6 @@
 """The stack config's typed model: the frozen dataclasses ``pulumi up`` and the lab's tools read.
 
-Pure, and below everything that uses the config (``infra/naming.py`` included): it imports
+Pure, and below everything that uses the config: it imports
 only the GPU-size table and the rendezvous settings, so no module here imports another back.
 """
 
@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import gpu_sizes
-from training.data.sources import SOURCES, DataSource
-from training.elastic.launch import DEFAULT_TERMINATION_GRACE_S, RendezvousSettings
+from catalog import gpu_sizes
+from training.settings import DEFAULT_TERMINATION_GRACE_S, SOURCES, DataSource, RendezvousSettings
 
 
 class ConfigError(ValueError):
@@ -46,7 +45,7 @@ class GpuPoolConfig:
     """The GPU Spot pool the training workers run on."""
 
     vm_size: str = "Standard_NC4as_T4_v3"
-    """An NVIDIA full-GPU size of a family in ``infra.gpu_sizes.FAMILIES``."""
+    """An NVIDIA full-GPU size of a family in ``catalog.gpu_sizes.FAMILIES``."""
     min_nodes: int = 0
     """Autoscaler floor; 0 means no GPU cost when nothing trains."""
     max_nodes: int | None = None
@@ -216,7 +215,7 @@ class LabConfig:
         """The GPU size's entry in the shared table (``validate`` refuses any other size)."""
         size = gpu_sizes.gpu_size(self.gpu_pool.vm_size)
         if size is None:
-            raise ValueError(f"{self.gpu_pool.vm_size} is not in infra.gpu_sizes.SIZES")
+            raise ValueError(f"{self.gpu_pool.vm_size} is not in catalog.gpu_sizes.SIZES")
         return size
 
     @property

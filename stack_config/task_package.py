@@ -5,7 +5,7 @@
 ``task: mytask.model:spec`` names ``mytask/model.py`` in it. Here the program reads, without
 running any of it (``stack_config/task_source.py``): whether the task's module and name are
 there; the task's options, for ``trainArgs``; what the image build would send (every file its
-``.dockerignore`` lets through, ``infra/build_context.py``), which must hold no repository
+``.dockerignore`` lets through, ``catalog/build_context.py``), which must hold no repository
 history, virtualenv or second ``training`` package; and the ``script`` a torchrun job runs.
 ``package_problems`` holds the rules the config alone decides (``validate`` runs them);
 ``resolve`` is the only code of ``stack_config`` that reads files: ``load`` and ``validate``
@@ -19,12 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import training
-from infra.build_context import DOCKERIGNORE, context_files
+from catalog.build_context import DOCKERIGNORE, context_files
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_source import TaskSource, TaskSourceError, read_task
 from stack_config.train_args import training_run
-from training.elastic.launch import LAUNCHERS
-from training.tasks import TASK_NAMES, is_task_reference
+from training.settings import LAUNCHERS, TASK_NAMES, is_task_reference
 
 REQUIREMENTS = "requirements.txt"
 LARGE_CONTEXT_BYTES = 100 * 1024 * 1024

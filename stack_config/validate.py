@@ -8,17 +8,23 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from infra import gpu_sizes, naming
+from catalog import gpu_sizes, naming
 from stack_config.etcd_members import etcd_member_problems
 from stack_config.fallback import fallback_problems, gpu_node_total_problems
 from stack_config.infiniband import rdma_problems
 from stack_config.keys import IMAGE_BUILDERS
 from stack_config.model import NO_STAGING, TASKS, ConfigError, LabConfig
 from stack_config.task_package import package_problems
-from training.data.sources import CHECKSUM
-from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, termination_grace_problem
-from training.loop.config import PARALLELISMS, PRECISIONS
-from training.tasks import REFERENCE_FORM, SHARDABLE_TASKS, is_task_reference
+from training.settings import (
+    CHECKSUM,
+    MEASURED_HEARTBEATS_PER_S,
+    PARALLELISMS,
+    PRECISIONS,
+    REFERENCE_FORM,
+    SHARDABLE_TASKS,
+    is_task_reference,
+    termination_grace_problem,
+)
 
 CPU_VM_SIZE = re.compile(r"^Standard_[A-MO-Z]\w*$")
 K8S_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKED = ("lab", "bench", "infra", "workloads", "stack_config", "training")
+CHECKED = ("lab", "bench", "infra", "workloads", "stack_config", "catalog", "training")
 MAY_IMPORT = {
     "lab.report": (),
     "lab.live": ("lab.report",),
@@ -20,7 +20,9 @@ MAY_IMPORT = {
     "training.node_agent": (),
     "training.data": ("training.api", "training.elastic", "training.checkpoints"),
     "training.tasks": ("training.api", "training.data"),
+    "training.settings": ("training.tasks", "training.data", "training.elastic"),
     "training.loop": (
+        "training.settings",
         "training.api",
         "training.tasks",
         "training.elastic",
@@ -105,6 +107,28 @@ def test_training_imports_nothing_of_the_repo_outside_it() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+BELOW = {
+    "catalog": (),
+    "stack_config": ("catalog", "training"),
+    "infra": ("catalog", "stack_config", "training"),
+    "workloads": ("catalog", "stack_config", "training"),
+}
+"""What each package of the Pulumi program may import besides itself: the floors run
+``__main__.py`` -> ``infra/``, ``workloads/`` -> ``stack_config/`` -> ``catalog/`` (and
+``training/``'s torch-free settings), and no arrow runs back up."""
+
+
+def test_the_pulumi_programs_packages_import_only_the_floors_below() -> None:
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if _package(name) in BELOW
+        for target in sorted(targets)
+        if _package(target) not in (_package(name), *BELOW[_package(name)])
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_report_imports_neither_side() -> None:
     report = {t for n, targets in GRAPH.items() if _room(n) == "lab.report" for t in targets}
     assert report, "the report's imports were not found"
@@ -163,7 +187,7 @@ def _imports_pulumi(path: Path) -> bool:
 
 
 def test_the_labs_tools_load_no_pulumi_sdk() -> None:
-    """``lab/`` reads infra's pure catalogues (``infra/catalog/``, ``infra/node_pools.py``), never
+    """``lab/`` reads infra's pure catalogues (``catalog/``, ``infra/node_pools.py``), never
     a module that imports pulumi: the tools start fast and need no Pulumi engine."""
     with_pulumi = {name for name, path in MODULES.items() if _imports_pulumi(path)}
     assert "infra.cluster" in with_pulumi  # the finder finds one

@@ -60,7 +60,7 @@ def _parse_lab(argv: list[str]) -> None:
 
         preflight_parser().parse_args(argv[1:])
     elif argv[:1] == ["prices"]:
-        from lab.azure.prices import build_parser as prices_parser
+        from lab.azure.prices.command import build_parser as prices_parser
 
         prices_parser().parse_args(argv[1:])
     else:

@@ -1,8 +1,10 @@
 """The Kubernetes side of ``pulumi up``: everything the elastic training job runs on.
 
-``workloads.lab_workloads.LabWorkloads`` composes the Pulumi components in this package
-(``namespace``, ``priority``, ``etcd``, ``device_plugin``, ``operator``, ``volume``, ``job``);
-the objects themselves come from the pure builders in ``workloads.manifests``.
+``workloads.lab_workloads.LabWorkloads`` creates the single objects (priority classes, the
+device plugin, the operator's overlay, the autoscaler's priorities) and composes the components
+in this package, one per concept of several objects (``namespace``, ``etcd``, ``node_agent``,
+``network_operator``, ``volume``, ``data_staging``, ``job``); the objects themselves come from
+the pure builders in ``workloads.manifests``.
 
 Nothing is imported here on purpose: ``import workloads.manifests.etcd`` must work without
 pulumi installed, so the local lab can reuse the builders and the rendezvous settings.

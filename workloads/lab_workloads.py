@@ -16,7 +16,8 @@ through one Kubernetes provider (server-side apply):
 
 The provider, and so every object, waits for the deployer's access to the cluster and for the
 node pools; ``pulumi destroy`` therefore deletes every object before the pools, the role and
-the cluster. The objects themselves come from the pure builders in ``workloads.manifests``.
+the cluster. The objects themselves come from the pure builders in ``workloads.manifests``; a
+concept of several objects has a component of its own, one object is created here.
 """
 
 from __future__ import annotations
@@ -26,27 +27,29 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi_kubernetes.kustomize.v2 import Directory
 
 from stack_config import LabConfig
-from workloads.autoscaler import AutoscalerPriorities
 from workloads.data_staging import DataStaging, DataStagingArgs
-from workloads.device_plugin import NvidiaDevicePlugin, NvidiaDevicePluginArgs
 from workloads.etcd import Rendezvous, RendezvousArgs
 from workloads.job import ElasticTrainingJob, ElasticTrainingJobArgs
+from workloads.manifests.autoscaler import priority_expander_configmap
 from workloads.manifests.data_staging import DataStagingSpec
-from workloads.manifests.device_plugin import DevicePluginSpec
+from workloads.manifests.device_plugin import DevicePluginSpec, device_plugin_daemonset
 from workloads.manifests.etcd import EtcdSpec
 from workloads.manifests.job import job_name
 from workloads.manifests.node_agent import NodeAgentSpec
-from workloads.manifests.operator import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
-from workloads.manifests.priority import lab_priority_classes
+from workloads.manifests.operator import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_POD_LABELS,
+    training_operator_source,
+)
+from workloads.manifests.priority import lab_priority_classes, priority_class_manifests
 from workloads.manifests.scheduling import any_gpu_pool
 from workloads.manifests.watch import watch_commands
 from workloads.namespace import LabNamespace, LabNamespaceArgs
 from workloads.network_operator import NetworkOperator, NetworkOperatorArgs
 from workloads.node_agent import NodeAgent, NodeAgentArgs
-from workloads.operator import TrainingOperator, TrainingOperatorArgs
-from workloads.priority import PriorityClasses, PriorityClassesArgs
 from workloads.volume import DatasetVolume, DatasetVolumeArgs
 
 __all__ = ["LabWorkloads", "LabWorkloadsArgs"]
@@ -117,15 +120,20 @@ class LabWorkloads(pulumi.ComponentResource):
             opts=cluster,
         )
         training_class, rendezvous_class = lab_priority_classes(cfg.name_prefix)
-        priorities = PriorityClasses(
-            f"{name}-priority",
-            PriorityClassesArgs(training=training_class, rendezvous=rendezvous_class),
-            opts=cluster,
+        training_priority, rendezvous_priority = self._priority_classes(
+            name, priority_class_manifests(training_class, rendezvous_class), cluster
         )
-        operator = TrainingOperator(f"{name}-operator", TrainingOperatorArgs(), opts=cluster)
+        # CRDs, webhook and controller of the PyTorchJob API, built by the provider and applied
+        # server-side: the PyTorchJob CRD is larger than client-side apply's annotation.
+        operator = Directory(
+            f"{name}-operator-kustomize",
+            directory=training_operator_source(),
+            opts=self._folded(f"{name}-operator", "TrainingOperator", cluster),
+        )
         gpu_side = self._gpu_side(name, args, cluster)
         in_namespace = pulumi.ResourceOptions.merge(
-            cluster, pulumi.ResourceOptions(depends_on=[namespace, priorities])
+            cluster,
+            pulumi.ResourceOptions(depends_on=[namespace, training_priority, rendezvous_priority]),
         )
         etcd_spec = EtcdSpec(
             namespace=cfg.namespace,
@@ -163,7 +171,7 @@ class LabWorkloads(pulumi.ComponentResource):
         job_opts = pulumi.ResourceOptions.merge(
             in_namespace, pulumi.ResourceOptions(depends_on=before_job)
         )
-        job = self._job(name, args, rendezvous, priorities, dataset, job_opts)
+        job = self._job(name, args, rendezvous, training_priority, dataset, job_opts)
         self.namespace = namespace.name
         self.job_name = job.job_name
         self.rdzv_id = job.rdzv_id
@@ -204,18 +212,71 @@ class LabWorkloads(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.access),
         )
 
+    def _folded(
+        self, component_name: str, component_type: str, opts: pulumi.ResourceOptions
+    ) -> pulumi.ResourceOptions:
+        """Options for an object that a component of its own held once: the alias names its
+        old parent, so an ``up`` on a stack that holds it keeps it instead of replacing it
+        (tests/workloads/test_workloads_urns.py pins every URN)."""
+        old_parent = pulumi.resource.create_urn(
+            component_name, f"spot-lab:workloads:{component_type}", parent=self
+        )
+        return pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(parent=old_parent)])
+        )
+
+    def _priority_classes(
+        self,
+        name: str,
+        manifests: tuple[dict[str, Any], dict[str, Any]],
+        opts: pulumi.ResourceOptions,
+    ) -> tuple[k8s.scheduling.v1.PriorityClass, k8s.scheduling.v1.PriorityClass]:
+        """The workers' class and, above it, etcd's (cluster-wide)."""
+        training, rendezvous = (
+            k8s.scheduling.v1.PriorityClass(
+                f"{name}-priority-{role}",
+                metadata=obj["metadata"],
+                value=obj["value"],
+                preemption_policy=obj["preemptionPolicy"],
+                global_default=obj["globalDefault"],
+                description=obj["description"],
+                opts=self._folded(f"{name}-priority", "PriorityClasses", opts),
+            )
+            for role, obj in zip(("training", "rendezvous"), manifests, strict=True)
+        )
+        return training, rendezvous
+
     def _gpu_side(
         self, name: str, args: LabWorkloadsArgs, opts: pulumi.ResourceOptions
     ) -> list[pulumi.Resource]:
         """The device plugin on every GPU node and, with the on-demand fallback, the
         autoscaler's priorities; returns what the job must wait for (the expander scales no
         pool while its ConfigMap is missing, so it comes before the job's pending pods)."""
-        if not args.config.fallback.enabled:
-            NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(), opts=opts)
+        fallback = args.config.fallback.enabled
+        # AKS installs only the driver: the plugin advertises ``nvidia.com/gpu``.
+        plugin = device_plugin_daemonset(
+            DevicePluginSpec(node_selector={}, affinity=any_gpu_pool())
+            if fallback
+            else DevicePluginSpec()
+        )
+        k8s.apps.v1.DaemonSet(
+            f"{name}-device-plugin-daemonset",
+            metadata=plugin["metadata"],
+            spec=plugin["spec"],
+            opts=self._folded(f"{name}-device-plugin", "NvidiaDevicePlugin", opts),
+        )
+        if not fallback:
             return []
-        on_both = DevicePluginSpec(node_selector={}, affinity=any_gpu_pool())
-        NvidiaDevicePlugin(f"{name}-device-plugin", NvidiaDevicePluginArgs(on_both), opts=opts)
-        return [AutoscalerPriorities(f"{name}-autoscaler-priorities", opts=opts)]
+        # AKS's autoscaler reads it when its profile says ``expander: priority``.
+        priorities = priority_expander_configmap()
+        return [
+            k8s.core.v1.ConfigMap(
+                f"{name}-autoscaler-priorities-configmap",
+                metadata=priorities["metadata"],
+                data=priorities["data"],
+                opts=self._folded(f"{name}-autoscaler-priorities", "AutoscalerPriorities", opts),
+            )
+        ]
 
     def _node_agent(
         self, name: str, args: LabWorkloadsArgs, priority: str, opts: pulumi.ResourceOptions
@@ -267,7 +328,7 @@ class LabWorkloads(pulumi.ComponentResource):
         name: str,
         args: LabWorkloadsArgs,
         rendezvous: Rendezvous,
-        priorities: PriorityClasses,
+        priority: k8s.scheduling.v1.PriorityClass,
         dataset: DatasetVolume,
         opts: pulumi.ResourceOptions,
     ) -> ElasticTrainingJob:
@@ -279,7 +340,7 @@ class LabWorkloads(pulumi.ComponentResource):
                 config=args.config,
                 image=args.image,
                 rdzv_host=rendezvous.host,
-                priority_class=priorities.training,
+                priority_class=priority.metadata.name,
                 blob_endpoint=args.blob_endpoint,
                 data_claim=dataset.claim_name,
                 checkpoints_container=args.checkpoints_container,

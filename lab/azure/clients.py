@@ -1,7 +1,7 @@
 """Reading Azure for the lab's tools: who signs in, which clients, and errors in one line.
 
 ``lab preflight`` and ``lab prices`` only read. They sign in as ``pulumi up`` would, by the
-one rule of ``infra/catalog/deployer.py`` (pulumi-azure-native's precedence): a service
+one rule of ``catalog/deployer.py`` (pulumi-azure-native's precedence): a service
 principal with a secret or a certificate, a managed identity with ``ARM_USE_MSI=true``, and
 the Azure CLI's login otherwise. That is also why this does not use
 ``DefaultAzureCredential``: its managed-identity step probes the instance metadata address on
@@ -52,7 +52,7 @@ from azure.identity import (
     ManagedIdentityCredential,
 )
 
-from infra.catalog.deployer import (
+from catalog.deployer import (
     AZURE_CLI_LOGIN,
     MANAGED_IDENTITY_LOGIN,
     DeployerSignIn,

@@ -28,7 +28,7 @@ from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScaleSetVM
 
-from infra.catalog.gpu_pools import NODE
+from catalog.gpu_pools import NODE
 from lab.azure.clients import AzureError, credential_from_env
 from stack_config import LabConfig
 

@@ -2,7 +2,7 @@
 
 GPU node-hours are approximated by the worker pods' lifetimes in the logs (a node's boot before
 its pod started and its drain after are not in them), split by the node each pod ran on: a node
-of the on-demand fallback pool (``ond`` + hash, ``infra/catalog/gpu_pools.py``) is on demand;
+of the on-demand fallback pool (``ond`` + hash, ``catalog/gpu_pools.py``) is on demand;
 every other is Spot, since the lab's GPU pool is Spot and a pod whose node the logs do not name
 ran there unless the fallback is on. A move of ``lab rebalance`` saved the difference of the
 two prices for every hour its worker then ran on its Spot node.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from infra.catalog.gpu_pools import ON_DEMAND, node_kind
+from catalog.gpu_pools import ON_DEMAND, node_kind
 from lab.report.run_logs import RunLogs
 
 Prices = Callable[[], tuple[float | None, float | None, str]]

@@ -14,15 +14,15 @@ import pytest
 import yaml
 from pulumi.runtime.sync_await import _sync_await
 
+from catalog.base_images import training_base_images
+from catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from catalog.gpu_pools import MAX_GPU_NODES
+from catalog.naming import global_names, lab_names, unique_suffix
+from catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra import cluster as aks_cluster
 from infra import node_pools as aks
-from infra.catalog.base_images import training_base_images
-from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
-from infra.catalog.gpu_pools import MAX_GPU_NODES
-from infra.catalog.pool_labels import GENERATION_LABEL, GPU_SPOT, POOL_LABEL
 from infra.image import TrainingImage, TrainingImageArgs, build_command, image_tag, tree_digest
 from infra.kubeconfig import deployer_kubeconfig
-from infra.naming import global_names, lab_names, unique_suffix
 from infra.roles import (
     ACR_PULL,
     STORAGE_BLOB_DATA_CONTRIBUTOR,

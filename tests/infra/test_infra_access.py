@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from infra.catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
+from catalog.deployer import AZURE_CLI_LOGIN, DeployerSignIn
 from infra.kubeconfig import deployer_kubeconfig, has_credential
 from infra.roles import AKS_RBAC_CLUSTER_ADMIN
 from stack_config import ConfigError, load, validate

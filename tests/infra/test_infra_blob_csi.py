@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.catalog.blob_csi import DRIVER, FIRST_REFRESHING, aks_minor, driver_line
+from catalog.blob_csi import DRIVER, FIRST_REFRESHING, aks_minor, driver_line
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 principalType, and the cluster's tenant is kept where kubelogin can use it.
 
 pulumi-azure-native grants through ``getClientConfig``'s object id, which is whoever it signed in
-as; the kubeconfig must make kubelogin sign in as that same identity (``infra/catalog/deployer.py``
+as; the kubeconfig must make kubelogin sign in as that same identity (``catalog/deployer.py``
 has the rules and their sources). Each setup runs the whole program under the mocks with the
 environment a user of that setup has, and ``getClientConfig`` answering as Azure would: the Azure
 CLI's own application id for a user's ``az login``, the principal's id otherwise.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from infra.catalog.deployer import (
+from catalog.deployer import (
     AZURE_CLI_APP_ID,
     AZURE_CLI_LOGIN,
     MANAGED_IDENTITY_LOGIN,

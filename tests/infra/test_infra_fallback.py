@@ -289,7 +289,6 @@ def test_every_resource_name_is_the_same_with_the_fallback_on_plus_its_own(
     assert names(on) - names(off) == {
         f"{AGENT_POOL}::cluster-gpu-on-demand",
         f"{COMMAND}::cluster-gpu-on-demand-bounds",
-        "spot-lab:workloads:AutoscalerPriorities::workloads-autoscaler-priorities",
         f"{CONFIG_MAP}::workloads-autoscaler-priorities-configmap",
     }
     assert names(off) <= names(on)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.build_context import context_files, is_ignored, parse_dockerignore
+from catalog.build_context import context_files, is_ignored, parse_dockerignore
 from infra.image import image_tag
 from tests.support.pulumi_harness import PROJECT_DIR, run_program
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.build_context import context_files
+from catalog.build_context import context_files
 from infra.image import TASK_DOCKERFILE, image_tag, task_image_tag
 from tests.support.pulumi_harness import PROJECT_DIR, AzureAnswers, ProgramRun, run_program
 from tests.support.user_package import write_user_package

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import stack_config
-from infra import gpu_sizes, naming
+from catalog import gpu_sizes, naming
 from stack_config import ConfigError, LabConfig, load, validate
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
@@ -626,7 +626,7 @@ def test_more_heartbeats_than_the_rendezvous_was_measured_with_are_refused() -> 
 
 
 def test_the_gpu_pools_together_stay_within_what_the_autoscaler_tolerates_unready() -> None:
-    """infra.catalog.gpu_pools.MAX_GPU_NODES is the autoscaler's ok-total-unready-count."""
+    """catalog.gpu_pools.MAX_GPU_NODES is the autoscaler's ok-total-unready-count."""
     _cfg({"gpuMaxNodes": "98", "onDemandMaxNodes": "2"})  # 100: allowed
     message = _problems({"gpuMaxNodes": "99", "onDemandMaxNodes": "2"})
     assert "spot-lab:gpuMaxNodes (99) plus spot-lab:onDemandMaxNodes (2) must be at most 100" in (

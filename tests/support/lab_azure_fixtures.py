@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from infra.catalog.deployer import AZURE_CLI_APP_ID
+from catalog.deployer import AZURE_CLI_APP_ID
 from lab.azure.clients import Azure, reach
 from lab.azure.preflight.subscription import PROVIDERS
 from tests.support.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording, serve

@@ -36,7 +36,7 @@ from pulumi.runtime import rpc, settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.catalog.deployer import AZURE_CLI_APP_ID
+from catalog.deployer import AZURE_CLI_APP_ID
 from stack_config.files import stack_file_config
 
 __all__ = [
@@ -302,6 +302,11 @@ class Registered:
     """``create``/``update``/``delete`` timeouts the resource asked for (empty ones left out)."""
     renamed_from: list[tuple[str, bool]] = field(default_factory=list)
     """(old name, had no parent) of each alias that renames the resource."""
+    engine_urn: str = ""
+    """The URN the Pulumi engine gives it: its parents' whole chain of types below the stack
+    (the mock monitor's ``urn`` keeps only the parent's own type)."""
+    alias_urns: list[str] = field(default_factory=list)
+    """The engine URNs its aliases name: a resource of a stack at one of these is this one."""
 
     @property
     def parent_type(self) -> str | None:
@@ -413,12 +418,54 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
         super().__init__(mocks)
         self.registered: list[Registered] = []
+        self._engine_types: dict[str, str] = {}
+        """The engine's qualified type by mock URN (the stack's is empty: it is left out)."""
+        self._by_mock_type: dict[str, str | None] = {}
+        """The engine's qualified type by the mock's (None where two differ)."""
+
+    def _engine_type(self, parent_type: str, type_: str) -> str:
+        return f"{parent_type}${type_}" if parent_type else type_
+
+    def _engine_type_of(self, urn: str) -> str:
+        """The engine's qualified type of a URN: a registered resource's, or one that
+        ``pulumi.resource.create_urn`` built under a registered parent (an alias's old parent)."""
+        if urn in self._engine_types:
+            return self._engine_types[urn]
+        head, _, type_ = urn.split("::")[2].rpartition("$")
+        parent_type = self._by_mock_type.get(head)
+        if parent_type is None:
+            raise AssertionError(f"no single registered parent of type chain {head!r} for {urn}")
+        return self._engine_type(parent_type, type_)
+
+    def _alias_urns(self, request: Any, engine_type: str, prefix: str) -> list[str]:
+        urns = []
+        for alias in request.aliases:
+            if alias.urn:
+                urns.append(alias.urn)
+                continue
+            spec = alias.spec
+            if spec.noParent:
+                parent_type = ""
+            else:
+                parent_type = self._engine_type_of(spec.parentUrn or request.parent)
+            type_ = self._engine_type(parent_type, spec.type or request.type)
+            urns.append(f"{prefix}::{type_}::{spec.name or request.name}")
+        return urns
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
         self.mocks.ignored[request.name] = list(request.ignoreChanges)
         response = super().RegisterResource(request)
+        mock_type = response.urn.split("::")[2]
         if request.type == "pulumi:pulumi:Stack":
+            self._engine_types[response.urn] = ""
+            self._by_mock_type[mock_type] = ""
             return response
+        engine_type = self._engine_type(self._engine_types.get(request.parent, ""), request.type)
+        self._engine_types[response.urn] = engine_type
+        known = self._by_mock_type.setdefault(mock_type, engine_type)
+        if known != engine_type:
+            self._by_mock_type[mock_type] = None
+        prefix = "::".join(response.urn.split("::")[:2])  # urn:pulumi:<stack>::<project>
         state = self.resources[response.urn].state
         secret_paths: set[str] = set()
         inputs = unwrap_secrets(rpc.deserialize_properties(request.object), "", secret_paths)
@@ -449,6 +496,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     for alias in request.aliases
                     if alias.spec.name
                 ],
+                engine_urn=f"{prefix}::{engine_type}::{request.name}",
+                alias_urns=self._alias_urns(request, engine_type, prefix),
             )
         )
         return response
@@ -597,7 +646,7 @@ def _run_key(
     answers: AzureAnswers | None,
 ) -> tuple[object, ...]:
     # Everything the program reads: its config (the stack file's content, overrides applied),
-    # the mocked Azure and the ARM_* sign-in (infra/catalog/deployer.py). The project's own
+    # the mocked Azure and the ARM_* sign-in (catalog/deployer.py). The project's own
     # files do not change during a session.
     sign_in = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("ARM_")))
     return (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from infra.catalog.base_images import (
+from catalog.base_images import (
     AKS_GPU_DRIVER_BRANCH,
     DOCKER_HUB,
     TORCH_CUDA_BUILDS,
@@ -129,7 +129,7 @@ def test_the_base_is_the_stagers_slim_python_and_torch_its_cuda12_build(
     are 12.6 and 13.0 (RELEASE.md; the default PyPI wheel requires cuda-toolkit 13.0.3), and
     AKS's GPU driver branch (570, Azure/AKS #5207) runs CUDA 12.x only (13.x needs 580). lab
     preflight resolves the base against Docker Hub before anything is created
-    (infra/catalog/base_images.py)."""
+    (catalog/base_images.py)."""
     (base,) = _args(instructions, "FROM")
     (ref,) = dockerfile_bases(DOCKERFILE.read_text())
     # Named through the build argument the build points at the lab's registry, where `pulumi

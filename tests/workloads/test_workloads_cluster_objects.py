@@ -30,6 +30,7 @@ from workloads.manifests.priority import (
     PriorityClassSpec,
     lab_priority_classes,
     priority_class_manifest,
+    priority_class_manifests,
 )
 from workloads.manifests.scheduling import (
     GPU_SPOT_POOL,
@@ -224,6 +225,16 @@ def test_priority_class_rejects_bad_values() -> None:
         priority_class_manifest(PriorityClassSpec("x", 1, "Sometimes", "d"))
     with pytest.raises(ValueError, match="value must be in"):
         priority_class_manifest(PriorityClassSpec("x", 2_000_000_000, "Never", "d"))
+
+
+def test_the_training_class_must_be_below_the_rendezvous_class() -> None:
+    training, rendezvous = lab_priority_classes("spotlab")
+    assert [m["metadata"]["name"] for m in priority_class_manifests(training, rendezvous)] == [
+        "spotlab-training",
+        "spotlab-rendezvous",
+    ]
+    with pytest.raises(ValueError, match=r"training priority \(1000000\) must be below"):
+        priority_class_manifests(rendezvous, training)
 
 
 # ---- device plugin ---------------------------------------------------------------------------

@@ -87,9 +87,10 @@ def test_every_component_is_registered_under_lab_workloads(default_run: ProgramR
     assert children == {
         ("pulumi:providers:kubernetes", "lab-kubernetes"),
         ("spot-lab:workloads:LabNamespace", "lab-namespace"),
-        ("spot-lab:workloads:PriorityClasses", "lab-priority"),
-        ("spot-lab:workloads:TrainingOperator", "lab-operator"),
-        ("spot-lab:workloads:NvidiaDevicePlugin", "lab-device-plugin"),
+        ("kubernetes:scheduling.k8s.io/v1:PriorityClass", "lab-priority-training"),
+        ("kubernetes:scheduling.k8s.io/v1:PriorityClass", "lab-priority-rendezvous"),
+        ("kubernetes:kustomize/v2:Directory", "lab-operator-kustomize"),
+        ("kubernetes:apps/v1:DaemonSet", "lab-device-plugin-daemonset"),
         ("spot-lab:workloads:Rendezvous", "lab-etcd"),
         ("spot-lab:workloads:NodeAgent", "lab-node-agent"),
         ("spot-lab:workloads:ElasticTrainingJob", "lab-job"),
@@ -122,7 +123,7 @@ def test_objects_are_named_after_their_component(default_run: ProgramRun) -> Non
 def test_the_operator_is_the_pinned_kustomize_overlay(default_run: ProgramRun) -> None:
     overlay = default_run.one("kubernetes:kustomize/v2:Directory")
     assert overlay.inputs["directory"] == training_operator_source("v1.9.4")
-    assert overlay.parent_name == "lab-operator"
+    assert overlay.parent_name == "lab"
 
 
 def test_job_waits_for_operator_etcd_volumes_and_namespace(default_run: ProgramRun) -> None:

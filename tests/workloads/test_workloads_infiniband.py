@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.gpu_sizes import gpu_size, nccl_ib_env
+from catalog.gpu_sizes import gpu_size, nccl_ib_env
 from tests.support.pulumi_harness import ProgramRun, Registered, run_program
 from workloads.manifests.network_operator import CHART_VERSION
 from workloads.manifests.pod_security import BASELINE_CAPABILITIES, _rules

@@ -15,7 +15,7 @@ import pytest
 from kubeflow.training import models as kubeflow_models
 from kubeflow.training.api_client import ApiClient
 
-from infra.catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
+from catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
 from stack_config import JobConfig, LabConfig
 from training.elastic.launch import (
     ETCD_BACKENDS,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from training.settings import PARALLELISMS, PRECISIONS
 from training.tasks import (
     DEFAULT_TASK,
     REFERENCE_FORM,
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "TRAIN_"
 DTYPES = ("float32", "float64")
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
-PARALLELISMS = ("ddp", "fsdp2")
 MAX_STOP_DEADLINE_S = 600.0
 """A longer termination grace than this is no eviction notice anyone gets."""
 

@@ -14,7 +14,7 @@ What the sources say, and the shape that follows from them:
   priority are chosen among at random.
 - Each regex is matched, unanchored, against the node group's id (``groupIDMatchesList``:
   ``re.FindStringIndex(id)``), which on AKS is the pool's scale set, ``aks-<pool>-<digits>-vmss``
-  (``infra/catalog/gpu_pools.py``). A group that matches no entry "won't be used"
+  (``catalog/gpu_pools.py``). A group that matches no entry "won't be used"
   (``PriorityConfigMapNotMatchedGroup``), so a last catch-all keeps any pool the user adds.
 - Without the ConfigMap, ``BestOption`` returns nothing and no pool scales up at all: it must
   exist before the job's pods are pending (``workloads/lab_workloads.py`` orders it so).
@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from infra.catalog.gpu_pools import ON_DEMAND_PREFIX, SPOT_PREFIX, scale_set_pattern
+from catalog.gpu_pools import ON_DEMAND_PREFIX, SPOT_PREFIX, scale_set_pattern
 
 PRIORITY_CONFIGMAP = "cluster-autoscaler-priority-expander"
 AUTOSCALER_NAMESPACE = "kube-system"

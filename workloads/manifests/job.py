@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.catalog.pool_labels import gpu_generation_selector, gpu_pool_selector
+from catalog.pool_labels import gpu_generation_selector, gpu_pool_selector
 from stack_config import LabConfig
 from training.elastic.launch import (
     DATA_DIR_ENV,
@@ -221,7 +221,7 @@ def _worker_container(spec: ElasticJobSpec) -> dict[str, Any]:
     )
     # The agent copies the dataset from the read-only Blob CSI mount to the pod's disk when the
     # pod starts: the mount's token is fresh then on every driver version (before v1.27 it is
-    # never refreshed, infra/catalog/blob_csi.py), and training reads local disk, not FUSE.
+    # never refreshed, catalog/blob_csi.py), and training reads local disk, not FUSE.
     env |= {DATA_URI_ENV: data_uri(spec.program, DATASET_MOUNT), DATA_DIR_ENV: LOCAL_DATA_DIR}
     mounts = [
         {"name": "dataset", "mountPath": DATASET_MOUNT, "readOnly": True},

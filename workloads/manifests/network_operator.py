@@ -127,7 +127,7 @@ def nic_cluster_policy(vm_size: str) -> dict[str, Any]:
 
 def with_infiniband(container: dict[str, Any], nccl_env: dict[str, str]) -> dict[str, Any]:
     """A worker container that uses its node's InfiniBand: ``nccl_env`` (the size's NCCL_IB_*
-    settings, ``infra.gpu_sizes.nccl_ib_env``), every NIC of the node (the shared plugin's one
+    settings, ``catalog.gpu_sizes.nccl_ib_env``), every NIC of the node (the shared plugin's one
     resource) and ``IPC_LOCK``. The container as it is when ``nccl_env`` is empty."""
     if not nccl_env:
         return container

@@ -80,7 +80,7 @@ def _container(spec: NodeAgentSpec) -> dict[str, Any]:
             field_env("POD_NAMESPACE", "metadata.namespace"),
         ],
         # Python and the Kubernetes client: well inside the DaemonSets' reserve that the
-        # workers' requests leave (infra/gpu_sizes.py, DAEMONSET_CPU_MILLIS and _MEMORY_MIB).
+        # workers' requests leave (catalog/gpu_sizes.py, DAEMONSET_CPU_MILLIS and _MEMORY_MIB).
         "resources": {
             "requests": {"cpu": "50m", "memory": "128Mi"},
             "limits": {"memory": "256Mi"},

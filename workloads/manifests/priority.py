@@ -69,3 +69,15 @@ def priority_class_manifest(spec: PriorityClassSpec) -> dict[str, Any]:
         "globalDefault": False,
         "description": spec.description,
     }
+
+
+def priority_class_manifests(
+    training: PriorityClassSpec, rendezvous: PriorityClassSpec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (training, rendezvous) PriorityClass objects; etcd must be scheduled first."""
+    if training.value >= rendezvous.value:
+        raise ValueError(
+            f"the training priority ({training.value}) must be below the rendezvous "
+            f"priority ({rendezvous.value}): etcd is scheduled first"
+        )
+    return priority_class_manifest(training), priority_class_manifest(rendezvous)

@@ -1,6 +1,6 @@
 """Where pods may run: the node-pool labels and taints the cluster and the workloads share.
 
-The AKS node pools carry these labels (``infra/catalog/pool_labels.py``, set by
+The AKS node pools carry these labels (``catalog/pool_labels.py``, set by
 ``infra/node_pools.py``) and taints; every workload here selects and tolerates them, so a pod lands
 on the pool it was meant for.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.catalog.pool_labels import GPU_KINDS, GPU_SPOT, POOL_LABEL, SYSTEM
+from catalog.pool_labels import GPU_KINDS, GPU_SPOT, POOL_LABEL, SYSTEM
 
 SYSTEM_POOL = {POOL_LABEL: SYSTEM}
 """Selects the on-demand CPU pool: etcd and the operator must outlive any spot eviction."""
 GPU_SPOT_POOL = {POOL_LABEL: GPU_SPOT}
 """Selects every generation of the GPU Spot pool (the device plugin); the job selects one
-(``infra.catalog.pool_labels.gpu_pool_selector``)."""
+(``catalog.pool_labels.gpu_pool_selector``)."""
 SPOT_PREFERENCE_WEIGHT = 100
 """The scheduler adds a preferred term's weight (1-100) to a node's score: the largest, so a
 Ready Spot node with room always wins over an on-demand one."""

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from infra.catalog.blob_csi import DRIVER
+from catalog.blob_csi import DRIVER
 
 READ_ONLY_MANY = "ReadOnlyMany"
 # The workers run as UID 10001; blobfuse2 runs as root, and FUSE shows a mount to its own user

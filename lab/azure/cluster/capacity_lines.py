@@ -30,14 +30,14 @@ simulated new node would not fit the pod either (the scheduler's predicates on t
 template). Either way the worker would stay Pending for good.
 
 A group is a pool's scale set, ``aks-<pool>-<digits>-vmss``; the pool's name says whether it is
-the Spot pool or the on-demand fallback (``infra/catalog/gpu_pools.py``).
+the Spot pool or the on-demand fallback (``catalog/gpu_pools.py``).
 """
 
 from __future__ import annotations
 
 import re
 
-from infra.catalog.gpu_pools import ON_DEMAND, SPOT, node_kind, pool_kind, scale_set_pools
+from catalog.gpu_pools import ON_DEMAND, SPOT, node_kind, pool_kind, scale_set_pools
 from lab.report.run_logs import ClusterEvent
 
 FAILED_SCALE_UP = ("ScaleUpFailed", "FailedToScaleUpGroup", "ScaleUpTimedOut", "FailedScaleUp")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra.catalog.gpu_pools import ON_DEMAND, node_kind
+from catalog.gpu_pools import ON_DEMAND, node_kind
 from lab.azure.cluster.follow import TICK_S, CloudOptions, JobFollower, write_report
 from lab.azure.cluster.kube import (
     EVICTION_OUTPUTS,

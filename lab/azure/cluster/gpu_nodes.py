@@ -2,7 +2,7 @@
 
 Pure: reads the Node and Pod objects the API server lists (plain dicts), decides, and does
 nothing. A GPU node's kind is its pool's label (``spot-lab/pool``: ``gpu-spot`` or
-``gpu-on-demand``, ``infra/catalog/pool_labels.py``); the job's workers select the pools of one
+``gpu-on-demand``, ``catalog/pool_labels.py``); the job's workers select the pools of one
 generation (``spot-lab/pool-generation``), so a worker moves only to a Spot node of its own
 generation.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from infra.catalog.pool_labels import GENERATION_LABEL, GPU_ON_DEMAND, GPU_SPOT, POOL_LABEL
+from catalog.pool_labels import GENERATION_LABEL, GPU_ON_DEMAND, GPU_SPOT, POOL_LABEL
 
 
 @dataclass(frozen=True)

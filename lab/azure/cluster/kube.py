@@ -24,7 +24,7 @@ from kubernetes import config as k8s_config
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import MaxRetryError
 
-from infra.catalog.pool_labels import GPU_KINDS, POOL_LABEL
+from catalog.pool_labels import GPU_KINDS, POOL_LABEL
 from workloads.manifests.job import JOB_NAME_LABEL
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"

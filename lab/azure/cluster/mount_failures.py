@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from infra.catalog.blob_csi import DRIVER
+from catalog.blob_csi import DRIVER
 from lab.report.run_logs import ClusterEvent
 from workloads.manifests.volume import dataset_volume_name
 

@@ -4,7 +4,7 @@ registry pulls it, and say where the build pulls it from (the lab's registry).
 
 A missing tag otherwise fails ``pulumi up`` inside ``az acr build``, minutes in, after the
 cluster and the registry exist. The bases and their pins come from the Dockerfiles
-(``infra/catalog/base_images.py``); the registry calls are in ``image_registry.py``.
+(``catalog/base_images.py``); the registry calls are in ``image_registry.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from infra.catalog.base_images import DOCKER_HUB, ImageRef, training_base_images
+from catalog.base_images import DOCKER_HUB, ImageRef, training_base_images
 from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
 from lab.azure.preflight.image_registry import Registry, RegistryError
 

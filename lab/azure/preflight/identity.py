@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from infra.catalog.deployer import AZURE_CLI_LOGIN
+from catalog.deployer import AZURE_CLI_LOGIN
 from lab.azure.clients import ARM, deployer
 from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
 
@@ -30,7 +30,7 @@ def check_cluster_admin(ctx: Context) -> Iterator[Check]:
     """Who ``pulumi up`` makes the cluster's admin, as ``__main__.py`` decides it: the object id
     ``getClientConfig`` names (the token's ``oid``), its principal type from the client id
     (the token's ``appid``: the Azure CLI's own for a user), and the kubelogin sign-in that
-    reaches the cluster as the same identity (``infra/catalog/deployer.py``)."""
+    reaches the cluster as the same identity (``catalog/deployer.py``)."""
     who = deployer(ctx.environ, ctx.settings.provider)
     oid, tenant = ctx.caller.get("oid", ""), ctx.caller.get("tid", "")
     client_id = ctx.caller.get("appid") or ctx.caller.get("azp") or ""

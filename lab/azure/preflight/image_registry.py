@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from infra.catalog.base_images import DOCKER_HUB
+from catalog.base_images import DOCKER_HUB
 from lab.azure.clients import Unreachable, reach
 
 INDEX_TYPES = (

@@ -1,6 +1,6 @@
 """Check whether the GPU size has InfiniBand, and whether the region offers it with the size.
 
-The catalogue says which sizes have it (``infra/gpu_sizes.py``, the ND sizes); the region's
+The catalogue says which sizes have it (``catalog/gpu_sizes.py``, the ND sizes); the region's
 Resource SKUs say whether the size there is RDMA-enabled (the ``RdmaEnabled`` capability,
 "True" for the InfiniBand sizes, in Resource Skus - List, Microsoft.Compute). Read after the VM
 size check, which fetched the size's SKU (``ctx.skus``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from infra import gpu_sizes
+from catalog import gpu_sizes
 from lab.azure.preflight.context import FAILS, OK, Check, Context
 
 NAME = "InfiniBand"

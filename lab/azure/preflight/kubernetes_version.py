@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from infra.catalog.blob_csi import aks_minor, driver_line
+from catalog.blob_csi import aks_minor, driver_line
 from lab.azure.clients import get_json
 from lab.azure.preflight.context import FAILS, OK, WARNING, Check, Context
 

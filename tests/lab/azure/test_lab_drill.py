@@ -20,7 +20,7 @@ import lab.azure.simulate_eviction
 from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill
 from lab.azure.cluster.command import evictor
 from lab.azure.preflight.command import build_parser as preflight_parser
-from lab.azure.prices import build_parser as prices_parser
+from lab.azure.prices.command import build_parser as prices_parser
 from lab.cli import build_parser
 from lab.live.status_line import StatusLine
 from tests.lab.azure.test_lab_mount_failures import REFUSED_OLD

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lab.azure.preflight.command import main as preflight
-from lab.azure.prices import main as prices
+from lab.azure.prices.command import main as prices
 from tests.support.azure_replay import FakeAzure, recording, serve
 from tests.support.lab_azure_fixtures import (
     USAGES,

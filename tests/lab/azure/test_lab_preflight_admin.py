@@ -1,5 +1,5 @@
 """Who ``pulumi up`` makes the cluster's admin, as ``lab preflight`` tells it, and the lab's
-sign-in by the same rule (``infra/catalog/deployer.py``, pulumi-azure-native's precedence).
+sign-in by the same rule (``catalog/deployer.py``, pulumi-azure-native's precedence).
 
 The object id is the ARM token's ``oid`` (what ``getClientConfig`` returns), the principal
 type follows from its ``appid`` (the Azure CLI's own application id for a user), and kubelogin

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra.catalog.base_images import parse_image_ref
+from catalog.base_images import parse_image_ref
 from lab.azure.preflight.base_images import resolve, tags_page
 from lab.azure.preflight.image_registry import MANIFEST_TYPES, Registry, RegistryError
 from tests.lab.azure.test_lab_preflight import _preflight

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from lab.azure.prices import main
-from lab.azure.retail_prices import vm_prices
+from lab.azure.prices.command import main
+from lab.azure.prices.retail import vm_prices
 from tests.support.azure_replay import FakeAzure, NoSignIn, recording, serve
 from tests.support.lab_azure_fixtures import (
     GRAPH,

@@ -238,7 +238,7 @@ def test_missing_credentials_say_az_login(arm: FakeArm, capsys: Any) -> None:
 def test_a_sign_in_it_cannot_mirror_is_one_line(
     capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The sign-in rule is pulumi up's (infra/catalog/deployer.py): OIDC has no kubelogin twin.
+    # The sign-in rule is pulumi up's (catalog/deployer.py): OIDC has no kubelogin twin.
     monkeypatch.setenv("ARM_USE_OIDC", "true")
     argv = ["--subscription", SUB, "--node-resource-group", RG, "--pool", GPU_POOL]
     assert main([*argv, "--node", f"{GPU_VMSS}00000b"], environ={}) == 2

@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 from azure.core import PipelineClient
 
-from lab.azure.api_cache import ApiCache
 from lab.azure.clients import AzureError, get_json
+from lab.azure.prices.cache import ApiCache
 
 PATH = "/api/retail/prices"
 API_VERSION = "2023-01-01-preview"

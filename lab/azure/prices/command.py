@@ -1,7 +1,7 @@
 """``python -m lab prices``: where the GPU size's Spot nodes are cheap and rarely evicted.
 
 Ranks regions by what a run costs at Spot, with each region's eviction band
-(``price_report.py`` gathers it, ``price_table.py`` prints it); below the table, what the
+(``report.py`` gathers it, ``table.py`` prints it); below the table, what the
 stack costs while it stands idle and, with the on-demand fallback on, what its on-demand nodes
 cost beside Spot.
 """
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import gpu_sizes
-from lab.azure.api_cache import ApiCache, cache_dir
+from catalog import gpu_sizes
+from lab.azure.prices.cache import ApiCache, cache_dir
 from lab.azure.stack_choice import resolve_stack
 from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter
 from lab.report.headroom import (
@@ -211,8 +211,8 @@ def main(
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from lab.azure.clients import Azure, AzureError
-    from lab.azure.price_report import build_report, headroom_section
-    from lab.azure.price_table import format_report
+    from lab.azure.prices.report import build_report, headroom_section
+    from lab.azure.prices.table import format_report
 
     cache = ApiCache(cache_dir(), refresh=args.refresh)
     try:
@@ -233,7 +233,7 @@ def cached_vm_price(vm_size: str, region: str) -> tuple[float | None, float | No
     """(Spot, on-demand) $/h of a size in a region from the cache of an earlier ``lab prices``
     run, never from the network (a report is built offline); None when not cached."""
     from lab.azure.clients import RETAIL_PRICES, Azure, AzureError
-    from lab.azure.retail_prices import RetailPrices
+    from lab.azure.prices.retail import RetailPrices
 
     def offline() -> None:
         raise AzureError("not in the cache")

@@ -3,8 +3,8 @@ on-demand fallback's price beside Spot's, and the idle cost."""
 
 from __future__ import annotations
 
-from lab.azure.price_report import NOT_COUNTED
-from lab.azure.retail_prices import HOURS_PER_MONTH
+from lab.azure.prices.report import NOT_COUNTED
+from lab.azure.prices.retail import HOURS_PER_MONTH
 
 
 def _money(value: float | None, digits: int = 3) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from lab.azure.api_cache import ApiCache
 from lab.azure.clients import ARM, Azure, azure_errors
+from lab.azure.prices.cache import ApiCache
 
 TTL_S = 3600  # Azure refreshes the bands often; an hour-old band is still the same band
 MAX_PAGES = 20

@@ -11,7 +11,7 @@ Azure subscription id with project/stack/prefix, like ARM's ``uniqueString``: tw
 two people deploying the same defaults into their own subscriptions, never collide, and the
 same stack in the same subscription keeps its names across runs. The subscription id is
 only known at deployment time (an invoke), so these names reach the components as Outputs.
-Pure: no pulumi import.
+Pure: imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the model is below this module; only its type is needed here
-    from stack_config.model import LabConfig
+from typing import Protocol
 
 # Storage accounts: 3-24 lowercase alphanumerics. Registries: 5-50 alphanumerics.
 STORAGE_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
@@ -33,6 +30,17 @@ DNS_PREFIX_MAX = 54
 # AKS names the node resource group MC_<resource group>_<cluster>_<region> and refuses a
 # cluster whose node resource group name would be longer than this.
 NODE_RESOURCE_GROUP_MAX = 80
+
+
+class Stack(Protocol):
+    """What the names follow from: the stack's config (``stack_config.LabConfig``) has it."""
+
+    @property
+    def project(self) -> str: ...
+    @property
+    def stack(self) -> str: ...
+    @property
+    def name_prefix(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,7 @@ def longest_stack_name(prefix: str, location: str) -> int:
     )
 
 
-def lab_names(cfg: LabConfig) -> LabNames:
+def lab_names(cfg: Stack) -> LabNames:
     """The names for one stack; ``validate()`` has already checked prefix and lengths."""
     return LabNames(
         resource_group=resource_group_name(cfg.name_prefix, cfg.stack),
@@ -148,7 +156,7 @@ def lab_names(cfg: LabConfig) -> LabNames:
     )
 
 
-def global_names(cfg: LabConfig, subscription_id: str) -> GlobalNames:
+def global_names(cfg: Stack, subscription_id: str) -> GlobalNames:
     """Storage account and registry names for one stack in one subscription."""
     suffix = unique_suffix(subscription_id, cfg.project, cfg.stack, cfg.name_prefix)
     names = GlobalNames(

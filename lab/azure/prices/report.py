@@ -12,12 +12,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from infra import gpu_sizes
+from catalog import gpu_sizes
 from infra.node_pools import BOOTSTRAP_VM_SIZE
-from lab.azure.api_cache import ApiCache
 from lab.azure.clients import RETAIL_PRICES, Azure, AzureError, NotSignedIn
-from lab.azure.eviction_rates import band_floor, eviction_bands
-from lab.azure.retail_prices import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
+from lab.azure.prices.cache import ApiCache
+from lab.azure.prices.evictions import band_floor, eviction_bands
+from lab.azure.prices.retail import HOURS_PER_MONTH, RetailPrices, VmPrice, monthly
 from lab.report.headroom import (
     HeadroomPlan,
     band_rate,
