@@ -1,7 +1,8 @@
 """The character LM with a hook that stops one node inside a step's backward (tests only).
 
 A node started with ``SIGNAL_IN_BACKWARD_ENV=<step>`` (1-based, the step in flight) writes
-``SIGNAL_MARKER_ENV``'s file as that step's backward starts, then holds its backward there
+``SIGNAL_MARKER_ENV``'s file as that step's backward starts (once: a later worker of the node
+that trains the step again finds the file and goes through), then holds its backward there
 until the worker's SIGTERM reached it (the test signals the node on seeing the file): the
 SIGTERM then lands with the step's gradient collectives still to come, on every rank. The
 task is the character LM as it is, named by reference: ``--task=tests.support.signalled_task:SPEC``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,12 +30,12 @@ TASK = "--task=tests.support.signalled_task:SPEC"
 HOLD_S = 60.0
 """How long the backward waits for the SIGTERM at most (the test signals within a second)."""
 
-_fired: list[int] = []
-
 
 def _stop_request() -> StopRequest | None:
     """The worker's own StopRequest (made by training/train.py before any thread)."""
-    return next((o for o in gc.get_objects() if isinstance(o, StopRequest)), None)
+    with warnings.catch_warnings():  # isinstance on some of torch's objects warns
+        warnings.simplefilter("ignore")
+        return next((o for o in gc.get_objects() if isinstance(o, StopRequest)), None)
 
 
 def _hold(grad: torch.Tensor) -> torch.Tensor:
@@ -46,9 +48,9 @@ def _hold(grad: torch.Tensor) -> torch.Tensor:
 
 def _loss(model: Any, batch: Any, where: Any) -> Any:
     value = CHARLM.loss(model, batch, where)
-    at = os.environ.get(SIGNAL_IN_BACKWARD_ENV)
-    if at and where.step + 1 == int(at) and not _fired:
-        _fired.append(where.step)
+    at, marker = os.environ.get(SIGNAL_IN_BACKWARD_ENV), os.environ.get(SIGNAL_MARKER_ENV)
+    # Once per node: a worker of the next round that trains the step again goes through.
+    if at and marker and where.step + 1 == int(at) and not Path(marker).exists():
         loss = value[0] if isinstance(value, tuple) else value
         loss.register_hook(_hold)  # the first thing backward runs
     return value

@@ -296,7 +296,6 @@ def _no_step_lost(cluster: Cluster, since_ts: float, world: int) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="issue 51: the part is of the step before its peers'")
 def test_a_sigterm_inside_backward_with_no_clip_and_a_slow_part_save_loses_no_step(
     cluster: Cluster, unclipped_reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
@@ -333,14 +332,19 @@ def test_a_join_at_world_three_reshards_onto_four_with_no_step_lost(
     corpus: Path,
     reference: dict[str, torch.Tensor],
 ) -> None:
-    # Every survivor saves its part while the others still train their step: the part's
-    # collectives must not meet the step's. No periodic save: only the parts can serve.
-    paced = [*ARGS, "--min-step-time-s=1.5", "--checkpoint-every-steps=0"]
-    cluster = Cluster(tmp_path, etcd_server.client_port, corpus, max_nodes=4)
+    # Torch's SIGTERM reaches every survivor inside step 6's backward (each holds it there
+    # until then, and the new node starts only once all do): each saves its part while its
+    # own step goes on. No periodic save: only the parts can serve.
+    paced = [*ARGS, "--min-step-time-s=0.5", "--checkpoint-every-steps=0", TASK]
+    markers = {node: tmp_path / f"in-backward-{node}" for node in ("a", "b", "c")}
+    cluster = Cluster(tmp_path, etcd_server.client_port, corpus, min_nodes=3, max_nodes=4)
     try:
-        for node in ("a", "b", "c"):
-            cluster.start(node, paced)
-        cluster.wait_until(lambda: cluster.steps_at(3) >= 3, 180, "3 steps at world size 3")
+        for node, marker in markers.items():
+            held = {SIGNAL_IN_BACKWARD_ENV: "6", SIGNAL_MARKER_ENV: str(marker)}
+            cluster.start(node, paced, env=held)
+        cluster.wait_until(
+            lambda: all(m.exists() for m in markers.values()), 180, "step 6's backward"
+        )
         joined_ts = max(r["ts"] for r in cluster.records())
         cluster.start("d", paced)
         cluster.wait_until(lambda: cluster.steps_at(4) >= 2, 120, "2 steps at world size 4")
@@ -353,7 +357,6 @@ def test_a_join_at_world_three_reshards_onto_four_with_no_step_lost(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="issue 51: the agent ends its worker before its save")
 def test_sigterm_to_every_process_of_a_node_at_once_loses_no_step(
     cluster: Cluster, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:

@@ -64,7 +64,7 @@ def test_the_guard_passes_when_every_rank_finished(
     monkeypatch.setenv(EMULATE_ENV, "1")
     guard = StepGuard.create("gloo", timeout_s=10)
     assert guard.active
-    guard.check()
+    guard.vote(guard.settle())
     monkeypatch.delenv(EMULATE_ENV)
     assert not StepGuard.create("gloo", timeout_s=10).active
 
@@ -217,7 +217,7 @@ def _window_rank(rank: int, root: str, results: dict) -> None:
             guard.stream.enqueue(lambda: holds_within(passed.exists, 3.0))
         ddp(torch.full((1, 64), float(rank + 1))).sum().backward()
         results[f"backward-{rank}"] = float(model.weight.grad[0, 0])
-        guard.check()
+        guard.vote(guard.settle())
         results[f"guard-{rank}"] = float(model.weight.grad[0, 0])
         if rank == 1:
             passed.touch()
@@ -276,7 +276,7 @@ def _nccl_rank(rank: int, port: int, results: dict) -> None:
         model(torch.randn(32, 256, device="cuda")).sum().backward()
         started = time.monotonic()
         try:
-            guard.check()
+            guard.vote(guard.settle())
         except Exception:
             results["caught_after_s"] = time.monotonic() - started
             results["step"] = step - 1
