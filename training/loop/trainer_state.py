@@ -28,6 +28,7 @@ import torch.distributed as dist
 from training.api import Data, TrainSpec
 from training.api.spec import checked_extras
 from training.checkpoints.checkpoint import CheckpointRepository, Entry
+from training.checkpoints.devices import use_device
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.node_prune import sweep_scratch
 from training.checkpoints.resume import DurableSource, Resume, agree_on_resume
@@ -315,6 +316,7 @@ class StatefulTrainer:
         is abandoned, and this rank's no keeps every peer from applying it (``StepGate``).
         """
         code = EXIT_RESTART
+        use_device(self.device)  # this thread's copies on this process's GPU, not GPU 0
         with _EXIT_LOCK:
             try:
                 deadline = self.emergency.note_stop(stop.at)  # it runs from the signal
