@@ -131,8 +131,11 @@ class ShardedState:
         self._boundary = (self.t.state.step, self.resolved())
 
     def boundary(self) -> tuple[int, dict[str, Any]]:
-        """(step, state) as the last ``mark_boundary`` took them."""
-        assert self._boundary is not None, "no step boundary yet: the state is not restored"
+        """(step, state) as the last ``mark_boundary`` took them; before any (a save of the
+        state as built, not restored: the caller's thread is the main one), taken now."""
+        if self._boundary is None:
+            self.mark_boundary()
+        assert self._boundary is not None
         return self._boundary
 
     def snapshot(self) -> dict[str, Any]:
