@@ -27,12 +27,13 @@ import torch.distributed as dist
 
 from training.api import Data, TrainSpec
 from training.api.spec import checked_extras
-from training.checkpoints.checkpoint import CheckpointRepository, Entry
+from training.checkpoints.checkpoint import Entry
 from training.checkpoints.devices import use_device
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.node_prune import sweep_scratch
 from training.checkpoints.resume import DurableSource, Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
+from training.checkpoints.storage import ObjectStore
 from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
@@ -76,7 +77,7 @@ class StatefulTrainer:
         env: DistEnv,
         device: torch.device,
         data: Data,
-        durable: CheckpointRepository,
+        store: ObjectStore,
         local: NodeLocalState | None,
         events: EventLog,
         checkpoint_group: dist.ProcessGroup | None = None,
@@ -90,7 +91,8 @@ class StatefulTrainer:
         self.cfg, self.env, self.device, self.data = cfg, env, device, data
         self.dataset = data.train
         self.spec = spec or cfg.spec
-        self.durable, self.local, self.events = durable, local, events
+        self.store, self.local, self.events = store, local, events
+        """The durable store: its checkpoints are ``self.dcp.checkpoints``."""
         self.checkpoint_group = checkpoint_group
         self.guard = guard or StepGuard(None)
         self.identity = run_identity(cfg, self.dataset)

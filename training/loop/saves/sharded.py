@@ -89,7 +89,7 @@ class ShardedState:
         local = trainer.local
         kept = FileStore(local.root / ".parts", fsync=False) if local is not None else None
         self.checkpoints = ShardedCheckpoints(
-            trainer.durable.store, scratch, cfg.checkpoint_keep, kept=kept
+            trainer.store, scratch, cfg.checkpoint_keep, kept=kept
         )
         self.round_nonce = uuid.uuid4().hex
         """Names this round's parts; the coordinator's, agreed on at the restore."""
