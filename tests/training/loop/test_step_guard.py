@@ -25,10 +25,12 @@ import torch.multiprocessing as mp
 from tests.support.trainer_harness import harness, sigterm_during
 from tests.support.waiting import gloo_group, holds_within
 from training.checkpoints.checkpoint import deserialize
+from training.elastic.faults import PeerLostError
 from training.loop import step_guard, trainer
 from training.loop.metrics import Phases
 from training.loop.step_guard import (
     EMULATE_ENV,
+    StepGate,
     StepGuard,
     _to_cpu,
     cpu_state,
@@ -67,6 +69,34 @@ def test_the_guard_passes_when_every_rank_finished(
     guard.vote(guard.settle())
     monkeypatch.delenv(EMULATE_ENV)
     assert not StepGuard.create("gloo", timeout_s=10).active
+
+
+def test_the_vote_runs_on_every_backend_and_a_no_stops_every_rank(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    guard = StepGuard.create("gloo", timeout_s=10)
+    assert not guard.active  # no group of its own on gloo: the default one carries the vote
+    guard.vote(True)
+    with pytest.raises(PeerLostError, match="0 of 1 ranks apply the step"):
+        guard.vote(False)
+
+
+def test_the_gate_puts_a_stop_on_one_side_of_the_step() -> None:
+    gate = StepGate()
+    assert gate.enter()  # the main thread votes yes on step k
+    assert not gate.claim(0)  # a stop now waits for step k (here: gives up at once)
+    gate.leave()  # step k applied
+    assert gate.claim(0)  # the stop reads step k
+    assert not gate.enter()  # and the rank votes no on step k + 1
+
+
+def test_a_stop_before_the_vote_makes_its_rank_vote_no() -> None:
+    gate = StepGate()
+    assert gate.claim(0)  # nothing in flight: the state is the last applied step's
+    assert not gate.enter()
+    gate.leave()  # the main thread leaves the gate either way
+    assert gate.claim(0)
 
 
 def test_the_cpu_copy_keeps_the_state_tree() -> None:
