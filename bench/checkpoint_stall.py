@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from training.checkpoints.checkpoint import CheckpointRepository
 from training.checkpoints.storage import FileStore
 from training.loop.config import parse_config
 from training.loop.dist import DistEnv, destroy_process_group, init_process_group
@@ -92,11 +91,11 @@ def _single_process_trainer(
     )
     env = DistEnv()
     device = torch.device("cpu")
-    durable = CheckpointRepository(FileStore(cfg.checkpoint.checkpoint_uri), keep=2)
+    store = FileStore(cfg.checkpoint.checkpoint_uri)
     init_process_group(env, device, timeout_s=60)
     try:
         events = EventLog(env, stream=io.StringIO())  # the saver's events are not needed here
-        trainer = Trainer(cfg, env, device, load_data(cfg), durable, None, events)
+        trainer = Trainer(cfg, env, device, load_data(cfg), store, None, events)
         trainer.ddp = DistributedDataParallel(trainer.model)
         yield trainer
     finally:

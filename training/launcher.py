@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # What the fork server imports once; every worker forked from it starts with these loaded.
-PRELOAD = ("torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
+# The first makes the server outlive a SIGTERM to every process of the node (an OS shutdown).
+PRELOAD = ("training.fork_server", "torch", "torch._dynamo", "torch.nn.parallel", TRAIN_MODULE)
 
 
 def worker(*argv: str) -> None:

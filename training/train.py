@@ -14,8 +14,9 @@ import time
 import torch.distributed as dist
 
 from training.api import Data, TaskContractError
-from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.checkpoint import CheckpointError
 from training.checkpoints.node_local import NodeLocalState
+from training.checkpoints.storage import ObjectStore
 from training.data.cifar10 import DatasetError
 from training.elastic.exit_codes import DEVICE_FAULT, LOCAL_ERROR
 from training.elastic.faults import (
@@ -90,7 +91,7 @@ def run(argv: list[str] | None = None) -> int:
     stop.until_then(stop_before_training)
     watch_pauses()  # from here, not from the first step: a pause while restoring counts
     try:
-        cfg, data, durable, local = load_inputs(argv, env)
+        cfg, data, store, local = load_inputs(argv, env)
     except (ConfigError, DatasetError) as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
@@ -100,7 +101,7 @@ def run(argv: list[str] | None = None) -> int:
     phases.mark("inputs")
     events.sink = open_records(cfg.checkpoint.records_uri, cfg.checkpoint.checkpoint_uri)
     try:
-        return _run(cfg, env, data, durable, local, events, stop, phases)
+        return _run(cfg, env, data, store, local, events, stop, phases)
     finally:
         events.close()  # the run's records, stored before the process goes
 
@@ -109,7 +110,7 @@ def _run(
     cfg: TrainConfig,
     env: DistEnv,
     data: Data,
-    durable: CheckpointRepository,
+    store: ObjectStore,
     local: NodeLocalState,
     events: EventLog,
     stop: StopRequest,
@@ -144,7 +145,7 @@ def _run(
     phases.mark("process_group")
     code = EXIT_OK
     try:
-        trainer = Trainer(cfg, env, device, data, durable, local, events, group, guard)
+        trainer = Trainer(cfg, env, device, data, store, local, events, group, guard)
         stop.on_stop(lambda: trainer.stop_now(stop))
         phases.mark("build")
         code = trainer.run(stop, phases)

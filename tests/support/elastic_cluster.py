@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from bench.chaos.runner import StoreControl
-from lab.local.process_tree import kill_tree, terminate_tree
+from lab.local.process_tree import kill_tree, terminate_tree, tree
 from tests.support.waiting import wait_until
 from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
@@ -145,6 +147,15 @@ class Cluster:
 
     def evict(self, name: str, grace_s: float = 25.0) -> None:
         terminate_tree(self.nodes[name].pid, grace_s)
+
+    def shut_down(self, name: str) -> list[int]:
+        """SIGTERM every process of node ``name`` at once (agent, fork server, workers), as an
+        OS shutdown delivers it; the pids signalled. The node's grace is its own to use."""
+        pids = tree(self.nodes[name].pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        return pids
 
     def tail(self, lines: int = 15) -> str:
         parts = []

@@ -86,12 +86,12 @@ def harness(
     )
     env = env or DistEnv()
     data = load_data(cfg)
-    durable = CheckpointRepository(store or FileStore(root / "durable"))
-    local = open_node_local(cfg, env, data.train, store_lineage(durable.store))
+    store = store or FileStore(root / "durable")
+    local = open_node_local(cfg, env, data.train, store_lineage(store))
     stream = io.StringIO()
     events = EventLog(env, stream)
     device = torch.device("cpu")
-    trainer = Trainer(cfg, env, device, data, durable, local, events, group, spec=spec)
+    trainer = Trainer(cfg, env, device, data, store, local, events, group, spec=spec)
     return Harness(trainer, trainer.dcp.checkpoints, local, stream)
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from training.checkpoints.devices import carried
+
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,8 @@ def within(deadline: Deadline, work: Callable[[], T], what: str) -> T:
         except BaseException as exc:  # handed to the caller, which decides
             outcome["error"] = exc
 
-    thread = threading.Thread(target=run, name=f"deadline:{what}", daemon=True)
+    # On the caller's GPU: a copy the work makes runs on a stream of that device.
+    thread = threading.Thread(target=carried(run), name=f"deadline:{what}", daemon=True)
     thread.start()
     thread.join(deadline.remaining())
     if thread.is_alive():

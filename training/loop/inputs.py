@@ -16,7 +16,7 @@ from training.checkpoints.checkpoint import CheckpointError, CheckpointRepositor
 from training.checkpoints.deadline import NOT_TRANSIENT, Deadline, retrying
 from training.checkpoints.lineage import store_lineage
 from training.checkpoints.node_local import NodeLocalState, node_local_key, uri_digest
-from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
+from training.checkpoints.storage import ObjectStore
 from training.checkpoints.stores import open_store
 from training.data.cifar10 import DatasetError
 from training.loop.config import ConfigError, TrainConfig, check_batch_fits, parse_config
@@ -111,21 +111,6 @@ def open_durable(
         ) from exc
 
 
-def check_layout(cfg: TrainConfig, durable: CheckpointRepository, run_id: str) -> None:
-    """ConfigError when the store holds single-file checkpoints only: an earlier version's,
-    which this one does not read (both parallelisms keep ``torch.distributed.checkpoint``
-    ones). Resuming none of them would start the run over at step 0 beside its own history."""
-    if durable.head() is None or durable.store.list(SHARDED_PREFIX + "-"):
-        return
-    uri = cfg.checkpoint.checkpoint_uri
-    raise ConfigError(
-        f"--checkpoint-uri {uri} holds single-file checkpoints of run {run_id}, written by an "
-        "earlier version of this program, which keeps torch.distributed.checkpoint ones now: "
-        f"start fresh with a new --checkpoint-uri, and --init-from {uri} to start from its "
-        "weights"
-    )
-
-
 def _unreadable(uri: str, exc: Exception) -> ConfigError:
     return ConfigError(
         f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}: cannot read the checkpoint store: {exc}"
@@ -167,7 +152,7 @@ def load_data(cfg: TrainConfig) -> Data:
 
 def load_inputs(
     argv: list[str] | None, env: DistEnv
-) -> tuple[TrainConfig, Data, CheckpointRepository, NodeLocalState]:
+) -> tuple[TrainConfig, Data, ObjectStore, NodeLocalState]:
     """Config, data and checkpoint stores, all checked before any collective.
 
     Raises ConfigError or DatasetError, naming the setting, on what a restart cannot fix;
@@ -180,6 +165,5 @@ def load_inputs(
     check_batch_fits(cfg, None if is_stream(train) else len(train), env.world_size)  # type: ignore[arg-type]
     later = env.restart_count > 0 or env.rdzv_round > 1
     durable, lineage = open_durable(cfg, STORE_RETRY_S if later else 0.0)
-    check_layout(cfg, durable, env.run_id)
     check_init_from(cfg)
-    return cfg, data, durable, open_node_local(cfg, env, data.train, lineage)
+    return cfg, data, durable.store, open_node_local(cfg, env, data.train, lineage)

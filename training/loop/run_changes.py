@@ -14,8 +14,8 @@ resume under other values logs each change, old and new, and applies it from the
   schedule from its own next step.
 
 ``--init-from URI`` starts a new run from another run's newest verified checkpoint: its
-model's weights, a fresh optimizer and step 0, from a DCP checkpoint or an earlier version's
-single file, each rank reading only its own shards (a DDP replica: all of it).
+model's weights, a fresh optimizer and step 0, from its DCP checkpoint, each rank reading only
+its own shards (a DDP replica: all of it).
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository, Entry
-from training.checkpoints.sharded.initial import DoesNotFit, load_file_source, load_sharded_source
+from training.checkpoints.checkpoint import CheckpointError, CheckpointRepository
+from training.checkpoints.sharded.initial import DoesNotFit, load_sharded_source
 from training.checkpoints.sharded.repository import PREFIX as SHARDED_PREFIX
-from training.checkpoints.sharded.repository import coordinator_decides
 from training.checkpoints.stores import open_store
 from training.loop.config import ConfigError, TrainConfig
 
@@ -126,40 +125,27 @@ def apply_changes(
 
 def check_init_from(cfg: TrainConfig) -> None:
     """ConfigError naming ``--init-from`` when its store is unreadable or holds no checkpoint
-    this run can start from: before any collective, as every other input. A run starts from
-    either layout: a DCP checkpoint or an earlier version's single file."""
+    this run can start from: before any collective, as every other input."""
     uri = cfg.checkpoint.init_from
     if not uri:
         return
-    whole, sharded = _heads(uri)
-    if whole is None and sharded is None:
+    try:
+        head = CheckpointRepository(open_store(uri), prefix=SHARDED_PREFIX).head()
+    except (ValueError, OSError, CheckpointError) as exc:
+        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
+    if head is None:
         raise ConfigError(
             f"{INIT_FROM} {uri}: no checkpoint there to start from (give another run's "
             "--checkpoint-uri, once it committed a step)"
         )
 
 
-def _heads(uri: str) -> tuple[Entry | None, Entry | None]:
-    """The newest single-file and sharded checkpoints at ``uri``; ConfigError when unreadable."""
-    try:
-        store = open_store(uri)
-        whole = CheckpointRepository(store).head()
-        sharded = CheckpointRepository(store, prefix=SHARDED_PREFIX).head()
-    except (ValueError, OSError, CheckpointError) as exc:
-        raise ConfigError(f"{INIT_FROM} {uri}: cannot read the checkpoint store: {exc}") from exc
-    return whole, sharded
-
-
 def load_initial_shards(uri: str, model: nn.Module, scratch: Path, group: Any) -> int:
-    """The model's weights from the newest verified checkpoint at ``uri``, DCP or a single
-    file, each rank reading only its shards (a DDP replica: all of it; training/checkpoints/
-    sharded/initial.py); its step. Every rank calls this. ConfigError when there is none or
-    its model does not fit this one."""
+    """The model's weights from the newest verified checkpoint at ``uri``, each rank reading
+    only its shards (a DDP replica: all of it; training/checkpoints/sharded/initial.py); its
+    step. Every rank calls this. ConfigError when there is none or its model does not fit."""
     try:
-        layout = coordinator_decides(lambda: _newer_layout(uri), group)  # one path for all
-        store = open_store(uri)
-        load = load_sharded_source if layout == "sharded" else load_file_source
-        entry = load(store, scratch, model, group)
+        entry = load_sharded_source(open_store(uri), scratch, model, group)
     except (ValueError, OSError, CheckpointError) as exc:
         if isinstance(exc, DoesNotFit):
             raise ConfigError(
@@ -169,14 +155,3 @@ def load_initial_shards(uri: str, model: nn.Module, scratch: Path, group: Any) -
     if entry is None:
         raise ConfigError(f"{INIT_FROM} {uri}: no verified checkpoint there to start from")
     return entry.step
-
-
-def _newer_layout(uri: str) -> str:
-    """Which layout's newest checkpoint at ``uri`` is newer (sharded on a tie)."""
-    try:
-        whole, sharded = _heads(uri)
-    except ConfigError as exc:
-        raise OSError(str(exc)) from None
-    if sharded is not None and (whole is None or sharded.step >= whole.step):
-        return "sharded"
-    return "file"

@@ -10,7 +10,7 @@ every later copy to the CPU, the emergency save's included, until the watchdog e
 with nothing saved.
 
 So, where the default group's collectives complete like that:
-- ``StepGuard.check`` runs after ``backward()`` and before ``optimizer.step()``. First it waits,
+- ``StepGuard.vote`` runs after ``backward()`` and before ``optimizer.step()``. First it waits,
   within the collective timeout, until this rank's gradient all-reduce has really finished:
   on a GPU it polls an event recorded on the current stream (which DDP made wait for the NCCL
   stream), so a kernel stuck on a dead peer never blocks it. Then it all-reduces one number on a
@@ -27,6 +27,15 @@ So, where the default group's collectives complete like that:
 - The loop's other collective, the window loss for the metrics line, runs on the guard's gloo
   group too (``StepGuard.all_reduce``): a peer lost there fails it like any other lost peer,
   rather than leaving a NCCL kernel behind.
+
+On every backend the guard also carries the stop: ``StepGuard.vote`` runs after all of a
+step's collectives (the gradients', the clip's norm, fp16's overflow check) and before any
+rank changes the state, and every rank applies the step only when every rank votes yes. A rank
+whose SIGTERM's save claimed the state first (``StepGate``) votes no, so no peer applies a step
+that save does not hold; a rank that voted yes applies the step before its save reads the
+state. Without it, FSDP2 without clipping loses steps on the CPU too: the evicted rank's
+reduce-scatter in backward is the last collective its peers need, they apply the step, and
+its part holds the one before, so no set of parts is whole.
 
 There is no GPU here. ``EmulatedStream`` and ``stream_ordered_allreduce_hook`` give gloo NCCL's
 ordering as the CPU sees it: ``backward()`` returns once each bucket's all-reduce is *queued*
@@ -146,19 +155,33 @@ class StepGuard:
     def active(self) -> bool:
         return self.group is not None
 
-    def check(self) -> None:
-        """Raise (a PeerLostError) unless every rank's all-reduce of this step finished; else
-        return."""
-        if self.group is None:
+    def settle(self) -> bool:
+        """After ``backward()``, before anything reads the gradients: whether this rank's
+        gradient all-reduce finished within the collective timeout (True where it cannot
+        complete without every share: gloo)."""
+        return self.stream is None or self.stream.synchronize(self.timeout_s)
+
+    def vote(self, applies: bool) -> None:
+        """Every rank's word on the step, after all of its collectives (the gradients', the
+        clip's norm, fp16's overflow check) and before any rank changes the state: raise (a
+        PeerLostError) unless every rank says it applies the step, so all apply it or none.
+
+        ``applies`` is False on a rank whose stop claimed the state (``StepGate``), or whose
+        gradient all-reduce did not finish (``settle``); where a collective can complete
+        without a peer's share (NCCL), a rank also says no unless the collectives queued since
+        finished within the collective timeout. On every backend: the
+        stop is part of the vote, so a rank stopping inside the step keeps its peers from
+        applying a step its save would not hold (one all-reduce of one number per step)."""
+        if not dist.is_initialized():
             return
-        finished = self.stream is None or self.stream.synchronize(self.timeout_s)
+        finished = applies and (self.stream is None or self.stream.synchronize(self.timeout_s))
         done = torch.tensor([1.0 if finished else 0.0])
         dist.all_reduce(done, group=self.group)
         ranks = dist.get_world_size(self.group)
         if int(done.item()) != ranks:
             raise PeerLostError(
-                f"step guard: the gradient all-reduce finished on {int(done.item())} of "
-                f"{ranks} ranks within {self.timeout_s:g} s"
+                f"step guard: {int(done.item())} of {ranks} ranks apply the step (the others "
+                f"stop, or their gradient all-reduce did not finish within {self.timeout_s:g} s)"
             )
 
     def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
@@ -166,6 +189,42 @@ class StepGuard:
         gloo group when active; else the default group, which is gloo then)."""
         dist.all_reduce(values, group=self.group)
         return values
+
+
+class StepGate:
+    """Which of a step's sides a SIGTERM's save is on: the main thread enters the gate before
+    its vote and leaves it once the step is applied (or refused); a stop claims the state.
+
+    A stop that claims it before the main thread entered makes that rank vote no (``enter``
+    is False), so no rank applies the step and the save holds the last applied one. A stop
+    that comes while the main thread is inside waits for it to leave (within its deadline):
+    that rank voted yes, and its peers apply the step, so its save must hold it too.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claimed = False
+        self._outside = threading.Event()
+        self._outside.set()
+
+    def enter(self) -> bool:
+        """The main thread, before the vote: False when a stop claimed the state."""
+        with self._lock:
+            if self._claimed:
+                return False
+            self._outside.clear()
+            return True
+
+    def leave(self) -> None:
+        """The main thread, once the step is applied, or will not be."""
+        self._outside.set()
+
+    def claim(self, timeout_s: float | None) -> bool:
+        """The stop's thread: no step is applied from now on; wait up to ``timeout_s`` (None:
+        for good) for the one being voted on. False when it was still in flight then."""
+        with self._lock:
+            self._claimed = True
+        return self._outside.wait(timeout_s)
 
 
 def stream_ordered_allreduce_hook(

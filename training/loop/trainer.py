@@ -29,7 +29,13 @@ from training.elastic.permit import Pauses, Permit
 from training.loop.evaluation import evaluate
 from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
-from training.loop.parallel import clip_grad_norm, compile_model, gradient_sync, wrap_model
+from training.loop.parallel import (
+    clip_to_norm,
+    compile_model,
+    gradient_norm,
+    gradient_sync,
+    wrap_model,
+)
 from training.loop.saves.emergency import Outcome
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import abort_collectives, mark_state_written
@@ -77,18 +83,29 @@ class Trainer(StatefulTrainer):
             # DDP all-reduces the gradients on the last micro-batch only (parallel/wrap.py).
             with gradient_sync(self.ddp, i == len(chunks) - 1):
                 self._backward(self.ddp, indices[offset : offset + size], scale, losses)
-        # On NCCL, backward() returns even when a peer left mid all-reduce: stop here, before
-        # a half-reduced gradient changes the state every rank must agree on.
-        self.guard.check()
+        # On NCCL, backward() returns even when a peer left mid all-reduce: nothing reads the
+        # gradients before this rank's all-reduce finished, and none applies them unless
+        # every rank's did (the vote).
+        settled = self.guard.settle()
         # A (sum, count) loss: the counts of every rank, then the gradient over their total.
         normalize_gradients(self.model.parameters(), losses, world, self.guard.all_reduce)
+        norm = self._reduce_gradients()
         self._hold_permit()
-        with self._state_lock:
-            self._apply_gradients()
-            self.state.step += 1
-            self.applied_ts = time.time()
-            if self.local is not None and self.env.local_rank == 0:
-                self.local.mark_progress(self.state.step)
+        # Every rank applies the step or none does (training/loop/step_guard.py): a rank whose
+        # stop claimed the state votes no, and one that voted yes applies the step before its
+        # stop's save reads the state.
+        applies = self.gate.enter()
+        try:
+            self.guard.vote(applies and settled)
+            with self._state_lock:
+                self._apply_gradients(norm)
+                self.state.step += 1
+                self.applied_ts = time.time()
+                if self.local is not None and self.env.local_rank == 0:
+                    self.local.mark_progress(self.state.step)
+                self.dcp.mark_boundary()
+        finally:
+            self.gate.leave()
         return losses.loss_sum, losses.count
 
     def _hold_permit(self) -> None:
@@ -132,11 +149,20 @@ class Trainer(StatefulTrainer):
         self.precision.backward(loss if count is not None else loss * scale)
         losses.add(float(loss.detach()), count, len(indices))
 
-    def _apply_gradients(self) -> None:
-        """Clip (the gradients are the global batch's, the same on every rank), step, schedule."""
-        self.precision.unscale(self.optimizer)  # fp16: clip the gradients, not the scaled ones
-        if self.parts.max_grad_norm:
-            clip_grad_norm(self.model.parameters(), self.parts.max_grad_norm)
+    def _reduce_gradients(self) -> torch.Tensor | None:
+        """The step's collectives after the gradients' own, all before the vote: fp16's
+        overflow check (``unscale``: clip the gradients, not the scaled ones) and the norm
+        the clip scales by (reduced over a sharded model's ranks); None: no clip."""
+        self.precision.unscale(self.optimizer)
+        if not self.parts.max_grad_norm:
+            return None
+        return gradient_norm(self.model.parameters())
+
+    def _apply_gradients(self, norm: torch.Tensor | None) -> None:
+        """Clip (the gradients are the global batch's, the same on every rank), step, schedule:
+        no collective, every rank voted to apply the step."""
+        if norm is not None and self.parts.max_grad_norm:
+            clip_to_norm(self.model.parameters(), self.parts.max_grad_norm, norm)
         self.precision.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -252,6 +278,8 @@ class Trainer(StatefulTrainer):
                 window_start, window_steps, window_loss = time.monotonic(), 0, [0.0, 0.0]
             if self._eval_due():
                 self.evaluate()
+                with self._state_lock:  # the RNG streams as the next step starts from them
+                    self.dcp.mark_boundary()
             self.maybe_save(last_save)
             # Lab pacing: a fault schedule in steps then means the same on a fast machine.
             time.sleep(max(self.cfg.run.min_step_time_s - (time.monotonic() - step_started), 0))

@@ -2,10 +2,14 @@
 
 The state is the task's model (unwrapped from DDP), its optimiser and LR scheduler, the step and
 epoch (the data position derives from the step), the run's identity and torch's RNG streams (the
-task's own randomness is keyed by step and sample: training/api/keyed_random.py). Rank 0 saves it in
-the background while the loop trains (training/loop/saves/periodic.py); a stop or a lost peer saves
+task's own randomness is keyed by step and sample: training/api/keyed_random.py). Every rank saves
+its share in the background while the loop trains (training/loop/saves/periodic.py); a stop or a
+lost peer saves
 the last completed step (training/loop/saves/emergency.py), on the SIGTERM's own thread when the
-loop may be stuck in a collective. A state lock keeps every save to the state of a completed step.
+loop may be stuck in a collective. A state lock keeps every save to the state of a completed step;
+the step's vote puts a stop's save on the same side of a step on every rank (training/loop/
+step_guard.py, ``StepGate``); and the save reads the state as the main thread resolved it at the
+last step boundary (``ShardedState.mark_boundary``), never from its own thread mid-step.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import torch.distributed as dist
 
 from training.api import Data, TrainSpec
 from training.api.spec import checked_extras
-from training.checkpoints.checkpoint import CheckpointRepository, Entry
+from training.checkpoints.checkpoint import Entry
+from training.checkpoints.devices import use_device
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.node_prune import sweep_scratch
 from training.checkpoints.resume import DurableSource, Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
+from training.checkpoints.storage import ObjectStore
 from training.data.loader import open_loader, sampler_for
 from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import StopRequest
@@ -41,7 +47,7 @@ from training.loop.saves.emergency import EXIT_NOT_DURABLE, DurableProgress, Eme
 from training.loop.saves.periodic import BackgroundSaver, SavePolicy, report_failure
 from training.loop.saves.sharded import ShardedState
 from training.loop.step.precision import Precision
-from training.loop.step_guard import StepGuard, cpu_state
+from training.loop.step_guard import StepGate, StepGuard, cpu_state
 
 logger = logging.getLogger("training")
 
@@ -71,7 +77,7 @@ class StatefulTrainer:
         env: DistEnv,
         device: torch.device,
         data: Data,
-        durable: CheckpointRepository,
+        store: ObjectStore,
         local: NodeLocalState | None,
         events: EventLog,
         checkpoint_group: dist.ProcessGroup | None = None,
@@ -85,7 +91,8 @@ class StatefulTrainer:
         self.cfg, self.env, self.device, self.data = cfg, env, device, data
         self.dataset = data.train
         self.spec = spec or cfg.spec
-        self.durable, self.local, self.events = durable, local, events
+        self.store, self.local, self.events = store, local, events
+        """The durable store: its checkpoints are ``self.dcp.checkpoints``."""
         self.checkpoint_group = checkpoint_group
         self.guard = guard or StepGuard(None)
         self.identity = run_identity(cfg, self.dataset)
@@ -139,6 +146,8 @@ class StatefulTrainer:
         self._state_lock = threading.Lock()
         """Held while the state changes (restore, optimizer step, step count), never across a
         collective: whoever holds it sees the state of a completed step."""
+        self.gate = StepGate()
+        """Which side of a step's vote a stop's save is on (training/loop/step_guard.py)."""
 
     # -- state -------------------------------------------------------------------------------
     def small_state(self) -> dict[str, Any]:
@@ -250,6 +259,7 @@ class StatefulTrainer:
         with self._state_lock:
             if resume.state is not None:
                 self.dcp.apply(resume.state)
+            self.dcp.mark_boundary()
             self.restored = True
         if resume.source == "durable":
             self.committed.advance(resume.step)
@@ -294,22 +304,26 @@ class StatefulTrainer:
         if self.sharded is not None:  # every rank its own part
             return self.sharded.emergency_save(reason, stopping)
         # A CPU copy read on a stream of its own: on NCCL the default stream may be stuck.
-        return self.emergency.save(
-            self.state.step, lambda: cpu_state(self.dcp.resolved()), reason, stopping
-        )
+        # Of the state as the main thread resolved it at the last step's end, never here.
+        step, state = self.dcp.boundary()
+        return self.emergency.save(step, lambda: cpu_state(state), reason, stopping)
 
     def stop_now(self, stop: StopRequest) -> None:
         """SIGTERM, on the stop thread: save the last completed step and end the process now.
 
         The loop may be stuck in a collective on a frozen peer, which only the collective
         timeout (30 s in the cluster) would end, and the agent restarting the group waits for
-        it: so nobody waits for the loop. The step in flight is abandoned: the state lock
-        gives the state of the last completed one, on every rank the same.
+        it: so nobody waits for the loop, except a step this rank voted to apply (its peers
+        apply it too): the save waits for it, within the deadline. Any other step in flight
+        is abandoned, and this rank's no keeps every peer from applying it (``StepGate``).
         """
         code = EXIT_RESTART
+        use_device(self.device)  # this thread's copies on this process's GPU, not GPU 0
         with _EXIT_LOCK:
             try:
-                self.emergency.note_stop(stop.at)  # the deadline runs from the signal
+                deadline = self.emergency.note_stop(stop.at)  # it runs from the signal
+                if not self.gate.claim(deadline.remaining()):
+                    logger.error("step %d was still being applied at the deadline", self.state.step)
                 outcome = None
                 with self._state_lock:
                     if self.restored and self.cfg.checkpoint.emergency_saves:

@@ -1,7 +1,6 @@
 """``--init-from`` under ``--parallelism=fsdp2``: a sharded run at world size 3 (uneven shards:
-16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's checkpoint,
-from a sharded run's saved at world size 1 (resharded), and from an earlier version's single
-file, float64.
+16, 16 and 14 of the 46 token rows, 6, 6 and 4 of 16) starts from a DDP run's checkpoint
+and from a sharded run's saved at world size 1 (resharded), float64.
 The parameters its first step starts from are the source's weights, exactly; the optimizer is
 fresh, the step 0; and the run trains on from them."""
 
@@ -16,9 +15,8 @@ import torch.multiprocessing as mp
 
 from tests.support.elastic_cluster import final_parameters
 from tests.support.exactness import flags, make_data, run_here
-from tests.support.trainer_harness import harness, one_process_world
+from tests.support.trainer_harness import harness
 from tests.support.waiting import gloo_group
-from training.checkpoints.checkpoint import CheckpointRepository, deserialize, serialize
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.loop.config import ConfigError
@@ -101,26 +99,3 @@ def _weights(parameters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A checkpoint's model parameters by the model's own names."""
     prefix = "model.model."
     return {k.removeprefix(prefix): v for k, v in parameters.items() if k.startswith(prefix)}
-
-
-@pytest.mark.usefixtures("training")
-def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None:
-    # An earlier version's checkpoints: one file each, the model under "model".
-    data = make_data("charlm", tmp_path / "data")
-    assert run_here(tmp_path / "source", data, [*ARGS, "--max-steps=1"])[1] == EXIT_OK
-    weights = _weights(final_parameters(tmp_path / "source" / "durable"))
-    durable = tmp_path / "single"
-    files = CheckpointRepository(FileStore(durable))
-    before = files.commit(2, serialize({"model": {k: v / 2 for k, v in weights.items()}}))
-    newest = files.commit(4, serialize({"model": weights}))
-    torn = durable / newest.name
-    torn.write_bytes(torn.read_bytes()[:-100])
-    expected = deserialize((durable / before.name).read_bytes())["model"]
-    args = [*ARGS, "--parallelism=fsdp2", f"--init-from={durable}"]
-    with one_process_world():
-        h = harness(tmp_path / "new", data, *args, tiny=())
-        h.trainer.restore()
-        (initialized,) = h.events("initialized")
-        assert initialized["from_step"] == 2
-        for name, param in h.trainer.model.named_parameters():
-            assert torch.equal(param.full_tensor(), expected[name]), name

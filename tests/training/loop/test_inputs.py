@@ -59,8 +59,8 @@ def test_a_store_down_for_a_while_in_a_later_round_is_tried_again(
     env: DistEnv, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = _store(monkeypatch, tmp_path, 3, OSError("list: injected store failure"))
-    _, _, durable, _ = load_inputs(argv, env)
-    assert store.calls > 3 and durable.store is store
+    _, _, opened, _ = load_inputs(argv, env)
+    assert store.calls > 3 and opened is store
 
 
 def test_a_store_that_stays_down_ends_the_round_for_a_restart_naming_the_setting(
@@ -103,43 +103,6 @@ def charlm(argv: list[str], tmp_path: Path) -> list[str]:
     corpus.mkdir()
     (corpus / "input.txt").write_text(CORPUS_SAMPLE.read_text()[:4000])
     return [*argv, f"--data-dir={corpus}", "--task=charlm", "--block-size=16"]
-
-
-def _with_single_file_checkpoint(root: Path) -> None:
-    from training.checkpoints.checkpoint import CheckpointRepository
-
-    CheckpointRepository(FileStore(root)).commit(7, b"a single-file checkpoint")
-
-
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
-def test_a_store_of_an_earlier_versions_single_file_checkpoints_is_refused_naming_the_run(
-    charlm: list[str], tmp_path: Path, parallelism: str
-) -> None:
-    _with_single_file_checkpoint(tmp_path / "durable")
-    with pytest.raises(ConfigError) as refused:
-        load_inputs([*charlm, f"--parallelism={parallelism}"], FIRST)
-    message = str(refused.value)
-    assert "single-file checkpoints of run job" in message and "earlier version" in message
-    assert "a new --checkpoint-uri" in message and "--init-from" in message
-    assert "\n" not in message
-
-
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
-def test_a_store_of_dcp_checkpoints_is_either_parallelisms(
-    charlm: list[str], tmp_path: Path, parallelism: str
-) -> None:
-    # Both keep torch.distributed.checkpoint checkpoints, resharded on load: one resumes the
-    # other's, and a store holding single files beside them is past its earlier version.
-    _with_single_file_checkpoint(tmp_path / "durable")
-    (tmp_path / "durable" / "dcp-0000000004-0123abcd.metadata").write_bytes(b"sharded")
-    load_inputs([*charlm, f"--parallelism={parallelism}"], FIRST)
-
-
-def test_a_sharded_run_may_init_from_a_single_file_checkpoint(
-    charlm: list[str], tmp_path: Path
-) -> None:
-    _with_single_file_checkpoint(tmp_path / "other")
-    load_inputs([*charlm, "--parallelism=fsdp2", f"--init-from={tmp_path / 'other'}"], FIRST)
 
 
 def test_a_ddp_run_may_init_from_sharded_checkpoints(charlm: list[str], tmp_path: Path) -> None:

@@ -25,10 +25,12 @@ import torch.multiprocessing as mp
 from tests.support.trainer_harness import harness, sigterm_during
 from tests.support.waiting import gloo_group, holds_within
 from training.checkpoints.checkpoint import deserialize
+from training.elastic.faults import PeerLostError
 from training.loop import step_guard, trainer
 from training.loop.metrics import Phases
 from training.loop.step_guard import (
     EMULATE_ENV,
+    StepGate,
     StepGuard,
     _to_cpu,
     cpu_state,
@@ -64,9 +66,37 @@ def test_the_guard_passes_when_every_rank_finished(
     monkeypatch.setenv(EMULATE_ENV, "1")
     guard = StepGuard.create("gloo", timeout_s=10)
     assert guard.active
-    guard.check()
+    guard.vote(guard.settle())
     monkeypatch.delenv(EMULATE_ENV)
     assert not StepGuard.create("gloo", timeout_s=10).active
+
+
+def test_the_vote_runs_on_every_backend_and_a_no_stops_every_rank(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    guard = StepGuard.create("gloo", timeout_s=10)
+    assert not guard.active  # no group of its own on gloo: the default one carries the vote
+    guard.vote(True)
+    with pytest.raises(PeerLostError, match="0 of 1 ranks apply the step"):
+        guard.vote(False)
+
+
+def test_the_gate_puts_a_stop_on_one_side_of_the_step() -> None:
+    gate = StepGate()
+    assert gate.enter()  # the main thread votes yes on step k
+    assert not gate.claim(0)  # a stop now waits for step k (here: gives up at once)
+    gate.leave()  # step k applied
+    assert gate.claim(0)  # the stop reads step k
+    assert not gate.enter()  # and the rank votes no on step k + 1
+
+
+def test_a_stop_before_the_vote_makes_its_rank_vote_no() -> None:
+    gate = StepGate()
+    assert gate.claim(0)  # nothing in flight: the state is the last applied step's
+    assert not gate.enter()
+    gate.leave()  # the main thread leaves the gate either way
+    assert gate.claim(0)
 
 
 def test_the_cpu_copy_keeps_the_state_tree() -> None:
@@ -217,7 +247,7 @@ def _window_rank(rank: int, root: str, results: dict) -> None:
             guard.stream.enqueue(lambda: holds_within(passed.exists, 3.0))
         ddp(torch.full((1, 64), float(rank + 1))).sum().backward()
         results[f"backward-{rank}"] = float(model.weight.grad[0, 0])
-        guard.check()
+        guard.vote(guard.settle())
         results[f"guard-{rank}"] = float(model.weight.grad[0, 0])
         if rank == 1:
             passed.touch()
@@ -276,7 +306,7 @@ def _nccl_rank(rank: int, port: int, results: dict) -> None:
         model(torch.randn(32, 256, device="cuda")).sum().backward()
         started = time.monotonic()
         try:
-            guard.check()
+            guard.vote(guard.settle())
         except Exception:
             results["caught_after_s"] = time.monotonic() - started
             results["step"] = step - 1

@@ -9,7 +9,9 @@ step runs through, the micro-batches' gradient sync, and clipping the global gra
 from training.loop.parallel.build import build_parts
 from training.loop.parallel.wrap import (
     clip_grad_norm,
+    clip_to_norm,
     compile_model,
+    gradient_norm,
     gradient_sync,
     reshard,
     wrap_model,
@@ -18,7 +20,9 @@ from training.loop.parallel.wrap import (
 __all__ = [
     "build_parts",
     "clip_grad_norm",
+    "clip_to_norm",
     "compile_model",
+    "gradient_norm",
     "gradient_sync",
     "reshard",
     "wrap_model",

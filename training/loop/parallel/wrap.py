@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel
 
 from training.loop.step_guard import EmulatedStream, stream_ordered_allreduce_hook
@@ -87,4 +90,29 @@ def reshard(model: nn.Module) -> None:
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
     """Clip the global gradient's norm to ``max_norm``: on sharded (DTensor) gradients the
     norm is reduced over the ranks' shards, so every rank scales by the same factor."""
-    nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    parameters = list(parameters)
+    norm = gradient_norm(parameters)
+    if norm is not None:
+        clip_to_norm(parameters, max_norm, norm)
+
+
+def gradient_norm(parameters: Iterable[nn.Parameter]) -> torch.Tensor | None:
+    """The global gradient's norm, its reduction over the ranks' shards done here (a
+    collective on sharded gradients, so it runs before the step guard's vote); None without
+    gradients."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return None
+    norm = nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if isinstance(norm, AsyncCollectiveTensor):  # functional collectives wait on first use
+        norm = norm.wait()
+    return norm
+
+
+def clip_to_norm(parameters: Iterable[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
+    """Scale the gradients so their global ``norm`` (``gradient_norm``'s) is at most
+    ``max_norm``: no collective, the norm is the same on every rank."""
+    with implicit_replication():  # the norm, a plain tensor, times each rank's shards
+        nn.utils.clip_grads_with_norm_(list(parameters), max_norm, norm)

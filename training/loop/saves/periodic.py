@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.checkpoints.checkpoint import Entry, StaleCheckpoint
+from training.checkpoints.devices import carried
 from training.loop.metrics import EventLog
 
 logger = logging.getLogger(__name__)
@@ -81,9 +82,9 @@ class BackgroundSaver:
         if self.busy:
             return False
         self._step = step
-        self._thread = threading.Thread(
-            target=self._write, args=(step, state), name="checkpoint", daemon=True
-        )
+        # On this thread's GPU: DCP's copies and its staging streams are made on the saver's.
+        write = carried(lambda: self._write(step, state))
+        self._thread = threading.Thread(target=write, name="checkpoint", daemon=True)
         self._thread.start()
         return True
 

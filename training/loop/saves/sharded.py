@@ -89,12 +89,13 @@ class ShardedState:
         local = trainer.local
         kept = FileStore(local.root / ".parts", fsync=False) if local is not None else None
         self.checkpoints = ShardedCheckpoints(
-            trainer.durable.store, scratch, cfg.checkpoint_keep, kept=kept
+            trainer.store, scratch, cfg.checkpoint_keep, kept=kept
         )
         self.round_nonce = uuid.uuid4().hex
         """Names this round's parts; the coordinator's, agreed on at the restore."""
         self._emergency: Outcome | None = None
         self._emergency_lock = threading.Lock()
+        self._boundary: tuple[int, dict[str, Any]] | None = None
 
     # -- what a checkpoint holds ---------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], TrainerState]:
@@ -119,6 +120,23 @@ class ShardedState:
     def resolved(self) -> dict[str, Any]:
         """The state as plain values, its tensors the live ones (no copy): what DCP writes."""
         return resolve(self.state()[0])
+
+    def mark_boundary(self) -> None:
+        """The main thread, at a step boundary (the state restored, or a step applied, under
+        the state lock): the state an emergency save reads, resolved here. Its tensors are the
+        live ones, which only a step this rank voted for changes (the save waits for that:
+        ``StepGate``); its other values (the step, the RNG streams, the scheduler) are this
+        boundary's. FSDP2's ``state_dict()`` is never called from another thread: mid-forward
+        its pre-hook reshards and frees the parameters the forward is using."""
+        self._boundary = (self.t.state.step, self.resolved())
+
+    def boundary(self) -> tuple[int, dict[str, Any]]:
+        """(step, state) as the last ``mark_boundary`` took them; before any (a save of the
+        state as built, not restored: the caller's thread is the main one), taken now."""
+        if self._boundary is None:
+            self.mark_boundary()
+        assert self._boundary is not None
+        return self._boundary
 
     def snapshot(self) -> dict[str, Any]:
         """A CPU copy of every rank's part (its shards stay DTensors: DCP places them). A
@@ -186,6 +204,7 @@ class ShardedState:
                 self._apply(state, trainer_state)
             elif fresh:  # a checkpoint that failed to load asked for a state, made up
                 t.optimizer.state.clear()
+            self.mark_boundary()
             t.restored = True
         step = entry.step if entry is not None else 0
         if entry is not None:
@@ -251,7 +270,7 @@ class ShardedState:
 
     def _emergency_save(self, reason: str, going: bool, deadline: Deadline | None) -> Outcome:
         t = self.t
-        step = t.state.step
+        step, state = self.boundary()
         if self._emergency is not None and self._emergency.step == step:
             return self._emergency
         if self.untrained():
@@ -261,7 +280,7 @@ class ShardedState:
         started = time.monotonic()
         durable, gave_up = t.committed.step >= step, None
         if not durable:
-            durable, gave_up = self._save_part(step, deadline)
+            durable, gave_up = self._save_part(step, state, deadline)
         self._emergency = Outcome(step, required, durable, gave_up)
         if t.env.local_rank == 0:  # one line per node, as the DDP path's
             t.events.event(
@@ -276,9 +295,10 @@ class ShardedState:
             )
         return self._emergency
 
-    def _save_part(self, step: int, deadline: Deadline | None) -> tuple[bool, str | None]:
+    def _save_part(
+        self, step: int, state: dict[str, Any], deadline: Deadline | None
+    ) -> tuple[bool, str | None]:
         t = self.t
-        state, _ = self.state()
         part_id = part_set_id(self.checkpoints.repository.prefix, step, self.round_nonce)
 
         env = t.env
