@@ -41,6 +41,7 @@ from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
 from training.loop.saves.emergency import DurableProgress, EmergencySave
 from training.loop.saves.periodic import BackgroundSaver
+from training.records import read_lines
 
 STORES = ("directory", "azurite")
 LOCAL_MAX_S = 2.0
@@ -120,7 +121,7 @@ def one_eviction(state: dict[str, Any], store: ObjectStore, work: Path) -> dict[
     save.note_stop()  # the SIGTERM
     outcome = save.save(1, lambda: state, "sigterm", lambda: True)
     total_s = time.perf_counter() - started
-    (event,) = [json.loads(line) for line in stream.getvalue().splitlines()]
+    (event,) = read_lines(stream.getvalue())
     head = durable.head()
     return {
         "local_s": round(event["local_s"], 3),

@@ -14,11 +14,17 @@ MAY_IMPORT = {
     "lab.live": ("lab.report",),
     "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
     "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
+    "training.records": (),
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
     "training.node_agent": (),
-    "training.data": ("training.api", "training.elastic", "training.checkpoints"),
+    "training.data": (
+        "training.api",
+        "training.elastic",
+        "training.checkpoints",
+        "training.records",
+    ),
     "training.tasks": ("training.api", "training.data"),
     "training.loop": (
         "training.api",
@@ -26,6 +32,7 @@ MAY_IMPORT = {
         "training.elastic",
         "training.checkpoints",
         "training.data",
+        "training.records",
     ),
 }
 """What each room of ``lab/`` and ``training/`` may import from its own package besides itself.

@@ -26,6 +26,7 @@ from lab.exit_status import EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import REBALANCE_EVENTS
+from training.records import RESUMED
 
 MOVED, STOPPED, FAILED = "moved", "stopped", "failed"
 
@@ -236,6 +237,6 @@ def _resumed_at_full(run: _Run, mark: int) -> int | None:
     rounds = [
         i
         for i in range(mark, len(records))
-        if records[i].get("event") == "resumed" and records[i].get("world_size") == run.full
+        if records[i].get("event") == RESUMED and records[i].get("world_size") == run.full
     ]
     return rounds[-1] if rounds else None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
-from lab.report.node_logs import LogTail, parse_record, read_records
+from lab.report.node_logs import LogTail, read_records
+from training.records import parse
 
 
 def metrics(ts: float, step: int, world: int) -> dict:
@@ -107,7 +108,7 @@ def test_log_tail_waits_for_whole_lines(tmp_path: Path) -> None:
 
 def test_only_records_are_parsed(tmp_path: Path) -> None:
     good = {"ts": 2.0, "kind": "metrics", "step": 1}
-    assert parse_record(json.dumps(good), "node-0") == {**good, "node": "node-0"}
+    assert parse(json.dumps(good), "node-0") == {**good, "node": "node-0"}
     for line in [
         "",
         "W1122 torch warning",
@@ -115,7 +116,7 @@ def test_only_records_are_parsed(tmp_path: Path) -> None:
         '{"kind": "metrics"}',
         '{"ts": 1, "kind"',
     ]:
-        assert parse_record(line, "node-0") is None
+        assert parse(line, "node-0") is None
     (tmp_path / "node-1.jsonl").write_text(json.dumps(good) + "\nnoise\n")
     (tmp_path / "node-0.jsonl").write_text(json.dumps({**good, "ts": 1.0}) + "\n")
     assert [(r["node"], r["ts"]) for r in read_records(tmp_path)] == [
@@ -130,7 +131,7 @@ def test_a_worker_waiting_for_its_data_shows_why_and_the_command() -> None:
          "why": "no .staged.json in /mnt/dataset yet", "hint": "upload it with `lab data upload`"}
     )  # fmt: skip
     view = JobView()
-    record = parse_record(line, "mytask-train-worker-0")
+    record = parse(line, "mytask-train-worker-0")
     assert record is not None
     view.observe(record)
     assert view.last_event.startswith("data_waiting 60 s: no .staged.json in /mnt/dataset yet")
