@@ -36,6 +36,7 @@ from lab.local.azurite_server import serve as serve_azurite
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore, ObjectStore
+from training.elastic.exit_codes import BAD_INPUT
 from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
@@ -233,7 +234,7 @@ def main(argv: list[str]) -> int:
         results = {"commit_deadline": measure_commit_deadline(plan, say)}
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     results["targets"] = commit_targets(results["commit_deadline"])
     results["command"] = ["python", "-m", "bench", "commit-deadline", *argv]
     results["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
-    "training.node_agent": (),
+    "training.node_agent": ("training.elastic",),
     "training.data": (
         "training.api",
         "training.elastic",
@@ -185,3 +185,36 @@ def test_the_labs_tools_load_no_pulumi_sdk() -> None:
             seen.add(name)
             todo += [t for t in GRAPH.get(name, ()) if t not in seen]
     assert not wrong, "\n".join(wrong)
+
+
+def _exit_code_names(tree: ast.AST) -> list[str]:
+    """Names bound to an exit code outside the table: ``EXIT_*`` assigned an int or a name."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        value = node.value
+        if isinstance(value, ast.Constant) and isinstance(value.value, float):
+            continue  # a time: EXIT_BARRIER_TIMEOUT_S
+        for target in node.targets:
+            for name in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(name, ast.Name) and name.id.startswith("EXIT_"):
+                    found.append(f"{name.id} (line {node.lineno})")
+    return found
+
+
+def test_exit_codes_come_from_the_one_table() -> None:
+    """``training/elastic/exit_codes.py`` is the table (0 done, 1 failed, 2 bad input, 75, 138,
+    ...): nobody defines a code of their own, nor an alias of one."""
+    wrong = [
+        f"{name}: {found}"
+        for name, path in MODULES.items()
+        for found in _exit_code_names(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not wrong, "\n".join(wrong)
+    aliases = "EXIT_OK, EXIT_FAILED = 0, 1\nEXIT_BAD_INPUT = BAD_INPUT\nEXIT_WAIT_S = 1.5\n"
+    assert _exit_code_names(ast.parse(aliases)) == [
+        "EXIT_OK (line 1)",
+        "EXIT_FAILED (line 1)",
+        "EXIT_BAD_INPUT (line 2)",
+    ]

@@ -22,9 +22,9 @@ from lab.local.node import NodeProcess, logged_bytes, wait_for_exit, wait_for_fi
 from lab.local.run_extension import StepRate, extended_end, margin_steps
 from lab.local.scenario import Fault, MembershipChange, Scenario
 from lab.report.node_logs import LogTail
+from training.elastic.exit_codes import BAD_INPUT
 from training.records import Record, parse
 
-EXIT_BAD_INPUT = 2
 # A pod that keeps failing is in CrashLoopBackOff; the lab gives up instead of looping.
 MAX_RESTARTS_IN_PLACE = 5
 
@@ -175,7 +175,7 @@ class FaultRunner:
             if code == 0:
                 continue
             stderr = _tail_text(node.stderr_path)
-            if code == EXIT_BAD_INPUT:
+            if code == BAD_INPUT:
                 return f"{node.name} exited with code 2 (bad input):\n{stderr}"
             if "RendezvousClosedError" in stderr:
                 return f"{node.name}: the rendezvous is closed for good:\n{stderr}"

@@ -24,7 +24,7 @@ from tests.support.elastic_cluster import Cluster, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data, run_here
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
-from training.loop.trainer_state import EXIT_OK
+from training.elastic.exit_codes import OK
 
 pytestmark = [pytest.mark.usefixtures("torchrun", "training"), pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_compiled_blocks_lose_no_step_to_an_eviction_and_match_the_eager_run(
 ) -> None:
     corpus = make_data("charlm", tmp_path / "corpus")
     _, code = run_here(tmp_path / "eager", corpus, ARGS)
-    assert code == EXIT_OK
+    assert code == OK
     expected = _parameters(tmp_path / "eager" / "durable", tmp_path / "scratch-eager")
 
     cache = tmp_path / "inductor"  # the workers' own: what inductor wrote shows it compiled

@@ -27,7 +27,7 @@ from tests.support.exactness import (
 )
 from tests.support.peer_failures import gloo_peer_closed
 from tests.support.trainer_harness import Harness, sigterm_during
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
+from training.elastic.exit_codes import OK, WORKER_RESTART
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -100,9 +100,9 @@ def test_a_sigterm_then_a_resume_at_world_size_3(
         sigterm_during(h, 4, stop)
 
     first, code = run_here(tmp_path, data, ARGS, before=sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     second = run_spawned(tmp_path, data, 3, ARGS)
-    assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
+    assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
     (resumed,) = events(second[0][1], "resumed")
     assert (resumed["source"], resumed["world_size"]) == ("durable", 3)
     _no_step_lost([[first.stream.getvalue()], _logs(second)])
@@ -117,15 +117,15 @@ def test_a_peer_lost_mid_accumulation_then_a_resume_at_world_size_2(
     # after one micro-batch's unnormalized gradients were accumulated.
     faulty = raising_in_micro_batch(TASKS["charlm"], step=5, micro_batch=1, error=gloo_peer_closed)
     first, code = run_here(tmp_path, data, ARGS, spec=faulty)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     (save,) = first.events("emergency_save")
     assert (save["step"], save["reason"]) == (5, "peer_failure")
     second, code = run_here(tmp_path, data, [*ARGS, "--max-steps=7"])
-    assert code == EXIT_OK
+    assert code == OK
     (resumed,) = second.events("resumed")
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     third = run_spawned(tmp_path, data, 2, ARGS)
-    assert {rank: code for rank, (code, _) in third.items()} == {0: EXIT_OK, 1: EXIT_OK}
+    assert {rank: code for rank, (code, _) in third.items()} == {0: OK, 1: OK}
     _no_step_lost(
         [
             [first.stream.getvalue()],

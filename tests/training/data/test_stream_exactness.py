@@ -25,8 +25,8 @@ from tests.support.exactness import (
 )
 from tests.support.trainer_harness import Harness, durable_head, sigterm_during
 from tests.training.data.stream_task import REFERENCE, write_points
+from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop.config import ConfigError
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -67,7 +67,7 @@ def test_killed_everywhere_then_resumed_at_another_world_size(
     head = durable_head(tmp_path / "durable")
     assert head is not None and head.step in (2, 4)
     second = run_spawned(tmp_path, data, 3, [*ARGS, "--checkpoint-every-steps=2"])
-    assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
+    assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
     (resumed,) = events(second[0][1], "resumed")
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", head.step, 3)
     # The steps after the durable head again, in every node's log of the second round.
@@ -84,7 +84,7 @@ def test_a_sigterm_loses_no_step_and_the_resume_at_another_world_size_matches(
         sigterm_during(h, 4, stop)  # the loop finishes step 4, saves it, and exits
 
     first, code = run_here(tmp_path, data, ARGS, before=sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     assert completed_steps(first.stream.getvalue()) == {1, 2, 3, 4}
     second = run_spawned(tmp_path, data, 2, ARGS)
     (resumed,) = events(second[0][1], "resumed")
@@ -96,7 +96,7 @@ def test_a_sigterm_loses_no_step_and_the_resume_at_another_world_size_matches(
 
 def test_another_version_of_the_stream_is_not_resumed(data: Path, tmp_path: Path) -> None:
     _, code = run_here(tmp_path, data, [*ARGS, "--max-steps=2"])
-    assert code == EXIT_OK
+    assert code == OK
     other = tmp_path / "v2"
     write_points(other, 60, version="2")
     with pytest.raises(ConfigError, match=r"dataset='points@1'.*dataset='points@2'"):
@@ -114,7 +114,7 @@ def test_a_missing_stream_is_one_line_and_exit_2(tmp_path: Path) -> None:
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--data-dir" in line]
     assert len(lines) == 1, result.stderr[-2000:]
     assert "manifest.json does not exist: a stream needs its manifest" in lines[0]

@@ -21,10 +21,10 @@ from tests.support.waiting import gloo_group
 from training.checkpoints.checkpoint import CheckpointRepository, deserialize, serialize
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
+from training.elastic.exit_codes import OK
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
-from training.loop.trainer_state import EXIT_OK
 
 WORLD = 3
 ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
@@ -61,9 +61,9 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
     tmp_path: Path,
 ) -> None:
     data = make_data("charlm", tmp_path / "data")
-    assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == EXIT_OK
+    assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == OK
     sharded = [*ARGS, "--parallelism=fsdp2", "--max-steps=4"]  # saved at world size 1
-    assert run_here(tmp_path / "fsdp2", data, sharded)[1] == EXIT_OK
+    assert run_here(tmp_path / "fsdp2", data, sharded)[1] == OK
     ddp_weights = _weights(final_parameters(tmp_path / "ddp" / "durable"))
     read = ShardedCheckpoints(FileStore(tmp_path / "fsdp2" / "durable"), tmp_path / "s").read_whole(
         "model.model."
@@ -80,7 +80,7 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
         for name, value in weights.items():
             assert value.dtype == torch.float64 and torch.equal(value, source[name]), (kind, name)
         assert fresh == (0, 0), (kind, fresh)  # step 0, an optimizer with no state
-        assert code == EXIT_OK, kind
+        assert code == OK, kind
         assert [e["from_step"] for e in initialized] == [step, step], (kind, initialized)
 
 
@@ -89,7 +89,7 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
 def test_a_source_of_another_shape_is_one_line(tmp_path: Path, source: str) -> None:
     data = make_data("charlm", tmp_path / "data")
     made = [*ARGS, f"--parallelism={source}", "--max-steps=1"]
-    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
+    assert run_here(tmp_path / "source", data, made)[1] == OK
     args = [*ARGS, "--parallelism=fsdp2", "--n-embd=32"]
     with pytest.raises(ConfigError) as refused:
         run_here(tmp_path / "new", data, [*args, f"--init-from={tmp_path / 'source' / 'durable'}"])
@@ -107,7 +107,7 @@ def _weights(parameters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None:
     # An earlier version's checkpoints: one file each, the model under "model".
     data = make_data("charlm", tmp_path / "data")
-    assert run_here(tmp_path / "source", data, [*ARGS, "--max-steps=1"])[1] == EXIT_OK
+    assert run_here(tmp_path / "source", data, [*ARGS, "--max-steps=1"])[1] == OK
     weights = _weights(final_parameters(tmp_path / "source" / "durable"))
     durable = tmp_path / "single"
     files = CheckpointRepository(FileStore(durable))
