@@ -218,3 +218,34 @@ def test_exit_codes_come_from_the_one_table() -> None:
         "EXIT_FAILED (line 1)",
         "EXIT_BAD_INPUT (line 2)",
     ]
+
+
+def _test_module_imports(root: Path) -> list[str]:
+    """Imports of a test module (``test_*.py``) anywhere under ``root``, by any module there."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            if any(part.startswith("test_") for name in names for part in name.split(".")):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in ``tests/support/`` (or a folder's ``conftest.py``), never in a
+    ``test_*.py`` another one imports: a module of tests holds tests."""
+    wrong = _test_module_imports(REPO / "tests")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_test_import_finder_finds_one(tmp_path: Path) -> None:
+    (tmp_path / "test_b.py").write_text(
+        "from tests.a.test_a import helper\nimport tests.test_c\nfrom tests.support import x\n"
+    )
+    assert _test_module_imports(tmp_path) == ["test_b.py:1", "test_b.py:2"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from bench.chaos.invariants import Evidence, check, signals_by_node
-from tests.bench.chaos.test_chaos_invariants import (
+from tests.support.chaos_evidence import (
     _action,
     _event,
     _local,

@@ -15,7 +15,7 @@ from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
 from bench.chaos.schedule import ChaosFault, Schedule
 from lab.live.event_log import LabEventLog
-from tests.bench.chaos.test_chaos_invariants import T0, _commit, _evidence, _resumed, _started
+from tests.support.chaos_evidence import T0, _commit, _evidence, _resumed, _started
 
 
 def _runner(tmp_path: Path, *faults: ChaosFault) -> ChaosRunner:

@@ -23,33 +23,16 @@ from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices import build_parser as prices_parser
 from lab.cli import build_parser
 from lab.live.status_line import StatusLine
-from tests.lab.azure.test_lab_mount_failures import REFUSED_OLD
-from tests.lab.azure.test_lab_watch import _outputs
-from tests.lab.report.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
+from tests.support.cluster_runs import REFUSED_OLD, _line, _outputs, metrics_record
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
+from tests.support.pod_logs import NEW_NODE, W0, W1, W2, k8s_event
 
 VICTIM_NODE = "aks-gpu-vmss000002"
-
-
-def _line(ts: float, **record: Any) -> str:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
-    return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
 
 
 def _api_time() -> str:
     """Now, as the API server writes an object's times: whole seconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def metrics_record(step: int, world: int) -> dict[str, Any]:
-    """A training step's metrics line, as the training program logs it."""
-    return {
-        "kind": "metrics",
-        "step": step,
-        "world_size": world,
-        "loss": 1.0,
-        "samples_per_s": 400.0,
-    }
 
 
 class Job:

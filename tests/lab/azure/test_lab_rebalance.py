@@ -20,9 +20,7 @@ from lab.azure.cluster.follow import CloudOptions
 from lab.azure.cluster.gpu_nodes import GpuNode, Move, Stay, gpu_node, next_move, placements
 from lab.azure.cluster.rebalance import RebalanceOptions, rebalance
 from lab.live.status_line import StatusLine
-from tests.lab.azure.test_lab_drill import _line, metrics_record
-from tests.lab.azure.test_lab_watch import _outputs
-from tests.lab.report.test_lab_run_logs import W0, W1
+from tests.support.cluster_runs import _line, _outputs, metrics_record
 from tests.support.kube_replay import (
     NODES_PATH,
     FakeKube,
@@ -31,6 +29,7 @@ from tests.support.kube_replay import (
     pod_manifest,
 )
 from tests.support.kube_replay import serve_kube as serve
+from tests.support.pod_logs import W0, W1
 
 GENERATION = "gpu244695ac"
 ON_DEMAND = "aks-ondc0143d44-12345678-vmss000000"
@@ -290,7 +289,7 @@ def test_a_pod_recreated_under_its_name_is_followed_again(kube: FakeKube, tmp_pa
     pod ends once that pod is gone; the new one must get its own."""
     from lab.azure.cluster.job_watcher import JobWatcher
     from lab.azure.cluster.recorder import Recorder
-    from tests.lab.azure.test_lab_watch import _cluster
+    from tests.support.cluster_runs import _cluster
 
     kube.pods = [pod_manifest(W1, ON_DEMAND)]
     kube.logs = {W1: _line(time.time(), kind="event", event="started", max_steps=9) + "\n"}

@@ -22,6 +22,7 @@ import pytest
 
 from lab.local.scenario_file import load_scenario
 from lab.report.node_logs import read_jsonl, read_records
+from tests.support.lab_runs import _processes_of_the_run
 from training.records import (
     CHECKPOINT_SAVED,
     EMERGENCY_SAVE,
@@ -334,23 +335,6 @@ def test_nothing_is_left_behind(run: dict[str, Any]) -> None:
     # ... and none of this run's is in the system's temp dir.
     ours = [d for d in run["new_temp_dirs"] if any(d.glob(f"{session['rdzv_id']}_*"))]
     assert ours == []
-
-
-def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
-    """Live processes whose env holds the run's rendezvous id, or whose env or command
-    line mentions its workspace."""
-    markers = (f"PET_RDZV_ID={rdzv_id}".encode(), workspace.encode())
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            text = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if any(marker in text for marker in markers):
-            found.append(int(proc.name))
-    return found
 
 
 def _report_from_logs(logs: Path, out: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from matplotlib.text import Text
 
 from lab.report.outcomes import build_report
 from lab.report.timeline_plot import fault_key, loss_line, timeline_figure
-from tests.lab.report.test_lab_report import START, _kill_story, event, injection, metrics
+from tests.support.report_records import START, _kill_story, event, injection, metrics
 
 
 def _segments(xs: list[float]) -> list[tuple[float, float]]:

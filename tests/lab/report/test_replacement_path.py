@@ -16,7 +16,7 @@ from lab.report.replacement import STEPS, pod_change
 from lab.report.run_logs import DRILL_EVENTS, POD_CHANGES, load_run
 from lab.report.run_report import report_from_run
 from lab.report.text import format_report
-from tests.lab.report.test_lab_run_logs import W0, W1, W2, eviction_story, stamp
+from tests.support.pod_logs import W0, W1, W2, eviction_story, stamp
 
 RECORDING = Path(__file__).parents[2] / "recordings" / "kube" / "replacement_path.json"
 
