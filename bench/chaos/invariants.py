@@ -114,7 +114,7 @@ class Evidence:
     stop_deadline_s: float
     nproc_per_node: int = 1
     store_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Each node's log of its durable store's calls (training/checkpoints/faulty_store.py)."""
+    """Each node's log of its durable store's calls (bench/chaos/faulty_store.py)."""
 
 
 @dataclass

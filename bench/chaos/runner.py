@@ -48,8 +48,8 @@ not re-form) comes back this long after its freeze anyway."""
 
 
 class StoreControl:
-    """The windows of trouble the workers' durable store reads (training/checkpoints/
-    faulty_store.py), and the nodes' logs of the calls that met them."""
+    """The windows of trouble the workers' durable store reads (bench/chaos/faulty_store.py),
+    and the nodes' logs of the calls that met them."""
 
     def __init__(self, control: Path, logs: Path) -> None:
         self.control, self.logs = control, logs

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from bench.chaos.faulty_store import faulty_env
 from bench.chaos.runner import StoreControl
 from lab.local.process_tree import kill_tree, terminate_tree
 from tests.support.waiting import wait_until
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
@@ -156,12 +156,12 @@ class Cluster:
 
 
 def faulty_store(root: Path, name: str) -> tuple[StoreControl, dict[str, str]]:
-    """Node ``name``'s durable store with trouble on demand (training/checkpoints/
-    faulty_store.py): the control a test opens windows on (``open``, from then on), and the env
-    that gives it to the node, its calls logged in ``<root>/store-calls/<name>.jsonl``."""
+    """Node ``name``'s durable store with trouble on demand (bench/chaos/faulty_store.py): the
+    control a test opens windows on (``open``, from then on), and the env that gives it to the
+    node, its calls logged in ``<root>/store-calls/<name>.jsonl``."""
     store = StoreControl(root / f"store-trouble-{name}.jsonl", root / "store-calls")
     log = store.logs / f"{name}.jsonl"
-    return store, {FAULTY_STORE_ENV: str(store.control), FAULTY_STORE_LOG_ENV: str(log)}
+    return store, faulty_env(store.control, log)
 
 
 PARAMETERS = ("model.model.", "trainer.extras.ema.")

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.chaos.faulty_store import FAULTY_STORE_LOG_ENV
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.elastic_cluster import Cluster, faulty_store, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
-from training.checkpoints.faulty_store import FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 
