@@ -305,10 +305,18 @@ def metrics_lines(records: list[Record]) -> list[Record]:
     return [r for r in records if r.get("kind") == METRICS]
 
 
+def trained_step(record: Record) -> int | None:
+    """The step a log step's line says was trained (rank 0's metrics, every other node's
+    ``step_completed``), or None."""
+    if record.get("kind") == METRICS or is_event(record, STEP_COMPLETED):
+        return int(record["step"])
+    return None
+
+
 def completed_step(record: Record) -> int | None:
-    """The step ``record`` shows completed (rank 0's metrics, a node's save or its
-    ``step_completed``), or None when it shows none."""
-    if record.get("kind") == METRICS or is_event(record, *COMPLETED):
+    """The step ``record`` shows completed (a trained step, or a node's save of one), or None
+    when it shows none."""
+    if trained_step(record) is not None or is_event(record, *COMPLETED):
         return int(record["step"])
     return None
 

@@ -7,16 +7,17 @@ import re
 from typing import Any
 
 from bench.chaos.invariants import Evidence
+from training.records import EVENT, FINISHED, METRICS, RESUMED, STARTED
 
 T0 = 1_800_000_000.0
 
 
 def _metrics(ts: float, step: int, round_: int, node: str = "node-0") -> dict[str, Any]:
-    return {"ts": T0 + ts, "kind": "metrics", "step": step, "rdzv_round": round_, "node": node}
+    return {"ts": T0 + ts, "kind": METRICS, "step": step, "rdzv_round": round_, "node": node}
 
 
 def _event(ts: float, name: str, node: str, round_: int, **fields: Any) -> dict[str, Any]:
-    return {"ts": T0 + ts, "kind": "event", "event": name, "node": node, "rdzv_round": round_}
+    return {"ts": T0 + ts, "kind": EVENT, "event": name, "node": node, "rdzv_round": round_}
 
 
 def _started(
@@ -25,11 +26,11 @@ def _started(
     """A worker's first line in a round: rank ``rank`` of ``world``, ``nproc`` a node."""
     local, group = rank % nproc, rank // nproc
     ranks = {"rank": rank, "world_size": world, "local_rank": local, "group_rank": group}
-    return _event(ts, "started", node, round_) | ranks
+    return _event(ts, STARTED, node, round_) | ranks
 
 
 def _resumed(ts: float, node: str, round_: int, step: int, source: str) -> dict[str, Any]:
-    return {**_event(ts, "resumed", node, round_), "step": step, "source": source}
+    return {**_event(ts, RESUMED, node, round_), "step": step, "source": source}
 
 
 def _node(ts: float, event: str, node: str, **fields: Any) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def _evidence(**overrides: Any) -> Evidence:
         _started(9, "node-0", 2),
         _resumed(10, "node-0", 2, 5, "local"),
         *(_metrics(10 + s, 5 + s, 2) for s in range(1, 6)),
-        {**_event(16, "finished", "node-0", 2), "step": 10},
+        {**_event(16, FINISHED, "node-0", 2), "step": 10},
     ]
     values: dict[str, Any] = {
         "records": records,

@@ -17,6 +17,7 @@ from tests.support.kube_replay import (
     FakeKube,
     kubeconfig,
 )
+from training.records import METRICS
 
 DATASET = "spot-lab-dataset"
 
@@ -50,7 +51,7 @@ def _line(ts: float, **record: Any) -> str:
 def metrics_record(step: int, world: int) -> dict[str, Any]:
     """A training step's metrics line, as the training program logs it."""
     return {
-        "kind": "metrics",
+        "kind": METRICS,
         "step": step,
         "world_size": world,
         "loss": 1.0,

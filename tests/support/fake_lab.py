@@ -11,6 +11,7 @@ from pathlib import Path
 from lab.live.event_log import LabEventLog
 from lab.local.runner import FaultRunner
 from lab.local.scenario import Fault, Scenario, TrainSettings, validate_scenario
+from training.records import EVENT, FINISHED, METRICS, RESUMED
 
 
 class FakeJob:
@@ -37,14 +38,12 @@ class FakeJob:
         rank0 = self.nodes[running[0]]
         if running != self.members:
             self.members = running
-            self.write(
-                rank0, kind="event", event="resumed", step=self.step, world_size=len(running)
-            )
+            self.write(rank0, kind=EVENT, event=RESUMED, step=self.step, world_size=len(running))
             return
         self.step += 1
-        self.write(rank0, kind="metrics", step=self.step, world_size=len(running), loss=1.0)
+        self.write(rank0, kind=METRICS, step=self.step, world_size=len(running), loss=1.0)
         if self.step >= self.max_steps:
-            self.write(rank0, kind="event", event="finished", step=self.step)
+            self.write(rank0, kind=EVENT, event=FINISHED, step=self.step)
             for node in self.nodes.values():
                 if node.trains():
                     node.exit(0)

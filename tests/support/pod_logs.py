@@ -8,6 +8,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from training.records import (
+    EMERGENCY_SAVE,
+    EVENT,
+    FINISHED,
+    METRICS,
+    PEER_FAILURE,
+    RESUMED,
+    STARTED,
+)
+
 T0 = 1_790_000_000.0  # 2026-09-21, a time on the cluster's clock
 NS = "spot-lab"
 JOB = "spotlab-train"
@@ -24,13 +34,11 @@ def _line(ts: float, **record: Any) -> str:
 
 
 def metrics(ts: float, step: int, world: int, loss: float = 1.0) -> str:
-    return _line(
-        T0 + ts, kind="metrics", step=step, world_size=world, loss=loss, samples_per_s=500.0
-    )
+    return _line(T0 + ts, kind=METRICS, step=step, world_size=world, loss=loss, samples_per_s=500.0)
 
 
 def event(ts: float, name: str, **fields: Any) -> str:
-    return _line(T0 + ts, kind="event", event=name, **fields)
+    return _line(T0 + ts, kind=EVENT, event=name, **fields)
 
 
 def k8s_event(ts: float, reason: str, kind: str, name: str, message: str = "") -> dict[str, Any]:
@@ -61,19 +69,19 @@ def eviction_logs(origin: float = T0) -> tuple[dict[str, str], list[dict[str, An
     o = origin - T0  # every time below is T0 + seconds
     logs: dict[str, list[str]] = {W0: [], W1: [], W2: []}
     for pod in (W0, W1, W2):
-        logs[pod].append(event(o + 1.0, "started", max_steps=400, global_batch_size=256))
-    logs[W0].append(event(o + 2.0, "resumed", step=0, source="fresh", world_size=3))
+        logs[pod].append(event(o + 1.0, STARTED, max_steps=400, global_batch_size=256))
+    logs[W0].append(event(o + 2.0, RESUMED, step=0, source="fresh", world_size=3))
     logs[W0] += [metrics(o + 2.0 + i, i, 3, loss=2.0 - i / 100) for i in range(1, 98)]  # to t=99
-    logs[W2].append(event(o + 100.2, "emergency_save", step=97, reason="sigterm"))
-    logs[W0].append(event(o + 100.8, "peer_failure", step=97))
-    logs[W0].append(event(o + 103.5, "resumed", step=97, source="local", world_size=2))
+    logs[W2].append(event(o + 100.2, EMERGENCY_SAVE, step=97, reason="sigterm"))
+    logs[W0].append(event(o + 100.8, PEER_FAILURE, step=97))
+    logs[W0].append(event(o + 103.5, RESUMED, step=97, source="local", world_size=2))
     logs[W0] += [
         metrics(o + 104.0 + i, 97 + i, 2, loss=1.0) for i in range(1, 301) if 104 + i < 404
     ]
-    logs[W2 + "x"] = [event(o + 400.0, "started", max_steps=400, global_batch_size=256)]
-    logs[W0].append(event(o + 408.0, "resumed", step=396, source="local", world_size=3))
+    logs[W2 + "x"] = [event(o + 400.0, STARTED, max_steps=400, global_batch_size=256)]
+    logs[W0].append(event(o + 408.0, RESUMED, step=396, source="local", world_size=3))
     logs[W0] += [metrics(o + 408.0 + i, 396 + i, 3, loss=0.5) for i in range(1, 5)]
-    logs[W0].append(event(o + 413.0, "finished", step=400))
+    logs[W0].append(event(o + 413.0, FINISHED, step=400))
     texts = {pod: "\n".join(sorted(lines)) + "\nnot json\n" for pod, lines in logs.items()}
     events = [
         k8s_event(o + 100.0, "Killing", "Pod", W2, "Stopping container pytorch"),

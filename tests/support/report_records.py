@@ -3,13 +3,15 @@ lines, events, the lab's fault injections, and the story of a node killed and re
 
 from __future__ import annotations
 
+from training.records import EMERGENCY_SAVE, EVENT, METRICS, PEER_FAILURE, RESUMED, STARTED
+
 START = 1000.0
 
 
 def metrics(ts: float, step: int, world: int, loss: float = 1.0, node: str = "node-0") -> dict:
     return {
         "ts": START + ts,
-        "kind": "metrics",
+        "kind": METRICS,
         "rank": 0,
         "node": node,
         "step": step,
@@ -21,7 +23,7 @@ def metrics(ts: float, step: int, world: int, loss: float = 1.0, node: str = "no
 
 
 def event(ts: float, name: str, node: str = "node-0", **fields) -> dict:
-    return {"ts": START + ts, "kind": "event", "event": name, "rank": 0, "node": node, **fields}
+    return {"ts": START + ts, "kind": EVENT, "event": name, "rank": 0, "node": node, **fields}
 
 
 def injection(index: int, ts: float, kind: str, planned: int) -> dict:
@@ -36,13 +38,13 @@ def injection(index: int, ts: float, kind: str, planned: int) -> dict:
 
 def _kill_story() -> list[dict]:
     """3 nodes train to step 12; node-0 dies at t=12.5; survivors resume at 12 on 2 nodes."""
-    records = [event(0.5, "started"), event(1.0, "resumed", step=0, source="fresh", world_size=3)]
+    records = [event(0.5, STARTED), event(1.0, RESUMED, step=0, source="fresh", world_size=3)]
     records += [metrics(1.0 + i, i, 3) for i in range(1, 13)]
     records += [
-        event(12.6, "peer_failure", node="node-1", step=12),
-        event(12.7, "emergency_save", node="node-1", step=12, reason="peer_failure"),
-        event(17.0, "started", node="node-1"),
-        event(18.0, "resumed", node="node-1", step=12, source="local", lost_steps=0, world_size=2),
+        event(12.6, PEER_FAILURE, node="node-1", step=12),
+        event(12.7, EMERGENCY_SAVE, node="node-1", step=12, reason="peer_failure"),
+        event(17.0, STARTED, node="node-1"),
+        event(18.0, RESUMED, node="node-1", step=12, source="local", lost_steps=0, world_size=2),
     ]
     records += [metrics(18.5 + i, 12 + i, 2, node="node-1") for i in range(1, 9)]
     return sorted(records, key=lambda r: r["ts"])

@@ -120,6 +120,8 @@ def test_the_steps_a_record_shows_completed_and_durable() -> None:
     for name in (CHECKPOINT_SAVED, EMERGENCY_SAVE, STEP_COMPLETED):
         assert records.completed_step(event(name)) == 7
     assert records.completed_step(event(RESUMED)) is None
+    assert records.trained_step(event(STEP_COMPLETED)) == 7
+    assert records.trained_step(event(CHECKPOINT_SAVED)) is None  # a save trains nothing
     assert records.acknowledged_step(event(CHECKPOINT_SAVED)) == 7
     assert records.acknowledged_step(event(FINISHED)) == 7
     assert records.acknowledged_step(event(EMERGENCY_SAVE, durable=True)) == 7

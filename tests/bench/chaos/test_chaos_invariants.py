@@ -25,6 +25,7 @@ from tests.support.chaos_evidence import (
     _started,
 )
 from training.elastic.exit_codes import ENDINGS
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED, STARTED, STEP_COMPLETED
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -42,7 +43,7 @@ def test_a_clean_schedule_keeps_every_invariant() -> None:
 def test_a_resume_behind_a_step_a_survivor_held_is_a_lost_step() -> None:
     evidence = _evidence()
     records = [
-        {**r, "step": 3} if r.get("event") == "resumed" and r["rdzv_round"] == 2 else r
+        {**r, "step": 3} if r.get("event") == RESUMED and r["rdzv_round"] == 2 else r
         for r in evidence.records
     ]
     verdict, figures = check(replace(evidence, records=records))
@@ -56,7 +57,7 @@ def test_a_step_only_a_node_without_rank_0_logged_counts_when_the_next_round_res
     # only step 5 (its metrics line for 6 never came). The round after resumed at 5: node-0,
     # alive, held step 6 too, so a step was lost, and only node-1's own log shows it.
     evidence = _evidence()
-    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
+    completed = {**_event(7.2, STEP_COMPLETED, "node-1", 1), "step": 6, "world_size": 2}
     verdict, figures = check(replace(evidence, records=[*evidence.records, completed]))
     assert [v["invariant"] for v in verdict.violations] == ["no lost step"]
     assert "after step 6 was completed; held by node-0" in verdict.violations[0]["detail"]
@@ -65,7 +66,7 @@ def test_a_step_only_a_node_without_rank_0_logged_counts_when_the_next_round_res
 
 def test_a_loss_when_every_holder_was_killed_without_notice_is_excused_and_says_so() -> None:
     evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == METRICS]
     records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
     actions = [
         _action(1.5, "warm"),
@@ -85,8 +86,8 @@ def test_a_node_whose_own_save_stopped_before_the_step_did_not_hold_it() -> None
     # then frozen; node-0's own save on its stop says it had step 5. The next round resumed at
     # 5: every node that held step 6 was lost, which is excused, and node-0 held none of it.
     evidence = _evidence()
-    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
-    saved = {**_event(7.3, "emergency_save", "node-0", 1), "step": 5, "reason": "sigterm"}
+    completed = {**_event(7.2, STEP_COMPLETED, "node-1", 1), "step": 6, "world_size": 2}
+    saved = {**_event(7.3, EMERGENCY_SAVE, "node-0", 1), "step": 5, "reason": "sigterm"}
     actions = [_action(1.5, "warm"), _action(7.5, "freeze", "node-1")]
     records = [*evidence.records, completed, saved]
     verdict, figures = check(replace(evidence, records=records, actions=actions))
@@ -101,7 +102,7 @@ def test_a_node_whose_own_save_stopped_before_the_step_did_not_hold_it() -> None
 def _lost_to_eviction(**overrides: Any) -> Evidence:
     """Both nodes evicted at 7.5 s, the next round starts fresh: a loss, unless excused."""
     evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == METRICS]
     records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
     evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
     values = {"records": records, "actions": evicted, "store_calls": {"node-0": _commit(3.0)}}
@@ -375,7 +376,7 @@ def test_a_late_upload_that_moves_the_durable_head_back_is_caught() -> None:
 def test_every_round_that_trained_had_its_whole_world_node_by_node() -> None:
     # Two nodes of 2 processes in round 1 (ranks 0-3), node-0 alone in round 2 (ranks 0-1).
     evidence = _evidence(nproc_per_node=2)
-    records = [r for r in evidence.records if r.get("event") != "started"]
+    records = [r for r in evidence.records if r.get("event") != STARTED]
     started = [
         *(_started(1, "node-0", 1, rank, 4, 2) for rank in (0, 1)),
         *(_started(1, "node-1", 1, rank, 4, 2) for rank in (2, 3)),

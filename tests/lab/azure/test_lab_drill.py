@@ -26,6 +26,7 @@ from lab.live.status_line import StatusLine
 from tests.support.cluster_runs import REFUSED_OLD, _line, _outputs, metrics_record
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
 from tests.support.pod_logs import NEW_NODE, W0, W1, W2, k8s_event
+from training.records import EMERGENCY_SAVE, EVENT, PEER_FAILURE, RESUMED, STARTED
 
 VICTIM_NODE = "aks-gpu-vmss000002"
 
@@ -59,10 +60,10 @@ class Job:
             self.kube.logs[pod] = self.kube.logs.get(pod, "") + line + "\n"
 
     def _started(self, pod: str) -> None:
-        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+        self._log(pod, kind=EVENT, event=STARTED, max_steps=10_000, global_batch_size=256)
 
     def _resumed(self, step: int, source: str, world: int) -> None:
-        self._log(W0, kind="event", event="resumed", step=step, source=source, world_size=world)
+        self._log(W0, kind=EVENT, event=RESUMED, step=step, source=source, world_size=world)
 
     def _train(self) -> None:
         while not self.stop.wait(0.2):
@@ -90,10 +91,10 @@ class Job:
     def evict(self, node: str) -> int:
         """What the cluster does when the Spot VM behind ``node`` is evicted."""
         self._event("Killing", "Pod", W2, "Stopping container pytorch")
-        self._log(W2, kind="event", event="emergency_save", step=self.step, reason="sigterm")
+        self._log(W2, kind=EVENT, event=EMERGENCY_SAVE, step=self.step, reason="sigterm")
         self._gone(W2)
         self.world = 0
-        self._log(W0, kind="event", event="peer_failure", step=self.step)
+        self._log(W0, kind=EVENT, event=PEER_FAILURE, step=self.step)
         self._resumed(self.step, "local", 2)
         self.world = 2
         threading.Timer(1.5, self._replace).start()

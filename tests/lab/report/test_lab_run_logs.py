@@ -33,6 +33,7 @@ from tests.support.pod_logs import (
     metrics,
     stamp,
 )
+from training.records import EVENT, METRICS, RESUMED, STARTED
 
 
 def test_times_as_kubernetes_writes_them() -> None:
@@ -198,13 +199,13 @@ def test_lines_that_only_look_like_records_are_skipped(tmp_path: Path) -> None:
     logs = eviction_story(tmp_path / "logs")
     good = load_run(logs)
     stray = [
-        {"ts": T0 + 50.5, "kind": "metrics"},  # no step, world size or loss
-        {"ts": T0 + 50.6, "kind": "metrics", "step": "a", "world_size": 3, "loss": 1.0},
-        {"ts": float("nan"), "kind": "metrics", "step": 3, "world_size": 3, "loss": 1.0},
-        {"ts": True, "kind": "metrics", "step": 3, "world_size": 3, "loss": 1.0},
-        {"ts": T0 + 50.7, "kind": "event"},  # no event name
-        {"ts": T0 + 50.8, "kind": "event", "event": "resumed"},  # a round without its step
-        {"ts": T0 + 50.9, "kind": "event", "event": "started", "max_steps": "x"},
+        {"ts": T0 + 50.5, "kind": METRICS},  # no step, world size or loss
+        {"ts": T0 + 50.6, "kind": METRICS, "step": "a", "world_size": 3, "loss": 1.0},
+        {"ts": float("nan"), "kind": METRICS, "step": 3, "world_size": 3, "loss": 1.0},
+        {"ts": True, "kind": METRICS, "step": 3, "world_size": 3, "loss": 1.0},
+        {"ts": T0 + 50.7, "kind": EVENT},  # no event name
+        {"ts": T0 + 50.8, "kind": EVENT, "event": RESUMED},  # a round without its step
+        {"ts": T0 + 50.9, "kind": EVENT, "event": STARTED, "max_steps": "x"},
     ]
     (logs / "pods" / "stray.log").write_text("\n".join(json.dumps(r) for r in stray) + "\n")
     run = load_run(logs)
@@ -260,7 +261,7 @@ def test_the_time_at_each_world_size_and_what_the_missing_worker_cost(tmp_path: 
 
 def test_a_size_that_logged_no_rate_counts_by_its_share_of_the_workers() -> None:
     records = [
-        {"kind": "metrics", "ts": float(t), "world_size": 4 if t < 10 else 3, "step": t}
+        {"kind": METRICS, "ts": float(t), "world_size": 4 if t < 10 else 3, "step": t}
         for t in range(20)
     ]
     sizes = world_size_time(records, 0.0, 19.0, pause_after=3.0)

@@ -37,6 +37,7 @@ from tests.support.trainer_harness import (
     under,
 )
 from training.elastic.exit_codes import OK, WORKER_RESTART
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,7 +69,7 @@ def test_killed_everywhere_then_restored_from_the_durable_store_at_another_world
     assert head is not None and head.step == 4
     second = run_spawned(tmp_path, data[task], 3, args)
     assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 3)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -83,7 +84,7 @@ def test_a_resume_exactly_at_an_epoch_boundary_matches_uninterrupted(
     assert code == OK
     second, code = run_here(tmp_path, data[task], args)
     assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("durable", STEPS_PER_EPOCH)
     epochs = {r["step"]: r["epoch"] for r in _metrics(second)}
     assert min(epochs) == STEPS_PER_EPOCH + 1 and epochs[STEPS_PER_EPOCH + 1] == 1
@@ -101,11 +102,11 @@ def test_a_fault_in_the_middle_of_gradient_accumulation_loses_no_step(
     faulty = raising_in_micro_batch(TASKS[task], step=5, micro_batch=1, error=gloo_peer_closed)
     first, code = run_here(tmp_path, data[task], args, spec=faulty)
     assert code == WORKER_RESTART
-    (save,) = first.events("emergency_save")
+    (save,) = first.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"]) == (5, "peer_failure")
     second, code = run_here(tmp_path, data[task], args)
     assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -122,7 +123,7 @@ def test_with_dropout_on_a_resume_at_another_world_size_matches_uninterrupted(
     _, code = run_here(tmp_path, data[task], flags(task, "--dropout=0.5", "--max-steps=6"))
     assert code == OK
     second = run_spawned(tmp_path, data[task], 2, args)
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["step"], resumed["world_size"]) == (6, 2)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -147,7 +148,7 @@ def test_the_lr_scheduler_stopped_mid_warmup_resumes_where_it_was(
     base = saved["trainer.scheduler.base_lrs"][0]
     assert lrs and all(lr == pytest.approx(base * 5 / 8) for lr in lrs)
     second = run_spawned(tmp_path, data[task], 2, args)
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 2)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -158,5 +159,5 @@ def _metrics(h: Harness) -> list[dict]:
     return [
         r
         for r in map(json.loads, h.stream.getvalue().splitlines())
-        if r["kind"] == "metrics" and "loss" in r
+        if r["kind"] == METRICS and "loss" in r
     ]

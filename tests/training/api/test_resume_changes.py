@@ -23,6 +23,7 @@ from tests.support.exactness import TOLERANCE, flags, make_data, matches, run_he
 from tests.support.trainer_harness import harness, one_process_world
 from training.elastic.exit_codes import BAD_INPUT, OK
 from training.loop.config import ConfigError
+from training.records import INITIALIZED, RESUMED, SETTINGS_CHANGED
 from training.tasks import TASKS
 from training.tasks.charlm import warmup_cosine
 
@@ -103,9 +104,9 @@ def test_a_changed_setting_on_resume_is_logged_and_used_from_the_next_step(
         tmp_path / "run", data[task], flags(task, *after, f"--max-steps={MAX_STEPS}")
     )
     assert code == OK
-    (event,) = resumed.events("settings_changed")
+    (event,) = resumed.events(SETTINGS_CHANGED)
     assert (event["step"], event["changed"]) == (CHANGED_AT, changed)  # and nothing else
-    (resumed_at,) = resumed.events("resumed")
+    (resumed_at,) = resumed.events(RESUMED)
     assert resumed_at["step"] == CHANGED_AT
     assert matches(tmp_path / "run", expected) < TOLERANCE
 
@@ -135,17 +136,17 @@ def test_init_from_starts_at_step_0_from_another_runs_newest_weights(
         live = {f"model.model.{k}": v for k, v in h.trainer.model.state_dict().items()}
         assert max_abs_difference(live, weights) == 0.0
         assert h.trainer.state.step == 0 and not h.trainer.optimizer.state  # fresh
-        (initialized,) = h.events("initialized")
+        (initialized,) = h.events(INITIALIZED)
         assert initialized["from_step"] == 5
     new, code = run_here(tmp_path / "new", data["charlm"], args)
     assert code == OK
-    (resumed,) = new.events("resumed")
+    (resumed,) = new.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("fresh", 0)
     assert new.durable.head().step == 2  # its own steps, from 0
     # Its next round resumes its own state, not the other run's weights again.
     again, code = run_here(tmp_path / "new", data["charlm"], [*args, "--max-steps=3"])
-    assert code == OK and not again.events("initialized")
-    assert again.events("resumed")[0]["step"] == 2
+    assert code == OK and not again.events(INITIALIZED)
+    assert again.events(RESUMED)[0]["step"] == 2
 
 
 def test_init_from_a_model_of_another_shape_is_one_line(

@@ -9,7 +9,6 @@ itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -29,6 +28,7 @@ from training.loop import inputs, trainer_state
 from training.loop.metrics import Phases
 from training.loop.run_records import StoredRecords
 from training.loop.saves.emergency import commit_node_save
+from training.records import CHECKPOINT_FAILED, EMERGENCY_SAVE, events_named, read_lines
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_past_the_deadline_the_save_gives_up_keeps_the_local_copy_and_says_so(
         assert h.trainer.run(stop, Phases()) == RETRY_ME
     finally:
         release.set()
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"], save["local"]) == (3, False, True)
     assert save["gave_up"] == "deadline" and save["deadline_s"] == 1.0
     assert h.local.load().entry.step == 3
@@ -124,7 +124,7 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 2, stop)
     assert h.trainer.run(stop, Phases()) == WORKER_RESTART
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (2, True)
     assert FileStore(tmp_path / "durable").list("dcp-manifest-") == ["dcp-manifest-0000000001.json"]
     assert h.durable.head().step == 2
@@ -147,7 +147,7 @@ def test_the_deadline_runs_from_the_signal_not_from_when_the_loop_saw_it(
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
     assert h.trainer.run(stop, Phases()) == RETRY_ME
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"], save["gave_up"]) == (3, False, "deadline")
     assert h.durable.head() is None
 
@@ -203,7 +203,7 @@ def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
     assert not sigterm.is_alive() and exits == [WORKER_RESTART]
     assert h.durable.head().step == 3, "the last completed step is not durable"
     assert _verified_step(h) == 3
-    assert {e["step"] for e in h.events("emergency_save")} == {3}
+    assert {e["step"] for e in h.events(EMERGENCY_SAVE)} == {3}
 
 
 def _verified_step(h: Harness) -> int:
@@ -263,7 +263,7 @@ def test_a_failing_periodic_save_is_reported_and_escalates(
     caplog.set_level(logging.WARNING)
     # The final commit fails too: the steps stay on the node for the retry.
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
-    failed = h.events("checkpoint_failed")
+    failed = h.events(CHECKPOINT_FAILED)
     assert [(e["step"], e["failures_in_a_row"]) for e in failed] == [
         (4, 1),
         (6, 2),
@@ -313,7 +313,7 @@ def test_a_store_failing_for_a_moment_does_not_cost_the_eviction_its_durable_com
     sigterm_during(h, 3, stop)
     store.failures = 2  # the store refuses the next two calls, then answers again
     assert h.trainer.run(stop, Phases()) == WORKER_RESTART
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (3, True)
     assert h.durable.head().step == 3
 
@@ -427,5 +427,5 @@ def test_the_sigterms_exit_stores_the_runs_records_its_save_included(
     assert records.list() == []  # nothing stored yet: once per interval, or at the end
     _sigterm_thread(h, SimpleNamespace(at=None)).join(30)
     assert exits == [WORKER_RESTART]
-    stored = [json.loads(line) for n in records.list() for line in records.get(n).splitlines()]
-    assert "emergency_save" in {r.get("event") for r in stored}
+    stored = [r for n in records.list() for r in read_lines(records.get(n).decode())]
+    assert events_named(stored, EMERGENCY_SAVE)

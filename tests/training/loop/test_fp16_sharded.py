@@ -29,6 +29,7 @@ from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import HYPERPARAMETERS
 from training.checkpoints.storage import FileStore
 from training.elastic.exit_codes import OK, WORKER_RESTART
+from training.records import EMERGENCY_SAVE, RESUMED
 
 pytestmark = pytest.mark.timeout(300)
 MAX_STEPS = 8
@@ -142,7 +143,7 @@ def _interrupt(kind: str, root: Path, data: Path) -> int:
     if kind == "parts":  # SIGTERM in step 4: each rank's part, no collective
         h, code = run_here(root, data, ARGS, before=lambda h, stop: sigterm_during(h, 4, stop))
         assert code == WORKER_RESTART
-        (save,) = h.events("emergency_save")
+        (save,) = h.events(EMERGENCY_SAVE)
         assert save["durable"] and save["step"] == 4
         return 4
     if kind == "periodic":  # a collective save at step 3, then a crash in step 5
@@ -174,7 +175,7 @@ def test_a_save_in_or_after_the_skipped_steps_resumes_at_its_step_and_repeats_th
     restored: dict[str, Any] = {}
     second, code = run_here(tmp_path, data, ARGS, before=_restored(restored))
     assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert resumed["step"] == saved_at, resumed
     # A fresh AdamW in the window (its first step is step 1), its count after it.
     assert restored["optimizer_steps"] == ([] if in_window else [saved_at - SKIPPED])
@@ -195,7 +196,7 @@ def test_a_save_in_the_window_at_world_2_resumes_resharded_at_world_1(
     assert f"model.{HYPERPARAMETERS}" in _newest_names(tmp_path)
     second, code = run_here(tmp_path, data, ARGS)
     assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert (resumed["step"], resumed["world_size"]) == (3, 1), resumed
     _, found = _whole(tmp_path)
     # The same steps on another split of the batch: float32 sums in another order, ~1e-7

@@ -25,6 +25,7 @@ from training.elastic.exit_codes import OK
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
+from training.records import INITIALIZED
 
 WORLD = 3
 ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
@@ -49,7 +50,7 @@ def _worker(rank: int, root: str, data: str, sources: dict[str, str]) -> None:
             # Then a run: it restores (nothing of its own yet: the source again) and trains.
             again = harness(node, Path(data), *args, tiny=(), store=durable, env=env, group=group)
             code = again.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
-            initialized = again.events("initialized") + h.events("initialized")
+            initialized = again.events(INITIALIZED) + h.events(INITIALIZED)
             found[kind] = (weights, fresh, code, initialized)
         if rank == 0:
             torch.save(found, base / "found.pt")
@@ -120,7 +121,7 @@ def test_a_torn_single_file_falls_back_to_the_one_before(tmp_path: Path) -> None
     with one_process_world():
         h = harness(tmp_path / "new", data, *args, tiny=())
         h.trainer.restore()
-        (initialized,) = h.events("initialized")
+        (initialized,) = h.events(INITIALIZED)
         assert initialized["from_step"] == 2
         for name, param in h.trainer.model.named_parameters():
             assert torch.equal(param.full_tensor(), expected[name]), name

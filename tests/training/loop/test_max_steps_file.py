@@ -9,10 +9,11 @@ from types import SimpleNamespace
 from tests.support.trainer_harness import harness
 from training.elastic.exit_codes import OK
 from training.loop.metrics import Phases
+from training.records import FINISHED
 
 
 def _finished_at(h) -> int:
-    (finished,) = h.events("finished")
+    (finished,) = h.events(FINISHED)
     return finished["step"]
 
 

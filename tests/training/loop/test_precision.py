@@ -30,6 +30,7 @@ from tests.support.trainer_harness import Harness, saved_checkpoint, sigterm_dur
 from training.checkpoints.sharded.state import unpack
 from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop.config import ConfigError, parse_config
+from training.records import EMERGENCY_SAVE, RESUMED
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -101,11 +102,11 @@ def test_bf16_mixed_through_a_fault_loses_no_step_and_repeats_the_run(
         first, code = run_here(tmp_path, data, args, before=_sigterm_in_step_4)
         stopped_at = 4
     assert code == WORKER_RESTART
-    (save,) = first.events("emergency_save")
+    (save,) = first.events(EMERGENCY_SAVE)
     assert save["step"] == stopped_at
     second, code = run_here(tmp_path, data, args)
     assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", stopped_at, 0)
     assert max_abs_difference(final_parameters(tmp_path / "durable"), expected) == 0.0
 

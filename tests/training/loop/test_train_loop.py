@@ -6,7 +6,6 @@ the test needs a peer to wait on storage. A peer's loss is the exception gloo ra
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -39,6 +38,16 @@ from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
 from training.loop.parallel import wrap
+from training.records import (
+    CHECKPOINT_SAVED,
+    EMERGENCY_SAVE,
+    PEER_FAILURE,
+    RESUMED,
+    SETTINGS_CHANGED,
+    STORAGE_FAILURE,
+    metrics_lines,
+    read_lines,
+)
 
 # --- Emergency saves --------------------------------------------------------------------------
 
@@ -59,7 +68,7 @@ def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
     assert h.trainer.run(stop, Phases()) == WORKER_RESTART
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"], save["durable"]) == (2, "peer_failure", stop_requested)
     head = h.durable.head()
     # Without a stop the node stays, and its node-local save is what the next round reads.
@@ -87,7 +96,7 @@ def test_the_sigterm_save_does_not_wait_for_a_stalled_periodic_save(
         assert h.trainer.saver.busy  # still stuck: the SIGTERM save went ahead beside it
     finally:
         release.set()
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"], save["durable"]) == (3, "sigterm", True)
     assert h.local.load().entry.step == 3
     assert h.trainer.saver.wait(30)  # the stalled step-2 save ends, and must not win
@@ -153,7 +162,7 @@ def test_a_run_started_again_over_an_emptied_store_never_resumes_an_old_node_loc
         path.unlink()
     again = harness(tmp_path, data_dir, "--max-steps=3", env=env)
     assert again.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
-    (resumed,) = again.events("resumed")
+    (resumed,) = again.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("fresh", 0)
     assert again.durable.head().step == 3  # its own saves count: none was dropped
 
@@ -199,7 +208,7 @@ def test_resuming_under_another_optimiser_setting_logs_and_uses_it(
     _trained_to(tmp_path, data_dir, 1)
     h = harness(tmp_path, data_dir, flag)
     h.trainer.restore()
-    (changed,) = h.events("settings_changed")
+    (changed,) = h.events(SETTINGS_CHANGED)
     assert (changed["step"], changed["changed"]) == (1, {key: {"old": old, "new": new}})
     (group,) = h.trainer.optimizer.param_groups
     assert group[key] == pytest.approx(new)  # the saved optimizer's value gave way
@@ -218,7 +227,7 @@ def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
         harness(tmp_path, data_dir, "--model-blocks=3").trainer.dcp.apply(state)
     h = harness(tmp_path, data_dir, "--model-blocks=2", "--dropout=0.5")
     h.trainer.dcp.apply(state)
-    (changed,) = h.events("settings_changed")
+    (changed,) = h.events(SETTINGS_CHANGED)
     assert changed["changed"] == {"dropout": {"old": 0.0, "new": 0.5}}
 
 
@@ -241,8 +250,8 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
 
     monkeypatch.setattr(wrap, "DistributedDataParallel", ddp)
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
-    assert [e["step"] for e in h.events("peer_failure")] == [3]
-    assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]
+    assert [e["step"] for e in h.events(PEER_FAILURE)] == [3]
+    assert [(e["step"], e["reason"]) for e in h.events(EMERGENCY_SAVE)] == [(3, "peer_failure")]
     assert h.local.load().entry.step == 3
 
 
@@ -256,8 +265,8 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
 
     monkeypatch.setattr(dist, "barrier", barrier)
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
-    assert [e["step"] for e in h.events("peer_failure")] == [2]
-    (save,) = h.events("emergency_save")
+    assert [e["step"] for e in h.events(PEER_FAILURE)] == [2]
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (2, True)  # rank 0 had committed it already
     assert h.local.load().entry.step == 2 and h.durable.head().step == 2
 
@@ -298,7 +307,7 @@ def test_a_runs_checkpoints_reach_the_store_from_a_file_never_as_bytes_in_memory
     store = Puts(tmp_path / "durable")
     h = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=2", store=store)
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
-    assert [e["step"] for e in h.events("checkpoint_saved")] == [2]
+    assert [e["step"] for e in h.events(CHECKPOINT_SAVED)] == [2]
     assert h.durable.head().step == 3
     assert store.puts == ["PosixPath", "PosixPath"]
     assert list((Path(h.trainer.cfg.checkpoint.local_dir) / ".scratch").iterdir()) == []
@@ -491,11 +500,11 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
     assert (
         failing.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
     )
-    assert [e["step"] for e in failing.events("storage_failure")] == [3]
+    assert [e["step"] for e in failing.events(STORAGE_FAILURE)] == [3]
     assert failing.local.load().entry.step == 3
     retry = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
     assert retry.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
-    (resumed,) = retry.events("resumed")
+    (resumed,) = retry.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("local", 3)
     assert retry.durable.head().step == 3
 
@@ -509,7 +518,7 @@ def test_a_nodes_last_round_commits_its_emergency_save_durably(
     env = DistEnv(rank=1, world_size=2, run_id="r", restart_count=restart_count, max_restarts=3)
     h = harness(tmp_path, data_dir, env=env)
     h.trainer.emergency_save("peer_failure")
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert save["durable"] is durable
     assert (h.durable.head() is not None) is durable
 
@@ -527,8 +536,7 @@ def test_a_metrics_line_written_late_says_when_its_step_was_applied(
     monkeypatch.setattr(metrics, "time", late)  # every line is written 100 s late
     h = harness(tmp_path, data_dir, "--max-steps=2", "--log-every=1")
     assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
-    lines = [json.loads(line) for line in h.stream.getvalue().splitlines()]
-    logged = [r for r in lines if r["kind"] == "metrics"]
+    logged = metrics_lines(read_lines(h.stream.getvalue()))
     assert [r["step"] for r in logged] == [1, 2]
     assert all(r["ts"] - r["applied_ts"] >= 99.0 for r in logged)
     assert logged[0]["applied_ts"] <= logged[1]["applied_ts"] <= time.time()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from training.data.cifar10 import DatasetError
 from training.elastic.exit_codes import OK
 from training.loop.config import ConfigError, parse_config
 from training.loop.inputs import load_data
+from training.records import EVALUATED, FINISHED, events_named, read_lines
 from training.tasks import TASKS
 from training.tasks.charlm import CharLMOptions, warmup_cosine
 
@@ -90,11 +90,11 @@ def test_evaluations_log_the_validation_loss_and_a_line_and_change_nothing(
         tmp_path / "eval", data, flags("charlm", "--max-steps=4", "--eval-every=2")
     )
     assert code == OK
-    records = [json.loads(line) for line in evaluated.stream.getvalue().splitlines()]
-    evals = [r for r in records if r.get("event") == "evaluated"]
+    records = read_lines(evaluated.stream.getvalue())
+    evals = events_named(records, EVALUATED)
     assert [r["step"] for r in evals] == [2, 4]
     assert all(r["eval_loss"] > 0 and isinstance(r["sample"], str) for r in evals)
-    (finished,) = [r for r in records if r.get("event") == "finished"]
+    (finished,) = events_named(records, FINISHED)
     assert finished["eval_loss"] == evals[-1]["eval_loss"]
     _, code = run_here(tmp_path / "plain", data, flags("charlm", "--max-steps=4"))
     assert code == OK

@@ -17,6 +17,7 @@ from tests.training.tasks.user_package import REFERENCE, user_package_on_path, w
 from training.checkpoints.sharded.state import unpack
 from training.elastic.exit_codes import BAD_INPUT, OK
 from training.loop.config import ConfigError, parse_config
+from training.records import METRICS, RESUMED
 from training.tasks import TASKS, is_task_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -54,7 +55,7 @@ def test_a_task_from_the_users_own_package_trains_and_resumes(
         assert losses[-1] < losses[0] / 10  # it learned the line
         second, code = run_here(tmp_path, tmp_path, [*ARGS, "--max-steps=35", "--width=3"])
         assert code == OK
-    (resumed,) = second.events("resumed")
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("durable", 30)
     saved = saved_checkpoint(tmp_path / "durable")
     assert saved["step"] == 35 and unpack(saved["run"])["task"] == REFERENCE
@@ -114,4 +115,4 @@ def _metrics(h: object) -> list[dict]:
     import json
 
     stream = h.stream  # type: ignore[attr-defined]
-    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["kind"] == "metrics"]
+    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["kind"] == METRICS]
