@@ -18,8 +18,7 @@ from bench.suite import BenchConfig, default_config, report_text, run_bench, smo
 from lab.local import process_tree
 from lab.local.etcd_server import EtcdError, find_etcd_binary
 from lab.local.session import LabError
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT, signal_exit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     violations = results.get("chaos", {}).get("summary", {}).get("violations", 0)
     if violations:
         _say(f"chaos: {violations} invariant violation(s); see {out / 'chaos' / 'chaos.json'}")
-    return EXIT_FAILED if errors or violations else EXIT_OK
+    return PERMANENT if errors or violations else OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,13 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except (ValueError, LabError, EtcdError) as err:
         _say(f"error: {err}")
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except BenchRunError as err:
         _say(f"benchmark failed: {err}")
-        return EXIT_FAILED
+        return PERMANENT
     except KeyboardInterrupt:
         _say("\ninterrupted; everything the benchmark started is stopped")
-        return EXIT_INTERRUPTED
+        return signal_exit(signal.SIGINT)
     finally:
         for pid in process_tree.descendants(os.getpid()):
             process_tree.kill_tree(pid)

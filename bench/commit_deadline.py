@@ -36,11 +36,13 @@ from lab.local.azurite_server import serve as serve_azurite
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore, ObjectStore
+from training.elastic.exit_codes import BAD_INPUT
 from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
 from training.loop.saves.emergency import DurableProgress, EmergencySave
 from training.loop.saves.periodic import BackgroundSaver
+from training.records import read_lines
 
 STORES = ("directory", "azurite")
 LOCAL_MAX_S = 2.0
@@ -120,7 +122,7 @@ def one_eviction(state: dict[str, Any], store: ObjectStore, work: Path) -> dict[
     save.note_stop()  # the SIGTERM
     outcome = save.save(1, lambda: state, "sigterm", lambda: True)
     total_s = time.perf_counter() - started
-    (event,) = [json.loads(line) for line in stream.getvalue().splitlines()]
+    (event,) = read_lines(stream.getvalue())
     head = durable.head()
     return {
         "local_s": round(event["local_s"], 3),
@@ -232,7 +234,7 @@ def main(argv: list[str]) -> int:
         results = {"commit_deadline": measure_commit_deadline(plan, say)}
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     results["targets"] = commit_targets(results["commit_deadline"])
     results["command"] = ["python", "-m", "bench", "commit-deadline", *argv]
     results["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -20,8 +20,9 @@ from bench.scenarios import RecoveryPlan, recovery_scenario
 from bench.stages import PHASES, STAGES, recovery_stages
 from bench.stats import median_of, ratio, summarize, summarize_known
 from lab.local.session import SessionOptions, run_session
-from lab.report.node_logs import Record, read_records
+from lab.report.node_logs import read_records
 from lab.report.outcomes import pause_after_s, paused_intervals
+from training.records import RESUMED, Record
 
 
 def measure_run(
@@ -82,7 +83,7 @@ def _outage_figures(fault: dict[str, Any], records: list[Record]) -> dict[str, A
     injected = float(fault["injected_at"])
     end = max((float(r["ts"]) for r in records), default=injected)
     paused = paused_intervals(records, injected, end, pause_after_s(records))
-    rounds = [r for r in records if r.get("event") == "resumed" and r["ts"] > injected]
+    rounds = [r for r in records if r.get("event") == RESUMED and r["ts"] > injected]
     paused_s = round(sum(b - a for a, b in paused), 3)
     return {
         "recovered": True,

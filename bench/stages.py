@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.report.node_logs import Record
+from training.records import EMERGENCY_SAVE, METRICS, PEER_FAILURE, READY, Record
 
 STAGES = ("detect_s", "rendezvous_s", "startup_s", "first_step_s")
 PHASES = (
@@ -43,7 +43,7 @@ def _first_event(
 
 def detected_at(records: list[Record], injected_at: float, end: float) -> float | None:
     """The first ``peer_failure`` after the fault, else the first ``emergency_save``."""
-    for names in (("peer_failure",), ("emergency_save",)):
+    for names in ((PEER_FAILURE,), (EMERGENCY_SAVE,)):
         record = _first_event(records, names, injected_at, end)
         if record is not None:
             return float(record["ts"])
@@ -59,7 +59,7 @@ def recovery_stages(fault: dict[str, Any], records: list[Record]) -> dict[str, A
     injected, recovered = fault["injected_at"], fault["recovered_at"]
     if not fault["recovered"] or recovered is None or fault["resumed_at"] is None:
         return None
-    ready = _first_event(records, ("ready",), fault["resumed_at"], recovered)
+    ready = _first_event(records, (READY,), fault["resumed_at"], recovered)
     if ready is None:
         return None
     spawned = float(ready["ts"]) - float(ready["seconds"])
@@ -81,7 +81,7 @@ def _paused(records: list[Record], world_before: int, resumed_at: float, recover
     steps = [
         float(r["ts"])
         for r in records
-        if r["kind"] == "metrics" and r["world_size"] == world_before and r["ts"] < resumed_at
+        if r["kind"] == METRICS and r["world_size"] == world_before and r["ts"] < resumed_at
     ]
     return _seconds(recovered - max(steps)) if steps else _seconds(recovered - resumed_at)
 

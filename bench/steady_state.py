@@ -24,8 +24,9 @@ from bench.profiles import Profile
 from bench.scenarios import SteadyPlan, steady_scenario, steady_train
 from lab.local import process_tree
 from lab.local.session import REPO_ROOT, SessionOptions, run_session
-from lab.report.node_logs import Record, read_records
+from lab.report.node_logs import read_records
 from training.elastic.launch import TRAIN_MODULE
+from training.records import METRICS, Record
 
 STATIC_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
@@ -107,13 +108,13 @@ def step_times(records: list[Record], world_size: int, warmup_steps: int) -> lis
     return [
         float(r["step_time_s"])
         for r in records
-        if r["kind"] == "metrics" and r["world_size"] == world_size and r["step"] > warmup_steps
+        if r["kind"] == METRICS and r["world_size"] == world_size and r["step"] > warmup_steps
     ]
 
 
 def _steps_run(records: list[Record]) -> int:
     """Optimiser steps the run logged (a step redone after a restart counts again)."""
-    return sum(1 for r in records if r["kind"] == "metrics")
+    return sum(1 for r in records if r["kind"] == METRICS)
 
 
 def _cpu_per_step(runs: list[dict[str, Any]]) -> dict[str, float]:

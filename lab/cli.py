@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 # (etcd, the nodes, the report, the Azure and Kubernetes clients, torch) loads when it runs.
 from lab.azure.cluster.command import CLUSTER_COMMANDS, add_cluster_parsers, run_cluster_command
 from lab.azure.storage_commands import STORAGE_COMMANDS, add_storage_parsers, run_storage_command
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter, bad_flag
+from lab.exit_status import HelpFormatter, bad_flag
 from lab.local.scenario import FAULT_KINDS
 from lab.local.scenario_file import BUILTIN_SCENARIOS, load_scenario
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT
 
 if TYPE_CHECKING:
     from lab.local.interrupts import InterruptGuard
@@ -147,7 +148,7 @@ def _report(args: argparse.Namespace) -> int:
             return bad_flag(f"--{flag.replace('_', '-')}", "> 0", value)
     if args.logs is None:
         code = _stored_records(args)
-        if code != EXIT_OK:
+        if code != OK:
             return code
     try:
         run = load_run(
@@ -155,7 +156,7 @@ def _report(args: argparse.Namespace) -> int:
         )
     except RunLogsError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     report = report_from_run(run)
     if run.source == "cluster":
         spot, demand, source = _run_prices(args)
@@ -164,7 +165,7 @@ def _report(args: argparse.Namespace) -> int:
     write_outputs(out, run, report)
     print(format_report(report))
     print(f"report: {out / 'report.json'}  plot: {out / 'timeline.png'}")
-    return EXIT_OK
+    return OK
 
 
 def _stored_records(args: argparse.Namespace) -> int:
@@ -264,8 +265,8 @@ def _run(args: argparse.Namespace, guard: InterruptGuard) -> int:
     # "settled": the scenario asked to stop once its last fault settled (stop_when_settled).
     if outcome["status"] not in ("finished", "settled") or not report["run"]["all_recovered"]:
         print(f"lab run failed: {outcome['message']}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+        return PERMANENT
+    return OK
 
 
 def _list_scenarios() -> int:
@@ -274,7 +275,7 @@ def _list_scenarios() -> int:
         print(f"{name}: {scenario.nodes} nodes, {scenario.train.max_steps} steps")
         for index, fault in enumerate(scenario.faults):
             print(f"  {index}. {fault.describe()}")
-    return EXIT_OK
+    return OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, guard)
         except (ScenarioError, LabError, EtcdError) as err:
             print(f"error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return BAD_INPUT
         except KeyboardInterrupt:
             print("\ninterrupted; everything the lab started is stopped", file=sys.stderr)
             return guard.exit_code

@@ -1,5 +1,6 @@
-"""What every ``python -m lab`` command shares: the same three exit statuses, one help layout,
-and bad input said the same way."""
+"""What every ``python -m lab`` command shares: one help layout, and bad input said the same
+way. The exit statuses are the training program's own (training/elastic/exit_codes.py): 0
+done, 1 failed, 2 bad input (nothing was started)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,7 @@ import argparse
 import sys
 import textwrap
 
-EXIT_OK = 0
-"""Done, or (preflight) ``pulumi up`` can go ahead."""
-EXIT_FAILED = 1
-"""The run or a check failed, or Azure could not be reached."""
-EXIT_BAD_INPUT = 2
-"""A flag, a scenario or the stack config is wrong; nothing was started."""
+from training.elastic.exit_codes import BAD_INPUT
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -41,4 +37,4 @@ def bad_flag(flag: str, allowed: str, got: object) -> int:
 
     The training program's wording (``--lr must be > 0, got -1``), in every command."""
     print(f"error: {flag} must be {allowed}, got {got}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return BAD_INPUT

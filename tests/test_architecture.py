@@ -14,11 +14,17 @@ MAY_IMPORT = {
     "lab.live": ("lab.report",),
     "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
     "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
+    "training.records": (),
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
-    "training.node_agent": (),
-    "training.data": ("training.api", "training.elastic", "training.checkpoints"),
+    "training.node_agent": ("training.elastic",),
+    "training.data": (
+        "training.api",
+        "training.elastic",
+        "training.checkpoints",
+        "training.records",
+    ),
     "training.tasks": ("training.api", "training.data"),
     "training.settings": ("training.tasks", "training.data", "training.elastic"),
     "training.loop": (
@@ -28,6 +34,7 @@ MAY_IMPORT = {
         "training.elastic",
         "training.checkpoints",
         "training.data",
+        "training.records",
     ),
 }
 """What each room of ``lab/`` and ``training/`` may import from its own package besides itself.
@@ -217,3 +224,67 @@ def test_the_architecture_page_names_the_rooms_and_their_imports_this_module_hol
         targets = [] if may == "nothing" else [t.strip("` ") for t in may.split(",")]
         documented[name] = tuple(sorted(f"{package}.{t}" for t in targets))
     assert documented == {room: tuple(sorted(may)) for room, may in MAY_IMPORT.items()}
+
+
+def _exit_code_names(tree: ast.AST) -> list[str]:
+    """Names bound to an exit code outside the table: ``EXIT_*`` assigned an int or a name."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        value = node.value
+        if isinstance(value, ast.Constant) and isinstance(value.value, float):
+            continue  # a time: EXIT_BARRIER_TIMEOUT_S
+        for target in node.targets:
+            for name in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(name, ast.Name) and name.id.startswith("EXIT_"):
+                    found.append(f"{name.id} (line {node.lineno})")
+    return found
+
+
+def test_exit_codes_come_from_the_one_table() -> None:
+    """``training/elastic/exit_codes.py`` is the table (0 done, 1 failed, 2 bad input, 75, 138,
+    ...): nobody defines a code of their own, nor an alias of one."""
+    wrong = [
+        f"{name}: {found}"
+        for name, path in MODULES.items()
+        for found in _exit_code_names(ast.parse(path.read_text(), str(path)))
+    ]
+    assert not wrong, "\n".join(wrong)
+    aliases = "EXIT_OK, EXIT_FAILED = 0, 1\nEXIT_BAD_INPUT = BAD_INPUT\nEXIT_WAIT_S = 1.5\n"
+    assert _exit_code_names(ast.parse(aliases)) == [
+        "EXIT_OK (line 1)",
+        "EXIT_FAILED (line 1)",
+        "EXIT_BAD_INPUT (line 2)",
+    ]
+
+
+def _test_module_imports(root: Path) -> list[str]:
+    """Imports of a test module (``test_*.py``) anywhere under ``root``, by any module there."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            if any(part.startswith("test_") for name in names for part in name.split(".")):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in ``tests/support/`` (or a folder's ``conftest.py``), never in a
+    ``test_*.py`` another one imports: a module of tests holds tests."""
+    wrong = _test_module_imports(REPO / "tests")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_test_import_finder_finds_one(tmp_path: Path) -> None:
+    (tmp_path / "test_b.py").write_text(
+        "from tests.a.test_a import helper\nimport tests.test_c\nfrom tests.support import x\n"
+    )
+    assert _test_module_imports(tmp_path) == ["test_b.py:1", "test_b.py:2"]

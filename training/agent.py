@@ -41,8 +41,6 @@ from training.elastic.launch import (
 
 logger = logging.getLogger("training.agent")
 
-EXIT_BAD_INPUT = BAD_INPUT
-
 
 NOT_ETCD_V3 = "does not serve etcd's v3 API"
 """In a problem that no wait fixes: the endpoint answers, but not as etcd's v3 gateway."""
@@ -128,12 +126,12 @@ def main(
     launcher = env.get(LAUNCHER_ENV) or LAUNCHERS[0]
     if launcher not in LAUNCHERS:
         logger.error("%s must be one of %s, got %r", LAUNCHER_ENV, ", ".join(LAUNCHERS), launcher)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     problem = check_rendezvous(env, wait_s=float(env.get("TRAIN_RDZV_WAIT_S", "120")))
     if problem is not None:
         # An endpoint that is not etcd's v3 API fails every pod alike: the job fails. An etcd
         # still unreachable after the wait may be back for a new pod (the operator retries).
-        code = EXIT_BAD_INPUT if NOT_ETCD_V3 in problem else RETRY_ME
+        code = BAD_INPUT if NOT_ETCD_V3 in problem else RETRY_ME
         logger.error("%s; exiting %d", problem, code)
         return code
     code = fetch_data(env)
@@ -157,12 +155,12 @@ def fetch_data(env: Mapping[str, str]) -> int | None:
         logger.error(
             "%s is set but %s is empty: where should the data go?", DATA_URI_ENV, DATA_DIR_ENV
         )
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     try:
         fetch_dataset(uri, dest)
     except ValueError as exc:  # no data, a refused identity, a bad URI
         logger.error("%s", exc)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except OSError as exc:  # the store is unreachable from this node: a new pod may do better
         logger.error("cannot copy the dataset from %s (%s): exiting %d", uri, exc, RETRY_ME)
         return RETRY_ME
@@ -305,7 +303,7 @@ def _ending(exc: BaseException) -> tuple[int, bool]:
         return _device_fault(str(exc))
     except ValueError as exc:  # bad flags or data, or a launcher that cannot run, before joining
         logger.error("%s", exc)
-        return EXIT_BAD_INPUT, False
+        return BAD_INPUT, False
     except SignalException as exc:
         # torch's agent turns SIGTERM into this exception after stopping its workers (which
         # saved on the same signal). Uncaught it would exit 1, which the ExitCode policy
@@ -315,7 +313,7 @@ def _ending(exc: BaseException) -> tuple[int, bool]:
         return code, False
     except BadInputAfterJoin as exc:
         logger.error("%s; stopping without another restart", exc)
-        return EXIT_BAD_INPUT, True
+        return BAD_INPUT, True
     except ChildFailedError as exc:
         codes = [failure.exitcode for failure in exc.failures.values()]
         if DEVICE_FAULT in codes:  # its last restart: the file was not read before the end

@@ -18,7 +18,7 @@ from training.checkpoints.checkpoint import CheckpointError
 from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.storage import ObjectStore
 from training.data.cifar10 import DatasetError
-from training.elastic.exit_codes import DEVICE_FAULT, LOCAL_ERROR
+from training.elastic.exit_codes import BAD_INPUT, DEVICE_FAULT, LOCAL_ERROR, OK, WORKER_RESTART
 from training.elastic.faults import (
     StopRequest,
     every_rank_raised,
@@ -40,7 +40,7 @@ from training.loop.metrics import EventLog, Phases, setup_logging
 from training.loop.run_records import open_records
 from training.loop.step_guard import StepGuard
 from training.loop.trainer import Trainer
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART, exit_now
+from training.loop.trainer_state import exit_now
 
 logger = logging.getLogger("training")
 
@@ -86,7 +86,7 @@ def run(argv: list[str] | None = None) -> int:
 
     def stop_before_training() -> None:
         events.close()  # the run's records so far (its sink, once open)
-        exit_now(EXIT_RESTART)
+        exit_now(WORKER_RESTART)
 
     stop.until_then(stop_before_training)
     watch_pauses()  # from here, not from the first step: a pause while restoring counts
@@ -94,10 +94,10 @@ def run(argv: list[str] | None = None) -> int:
         cfg, data, store, local = load_inputs(argv, env)
     except (ConfigError, DatasetError) as exc:
         logger.error("%s", exc)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except StoreUnavailable as exc:
         logger.error("%s", exc)
-        return EXIT_RESTART
+        return WORKER_RESTART
     phases.mark("inputs")
     events.sink = open_records(cfg.checkpoint.records_uri, cfg.checkpoint.checkpoint_uri)
     try:
@@ -141,9 +141,9 @@ def _run(
         # A peer vanished while the group formed (its store timed out waiting for it): a lost
         # peer, like one in a collective, not a bug. Nothing was trained in this round.
         logger.warning("a peer left while the process group formed: %s", exc)
-        return EXIT_RESTART
+        return WORKER_RESTART
     phases.mark("process_group")
-    code = EXIT_OK
+    code = OK
     try:
         trainer = Trainer(cfg, env, device, data, store, local, events, group, guard)
         stop.on_stop(lambda: trainer.stop_now(stop))
@@ -151,10 +151,10 @@ def _run(
         code = trainer.run(stop, phases)
     except (ConfigError, TaskContractError) as exc:
         logger.error("%s", exc)
-        code = EXIT_BAD_INPUT
+        code = BAD_INPUT
     except CheckpointError as exc:  # e.g. the store unreadable from every rank: retry later
         logger.error("%s", exc)
-        code = EXIT_RESTART
+        code = WORKER_RESTART
     except Exception as exc:
         code = _not_the_jobs(exc, group)  # raised again when every rank raised it
     finally:

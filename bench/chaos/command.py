@@ -16,8 +16,8 @@ from bench.chaos.campaign import ReferenceRunError, run_campaign, summary_table
 from bench.chaos.plan import ChaosPlan
 from lab.local import netns, process_tree
 from lab.local.etcd_server import EtcdError
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT, signal_exit
 
-EXIT_OK, EXIT_VIOLATIONS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEFAULT_SCHEDULES = 200
 
 
@@ -130,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + table)
     print(f"\nresults: {out / 'chaos.json'}")
     if results["summary"]["violations"]:
-        return EXIT_VIOLATIONS
-    return EXIT_INTERRUPTED if results["interrupted"] else EXIT_OK
+        return PERMANENT
+    return signal_exit(signal.SIGINT) if results["interrupted"] else OK
 
 
 def main(argv: list[str]) -> int:
@@ -144,13 +144,13 @@ def main(argv: list[str]) -> int:
         return run(args)
     except (ValueError, EtcdError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except ReferenceRunError as err:
         print(f"chaos failed: {err}", file=sys.stderr)
-        return EXIT_VIOLATIONS
+        return PERMANENT
     except KeyboardInterrupt:
         print("\ninterrupted; everything the campaign started is stopped", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return signal_exit(signal.SIGINT)
     finally:
         for pid in process_tree.descendants(os.getpid()):
             process_tree.kill_tree(pid)

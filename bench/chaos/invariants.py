@@ -47,8 +47,17 @@ from bench.chaos.endings import (
     signal_name,
 )
 from bench.chaos.store_excuse import store_refused
-from lab.report.node_logs import Record
 from lab.report.outcomes import groups_at_once
+from training.records import (
+    EMERGENCY_SAVE,
+    FINISHED,
+    METRICS,
+    RESUMED,
+    STARTED,
+    Record,
+    acknowledged_step,
+    completed_step,
+)
 
 TOLERANCE = 1e-9
 """float64 runs at world sizes 1-3 agree to ~1e-15; one step more or less moves ~1e-3 (the
@@ -105,7 +114,7 @@ class Evidence:
     stop_deadline_s: float
     nproc_per_node: int = 1
     store_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Each node's log of its durable store's calls (training/checkpoints/faulty_store.py)."""
+    """Each node's log of its durable store's calls (bench/chaos/faulty_store.py)."""
 
 
 @dataclass
@@ -155,7 +164,7 @@ def processes(evidence: Evidence) -> list[Process]:
 
 def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
     finished_at = min(
-        (r["ts"] for r in evidence.records if r.get("event") == "finished"), default=None
+        (r["ts"] for r in evidence.records if r.get("event") == FINISHED), default=None
     )
     finished = finished_at is not None
     for proc in processes(evidence):
@@ -194,15 +203,11 @@ def check_exit_codes(evidence: Evidence, verdict: Verdict) -> None:
             verdict.violate("finished", f"{proc.node} ended for good ({how}, {code})")
 
 
-COMPLETED = ("checkpoint_saved", "emergency_save", "step_completed")
-"""Events that show a step completed, beside rank 0's metrics lines: saves, and the line every
-other node logs at a log step (training/loop/trainer.py), so a step is counted from every
-node's own log, not only from the survivors' own word at the next resume."""
-
-
 def _completions(records: list[Record]) -> list[Record]:
-    """Records that show a step completed, in any node's log."""
-    return [r for r in records if r["kind"] == "metrics" or r.get("event") in COMPLETED]
+    """Records that show a step completed, in any node's log (``completed_step``: rank 0's
+    metrics, saves, and the line every other node logs at a log step), so a step is counted
+    from every node's own log, not only from the survivors' own word at the next resume."""
+    return [r for r in records if completed_step(r) is not None]
 
 
 def _holders(records: list[Record], first: Record) -> dict[str, float]:
@@ -214,7 +219,7 @@ def _holders(records: list[Record], first: Record) -> dict[str, float]:
     for r in records:
         if group and r.get("rdzv_round") == group:
             found.setdefault(r["node"], r["ts"])
-            if r.get("event") == "emergency_save" and int(r["step"]) < best:
+            if r.get("event") == EMERGENCY_SAVE and int(r["step"]) < best:
                 behind.add(r["node"])
     return {node: ts for node, ts in found.items() if node not in behind}
 
@@ -244,14 +249,14 @@ def _fate(
 def _trained(records: list[Record], resumed: Record) -> bool:
     """Whether the round that ``resumed`` started trained a step (else it redid nothing)."""
     group = resumed.get("rdzv_round")
-    return any(r["kind"] == "metrics" and r.get("rdzv_round") == group for r in records)
+    return any(r["kind"] == METRICS and r.get("rdzv_round") == group for r in records)
 
 
 def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]) -> int:
     """The no-lost-step invariant; the steps lost in all (excused ones included)."""
     records, lost_total = evidence.records, 0
     completions = _completions(records)
-    for resumed in (r for r in records if r.get("event") == "resumed"):
+    for resumed in (r for r in records if r.get("event") == RESUMED):
         before = [c for c in completions if c["ts"] < resumed["ts"]]
         best = max((int(c["step"]) for c in before), default=-1)
         if int(resumed["step"]) >= best or not _trained(records, resumed):
@@ -280,9 +285,9 @@ def check_lost_steps(evidence: Evidence, verdict: Verdict, sigs: dict[str, list]
 def check_ranks(evidence: Evidence, verdict: Verdict) -> None:
     """Every round that trained a step: its world, rank by rank, node by node."""
     nproc, records = evidence.nproc_per_node, evidence.records
-    trained = {r.get("rdzv_round") for r in records if r["kind"] == "metrics"}
+    trained = {r.get("rdzv_round") for r in records if r["kind"] == METRICS}
     for round_ in sorted(r for r in trained if r is not None):
-        started = [r for r in records if r.get("event") == "started" and r["rdzv_round"] == round_]
+        started = [r for r in records if r.get("event") == STARTED and r["rdzv_round"] == round_]
         worlds = {r["world_size"] for r in started}
         ranks = sorted(r["rank"] for r in started)
         nodes: dict[str, list[int]] = {}
@@ -318,12 +323,7 @@ def check_durable(evidence: Evidence, verdict: Verdict) -> None:
             )
         if head is None or found >= head[0]:
             head = (found, check["node"])
-    acked = [
-        int(r["step"])
-        for r in evidence.records
-        if r.get("event") in ("checkpoint_saved", "finished")
-        or (r.get("event") == "emergency_save" and r.get("durable"))
-    ]
+    acked = [s for r in evidence.records if (s := acknowledged_step(r)) is not None]
     if acked and (evidence.newest_verified is None or evidence.newest_verified < max(acked)):
         verdict.violate(
             "durable not behind",
@@ -356,6 +356,6 @@ def worst_pause(evidence: Evidence) -> float | None:
     start = next((a["ts"] for a in evidence.actions if a["kind"] == "warm"), None)
     if start is None:
         return None
-    times = sorted(r["ts"] for r in evidence.records if r["kind"] == "metrics" and r["ts"] >= start)
+    times = sorted(r["ts"] for r in evidence.records if r["kind"] == METRICS and r["ts"] >= start)
     times = [start, *times]
     return round(max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0), 2)

@@ -35,9 +35,10 @@ from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.netns import Network
 from lab.local.node import wait_for_exit
 from lab.local.runner import FaultRunner, RunOutcome, _FollowUp
-from lab.report.node_logs import LogTail, Record
+from lab.report.node_logs import LogTail
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
+from training.records import STARTED, Record, acknowledged_step
 
 TOP_UP_AFTER_S = 3.0
 """After the last fault (and what it set off), how long before the capacity comes back."""
@@ -47,8 +48,8 @@ not re-form) comes back this long after its freeze anyway."""
 
 
 class StoreControl:
-    """The windows of trouble the workers' durable store reads (training/checkpoints/
-    faulty_store.py), and the nodes' logs of the calls that met them."""
+    """The windows of trouble the workers' durable store reads (bench/chaos/faulty_store.py),
+    and the nodes' logs of the calls that met them."""
 
     def __init__(self, control: Path, logs: Path) -> None:
         self.control, self.logs = control, logs
@@ -328,14 +329,12 @@ class ChaosRunner(FaultRunner):
 
     def _observe(self, number: int, record: Record) -> None:
         super()._observe(number, record)
-        if record.get("event") == "started":
+        if record.get("event") == STARTED:
             self._fire("sigterm-restore", number, record["ts"], round=record.get("rdzv_round"))
             for other, paused in self._paused.items():
                 if other != number and paused.reformed is None and record["ts"] > paused.since:
                     paused.reformed = time.monotonic()
-        if record.get("event") in ("checkpoint_saved", "finished") or (
-            record.get("event") == "emergency_save" and record.get("durable")
-        ):
+        if acknowledged_step(record) is not None:
             self._check_ack(record)
 
     def _fire_uploads(self) -> None:

@@ -33,7 +33,7 @@ starting a new round (its restore, slowed down by the store), or a checkpoint up
 down too). One that finds no such moment within ``ARM_S`` is recorded as not landed."""
 STORE_FAULTS = ("store-slow", "store-fail")
 """The durable store answers every call ``delay_s`` late, or fails every call, for
-``seconds`` (training/checkpoints/faulty_store.py)."""
+``seconds`` (bench/chaos/faulty_store.py)."""
 THAWS = ("thaw", "thaw-upload")
 """A paused VM that comes back: SIGSTOP the node's whole tree, and SIGCONT it ``thaw_s`` after
 the group re-formed without it (and no sooner than ``seconds`` after the freeze); until then

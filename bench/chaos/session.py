@@ -2,7 +2,7 @@
 
 The lab's own pieces (``lab/local/``: the workspace that always cleans up, the embedded etcd,
 the node set, the runner), with the workers' durable store behind the faulty store of
-``training/checkpoints/faulty_store.py`` and the campaign's runner (``bench/chaos/runner.py``).
+``bench/chaos/faulty_store.py`` and the campaign's runner (``bench/chaos/runner.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from bench.chaos.faulty_store import faulty_env
 from bench.chaos.invariants import Evidence, check
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
@@ -27,7 +28,6 @@ from lab.local.node import TorchrunNode
 from lab.local.scenario import Scenario, validate_scenario
 from lab.local.session import NodeSet, lab_workspace
 from lab.report.node_logs import read_jsonl, read_records
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy
@@ -43,11 +43,7 @@ class ChaosNodes(NodeSet):
 
     def make(self, number: int) -> TorchrunNode:
         node = super().make(number)
-        env = {
-            **node.launch.env,
-            FAULTY_STORE_ENV: str(self.store.control),
-            FAULTY_STORE_LOG_ENV: str(self.store.log_of(number)),
-        }
+        env = {**node.launch.env, **faulty_env(self.store.control, self.store.log_of(number))}
         node.launch = dataclasses.replace(node.launch, env=env)
         self.store_logs[node.name] = self.store.log_of(number)
         return node

@@ -1,6 +1,6 @@
 """Whether the store, as measured in one schedule, left an evicted node no room to commit (pure).
 
-The faulty store logs every call of every node (training/checkpoints/faulty_store.py: start,
+The faulty store logs every call of every node (bench/chaos/faulty_store.py: start,
 duration, the delay injected, the outcome). A step lost to an eviction is excused only when the
 calls measured in its stop deadline show that no commit could have fitted:
 

@@ -7,7 +7,6 @@ second start read from the source."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import signal
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 
 from training.data.dataset_marker import MARKER, local_file, marker_body
+from training.records import DATA_COPIED, events_named, read_lines
 
 BLOCK = 1 << 20
 COPY = (
@@ -56,7 +56,7 @@ def copy(source: Path, dest: Path, kill_at: int | None = None) -> dict[str, floa
     seconds = time.monotonic() - started
     # ru_maxrss of the children waited for: the largest, in KiB on Linux; one child at a time.
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    copied = [json.loads(line) for line in out.splitlines() if '"data_copied"' in line]
+    copied = events_named(read_lines(out), DATA_COPIED)
     read = copied[0]["bytes_read"] if copied else _on_disk(dest)
     return {"seconds": seconds, "peak_rss": peak, "bytes_read": read, "code": child.returncode}
 

@@ -32,6 +32,7 @@ from torch import nn
 
 from training.data.loader import InlineLoader, Loader, PrefetchLoader, StreamLoader
 from training.data.sampler import ElasticSampler, StreamSampler
+from training.elastic.exit_codes import BAD_INPUT
 
 MODES = ("inline", "workers", "stream")
 WIDTH = 64
@@ -175,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.warmup < 0 or args.prefetch_steps < 0 or args.delay_ms < 0:
         name = (bad or ["warmup, --prefetch-steps or --delay-ms"])[0].replace("_", "-")
         print(f"error: --{name}: counts must be >= 1, the others >= 0", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     if args.global_batch % args.micro_batch:
         print("error: --global-batch must be a multiple of --micro-batch", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     torch.set_num_threads(args.threads)
     text, results = report(args, measure(args))
     print(text)

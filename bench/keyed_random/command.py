@@ -28,6 +28,7 @@ import torch
 
 from training.api import BuildContext, MicroBatch
 from training.api.keyed_random import keyed_seed
+from training.elastic.exit_codes import BAD_INPUT
 from training.tasks import charlm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             "and --global-batch a multiple of --micro-batch",
             file=sys.stderr,
         )
-        return 2
+        return BAD_INPUT
     if not 0.0 < args.dropout < 1.0:
         print(f"error: --dropout must be in (0, 1), got {args.dropout}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     if args.device not in ("cpu", "cuda") or (
         args.device == "cuda" and not torch.cuda.is_available()
     ):
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: --device must be cpu or cuda (with a GPU), got {args.device!r}",
             file=sys.stderr,
         )
-        return 2
+        return BAD_INPUT
     torch.set_num_threads(args.threads)
     text, results = report(args, measure(args), measure_one_site(args))
     print(text)

@@ -10,7 +10,6 @@ issue 36 that made rank 0 commit its save durably before the group could re-form
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,15 +24,15 @@ from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from lab.local.process_tree import kill_tree
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from training.records import EMERGENCY_SAVE, METRICS, Record, read_log
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS_BEFORE_LOSS = 5
 """Steps at world size 4 before the kill: both nodes warm."""
 
 
-def _records(out: Path) -> list[dict[str, Any]]:
-    complete = out.read_text().rpartition("\n")[0]
-    return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
+def _records(out: Path) -> list[Record]:
+    return read_log(out)
 
 
 def _wait(condition: Any, timeout_s: float, what: str) -> None:
@@ -108,7 +107,7 @@ def _metrics(root: Path, node: str, world: int, after: float = 0.0) -> list[dict
     return [
         r
         for r in _records(root / f"{node}.out")
-        if r["kind"] == "metrics" and r["world_size"] == world and r["ts"] > after
+        if r["kind"] == METRICS and r["world_size"] == world and r["ts"] > after
     ]
 
 
@@ -129,7 +128,7 @@ def _measure(root: Path, nodes: dict[str, subprocess.Popen[bytes]]) -> dict[str,
     saves = [
         r
         for r in _records(root / f"{survivor}.out")
-        if r.get("event") == "emergency_save" and killed < r["ts"] <= first["ts"]
+        if r.get("event") == EMERGENCY_SAVE and killed < r["ts"] <= first["ts"]
     ]
     return {
         "reform_s": round(first["ts"] - killed, 3),

@@ -14,8 +14,7 @@ from bench.rendezvous_scale.agents import ScaleError
 from bench.rendezvous_scale.runner import ScaleConfig, run_scale
 from bench.rendezvous_scale.tables import report_text
 from lab.local.etcd_server import EtcdError, find_etcd_binary
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT, signal_exit
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -110,13 +109,13 @@ def main(argv: list[str]) -> int:
         results = run_scale(config, out, _say)
     except (ValueError, EtcdError) as err:
         _say(f"error: {err}")
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except ScaleError as err:
         _say(f"benchmark failed: {err}")
-        return EXIT_FAILED
+        return PERMANENT
     except KeyboardInterrupt:
         _say("\ninterrupted; the agents' processes and etcd are stopped")
-        return EXIT_INTERRUPTED
+        return signal_exit(signal.SIGINT)
     results["command"] = ["python", "-m", "bench", "rendezvous-scale", *argv]
     text = report_text(results)
     (out / "rendezvous-scale.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -126,4 +125,4 @@ def main(argv: list[str]) -> int:
     failed = [m["nodes"] for m in results["measured"] if m["summary"]["errors"]]
     for nodes in failed:
         _say(f"N={nodes}: a round did not form; see {out / 'workers.log'}")
-    return EXIT_FAILED if failed else EXIT_OK
+    return PERMANENT if failed else OK

@@ -28,6 +28,7 @@ from bench.sharded_state.fsdp2 import measure_fsdp2, open_store
 from bench.sharded_state.model import MIB, shape, state_bytes_of
 from bench.sharded_state.report import table, targets
 from bench.sharded_state.steady import measure_steady
+from training.elastic.exit_codes import BAD_INPUT
 
 QUICK = {
     "state_mib": 12,
@@ -146,7 +147,7 @@ def main(argv: list[str]) -> int:
         results = run(flags, say)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     results["command"] = ["python", "-m", "bench", "sharded-state", *argv]
     results["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["load_average"] = os.getloadavg()

@@ -23,6 +23,7 @@ from typing import Any
 
 from lab.live.status_line import StatusLine
 from training.data.dataset_marker import MARKER, DataFile, local_file, marker_body
+from training.elastic.exit_codes import BAD_INPUT, OK
 
 DIGEST_METADATA = "sha256"
 """The blob metadata holding a file's SHA-256, set with its upload."""
@@ -154,11 +155,10 @@ def main(args: Any, environ: Mapping[str, str]) -> int:
     """``lab data upload``, its flags parsed; the exit status."""
     from lab.azure.clients import storage_credential
     from lab.azure.stack_outputs import data_uri, stack_uri, storage_exit
-    from lab.exit_status import EXIT_BAD_INPUT, EXIT_OK
 
     if not args.dir.is_dir():
         print(f"error: DIR {args.dir} is not a directory", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     plan: list[Upload] = []
 
     def run() -> None:
@@ -167,7 +167,7 @@ def main(args: Any, environ: Mapping[str, str]) -> int:
         upload(plan[0], storage_credential(uri, environ))
 
     code = storage_exit(run)
-    if code == EXIT_OK:
+    if code == OK:
         where = "/".join(p for p in (plan[0].container_uri, plan[0].prefix) if p)
         print(f"{where} holds the dataset and its marker: waiting workers start copying it")
     return code

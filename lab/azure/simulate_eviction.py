@@ -31,11 +31,11 @@ from azure.mgmt.compute.models import VirtualMachineScaleSet, VirtualMachineScal
 from catalog.gpu_pools import NODE
 from lab.azure.clients import AzureError, credential_from_env
 from stack_config import LabConfig
+from training.elastic.exit_codes import BAD_INPUT
 
 POOL_TAG = "aks-managed-poolName"
 # A dataclass field's plain default is also its class attribute: the stack's default namespace.
 DEFAULT_NAMESPACE: str = LabConfig.namespace
-EXIT_USAGE = 2
 
 ClientFactory = Callable[[str], AbstractContextManager[ComputeManagementClient]]
 PodResolver = Callable[[str, str], str]
@@ -382,7 +382,7 @@ def main(
 
 def _fail(message: str) -> int:
     print(f"simulate-eviction: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return BAD_INPUT
 
 
 if __name__ == "__main__":

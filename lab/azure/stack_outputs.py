@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from lab.azure.stack_choice import selected_stack
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from stack_config.files import PROJECT_DIR
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT
 
 
 class StackOutputsError(Exception):
@@ -88,8 +88,8 @@ def storage_exit(action: Callable[[], None], bad_input: tuple[type[Exception], .
         action()
     except (StackOutputsError, ValueError, *bad_input) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except (AzureError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+        return PERMANENT
+    return OK

@@ -43,6 +43,7 @@ from training.checkpoints.checkpoint import CheckpointError, CheckpointRepositor
 from training.checkpoints.sharded.metadata import decode
 from training.checkpoints.sharded.repository import PREFIX
 from training.checkpoints.storage import FileStore, ObjectStore
+from training.elastic.exit_codes import BAD_INPUT
 
 MODEL_PREFIX = "model.model."
 """DCP's flattened names of the model's tensors in a checkpoint: the ``model`` entry of the
@@ -306,11 +307,10 @@ def open_checkpoints(uri: str, environ: Mapping[str, str]) -> ObjectStore:
 def main(args: Any, environ: Mapping[str, str]) -> int:
     """``lab export``, its flags parsed; the exit status."""
     from lab.azure.stack_outputs import checkpoint_uri, stack_uri, storage_exit
-    from lab.exit_status import EXIT_BAD_INPUT
 
     if args.out.suffix not in (".pt", ".safetensors"):
         print(f"error: --out {args.out} must end in .pt or .safetensors", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
 
     def run() -> None:
         store = open_checkpoints(

@@ -4,23 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.report.node_logs import Record
+from training.records import (
+    CHECKPOINT_SAVED,
+    DATA_COPIED,
+    DATA_WAITING,
+    EMERGENCY_SAVE,
+    FINISHED,
+    METRICS,
+    PEER_FAILURE,
+    RESUMED,
+    STARTED,
+    Record,
+)
 
 
 def describe_event(record: Record) -> str:
     """A short text for the status line, e.g. ``resumed step 120 (local) on node-1``."""
     name = record.get("event", "?")
     details = {
-        "resumed": f"step {record.get('step')} ({record.get('source')}), "
+        RESUMED: f"step {record.get('step')} ({record.get('source')}), "
         f"world {record.get('world_size')}",
-        "checkpoint_saved": f"step {record.get('step')}",
-        "emergency_save": f"step {record.get('step')} ({record.get('reason')})",
-        "peer_failure": f"step {record.get('step')}",
-        "finished": f"step {record.get('step')}",
-        "started": f"rank {record.get('rank')}",
+        CHECKPOINT_SAVED: f"step {record.get('step')}",
+        EMERGENCY_SAVE: f"step {record.get('step')} ({record.get('reason')})",
+        PEER_FAILURE: f"step {record.get('step')}",
+        FINISHED: f"step {record.get('step')}",
+        STARTED: f"rank {record.get('rank')}",
         # The agent's, before it joins: the data source has no completion marker yet.
-        "data_waiting": f"{record.get('waited_s')} s: {record.get('why')}; {record.get('hint')}",
-        "data_copied": f"{record.get('files')} files, {record.get('copied')} copied now",
+        DATA_WAITING: f"{record.get('waited_s')} s: {record.get('why')}; {record.get('hint')}",
+        DATA_COPIED: f"{record.get('files')} files, {record.get('copied')} copied now",
     }.get(name, "")
     return f"{name} {details} on {record.get('node')}".replace("  ", " ")
 
@@ -46,7 +57,7 @@ class JobView:
 
     def observe(self, record: Record) -> None:
         """Fold one record into the view."""
-        if record["kind"] == "metrics":
+        if record["kind"] == METRICS:
             if record["ts"] < self.metrics_ts:
                 return  # a late line from an older round, read after a newer one
             self.metrics_ts = float(record["ts"])
@@ -57,13 +68,13 @@ class JobView:
                 self.lines_since_reset += 1
             return
         name = record.get("event")
-        if name == "resumed":
+        if name == RESUMED:
             self.step = int(record["step"])
             self.resumed_ts = max(self.resumed_ts, float(record["ts"]))
             self.reset(float(record["ts"]))
-        if name == "finished":
+        if name == FINISHED:
             self.finished = True
-        if name != "started":  # every worker start would drown the interesting events
+        if name != STARTED:  # every worker start would drown the interesting events
             self.last_event = describe_event(record)
 
     def reset(self, ts: float) -> None:

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from training.elastic.exit_codes import signal_exit
+
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# What a shell reports for a process that a signal ended: 128 + the signal number.
-SIGNAL_EXIT_BASE = 128
 
 
 class InterruptGuard:
@@ -43,7 +43,7 @@ class InterruptGuard:
     def exit_code(self) -> int:
         """128 + the first signal (143 for SIGTERM, 130 for SIGINT); 130 if none came."""
         first = self.received[0] if self.received else signal.SIGINT
-        return SIGNAL_EXIT_BASE + int(first)
+        return signal_exit(first)
 
 
 def _active_guard() -> InterruptGuard | None:

@@ -21,9 +21,10 @@ from lab.live.status_line import StatusLine, status_text
 from lab.local.node import NodeProcess, logged_bytes, wait_for_exit, wait_for_first_word
 from lab.local.run_extension import StepRate, extended_end, margin_steps
 from lab.local.scenario import Fault, MembershipChange, Scenario
-from lab.report.node_logs import LogTail, Record, parse_record
+from lab.report.node_logs import LogTail
+from training.elastic.exit_codes import BAD_INPUT
+from training.records import Record, parse
 
-EXIT_BAD_INPUT = 2
 # A pod that keeps failing is in CrashLoopBackOff; the lab gives up instead of looping.
 MAX_RESTARTS_IN_PLACE = 5
 
@@ -154,7 +155,7 @@ class FaultRunner:
     def _read_logs(self) -> None:
         for number, tail in self._tails.items():
             for line in tail.read_lines():
-                record = parse_record(line, self.nodes[number].name)
+                record = parse(line, self.nodes[number].name)
                 if record is not None:
                     self._observe(number, record)
 
@@ -174,7 +175,7 @@ class FaultRunner:
             if code == 0:
                 continue
             stderr = _tail_text(node.stderr_path)
-            if code == EXIT_BAD_INPUT:
+            if code == BAD_INPUT:
                 return f"{node.name} exited with code 2 (bad input):\n{stderr}"
             if "RendezvousClosedError" in stderr:
                 return f"{node.name}: the rendezvous is closed for good:\n{stderr}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from lab.report.node_logs import Record
+from training.records import EMERGENCY_SAVE, METRICS, PEER_FAILURE, RESUMED, Record
 
 
 class Event(Protocol):
@@ -16,7 +16,7 @@ class Event(Protocol):
     reason: str
 
 
-_REACTIONS = ("peer_failure", "emergency_save")
+_REACTIONS = (PEER_FAILURE, EMERGENCY_SAVE)
 # Kubernetes reasons that are the first sign of a pod leaving or arriving.
 LEAVING = ("Killing", "Preempting", "Evicted", "PreemptScheduled", "SpotInterruption")
 ARRIVING = ("TriggeredScaleUp", "Scheduled", "RegisteredNode")
@@ -28,8 +28,8 @@ def infer_faults(records: list[Record], events: list[Event]) -> list[dict[str, A
     the round (a worker's reaction, a pod being killed); a join by the arrival of the pod it
     brought (its first record, the scale-up, the scheduling, the new node), which happens
     while the old group still trains."""
-    rounds = [r for r in records if r.get("event") == "resumed"]
-    metrics = [r for r in records if r["kind"] == "metrics"]
+    rounds = [r for r in records if r.get("event") == RESUMED]
+    metrics = [r for r in records if r["kind"] == METRICS]
     first_seen: dict[str, float] = {}
     for record in records:
         first_seen.setdefault(record["node"], record["ts"])

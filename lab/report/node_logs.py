@@ -1,35 +1,16 @@
 """Reading the training program's JSON lines from the nodes' log files.
 
-Every node writes its workers' stdout to ``<node>.jsonl``: one JSON object per line with
-``ts``, ``kind`` ("metrics" | "event"), ``rank``, ``restart_count`` and ``run_id``. Other
-lines (a stray print, a line cut off by SIGKILL) are skipped, never fatal.
+Every node writes its workers' stdout to ``<node>.jsonl``: one record per line, as
+training/records.py defines and reads them. Other lines (a stray print, a line cut off by
+SIGKILL) are skipped, never fatal.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
 
-Record = dict[str, Any]
-RECORD_KINDS = ("metrics", "event")
-
-
-def parse_record(line: str, node: str) -> Record | None:
-    """The record on ``line`` tagged with the node that wrote it, or None if it is not one."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(record, dict) or record.get("kind") not in RECORD_KINDS:
-        return None
-    if not isinstance(record.get("ts"), int | float):
-        return None
-    return {**record, "node": node}
+from training.records import Record, read_log
 
 
 class LogTail:
@@ -60,14 +41,8 @@ def node_name(path: Path) -> str:
 
 def read_records(log_dir: Path) -> list[Record]:
     """Every record in every ``*.jsonl`` under ``log_dir``, ordered by timestamp."""
-    records: list[Record] = []
-    for path in sorted(log_dir.glob("*.jsonl")):
-        node = node_name(path)
-        for line in path.read_text(errors="replace").splitlines():
-            record = parse_record(line, node)
-            if record is not None:
-                records.append(record)
-    return sorted(records, key=lambda r: r["ts"])
+    found = [r for path in sorted(log_dir.glob("*.jsonl")) for r in read_log(path, node_name(path))]
+    return sorted(found, key=lambda r: r["ts"])
 
 
 def read_jsonl(path: Path) -> list[Record]:
@@ -75,8 +50,3 @@ def read_jsonl(path: Path) -> list[Record]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def finite_number(value: Any) -> bool:
-    """A finite JSON number (a bool is not one)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -20,8 +20,9 @@ machine):
   The time to the first line is part of it, so the lab logs every step.
 - ``detect_to_resume_s`` = ``resume_s - detection_s``: from the first reaction to the round
   that trained, mostly the rendezvous.
-- ``last_step_before``: the highest completed step any record (metrics, checkpoint_saved,
-  emergency_save) showed between the previous fault's recovery and the first resume.
+- ``last_step_before``: the highest step any record showed completed (metrics, a save, a
+  node's ``step_completed``: ``training.records.completed_step``) between the previous
+  fault's recovery and the first resume.
 - ``steps_lost``: steps trained again, over every round: for one round,
   ``last_step_before - resumed_step``.
 - ``world_size_before`` / ``world_size_after``: of the last metrics line before the
@@ -41,9 +42,19 @@ import math
 import statistics
 from typing import Any
 
-from lab.report.node_logs import Record, finite_number
+from training.records import (
+    EMERGENCY_SAVE,
+    EVALUATED,
+    EVENT,
+    FINISHED,
+    METRICS,
+    PEER_FAILURE,
+    RESUMED,
+    Record,
+    completed_step,
+    finite_number,
+)
 
-_STEP_RECORDS = ("checkpoint_saved", "emergency_save")
 # A gap between metrics lines counts as a pause when it is this many typical gaps long (the
 # program logs every ``log_every`` steps), and at least MIN_PAUSE_S.
 PAUSE_FACTOR = 3.0
@@ -52,7 +63,7 @@ MIN_PAUSE_S = 1.0
 
 def pause_after_s(records: list[Record]) -> float:
     """How long a gap between metrics lines must be to count as a pause in this run."""
-    times = [r["ts"] for r in records if r["kind"] == "metrics"]
+    times = [r["ts"] for r in records if r["kind"] == METRICS]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
     typical = statistics.median(gaps) if gaps else 0.0
     return max(PAUSE_FACTOR * typical, MIN_PAUSE_S)
@@ -63,7 +74,7 @@ def paused_intervals(
 ) -> list[list[float]]:
     """[start, end] of every stretch without an optimiser step between ``injected_at`` and
     ``until`` (see the module docstring)."""
-    times = sorted(r["ts"] for r in records if r["kind"] == "metrics")
+    times = sorted(r["ts"] for r in records if r["kind"] == METRICS)
     before = [t for t in times if t <= injected_at]
     marks = ([before[-1]] if before else [injected_at]) + [
         t for t in times if injected_at < t <= until
@@ -86,7 +97,7 @@ def groups_at_once(records: list[Record]) -> list[dict[str, Any]]:
     """
     spans: dict[int, list[float]] = {}
     for r in records:
-        if r["kind"] == "metrics" and r.get("rdzv_round"):
+        if r["kind"] == METRICS and r.get("rdzv_round"):
             span = spans.setdefault(int(r["rdzv_round"]), [r["ts"], r["ts"]])
             span[0], span[1] = min(span[0], r["ts"]), max(span[1], r["ts"])
     ordered = sorted(spans.items(), key=lambda item: item[1][0])
@@ -108,12 +119,12 @@ def _events(records: list[Record], name: str, start: float, end: float) -> list[
     return [
         r
         for r in records
-        if r["kind"] == "event" and r.get("event") == name and start <= r["ts"] < end
+        if r["kind"] == EVENT and r.get("event") == name and start <= r["ts"] < end
     ]
 
 
 def _metrics(records: list[Record], start: float, end: float) -> list[Record]:
-    return [r for r in records if r["kind"] == "metrics" and start <= r["ts"] < end]
+    return [r for r in records if r["kind"] == METRICS and start <= r["ts"] < end]
 
 
 def _recovery_line(
@@ -129,9 +140,7 @@ def _recovery_line(
 
 def _last_step(records: list[Record], start: float, end: float) -> int | None:
     steps = [
-        int(r["step"])
-        for r in records
-        if start <= r["ts"] < end and (r["kind"] == "metrics" or r.get("event") in _STEP_RECORDS)
+        step for r in records if start <= r["ts"] < end and (step := completed_step(r)) is not None
     ]
     return max(steps) if steps else None
 
@@ -186,7 +195,7 @@ def fault_outcome(
     pause_after = pause_after_s(records) if pause_after is None else pause_after
     planned = injection.get("planned_world_size")
     before = _metrics(records, -math.inf, injected_at)
-    all_rounds = _events(records, "resumed", injected_at, window_end)
+    all_rounds = _events(records, RESUMED, injected_at, window_end)
     recovery = _recovery_line(records, all_rounds, injected_at, window_end, planned)
     recovered_at = recovery["ts"] if recovery else None
     rounds = [r for r in all_rounds if recovered_at is None or r["ts"] < recovered_at]
@@ -196,8 +205,8 @@ def fault_outcome(
     else:
         last_step, steps_lost = _last_step(records, window_start, injected_at), None
     reacted = sorted(
-        _events(records, "peer_failure", injected_at, window_end)
-        + _events(records, "emergency_save", injected_at, window_end),
+        _events(records, PEER_FAILURE, injected_at, window_end)
+        + _events(records, EMERGENCY_SAVE, injected_at, window_end),
         key=lambda r: r["ts"],
     )
     detected_at = reacted[0]["ts"] if reacted else None
@@ -291,12 +300,12 @@ def _run_totals(
     planned_faults: int,
     end_ts: float | None,
 ) -> dict[str, Any]:
-    finished = [r for r in records if r.get("event") == "finished"]
+    finished = [r for r in records if r.get("event") == FINISHED]
     if finished:
         end_ts = finished[-1]["ts"]
     elif end_ts is None:
         end_ts = records[-1]["ts"] if records else start_ts
-    metrics = [r for r in records if r["kind"] == "metrics" and r["ts"] <= end_ts]
+    metrics = [r for r in records if r["kind"] == METRICS and r["ts"] <= end_ts]
     wall_s = max(end_ts - start_ts, 1e-9)
     final_step = int(finished[-1]["step"]) if finished else (metrics[-1]["step"] if metrics else 0)
     rates = [float(r["samples_per_s"]) for r in metrics]
@@ -327,7 +336,7 @@ def validation(records: list[Record], end_ts: float) -> dict[str, Any]:
     evaluated = [
         r
         for r in records
-        if r.get("event") == "evaluated" and r["ts"] <= end_ts and finite_number(r.get("eval_loss"))
+        if r.get("event") == EVALUATED and r["ts"] <= end_ts and finite_number(r.get("eval_loss"))
     ]
     if not evaluated:
         return {"validation": None}

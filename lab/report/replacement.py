@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from lab.report.run_logs import RunLogs, parse_time
+from training.records import EMERGENCY_SAVE, METRICS, PEER_FAILURE, STARTED
 
 STEPS = (
     "eviction requested",
@@ -168,20 +169,20 @@ def replacement_steps(
     after_pull = before[0][0] if before else origin
     found["container started"] = _container_started(path, pod, after_pull)
     after = (found["container started"] or (origin, ""))[0]
-    joined = path.record(pod, after, lambda r: r.get("event") == "started")
+    joined = path.record(pod, after, lambda r: r.get("event") == STARTED)
     found["joined"] = _from_log(joined, "started", pod)
     full = fault.get("world_size_before")
     first = path.record(
         None,
         joined["ts"] if joined else math.inf,
-        lambda r: r["kind"] == "metrics" and r["world_size"] == full,
+        lambda r: r["kind"] == METRICS and r["world_size"] == full,
     )
     found["first step at full size"] = _from_log(first, f"metrics at world {full}", None)
     return {"pod": pod, "node": node, "steps": _rows(found, origin)}
 
 
 def _notice(path: _Path) -> tuple[float, str] | None:
-    for event in ("emergency_save", "peer_failure"):
+    for event in (EMERGENCY_SAVE, PEER_FAILURE):
         record = path.record(None, path.origin, lambda r, e=event: r.get("event") == e)
         if record is not None:
             return record["ts"], f"job log: {record['node']} {event}"

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from lab.report.inferred_faults import infer_faults
-from lab.report.node_logs import Record, finite_number, parse_record, read_records
+from lab.report.node_logs import read_records
+from training.records import METRICS, RESUMED, STARTED, Record, finite_number, parse
 
 DRILL_EVENTS = "drill-events.jsonl"
 """What ``lab drill`` did: the span of the drill and each eviction (``fault_injected``)."""
@@ -112,10 +113,10 @@ def well_formed(record: Record) -> bool:
         return False
     if any(record.get(key) is not None and not _rate(record[key]) for key in _RATES):
         return False
-    if record["kind"] == "metrics":
+    if record["kind"] == METRICS:
         return "step" in record and "world_size" in record and _rate(record.get("loss"))
     event = record.get("event")
-    return isinstance(event, str) and (event != "resumed" or "step" in record)
+    return isinstance(event, str) and (event != RESUMED or "step" in record)
 
 
 def _rate(value: Any) -> bool:
@@ -230,7 +231,7 @@ def parse_pod_log(text: str, pod: str) -> list[Record]:
     records = []
     for line in text.splitlines():
         stamped = _STAMPED.match(line)
-        record = parse_record(stamped.group(2) if stamped else line, pod)
+        record = parse(stamped.group(2) if stamped else line, pod)
         if record is not None and well_formed(record):
             records.append(record)
     return records
@@ -327,7 +328,7 @@ def load_cluster_run(
             "lab-events.jsonl) or pod logs (pods/<pod>.log or <pod>.log, as `kubectl logs "
             "--timestamps` prints them)"
         )
-    started = [r for r in records if r.get("event") == "started"]
+    started = [r for r in records if r.get("event") == STARTED]
     target = next((r for r in reversed(started) if "max_steps" in r), {})
     max_steps = max_steps or target.get("max_steps")
     batch = global_batch_size or target.get("global_batch_size")

@@ -19,6 +19,7 @@ from lab.report.replacement import replacement_steps
 from lab.report.run_logs import RunLogs
 from lab.report.text import format_report
 from lab.report.world_sizes import world_size_time
+from training.records import METRICS
 
 
 def report_from_run(run: RunLogs) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def node_arrival(run: RunLogs, fault: dict[str, Any], until: float) -> dict[str,
         (
             r["ts"]
             for r in run.records
-            if r["kind"] == "metrics" and started_at < r["ts"] < until and r["world_size"] == target
+            if r["kind"] == METRICS and started_at < r["ts"] < until and r["world_size"] == target
         ),
         None,
     )

@@ -18,13 +18,15 @@ from typing import Any
 
 import matplotlib
 
+from training.records import METRICS
+
 matplotlib.use("Agg")  # files only: no display on a build agent
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from lab.report.node_logs import Record  # noqa: E402
+from training.records import Record  # noqa: E402
 
 MARKS = (
     ("injected_at", "tab:red", "--"),
@@ -115,7 +117,7 @@ def _mark_faults(fig: Figure, axes: list[Any], report: dict[str, Any]) -> None:
 def timeline_figure(records: list[Record], report: dict[str, Any]) -> Figure:
     """The figure; each fault's marks carry a gid such as ``resumed_at-2`` or ``paused-2-0``."""
     start = report["start_ts"]
-    metrics = sorted((r for r in records if r["kind"] == "metrics"), key=lambda r: r["ts"])
+    metrics = sorted((r for r in records if r["kind"] == METRICS), key=lambda r: r["ts"])
     times = [r["ts"] - start for r in metrics]
     key = fault_key(report["faults"])
     key_height = KEY_LINE_INCHES * len(key) + 0.15 if key else 0.0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lab.report.node_logs import Record
+from training.records import METRICS, Record
 
 
 def world_size_time(
@@ -26,7 +26,7 @@ def world_size_time(
     """Seconds at each world size, without a step, and lost to missing workers (see the
     module docstring); None when fewer than two metrics lines fall in the span."""
     lines = sorted(
-        (r for r in records if r["kind"] == "metrics" and start_ts <= r["ts"] <= end_ts),
+        (r for r in records if r["kind"] == METRICS and start_ts <= r["ts"] <= end_ts),
         key=lambda r: r["ts"],
     )
     if len(lines) < 2:

@@ -12,7 +12,7 @@ import pytest
 from lab.local.scenario import Fault, ScenarioError, TrainSettings, validate_scenario
 from lab.local.scenario_file import scenario_from_dict
 from lab.report.node_logs import read_jsonl
-from tests.lab.local.test_lab_runner import _runner, _scenario
+from tests.support.fake_lab import _runner, _scenario
 from training.loop.config import parse_config
 
 

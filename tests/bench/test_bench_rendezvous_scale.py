@@ -195,7 +195,7 @@ def signals_restored() -> Iterator[None]:
 def test_bad_flags_exit_2_before_anything_starts(
     signals_restored: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert bench_main(["rendezvous-scale", "--nodes", "2,8"]) == command.EXIT_BAD_INPUT
+    assert bench_main(["rendezvous-scale", "--nodes", "2,8"]) == command.BAD_INPUT
     assert ">= 3" in capsys.readouterr().err
 
 
@@ -206,7 +206,7 @@ def test_four_agents_in_two_processes_form_reform_and_die_no_false_death(
 ) -> None:
     out = tmp_path / "out"
     argv = ["--nodes", "4", "--reps", "1", "--quiet-s", "3", "--per-process", "2"]
-    assert bench_main(["rendezvous-scale", *argv, "--out", str(out)]) == command.EXIT_OK
+    assert bench_main(["rendezvous-scale", *argv, "--out", str(out)]) == command.OK
     results = json.loads((out / "rendezvous-scale.json").read_text())
     (measured,) = results["measured"]
     assert measured["processes"] == 2

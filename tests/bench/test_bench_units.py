@@ -26,6 +26,7 @@ from lab.report.outcomes import build_report
 from stack_config.model import JobConfig
 from training.elastic.launch import RendezvousSettings
 from training.loop.config import parse_config
+from training.records import CHECKPOINT_SAVED, EMERGENCY_SAVE, PEER_FAILURE, READY, RESUMED
 
 
 # -- profiles and scenarios -----------------------------------------------------------------
@@ -160,10 +161,10 @@ def _lost_node_logs() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     records = [
         _metrics(99.9, 29, 3),
         _metrics(100.0, 30, 3),
-        _record(100.5, "node-1", event="peer_failure", step=30),
-        _record(100.6, "node-1", event="emergency_save", step=30),
-        _record(105.0, "node-1", event="resumed", step=30, source="local", lost_steps=0),
-        _record(105.01, "node-1", event="ready", step=30, seconds=2.0, phases=phases),
+        _record(100.5, "node-1", event=PEER_FAILURE, step=30),
+        _record(100.6, "node-1", event=EMERGENCY_SAVE, step=30),
+        _record(105.0, "node-1", event=RESUMED, step=30, source="local", lost_steps=0),
+        _record(105.01, "node-1", event=READY, step=30, seconds=2.0, phases=phases),
         _metrics(105.1, 31, 2, "node-1"),
         _metrics(105.2, 32, 2, "node-1"),
     ]
@@ -191,7 +192,7 @@ def test_stages_add_up_to_the_downtime_the_lab_reports() -> None:
 
 def test_without_a_peer_failure_an_emergency_save_marks_detection() -> None:
     records, injections = _lost_node_logs()
-    records = [r for r in records if r.get("event") != "peer_failure"]
+    records = [r for r in records if r.get("event") != PEER_FAILURE]
     report = build_report(
         records, injections, start_ts=90.0, global_batch_size=32, max_steps=100, planned_faults=1
     )
@@ -363,7 +364,7 @@ def test_step_times_skip_warm_up_and_other_world_sizes() -> None:
         {**_metrics(1.0, 1, 2), "step_time_s": 0.9},
         {**_metrics(2.0, 2, 1), "step_time_s": 0.5},
         {**_metrics(3.0, 3, 2), "step_time_s": 0.2},
-        _record(3.5, "node-0", event="checkpoint_saved", step=3),
+        _record(3.5, "node-0", event=CHECKPOINT_SAVED, step=3),
     ]
     assert step_times(records, world_size=2, warmup_steps=1) == [0.2]
 

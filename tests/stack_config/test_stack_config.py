@@ -13,22 +13,9 @@ import yaml
 import stack_config
 from catalog import gpu_sizes, naming
 from stack_config import ConfigError, LabConfig, load, validate
+from tests.support.stack_configs import _cfg, _problems
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
-
-
-def _cfg(raw: dict[str, str] | None = None, location: str | None = None) -> LabConfig:
-    """A loaded and validated config from raw overrides of the defaults."""
-    cfg = load(raw or {}, "spot-lab", "dev", location)
-    validate(cfg)
-    return cfg
-
-
-def _problems(raw: dict[str, str]) -> str:
-    """The ConfigError message for raw config that must fail load or validate."""
-    with pytest.raises(ConfigError) as info:
-        _cfg(raw)
-    return str(info.value)
 
 
 # ---- the key table and Pulumi.yaml agree -------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stack_config.fallback import MIN_AFTER_MINUTES, VM_START_S
-from tests.stack_config.test_stack_config import _cfg, _problems
+from tests.support.stack_configs import _cfg, _problems
 
 
 def test_off_by_default_and_on_with_a_ceiling() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,13 +14,14 @@ from typing import Any
 
 import torch
 
+from bench.chaos.faulty_store import faulty_env
 from bench.chaos.runner import StoreControl
 from lab.local.process_tree import kill_tree, terminate_tree, tree
 from tests.support.waiting import wait_until
-from training.checkpoints.faulty_store import FAULTY_STORE_ENV, FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
 from training.elastic.launch import ElasticPolicy, RendezvousSettings, train_command, worker_env
+from training.records import METRICS, events_named, read_log
 
 REPO = Path(__file__).resolve().parents[2]
 WHOLE_FIRST_ROUND = RendezvousSettings(join_timeout_s=60, last_call_timeout_s=60)
@@ -110,24 +110,19 @@ class Cluster:
 
     def records(self, name: str | None = None) -> list[dict[str, Any]]:
         names = [name] if name else list(self.nodes)
-        found = []
-        for n in names:
-            # Only whole lines: a node may be writing the last one while it is read.
-            complete = (self.root / f"{n}.out").read_text().rpartition("\n")[0]
-            for line in complete.splitlines():
-                if line.startswith("{"):
-                    found.append({**json.loads(line), "node": n})
+        # A node may be writing its last line while it is read: the reader skips a torn one.
+        found = [r for n in names for r in read_log(self.root / f"{n}.out", n)]
         return sorted(found, key=lambda r: r["ts"])
 
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [r for r in self.records() if r.get("event") == kind]
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return events_named(self.records(), name)
 
     def steps_at(self, world: int) -> int:
         """Metrics lines logged at world size ``world``."""
-        return sum(1 for r in self.records() if r["kind"] == "metrics" and r["world_size"] == world)
+        return sum(1 for r in self.records() if r["kind"] == METRICS and r["world_size"] == world)
 
     def max_step(self) -> int:
-        return max((r["step"] for r in self.records() if r["kind"] == "metrics"), default=0)
+        return max((r["step"] for r in self.records() if r["kind"] == METRICS), default=0)
 
     def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         wait_until(
@@ -172,12 +167,12 @@ class Cluster:
 
 
 def faulty_store(root: Path, name: str) -> tuple[StoreControl, dict[str, str]]:
-    """Node ``name``'s durable store with trouble on demand (training/checkpoints/
-    faulty_store.py): the control a test opens windows on (``open``, from then on), and the env
-    that gives it to the node, its calls logged in ``<root>/store-calls/<name>.jsonl``."""
+    """Node ``name``'s durable store with trouble on demand (bench/chaos/faulty_store.py): the
+    control a test opens windows on (``open``, from then on), and the env that gives it to the
+    node, its calls logged in ``<root>/store-calls/<name>.jsonl``."""
     store = StoreControl(root / f"store-trouble-{name}.jsonl", root / "store-calls")
     log = store.logs / f"{name}.jsonl"
-    return store, {FAULTY_STORE_ENV: str(store.control), FAULTY_STORE_LOG_ENV: str(log)}
+    return store, faulty_env(store.control, log)
 
 
 PARAMETERS = ("model.model.", "trainer.extras.ema.")

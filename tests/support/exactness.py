@@ -8,7 +8,6 @@ killed (every rank exits at the step boundary, no save), or a fault raised insid
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
+from training.records import events_named, read_lines
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS_SAMPLE = REPO / "training" / "data" / "samples" / "tinyshakespeare" / "input.txt"
@@ -125,8 +125,7 @@ def run_spawned(root: Path, data: Path, world: int, args: Sequence[str], kill_at
 
 
 def events(lines: str, name: str) -> list[dict[str, Any]]:
-    records = [json.loads(line) for line in lines.splitlines() if line.startswith("{")]
-    return [r for r in records if r.get("event") == name]
+    return events_named(read_lines(lines), name)
 
 
 def reference(root: Path, data: Path, args: Sequence[str]) -> dict[str, torch.Tensor]:

@@ -1,12 +1,15 @@
 """What the lab's Azure tools' tests share: a subscription recorded as Azure answers it, fake
-local tools on PATH (a ``pulumi`` printing a stack's outputs too), and stack files in a scratch
-project."""
+local tools on PATH (a ``pulumi`` printing a stack's outputs too), stack files in a scratch
+project, preflight run against it (``--json``), and a command run with no network at all."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,15 @@ import pytest
 
 from catalog.deployer import AZURE_CLI_APP_ID
 from lab.azure.clients import Azure, reach
+from lab.azure.preflight.command import main
 from lab.azure.preflight.subscription import PROVIDERS
-from tests.support.azure_replay import FakeAzure, LoopbackTransport, StaticToken, recording, serve
+from tests.support.azure_replay import (
+    FakeAzure,
+    LoopbackTransport,
+    StaticToken,
+    recording,
+    serve,
+)
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
 SUB = "00000000-0000-0000-0000-00000000abcd"
@@ -195,3 +205,38 @@ def tools_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir = fake_tools(tmp_path / "bin", az_account())
     monkeypatch.setenv("PATH", str(bin_dir))
     return bin_dir
+
+
+def _preflight(
+    fake: FakeAzure,
+    capsys: pytest.CaptureFixture[str],
+    *flags: str,
+    project: Path = PROJECT_DIR,
+    credential: Any = None,
+    registry: Any = None,
+    **environ: str,
+) -> tuple[int, dict[str, Any]]:
+    """Run with --json; (exit code, {check name: check})."""
+    azure = replay_azure(fake, credential, **environ)
+    code = main(["--json", *flags], azure, project, registry=registry)
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    return code, {c["name"]: c for c in report.get("checks", [])} | {"_report": report}
+
+
+def _offline(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # an empty cache: prices must ask the API
+    return subprocess.run(
+        ["unshare", "-n", sys.executable, "-m", "lab", *argv],
+        cwd=PROJECT_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard, not a speed target
+    )
+
+
+def _can_unshare() -> bool:
+    tool = shutil.which("unshare")
+    return tool is not None and subprocess.run([tool, "-n", "true"]).returncode == 0

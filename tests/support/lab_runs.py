@@ -1,5 +1,6 @@
 """Commands as a user runs them: ``python -m lab run`` (a scenario file in, its report out), and
-a fresh Python for the tests of what a command imports or prints at its start."""
+a fresh Python for the tests of what a command imports or prints at its start; the processes a
+lab run left behind, found by its rendezvous id or its workspace."""
 
 from __future__ import annotations
 
@@ -106,3 +107,20 @@ class LabCommands:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+
+def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
+    """Live processes whose env holds the run's rendezvous id, or whose env or command
+    line mentions its workspace."""
+    markers = (f"PET_RDZV_ID={rdzv_id}".encode(), workspace.encode())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            text = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(marker in text for marker in markers):
+            found.append(int(proc.name))
+    return found

@@ -4,7 +4,6 @@ what the trainer's tests drive. A peer's loss is the exception gloo raises for i
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from training.loop.dist import DistEnv, destroy_process_group, init_process_grou
 from training.loop.inputs import load_data, open_node_local
 from training.loop.metrics import EventLog
 from training.loop.trainer import Trainer
+from training.records import events_named, read_lines
 
 TINY = ["--model-width", "4", "--model-blocks", "1", "--global-batch-size", "8"]
 TRAIN_RECORDS = 48
@@ -59,8 +59,7 @@ class Harness:
     stream: io.StringIO
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        records = [json.loads(line) for line in self.stream.getvalue().splitlines()]
-        return [r for r in records if r.get("event") == name]
+        return events_named(read_lines(self.stream.getvalue()), name)
 
 
 def harness(

@@ -25,6 +25,7 @@ from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import RendezvousSettings
 from training.elastic.rendezvous import created, register
 from training.launcher import STOP, run_agent, torchrun_config
+from training.records import EMERGENCY_SAVE, FINISHED
 
 pytestmark = pytest.mark.usefixtures("torchrun")
 
@@ -74,13 +75,13 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
                     "will restart worker group" in _log(cluster, n)
                     and any(
                         e["node"] == n and e["ts"] > killed_ts
-                        for e in cluster.events("emergency_save")
+                        for e in cluster.events(EMERGENCY_SAVE)
                     )
                 ),
                 60,
                 f"{name}'s worker to save and exit",
             )
-        saves = [e for e in cluster.events("emergency_save") if e["ts"] > killed_ts]
+        saves = [e for e in cluster.events(EMERGENCY_SAVE) if e["ts"] > killed_ts]
         saved = {e["node"]: e["step"] for e in saves}
         # c's death can end the guard's all-reduce on one survivor and not the other, so the
         # two may hold steps one apart (a CI run: a 35, b 36); the newer one must be kept.
@@ -95,7 +96,7 @@ def test_a_sigterm_between_rounds_makes_the_nodes_save_durable(
         for name in ("a", "b"):
             assert cluster.wait_exit(name, 60) == 143, cluster.tail()
         assert saved_checkpoint(cluster.checkpoints)["step"] == newest, cluster.tail()
-        by_agent = {e["step"] for e in cluster.events("emergency_save") if e["reason"] == "agent"}
+        by_agent = {e["step"] for e in cluster.events(EMERGENCY_SAVE) if e["reason"] == "agent"}
         # Each agent commits its node's save only if it is newer than the durable head then.
         assert newest in by_agent and by_agent <= set(saved.values()), (by_agent, saved)
     finally:
@@ -157,7 +158,7 @@ def test_a_finished_node_does_not_wait_for_a_peer_that_died_after_finishing(
             cluster.start(name, args)
         cluster.wait_until(lambda: cluster.steps_at(2) >= 3, 180, "training at world 2")
         os.kill(cluster.nodes["b"].pid, signal.SIGSTOP)  # the agent only
-        cluster.wait_until(lambda: bool(cluster.events("finished")), 180, "the end of training")
+        cluster.wait_until(lambda: bool(cluster.events(FINISHED)), 180, "the end of training")
         # Far below torch's 300 s, far above the bound (EXIT_BARRIER_TIMEOUT_S).
         assert cluster.wait_exit("a", 150) == 0, cluster.tail()
         assert "Error waiting on exit barrier" in _log(cluster, "a")  # b never came

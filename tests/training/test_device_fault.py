@@ -12,6 +12,7 @@ from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.exit_codes import RETRY_ME
 from training.loop.faulty_device import FAULTY_DEVICE_ENV
+from training.records import RESUMED
 
 pytestmark = [pytest.mark.slow]
 
@@ -43,7 +44,7 @@ def test_a_node_whose_gpu_fails_leaves_and_the_others_train_on(
         # The others' round without c, once c had joined. (On a loaded machine c may join only
         # after a and b trained past FAILS_AT: that resume, at world 3, is its join.)
         joined = min(r["ts"] for r in cluster.records("c"))
-        resumed = [e for e in cluster.events("resumed") if e["ts"] > joined]
+        resumed = [e for e in cluster.events(RESUMED) if e["ts"] > joined]
         without_c = [e for e in resumed if e["world_size"] == 2]
         assert without_c and without_c[0]["lost_steps"] == 0, resumed
         assert cluster.max_step() == 28

@@ -33,6 +33,7 @@ from tests.support.elastic_cluster import (
 )
 from tests.support.trainer_harness import durable_head
 from training.data.cifar10 import write_synthetic_cifar10
+from training.records import EMERGENCY_SAVE, METRICS, PERMIT_WAIT, READY, RESUMED, STARTED
 
 pytestmark = pytest.mark.usefixtures("torchrun")
 
@@ -109,7 +110,7 @@ def _one_step_per_node(saves: list[dict]) -> set[str]:
 
 
 def _resumes_after(cluster: Cluster, ts: float) -> list[dict]:
-    return [e for e in cluster.events("resumed") if e["ts"] > ts]
+    return [e for e in cluster.events(RESUMED) if e["ts"] > ts]
 
 
 _NONE = SimpleNamespace(step=-1)
@@ -139,7 +140,7 @@ def test_killed_everywhere_then_resumed_at_another_world_size_matches_uninterrup
     second.checkpoints = first.checkpoints  # same durable storage, new nodes, new run id
     second.start("d", ARGS)
     assert second.wait_exit("d", 180) == 0, second.tail()
-    resumed = second.events("resumed")[0]
+    resumed = second.events(RESUMED)[0]
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == (
         "durable",
         durable_step,
@@ -161,9 +162,9 @@ def test_a_resume_exactly_at_an_epoch_boundary_matches_uninterrupted(
     second.checkpoints = first.checkpoints  # new nodes, new run id, another world size
     second.start("c", ARGS)
     assert second.wait_exit("c", 180) == 0, second.tail()
-    resumed = second.events("resumed")[0]
+    resumed = second.events(RESUMED)[0]
     assert (resumed["source"], resumed["step"]) == ("durable", STEPS_PER_EPOCH)
-    epochs = {r["step"]: r["epoch"] for r in second.records() if r["kind"] == "metrics"}
+    epochs = {r["step"]: r["epoch"] for r in second.records() if r["kind"] == METRICS}
     assert min(epochs) == STEPS_PER_EPOCH + 1 and set(epochs.values()) == {1}
     assert max_abs_difference(final_parameters(first.checkpoints), reference) < TOLERANCE
 
@@ -185,7 +186,7 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["world_size"] == 2 and resumed["source"] == "local"
     assert resumed["lost_steps"] == 0 and resumed["step"] >= killed_at
-    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    saves = [e for e in cluster.events(EMERGENCY_SAVE) if e["ts"] > fault_ts]
     # Each survivor saved one step: it saw the lost peer itself, or its agent stopped it
     # first because the other survivor had already opened the next round (or both: then the
     # SIGTERM makes the save durable, and the same step shows twice).
@@ -194,7 +195,7 @@ def test_peer_killed_mid_run_loses_no_step_and_keeps_the_trajectory(
     assert "peer_failure" in {e["reason"] for e in saves}
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
     # The survivors' new workers were forked with torch already imported.
-    restarted = [e for e in cluster.events("ready") if e["ts"] > fault_ts]
+    restarted = [e for e in cluster.events(READY) if e["ts"] > fault_ts]
     assert restarted and all(e["warm"] for e in restarted)
 
 
@@ -216,7 +217,7 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     cluster.kill("c")
     for node in ("a", "b"):
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()
-    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    saves = [e for e in cluster.events(EMERGENCY_SAVE) if e["ts"] > fault_ts]
     # As above: a survivor may be stopped by its agent (the rendezvous finds the killed node
     # at once) before its own guard fires, so whether a peer_failure is logged depends on
     # timing (a CI run saw none); tests/training/loop/test_step_guard.py proves the guard
@@ -260,7 +261,7 @@ def test_the_launcher_decides_whether_workers_start_warm(
     cluster = cluster_factory(f"launcher-{launcher}", max_nodes=1, launcher=launcher)
     cluster.start("a", [*TINY, "--max-steps", "2"])
     assert cluster.wait_exit("a", 180) == 0, cluster.tail()
-    assert [e["warm"] for e in cluster.events("ready")] == [warm]
+    assert [e["warm"] for e in cluster.events(READY)] == [warm]
 
 
 @pytest.mark.timeout(300)
@@ -274,7 +275,7 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
     for node in ("a", "b"):
         cluster.wait_exit(node, 60)
     logged = cluster.max_step()
-    saves = cluster.events("emergency_save")
+    saves = cluster.events(EMERGENCY_SAVE)
     workers = [e for e in saves if e["reason"] != "agent"]
     # A rank that sees the flag first leaves at the step boundary; rank 0, already inside the
     # next step, then sees its all-reduce fail: a peer_failure, but during a stop.
@@ -295,7 +296,7 @@ def test_sigterm_saves_the_last_completed_step_durably(cluster_factory) -> None:
     restart.checkpoints = cluster.checkpoints
     restart.start("c", ARGS)
     assert restart.wait_exit("c", 180) == 0, restart.tail()
-    resumed = restart.events("resumed")[0]
+    resumed = restart.events(RESUMED)[0]
     assert (resumed["source"], resumed["step"]) == ("durable", durable)
 
 
@@ -320,7 +321,7 @@ def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
     cluster.start("a", args, env=env)
 
     def trained(node: str) -> list[dict]:
-        return [r for r in cluster.records(node) if r["kind"] == "metrics"]
+        return [r for r in cluster.records(node) if r["kind"] == METRICS]
 
     if paused == "training":
         cluster.wait_until(lambda: len(trained("a")) >= 5, 180, "node a training alone")
@@ -329,7 +330,7 @@ def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
         err = cluster.root / "a.err"
         cluster.wait_until(lambda: formed in err.read_text(), 180, "node a's worker restoring")
     freeze_tree(cluster.nodes["a"].pid)
-    left = cluster.events("started")[-1]["rdzv_round"]
+    left = cluster.events(STARTED)[-1]["rdzv_round"]
     cluster.start("b", args)
     cluster.wait_until(lambda: len(trained("b")) >= 5, 180, "node b training without a")
     # The workers come back first: on a loaded host the agent may get a core last.
@@ -338,7 +339,7 @@ def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
         os.kill(pid, signal.SIGCONT)
 
     def stepped_or_held() -> bool:
-        seen = [*trained("a"), *cluster.events("permit_wait")]
+        seen = [*trained("a"), *cluster.events(PERMIT_WAIT)]
         return any(r["ts"] > thawed for r in seen)
 
     cluster.wait_until(stepped_or_held, 60, "node a's workers stepping or held")
@@ -375,7 +376,7 @@ def test_a_frozen_peer_is_found_by_the_rendezvous_long_before_the_collective_tim
         )
     finally:
         cluster.kill("c")
-    saves = [e for e in cluster.events("emergency_save") if e["ts"] > fault_ts]
+    saves = [e for e in cluster.events(EMERGENCY_SAVE) if e["ts"] > fault_ts]
     # Stopped by its agent; or, if the other survivor's workers left first, a lost peer.
     assert "sigterm" in {e["reason"] for e in saves} and _one_step_per_node(saves) == {"a", "b"}
     assert all(e["ts"] - fault_ts < 15 for e in saves)  # not the collective timeout

@@ -23,6 +23,7 @@ from tests.support.elastic_cluster import (
     max_abs_difference,
 )
 from tests.support.exactness import TOLERANCE, make_data
+from training.records import EMERGENCY_SAVE, EVALUATED, RESUMED
 
 pytestmark = pytest.mark.usefixtures("torchrun")
 
@@ -106,10 +107,10 @@ def test_a_node_killed_mid_warmup_loses_no_step_and_keeps_the_trajectory(
     cluster.kill("c")
     for node in ("a", "b"):
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()
-    resumed = _after(cluster, "resumed", fault_ts)[0]
+    resumed = _after(cluster, RESUMED, fault_ts)[0]
     assert (resumed["world_size"], resumed["source"], resumed["lost_steps"]) == (2, "local", 0)
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
-    assert {e["step"] for e in cluster.events("evaluated")} == {8, 16, 24, 32, 40}
+    assert {e["step"] for e in cluster.events(EVALUATED)} == {8, 16, 24, 32, 40}
 
 
 @pytest.mark.timeout(300)
@@ -131,9 +132,9 @@ def test_a_new_node_joining_then_an_eviction_keep_the_trajectory(
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()
     # The evicted worker saves on its SIGTERM (its agent may commit that save: "agent"); the
     # survivors see the peer go, or are stopped by their agents for the next round.
-    reasons = {e["reason"] for e in _after(cluster, "emergency_save", evicted_ts)}
+    reasons = {e["reason"] for e in _after(cluster, EMERGENCY_SAVE, evicted_ts)}
     assert "sigterm" in reasons and reasons <= {"sigterm", "peer_failure", "agent"}
-    rounds = cluster.events("resumed")[1:]  # after the first: the join's, then the eviction's
+    rounds = cluster.events(RESUMED)[1:]  # after the first: the join's, then the eviction's
     assert [r["world_size"] for r in rounds][:1] == [3] and rounds[-1]["world_size"] == 2
     assert all(r["lost_steps"] == 0 for r in rounds if r["source"] == "local")
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
@@ -150,10 +151,10 @@ def test_a_frozen_node_is_left_behind_with_no_step_lost(
     freeze_tree(cluster.nodes["c"].pid)  # a VM that vanished: its key expires, no probe answer
     fault_ts = max(r["ts"] for r in cluster.records())
     try:
-        cluster.wait_until(lambda: bool(_after(cluster, "resumed", fault_ts)), 60, "a resume")
+        cluster.wait_until(lambda: bool(_after(cluster, RESUMED, fault_ts)), 60, "a resume")
     finally:
         cluster.kill("c")
-    resumed = _after(cluster, "resumed", fault_ts)[0]
+    resumed = _after(cluster, RESUMED, fault_ts)[0]
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0)
     for node in ("a", "b"):
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()

@@ -20,13 +20,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.chaos.faulty_store import FAULTY_STORE_LOG_ENV
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.elastic_cluster import Cluster, faulty_store, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data
 from tests.support.signalled_task import SIGNAL_IN_BACKWARD_ENV, SIGNAL_MARKER_ENV, TASK
-from training.checkpoints.faulty_store import FAULTY_STORE_LOG_ENV
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
+from training.records import (
+    CHECKPOINT_SAVED,
+    EMERGENCY_SAVE,
+    RESUMED,
+    trained_step,
+)
 
 pytestmark = [pytest.mark.usefixtures("torchrun"), pytest.mark.slow]
 
@@ -116,10 +122,7 @@ def _after(cluster: Cluster, kind: str, ts: float) -> list[dict]:
 def _completed(cluster: Cluster) -> set[int]:
     """Every step some node's own log says was completed (rank 0's metrics, the others'
     step_completed lines)."""
-    kinds = ("metrics", "step_completed")
-    return {
-        r["step"] for r in cluster.records() if r.get("event", "metrics") in kinds and "step" in r
-    }
+    return {s for r in cluster.records() if (s := trained_step(r)) is not None}
 
 
 def _lost(cluster: Cluster, resumed: dict) -> int:
@@ -150,13 +153,13 @@ def test_an_eviction_saves_every_part_and_reshards_with_no_step_lost(
     cluster.evict("c")
     for node in ("a", "b"):
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()
-    saves = _after(cluster, "emergency_save", evicted_ts)
+    saves = _after(cluster, EMERGENCY_SAVE, evicted_ts)
     assert saves and all(s["durable"] for s in saves), saves
-    resumed = _after(cluster, "resumed", evicted_ts)[0]
+    resumed = _after(cluster, RESUMED, evicted_ts)[0]
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0)
     # The parts serve, unless the eviction came at a periodic save's step: that committed
     # checkpoint is then the same step (CI: evicted at step 12, saved every 4).
-    periodic = {e["step"] for e in cluster.events("checkpoint_saved")}
+    periodic = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)}
     assert resumed["source"] == "parts" or (
         resumed["source"] == "durable" and resumed["step"] in periodic
     ), resumed
@@ -198,11 +201,11 @@ def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_
     # The SIGTERM landed inside that upload: no call of it had returned by then.
     done = [e for e in _store_log(log, "call") if e["name"] == upload["name"]]
     assert all(e["ts"] + e["duration_s"] > evicted_at for e in done), (upload, done)
-    saves = _after(cluster, "emergency_save", evicted_ts)
+    saves = _after(cluster, EMERGENCY_SAVE, evicted_ts)
     assert saves and all(s["durable"] for s in saves), saves
-    resumed = _after(cluster, "resumed", evicted_ts)[0]
+    resumed = _after(cluster, RESUMED, evicted_ts)[0]
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0), resumed
-    periodic = {e["step"] for e in cluster.events("checkpoint_saved")}
+    periodic = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)}
     assert resumed["source"] == "parts" or (
         resumed["source"] == "durable" and resumed["step"] in periodic
     ), resumed
@@ -225,7 +228,7 @@ def test_a_node_killed_without_notice_resumes_from_the_newest_whole_checkpoint(
     cluster.kill("c")
     for node in ("a", "b"):
         assert cluster.wait_exit(node, 180) == 0, cluster.tail()
-    resumed = _after(cluster, "resumed", killed_ts)[0]
+    resumed = _after(cluster, RESUMED, killed_ts)[0]
     assert (resumed["world_size"], resumed["source"]) == (2, "durable"), resumed
     assert resumed["step"] % EVERY == 0 and 0 <= resumed["lost_steps"] < 2 * EVERY, resumed
     _exact(cluster, reference, tmp_path)
@@ -246,7 +249,7 @@ def test_a_join_reshards_onto_three_with_no_step_lost(
     cluster.wait_until(lambda: cluster.steps_at(3) >= 2, 120, "2 steps at world size 3")
     for node in ("a", "b", "d"):
         assert cluster.wait_exit(node, 240) == 0, cluster.tail()
-    resumed = _after(cluster, "resumed", joined_ts)[0]
+    resumed = _after(cluster, RESUMED, joined_ts)[0]
     assert (resumed["world_size"], resumed["source"], resumed["lost_steps"]) == (3, "parts", 0)
     _exact(cluster, reference, tmp_path)
 
@@ -273,7 +276,7 @@ def test_every_node_killed_then_restored_at_another_world_size(
             second.start(node, ARGS)
         for node in ("c", "d", "e"):
             assert second.wait_exit(node, 180) == 0, second.tail()
-        resumed = second.events("resumed")[0]
+        resumed = second.events(RESUMED)[0]
         assert (resumed["world_size"], resumed["source"]) == (3, "durable"), resumed
         assert resumed["step"] >= EVERY
     finally:

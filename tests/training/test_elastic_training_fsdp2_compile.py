@@ -24,7 +24,8 @@ from tests.support.elastic_cluster import Cluster, max_abs_difference
 from tests.support.exactness import TOLERANCE, make_data, run_here
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
-from training.loop.trainer_state import EXIT_OK
+from training.elastic.exit_codes import OK
+from training.records import RESUMED, trained_step
 
 pytestmark = [pytest.mark.usefixtures("torchrun", "training"), pytest.mark.slow]
 
@@ -59,10 +60,7 @@ def _parameters(checkpoints: Path, scratch: Path) -> dict[str, torch.Tensor]:
 def _completed(cluster: Cluster) -> set[int]:
     """Every step some node's own log says was completed (rank 0's metrics, the others'
     step_completed lines)."""
-    kinds = ("metrics", "step_completed")
-    return {
-        r["step"] for r in cluster.records() if r.get("event", "metrics") in kinds and "step" in r
-    }
+    return {s for r in cluster.records() if (s := trained_step(r)) is not None}
 
 
 @pytest.mark.timeout(600)
@@ -71,7 +69,7 @@ def test_compiled_blocks_lose_no_step_to_an_eviction_and_match_the_eager_run(
 ) -> None:
     corpus = make_data("charlm", tmp_path / "corpus")
     _, code = run_here(tmp_path / "eager", corpus, ARGS)
-    assert code == EXIT_OK
+    assert code == OK
     expected = _parameters(tmp_path / "eager" / "durable", tmp_path / "scratch-eager")
 
     cache = tmp_path / "inductor"  # the workers' own: what inductor wrote shows it compiled
@@ -87,7 +85,7 @@ def test_compiled_blocks_lose_no_step_to_an_eviction_and_match_the_eager_run(
         assert cluster.wait_exit("a", 240) == 0, cluster.tail()
     finally:
         cluster.close()
-    resumed = [e for e in cluster.events("resumed") if e["ts"] > evicted_ts][0]
+    resumed = [e for e in cluster.events(RESUMED) if e["ts"] > evicted_ts][0]
     assert (resumed["world_size"], resumed["source"], resumed["lost_steps"]) == (1, "parts", 0)
     assert set(range(1, MAX_STEPS + 1)) <= _completed(cluster)
     assert any(cache.rglob("*.so")), f"inductor compiled nothing into {cache}"

@@ -27,6 +27,7 @@ from training.elastic.exit_codes import (
     signal_exit,
 )
 from training.elastic.rendezvous import BadInputAfterJoin
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED, STARTED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +140,7 @@ def test_training_rides_out_an_etcd_outage_without_a_restart(tmp_path: Path) -> 
             server.start()
             back_at = cluster.max_step()
             cluster.wait_until(lambda: cluster.max_step() >= back_at + 5, 60, "steps, etcd back")
-            resumed = [r for r in cluster.records() if r.get("event") == "resumed"]
+            resumed = [r for r in cluster.records() if r.get("event") == RESUMED]
             assert len(resumed) == 1, cluster.tail()  # the first round's, and no other
             assert all(cluster.nodes[n].poll() is None for n in ("a", "b"))
         finally:
@@ -148,11 +149,11 @@ def test_training_rides_out_an_etcd_outage_without_a_restart(tmp_path: Path) -> 
 
 def _steps_at_world(cluster: Cluster, world: int) -> list[dict]:
     """Metrics lines (rank 0 logs them) of steps trained at ``world`` ranks."""
-    return [r for r in cluster.records() if r["kind"] == "metrics" and r["world_size"] == world]
+    return [r for r in cluster.records() if r["kind"] == METRICS and r["world_size"] == world]
 
 
 def _resumed(cluster: Cluster, node: str) -> list[dict]:
-    return [r for r in cluster.records(node) if r.get("event") == "resumed"]
+    return [r for r in cluster.records(node) if r.get("event") == RESUMED]
 
 
 def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothing(
@@ -177,8 +178,8 @@ def test_restarts_spent_on_evictions_ask_for_a_new_pod_that_resumes_losing_nothi
             cluster.kill(peer)  # an eviction without notice: a's workers lose their peer
         assert cluster.wait_exit("a", 120) == RETRY_ME, cluster.tail()
         assert "a new pod with a fresh budget joins" in (tmp_path / "a.err").read_text()
-        logged = max(r["step"] for r in cluster.records("a") if r["kind"] == "metrics")
-        saves = [r for r in cluster.records("a") if r.get("event") == "emergency_save"]
+        logged = max(r["step"] for r in cluster.records("a") if r["kind"] == METRICS)
+        saves = [r for r in cluster.records("a") if r.get("event") == EMERGENCY_SAVE]
         # a's last round committed its state durably, since a new pod's disk is empty: the
         # step it completed last (its log line may have been cut by the failure).
         assert saves[-1]["durable"] is True and saves[-1]["step"] >= logged, saves[-1]
@@ -213,7 +214,7 @@ def test_bad_input_found_after_joining_stops_the_node_without_restarts(
         err = (tmp_path / "b.err").read_text()
         assert "this run has seed=5" in err
         assert "stopping without another restart" in err
-        assert len([r for r in second.records("b") if r.get("event") == "started"]) == 1
+        assert len([r for r in second.records("b") if r.get("event") == STARTED]) == 1
     finally:
         second.close()
 

@@ -11,6 +11,7 @@ import pytest
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
+from training.records import EMERGENCY_SAVE, RESUMED
 
 pytestmark = [pytest.mark.slow]
 
@@ -25,7 +26,7 @@ ARGS = [
 
 
 def _saves_after(cluster: Cluster, node: str, ts: float) -> list[dict]:
-    return [e for e in cluster.events("emergency_save") if e["node"] == node and e["ts"] > ts]
+    return [e for e in cluster.events(EMERGENCY_SAVE) if e["node"] == node and e["ts"] > ts]
 
 
 @pytest.mark.timeout(300)
@@ -55,7 +56,7 @@ def test_torch_closing_the_workers_keeps_the_save_on_the_node_an_eviction_does_n
         closed = _saves_after(cluster, "a", joined_ts)
         assert closed and all(e["reason"] == "sigterm" for e in closed), closed
         assert all(e["local"] and not e["durable"] for e in closed), closed
-        resumed = [e for e in cluster.events("resumed") if e["ts"] > joined_ts]
+        resumed = [e for e in cluster.events(RESUMED) if e["ts"] > joined_ts]
         assert resumed[0]["world_size"] == 4 and resumed[0]["source"] == "local", resumed
         assert resumed[0]["lost_steps"] == 0
         # a is evicted: its agent's SIGTERM, then the workers' (torch's): now it is durable.

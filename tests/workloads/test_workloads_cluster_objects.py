@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
+from tests.support.workload_specs import validate_strictly
 from workloads.manifests.device_plugin import DevicePluginSpec, device_plugin_daemonset
 from workloads.manifests.etcd import (
     DATA_VOLUME,
@@ -38,15 +38,6 @@ from workloads.manifests.scheduling import (
     SYSTEM_POOL,
     TRAINER_LABELS,
 )
-
-K8S_VERSION = "1.33"
-
-
-def validate_strictly(obj: dict[str, Any]) -> None:
-    """Raise ``kubernetes_validate.ValidationError`` unless ``obj`` fits the Kubernetes
-    OpenAPI schema of ``K8S_VERSION``, unknown fields included (the API server would drop
-    them silently)."""
-    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
 def _etcd_spec(**overrides: Any) -> EtcdSpec:

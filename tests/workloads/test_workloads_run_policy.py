@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.workloads.test_workloads_job import _job_spec
+from tests.support.workload_specs import _job_spec
 from workloads.manifests.job import pytorchjob_manifest
 
 # ---- what the operator does with a pod that keeps crashing ---------------------------------------

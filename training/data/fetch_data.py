@@ -39,6 +39,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
+from training import records
 from training.data.dataset_marker import CHUNK_BYTES, MARKER, DataFile, parse_marker
 from training.elastic.launch import DATA_URI_ENV
 
@@ -78,8 +79,9 @@ class DataSource(Protocol):
 
 def say(event: str, **fields: Any) -> None:
     """One of the agent's records on stdout, as the training's are (``lab watch`` reads it)."""
-    record = {"ts": round(time.time(), 3), "kind": "event", "event": event, "rank": None}
-    sys.stdout.write(json.dumps({**record, **fields}) + "\n")
+    record = {"ts": round(time.time(), 3), "kind": records.EVENT, "event": event, "rank": None}
+    records.check(record | fields)
+    sys.stdout.write(json.dumps(record | fields) + "\n")
     sys.stdout.flush()
 
 

@@ -37,9 +37,8 @@ from typing import Any, TypeVar
 from training.checkpoints.blob_store import credential_from_env, parse_blob_uri
 from training.data.dataset_marker import MARKER, local_file, marker_body
 from training.data.sources import CHECKSUM, CIFAR10, CORPUS_FILE, FORMATS, TEXT
+from training.elastic.exit_codes import BAD_INPUT, PERMANENT
 
-EXIT_BAD_INPUT = 2
-EXIT_RETRY = 1
 # CIFAR-10's files in its archive (training/data/cifar10.py reads them).
 BATCH_FILE = re.compile(r"^(data_batch_\d+\.bin|test_batch\.bin)$")
 CHUNK = 1 << 20
@@ -305,10 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(stage(args.source, args.checksum, args.container_uri, args.format), flush=True)
     except StagingError as exc:
         print(f"stage-data: {exc}", file=sys.stderr, flush=True)
-        return EXIT_RETRY if exc.retry else EXIT_BAD_INPUT
+        return PERMANENT if exc.retry else BAD_INPUT  # the Job's next pod retries a failure
     except ValueError as exc:  # a malformed container URI, from parse_blob_uri
         print(f"stage-data: {exc}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     return 0
 
 

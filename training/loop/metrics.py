@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from training import records
 from training.loop.dist import DistEnv
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class RecordSink(Protocol):
 
 
 class EventLog:
-    """One JSON object per line: ``kind`` is "metrics" or "event"."""
+    """One JSON object per line, each a record of training/records.py."""
 
     def __init__(
         self,
@@ -58,7 +59,9 @@ class EventLog:
             self._base["rdzv_round"] = env.rdzv_round
 
     def _write(self, record: dict[str, Any]) -> None:
-        line = json.dumps({"ts": round(time.time(), 3), **self._base, **record})
+        full = {"ts": round(time.time(), 3), **self._base, **record}
+        records.check(full)  # a field no reader knows fails here, in the writer's tests
+        line = json.dumps(full)
         self.stream.write(line + "\n")
         self.stream.flush()
         if self.sink is not None:
@@ -71,10 +74,11 @@ class EventLog:
             self.sink.close(deadline)
 
     def metrics(self, **fields: Any) -> None:
-        self._write({"kind": "metrics", **fields})
+        self._write({"kind": records.METRICS, **fields})
 
     def event(self, name: str, /, **fields: Any) -> None:
-        self._write({"kind": "event", "event": name, **fields})
+        """One of the events of training/records.py, with its fields."""
+        self._write({"kind": records.EVENT, "event": name, **fields})
 
 
 def progress_line(

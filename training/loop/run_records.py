@@ -26,6 +26,7 @@ from collections import deque
 
 from training.checkpoints.deadline import Deadline
 from training.checkpoints.storage import ObjectStore
+from training.records import EVENT, RECORDS_DROPPED
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class StoredRecords:
             seq, self._seq = self._seq, self._seq + 1  # this upload's name, whatever else runs
         lines = list(taken)
         if dropped:  # what the buffer could not keep while the store failed
-            lost = {"ts": round(time.time(), 3), "kind": "event", "event": "records_dropped"}
+            lost = {"ts": round(time.time(), 3), "kind": EVENT, "event": RECORDS_DROPPED}
             lines.insert(0, json.dumps({**lost, "lines": dropped}))
         name = f"{self._prefix}_{seq:06d}.jsonl"
         try:

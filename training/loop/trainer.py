@@ -24,6 +24,7 @@ from torch import nn
 from training.api import EvalContext, MicroBatch
 from training.checkpoints.checkpoint import CheckpointError
 from training.data.sampler import loss_scale, micro_batches
+from training.elastic.exit_codes import OK, WORKER_RESTART
 from training.elastic.faults import PeerLostError, StopRequest, is_peer_failure
 from training.elastic.permit import Pauses, Permit
 from training.loop.evaluation import evaluate
@@ -40,7 +41,7 @@ from training.loop.saves.emergency import Outcome
 from training.loop.step.losses import StepLosses, normalize_gradients, split_loss
 from training.loop.step_guard import abort_collectives, mark_state_written
 from training.loop.task_checks import checked_loss, rehearse_resume
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART, StatefulTrainer, stop_exit_code
+from training.loop.trainer_state import StatefulTrainer, stop_exit_code
 
 logger = logging.getLogger("training")
 
@@ -201,7 +202,7 @@ class Trainer(StatefulTrainer):
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: StopRequest, phases: Phases) -> int:
-        """Restore, train to ``max_steps`` and finish; EXIT_RESTART after a stop or lost peer."""
+        """Restore, train to ``max_steps`` and finish; WORKER_RESTART after a stop or lost peer."""
         try:
             self.restore()
             phases.mark("restore")
@@ -227,7 +228,7 @@ class Trainer(StatefulTrainer):
             raise
         finally:
             self.loader.close()  # its threads read no further ahead
-        return EXIT_OK
+        return OK
 
     def _after_failure(
         self, kind: str, exc: BaseException, stop: StopRequest, restored: bool
@@ -237,7 +238,7 @@ class Trainer(StatefulTrainer):
             abort_collectives()  # NCCL kernels stuck on the lost peer return
         if restored and self.cfg.checkpoint.emergency_saves:
             return stop_exit_code(self.emergency_save(kind, stop))
-        return EXIT_RESTART
+        return WORKER_RESTART
 
     def _wrap(self, phases: Phases) -> None:
         """The parallelism's wrap step: DDP, or nothing more for a sharded model."""

@@ -35,7 +35,7 @@ from training.checkpoints.resume import DurableSource, Resume, agree_on_resume
 from training.checkpoints.sharded.state import rng_state, set_rng_state
 from training.checkpoints.storage import ObjectStore
 from training.data.loader import open_loader, sampler_for
-from training.elastic.exit_codes import WORKER_RESTART
+from training.elastic.exit_codes import RETRY_ME, WORKER_RESTART
 from training.elastic.faults import StopRequest
 from training.loop import run_changes
 from training.loop.config import ConfigError, TrainConfig
@@ -43,7 +43,7 @@ from training.loop.dist import DistEnv
 from training.loop.inputs import STORAGE_KEY, run_identity
 from training.loop.metrics import EventLog
 from training.loop.parallel import build_parts
-from training.loop.saves.emergency import EXIT_NOT_DURABLE, DurableProgress, EmergencySave, Outcome
+from training.loop.saves.emergency import DurableProgress, EmergencySave, Outcome
 from training.loop.saves.periodic import BackgroundSaver, SavePolicy, report_failure
 from training.loop.saves.sharded import ShardedState
 from training.loop.step.precision import Precision
@@ -51,9 +51,6 @@ from training.loop.step_guard import StepGate, StepGuard, cpu_state
 
 logger = logging.getLogger("training")
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_RESTART = WORKER_RESTART  # state saved; torchrun starts a new round
 # Whatever runs the worker's exit: the SIGTERM thread holds it while it saves, so the main
 # thread, done with the loop, cannot end the process under a durable commit in flight.
 _EXIT_LOCK = threading.RLock()
@@ -317,7 +314,7 @@ class StatefulTrainer:
         apply it too): the save waits for it, within the deadline. Any other step in flight
         is abandoned, and this rank's no keeps every peer from applying it (``StepGate``).
         """
-        code = EXIT_RESTART
+        code = WORKER_RESTART
         use_device(self.device)  # this thread's copies on this process's GPU, not GPU 0
         with _EXIT_LOCK:
             try:
@@ -340,8 +337,8 @@ class StatefulTrainer:
 
 
 def stop_exit_code(outcome: Outcome | None) -> int:
-    """A stopped worker's code: EXIT_NOT_DURABLE when its required durable commit gave up."""
-    return EXIT_RESTART if outcome is None or outcome.complete else EXIT_NOT_DURABLE
+    """A stopped worker's code: RETRY_ME when its required durable commit gave up."""
+    return WORKER_RESTART if outcome is None or outcome.complete else RETRY_ME
 
 
 def wait_for_stop() -> None:

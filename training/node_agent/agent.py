@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from training.elastic.exit_codes import BAD_INPUT
 from training.node_agent.cluster import Cluster
 from training.node_agent.scheduled_events import (
     FIRST_CALL_TIMEOUT_S,
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vm = cluster.vm_of(args.node)
     if vm is None:
         LOG.error("node %s has no Azure VM in its providerID: nothing to watch", args.node)
-        return 2
+        return BAD_INPUT
     try:  # the first request enables Scheduled Events for this VM
         fetch(args.metadata_url, FIRST_CALL_TIMEOUT_S)
     except (OSError, ValueError) as exc:

@@ -26,10 +26,10 @@ from lab.azure.cluster.kube import (
     procs_per_worker,
     read_target,
 )
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import DRILL_EVENTS, WATCH_EVENTS
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT
 
 ENDED = ("Succeeded", "Failed")
 
@@ -46,7 +46,7 @@ def watch(
         phase = job_phase(cluster.job())
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
+        return BAD_INPUT if isinstance(err, BadOutputs) else PERMANENT
     follower = JobFollower(cluster, options.out, status, phase)
     # The span watched: the report covers it, the logs before it only give the context.
     span = LabEventLog(options.out / WATCH_EVENTS)
@@ -65,7 +65,7 @@ def watch(
     finally:
         span.write("run_ended")
         follower.close(last=follower.where())  # where it ended
-    return EXIT_OK if write_report(options.out, options.prices) is not None else EXIT_FAILED
+    return OK if write_report(options.out, options.prices) is not None else PERMANENT
 
 
 @dataclass
@@ -111,12 +111,12 @@ def _evict_once(
     victim = _victim(follower.recorder.pods)
     if victim is None:
         status.message("error: no worker pod runs on a Spot node")
-        return EXIT_FAILED
+        return PERMANENT
     pod, node = victim
     status.message(f"evicting {node} ({pod}), {index + 1} of {plan.evictions}")
     injected_at = time.time()
     if evict(node) != 0:
-        return EXIT_FAILED
+        return PERMANENT
     log.write(
         "fault_injected",
         index=index,
@@ -126,7 +126,7 @@ def _evict_once(
         planned_world_size=full - per_node,
         node=node,
     )
-    return EXIT_OK if rejoined(follower, full, per_node, plan.recover_timeout_s) else EXIT_FAILED
+    return OK if rejoined(follower, full, per_node, plan.recover_timeout_s) else PERMANENT
 
 
 def rejoined(follower: JobFollower, full: int, per_node: int, timeout_s: float) -> bool:
@@ -154,11 +154,11 @@ def open_job(
         job = cluster.job()
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(err, BadOutputs) else EXIT_FAILED
+        return BAD_INPUT if isinstance(err, BadOutputs) else PERMANENT
     phase = job_phase(job)
     if phase != "Running":
         print(f"error: the job is {phase}, not Running: {what} only a healthy job", file=sys.stderr)
-        return EXIT_FAILED
+        return PERMANENT
     return cluster, full_world_size(job), procs_per_worker(job)
 
 
@@ -178,24 +178,24 @@ def drill(
     follower = JobFollower(cluster, options.out, status)
     log = LabEventLog(options.out / DRILL_EVENTS)
     follower.start()
-    outcome = EXIT_OK
+    outcome = OK
     try:
         if not at_full_size(follower, full, plan.ready_timeout_s, "drill"):
-            return EXIT_FAILED
+            return PERMANENT
         log.write("run_started", evictions=plan.evictions, full_world_size=full)
         for index in range(plan.evictions):
             outcome = _evict_once(index, plan, full, per_node, follower, log, evict)
-            if outcome != EXIT_OK:
+            if outcome != OK:
                 break
         log.write("run_ended")
     except KeyboardInterrupt:
         follower.status.message("drill stopped; the job goes on")
         log.write("run_ended")
-        outcome = EXIT_FAILED
+        outcome = PERMANENT
     finally:
         follower.close()
     report = write_report(options.out, options.prices)
-    return outcome if report is not None else EXIT_FAILED
+    return outcome if report is not None else PERMANENT
 
 
 def at_full_size(follower: JobFollower, full: int, timeout_s: float, what: str) -> bool:

@@ -25,6 +25,7 @@ from lab.report.gpu_cost import Prices, cost_of_run
 from lab.report.run_logs import RunLogsError, load_cluster_run
 from lab.report.run_report import report_from_run, write_outputs
 from lab.report.text import format_report
+from training.records import METRICS, STARTED
 
 TICK_S = 1.0
 
@@ -54,14 +55,14 @@ def write_report(out: Path, prices: Prices) -> dict[str, Any] | None:
 
 def max_steps(recorder: Recorder) -> int | None:
     """The run's max_steps, from the newest ``started`` record that says it."""
-    started = [r for r in recorder.records if r.get("event") == "started" and "max_steps" in r]
+    started = [r for r in recorder.records if r.get("event") == STARTED and "max_steps" in r]
     return started[-1]["max_steps"] if started else None
 
 
 def trains_at(recorder: Recorder, since: int, world: int, lines: int) -> bool:
     """``lines`` metrics lines at ``world`` among the records that arrived after ``since``."""
     new = recorder.records[since:]
-    return sum(1 for r in new if r["kind"] == "metrics" and r["world_size"] == world) >= lines
+    return sum(1 for r in new if r["kind"] == METRICS and r["world_size"] == world) >= lines
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, tick: Callable[[], None]) -> bool:

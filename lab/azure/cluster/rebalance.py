@@ -22,10 +22,11 @@ from lab.azure.cluster.drain import cordon, evict
 from lab.azure.cluster.follow import CloudOptions, JobFollower, wait_for, write_report
 from lab.azure.cluster.gpu_nodes import Move, Stay, gpu_node, next_move, placements
 from lab.azure.cluster.kube import Cluster, ClusterError, job_phase
-from lab.exit_status import EXIT_FAILED, EXIT_OK
 from lab.live.event_log import LabEventLog
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import REBALANCE_EVENTS
+from training.elastic.exit_codes import OK, PERMANENT
+from training.records import RESUMED
 
 MOVED, STOPPED, FAILED = "moved", "stopped", "failed"
 
@@ -80,32 +81,32 @@ def rebalance(
         first = _first_decision(cluster, plan)
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return PERMANENT
     if isinstance(first, Stay):
         print(f"nothing to move: {first.reason}")  # and nothing was touched
-        return EXIT_OK
+        return OK
     follower = JobFollower(cluster, options.out, status)
     run = _Run(cluster, follower, _log(options), plan, full, per_node)
     run.follower.start()
-    outcome = EXIT_OK
+    outcome = OK
     try:
         if not at_full_size(run.follower, run.full, plan.ready_timeout_s, "rebalance"):
-            return EXIT_FAILED
+            return PERMANENT
         run.log.write("run_started", full_world_size=run.full, watch=plan.watch)
         outcome = _moves(run)
         run.log.write("run_ended")
     except KeyboardInterrupt:
         run.say("rebalance stopped; the job goes on")
         run.log.write("run_ended")
-        outcome = EXIT_FAILED
+        outcome = PERMANENT
     except ClusterError as err:
         run.say(f"error: {err}")
         run.log.write("run_ended")
-        outcome = EXIT_FAILED
+        outcome = PERMANENT
     finally:
         run.follower.close()
     report = write_report(options.out, options.prices)
-    return outcome if report is not None else EXIT_FAILED
+    return outcome if report is not None else PERMANENT
 
 
 def _log(options: CloudOptions) -> LabEventLog:
@@ -139,21 +140,21 @@ def _moves(run: _Run) -> int:
         if isinstance(decision, Move):
             result = _move(run, index, decision)
             if result != MOVED:
-                return EXIT_OK if result == STOPPED else EXIT_FAILED
+                return OK if result == STOPPED else PERMANENT
             index, waiting_since, said = index + 1, None, ""
             continue
         if run.plan.watch:
             if job_phase(run.cluster.job()) in ENDED:
                 run.say(f"the job ended; {index} worker(s) moved to Spot")
-                return EXIT_OK
+                return OK
         elif decision.done:
             run.say(f"done: {decision.reason}")
-            return EXIT_OK
+            return OK
         else:
             waiting_since = waiting_since or time.monotonic()
             if time.monotonic() - waiting_since > run.plan.spot_timeout_s:
                 run.say(f"no Spot node came within {run.plan.spot_timeout_s:.0f} s: {said}")
-                return EXIT_OK
+                return OK
         if decision.reason != said:
             said = decision.reason
             run.say(f"waiting for a Spot node: {said}")
@@ -236,6 +237,6 @@ def _resumed_at_full(run: _Run, mark: int) -> int | None:
     rounds = [
         i
         for i in range(mark, len(records))
-        if records[i].get("event") == "resumed" and records[i].get("world_size") == run.full
+        if records[i].get("event") == RESUMED and records[i].get("world_size") == run.full
     ]
     return rounds[-1] if rounds else None

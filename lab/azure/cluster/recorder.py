@@ -22,9 +22,9 @@ from lab.azure.cluster.capacity_lines import CapacityLines
 from lab.azure.cluster.event_lines import event_line
 from lab.azure.cluster.mount_failures import MountFailures
 from lab.live.job_view import JobView
-from lab.report.node_logs import parse_record
 from lab.report.replacement import pod_change
 from lab.report.run_logs import PLACEMENTS, POD_CHANGES, ClusterEvent, cluster_event, well_formed
+from training.records import parse
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Recorder:
             with open(self.out / "pods" / f"{pod}.log", "a") as handle:
                 handle.write(line + "\n")
             stamped = line.split(" ", 1)
-            record = parse_record(stamped[-1], pod)
+            record = parse(stamped[-1], pod)
             if record is not None and well_formed(record):
                 self.records.append(record)
                 # Each pod's log streams on its own: the picture follows the newest record.

@@ -44,9 +44,9 @@ from lab.azure.preflight.subscription import (
     choose_subscription,
 )
 from lab.azure.stack_choice import resolve_stack
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from stack_config.files import PROJECT_DIR, StackSettings
 from stack_config.model import ConfigError, LabConfig
+from training.elastic import exit_codes
 
 AZURE_CHECKS: tuple[tuple[str, Callable[[Context], Iterator[Check]]], ...] = (
     ("sign-in", check_sign_in),
@@ -107,7 +107,7 @@ def _describe(cfg: LabConfig, settings: StackSettings) -> str:
 
 
 def exit_code(checks: list[Check]) -> int:
-    return EXIT_FAILED if any(c.status == FAILS for c in checks) else EXIT_OK
+    return exit_codes.PERMANENT if any(c.status == FAILS for c in checks) else exit_codes.OK
 
 
 def format_checks(checks: list[Check]) -> str:
@@ -137,16 +137,18 @@ def main(
         settings = resolve_stack(args.stack, project_dir)
     except ConfigError as err:
         if args.json:
-            print(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "error": err.problems}))
+            print(
+                json.dumps({"ok": False, "exit_code": exit_codes.BAD_INPUT, "error": err.problems})
+            )
         else:
             print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
     azure = azure or Azure(provider=settings.provider)
     ctx = Context(settings, azure, run, registry=registry or registry_for)
     checks = run_checks(ctx)
     code = exit_code(checks)
     if args.json:
-        report = {"stack": settings.config.stack, "ok": code == EXIT_OK, "exit_code": code}
+        report = {"stack": settings.config.stack, "ok": code == exit_codes.OK, "exit_code": code}
         print(json.dumps({**report, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
         print(format_checks(checks))

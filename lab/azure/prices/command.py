@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from catalog import gpu_sizes
 from lab.azure.prices.cache import ApiCache, cache_dir
 from lab.azure.stack_choice import resolve_stack
-from lab.exit_status import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, HelpFormatter
+from lab.exit_status import HelpFormatter
 from lab.report.headroom import (
     REPLACEMENT_MIN,
     HeadroomError,
@@ -31,6 +31,7 @@ from lab.report.headroom import (
 from stack_config.files import PROJECT_DIR
 from stack_config.model import ConfigError, LabConfig
 from stack_config.validate import REGION
+from training.elastic.exit_codes import BAD_INPUT, OK, PERMANENT
 
 if TYPE_CHECKING:  # the Azure SDKs load when the command asks Azure, not for --help
     from lab.azure.clients import Azure
@@ -206,10 +207,10 @@ def main(
         plan = headroom_plan(args, cfg)
     except ConfigError as err:
         print(f"error: {'; '.join(err.problems)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     except HeadroomError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     from lab.azure.clients import Azure, AzureError
     from lab.azure.prices.report import build_report, headroom_section
     from lab.azure.prices.table import format_report
@@ -219,14 +220,14 @@ def main(
         report = build_report(azure or Azure(), cache, cfg, vm_size, regions, args.hours)
     except AzureError as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return PERMANENT
     try:
         report["headroom"] = headroom_section(report, plan)
     except HeadroomError as err:  # the band's rate needs more workers than the model searches
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return BAD_INPUT
     print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return EXIT_OK
+    return OK
 
 
 def cached_vm_price(vm_size: str, region: str) -> tuple[float | None, float | None] | None:

@@ -11,72 +11,23 @@ from typing import Any
 from bench.chaos.endings import AGENT_SAYS, ending, exit_code
 from bench.chaos.invariants import Evidence, check
 from bench.chaos.store_excuse import store_refused
+from tests.support.chaos_evidence import (
+    T0,
+    _action,
+    _call,
+    _commit,
+    _event,
+    _evidence,
+    _local,
+    _metrics,
+    _node,
+    _resumed,
+    _started,
+)
 from training.elastic.exit_codes import ENDINGS
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED, STARTED, STEP_COMPLETED
 
 REPO = Path(__file__).resolve().parents[3]
-T0 = 1_800_000_000.0
-
-
-def _metrics(ts: float, step: int, round_: int, node: str = "node-0") -> dict[str, Any]:
-    return {"ts": T0 + ts, "kind": "metrics", "step": step, "rdzv_round": round_, "node": node}
-
-
-def _event(ts: float, name: str, node: str, round_: int, **fields: Any) -> dict[str, Any]:
-    return {"ts": T0 + ts, "kind": "event", "event": name, "node": node, "rdzv_round": round_}
-
-
-def _started(
-    ts: float, node: str, round_: int, rank: int = 0, world: int = 1, nproc: int = 1
-) -> dict[str, Any]:
-    """A worker's first line in a round: rank ``rank`` of ``world``, ``nproc`` a node."""
-    local, group = rank % nproc, rank // nproc
-    ranks = {"rank": rank, "world_size": world, "local_rank": local, "group_rank": group}
-    return _event(ts, "started", node, round_) | ranks
-
-
-def _resumed(ts: float, node: str, round_: int, step: int, source: str) -> dict[str, Any]:
-    return {**_event(ts, "resumed", node, round_), "step": step, "source": source}
-
-
-def _node(ts: float, event: str, node: str, **fields: Any) -> dict[str, Any]:
-    return {"ts": T0 + ts, "event": event, "node": node, **fields}
-
-
-def _action(ts: float, kind: str, *nodes: str, **fields: Any) -> dict[str, Any]:
-    return {"ts": T0 + ts, "kind": kind, "nodes": list(nodes), **fields}
-
-
-def _evidence(**overrides: Any) -> Evidence:
-    """Two nodes train rounds 1 (steps 1-5) and, after node-1 is lost, 2 at world 1."""
-    records = [
-        _started(1, "node-0", 1, 0, 2),
-        _started(1, "node-1", 1, 1, 2),
-        _resumed(2, "node-0", 1, 0, "fresh"),
-        *(_metrics(2 + s, s, 1) for s in range(1, 6)),
-        _started(9, "node-0", 2),
-        _resumed(10, "node-0", 2, 5, "local"),
-        *(_metrics(10 + s, 5 + s, 2) for s in range(1, 6)),
-        {**_event(16, "finished", "node-0", 2), "step": 10},
-    ]
-    values: dict[str, Any] = {
-        "records": records,
-        "lab_events": [
-            _node(0, "node_started", "node-0"),
-            _node(0, "node_started", "node-1"),
-            _node(17, "node_exited", "node-0", code=0),
-        ],
-        "actions": [_action(1.5, "warm"), _action(7.5, "kill", "node-1")],
-        "final_codes": {"node-0": 0, "node-1": -9},
-        "agent_logs": {},
-        "ack_checks": [],
-        "newest_verified": 10,
-        "parameter_difference": 0.0,
-        "status": "finished",
-        "max_steps": 10,
-        "stop_deadline_s": 10.0,
-    }
-    values.update(overrides)
-    return Evidence(**values)
 
 
 def _violated(evidence: Evidence) -> set[str]:
@@ -92,7 +43,7 @@ def test_a_clean_schedule_keeps_every_invariant() -> None:
 def test_a_resume_behind_a_step_a_survivor_held_is_a_lost_step() -> None:
     evidence = _evidence()
     records = [
-        {**r, "step": 3} if r.get("event") == "resumed" and r["rdzv_round"] == 2 else r
+        {**r, "step": 3} if r.get("event") == RESUMED and r["rdzv_round"] == 2 else r
         for r in evidence.records
     ]
     verdict, figures = check(replace(evidence, records=records))
@@ -106,7 +57,7 @@ def test_a_step_only_a_node_without_rank_0_logged_counts_when_the_next_round_res
     # only step 5 (its metrics line for 6 never came). The round after resumed at 5: node-0,
     # alive, held step 6 too, so a step was lost, and only node-1's own log shows it.
     evidence = _evidence()
-    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
+    completed = {**_event(7.2, STEP_COMPLETED, "node-1", 1), "step": 6, "world_size": 2}
     verdict, figures = check(replace(evidence, records=[*evidence.records, completed]))
     assert [v["invariant"] for v in verdict.violations] == ["no lost step"]
     assert "after step 6 was completed; held by node-0" in verdict.violations[0]["detail"]
@@ -115,7 +66,7 @@ def test_a_step_only_a_node_without_rank_0_logged_counts_when_the_next_round_res
 
 def test_a_loss_when_every_holder_was_killed_without_notice_is_excused_and_says_so() -> None:
     evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == METRICS]
     records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
     actions = [
         _action(1.5, "warm"),
@@ -135,8 +86,8 @@ def test_a_node_whose_own_save_stopped_before_the_step_did_not_hold_it() -> None
     # then frozen; node-0's own save on its stop says it had step 5. The next round resumed at
     # 5: every node that held step 6 was lost, which is excused, and node-0 held none of it.
     evidence = _evidence()
-    completed = {**_event(7.2, "step_completed", "node-1", 1), "step": 6, "world_size": 2}
-    saved = {**_event(7.3, "emergency_save", "node-0", 1), "step": 5, "reason": "sigterm"}
+    completed = {**_event(7.2, STEP_COMPLETED, "node-1", 1), "step": 6, "world_size": 2}
+    saved = {**_event(7.3, EMERGENCY_SAVE, "node-0", 1), "step": 5, "reason": "sigterm"}
     actions = [_action(1.5, "warm"), _action(7.5, "freeze", "node-1")]
     records = [*evidence.records, completed, saved]
     verdict, figures = check(replace(evidence, records=records, actions=actions))
@@ -148,26 +99,10 @@ def test_a_node_whose_own_save_stopped_before_the_step_did_not_hold_it() -> None
     assert figures["steps_lost"] == 1
 
 
-def _call(ts: float, op: str, took: float, **fields: Any) -> dict[str, Any]:
-    """One store call as the faulty store logs it (no trouble unless ``fields`` say so)."""
-    name = {"put": "ckpt-5.pt", "put_new": "ckpt-manifest-2", "list": "ckpt-manifest-"}
-    line = {"ts": T0 + ts, "op": op, "name": name.get(op, "ckpt-manifest-1"), "what": "call"}
-    line |= {"duration_s": took, "outcome": "ok", "delay_s": 0.0, "fail": False, "pid": 7}
-    return line | fields
-
-
-def _commit(ts: float, took: float = 0.4) -> list[dict[str, Any]]:
-    """A periodic commit of node-0: read the log, upload, publish; ``took`` in all."""
-    each = took / 4
-    return [
-        _call(ts + i * each, op, each) for i, op in enumerate(("list", "get", "put", "put_new"))
-    ]
-
-
 def _lost_to_eviction(**overrides: Any) -> Evidence:
     """Both nodes evicted at 7.5 s, the next round starts fresh: a loss, unless excused."""
     evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == METRICS]
     records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
     evicted = [_action(1.5, "warm"), _action(7.5, "evict-all", "node-0", "node-1")]
     values = {"records": records, "actions": evicted, "store_calls": {"node-0": _commit(3.0)}}
@@ -365,14 +300,6 @@ def test_a_node_that_finds_the_run_over_is_no_failure_but_one_before_the_end_is(
     assert _violated(early) == {"finished"}
 
 
-def _local(line: str, at: float = 13) -> str:
-    """``line`` stamped ``at`` s after T0, in the local time the agent's log uses."""
-    import time
-
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(T0 + at))
-    return re.sub(r"^\S+ \S+,", stamp + ",", line)
-
-
 def test_every_ending_the_checks_read_is_one_the_agent_logs_and_the_table_holds() -> None:
     # The messages as logged: adjacent string literals joined, the signal's number left out.
     texts = [
@@ -449,7 +376,7 @@ def test_a_late_upload_that_moves_the_durable_head_back_is_caught() -> None:
 def test_every_round_that_trained_had_its_whole_world_node_by_node() -> None:
     # Two nodes of 2 processes in round 1 (ranks 0-3), node-0 alone in round 2 (ranks 0-1).
     evidence = _evidence(nproc_per_node=2)
-    records = [r for r in evidence.records if r.get("event") != "started"]
+    records = [r for r in evidence.records if r.get("event") != STARTED]
     started = [
         *(_started(1, "node-0", 1, rank, 4, 2) for rank in (0, 1)),
         *(_started(1, "node-1", 1, rank, 4, 2) for rank in (2, 3)),

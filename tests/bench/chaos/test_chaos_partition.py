@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from bench.chaos.invariants import Evidence, check, signals_by_node
-from tests.bench.chaos.test_chaos_invariants import (
+from tests.support.chaos_evidence import (
     _action,
     _event,
     _local,
@@ -18,11 +18,12 @@ from tests.bench.chaos.test_chaos_invariants import (
     _resumed,
     _started,
 )
+from training.records import FINISHED, STEP_COMPLETED
 
 
 def _completed(ts: float, node: str, round_: int, step: int, world: int) -> dict[str, Any]:
     """A node that is not rank 0 logs each step it completed."""
-    return {**_event(ts, "step_completed", node, round_), "step": step, "world_size": world}
+    return {**_event(ts, STEP_COMPLETED, node, round_), "step": step, "world_size": world}
 
 
 def _partitioned(**overrides: Any) -> Evidence:
@@ -40,7 +41,7 @@ def _partitioned(**overrides: Any) -> Evidence:
         *(_started(15, f"node-{i}", 3, i, 3) for i in range(3)),
         _resumed(15.5, "node-0", 3, 10, "local"),
         *(_metrics(15.5 + s, 10 + s, 3) for s in range(1, 5)),
-        {**_event(20, "finished", "node-0", 3), "step": 14},
+        {**_event(20, FINISHED, "node-0", 3), "step": 14},
     ]
     values: dict[str, Any] = {
         "records": records,

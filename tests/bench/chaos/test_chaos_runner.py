@@ -15,7 +15,8 @@ from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
 from bench.chaos.schedule import ChaosFault, Schedule
 from lab.live.event_log import LabEventLog
-from tests.bench.chaos.test_chaos_invariants import T0, _commit, _evidence, _resumed, _started
+from tests.support.chaos_evidence import T0, _commit, _evidence, _resumed, _started
+from training.records import EVENT, METRICS, STARTED
 
 
 def _runner(tmp_path: Path, *faults: ChaosFault) -> ChaosRunner:
@@ -51,7 +52,7 @@ def test_the_checks_read_a_store_failure_as_the_runner_records_it(tmp_path: Path
     runner._run(0, ChaosFault("store-fail", 0.0, seconds=60.0))
     store_fail = {**runner.actions[0], "ts": T0 + 7.0}
     evidence = _evidence()
-    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == "metrics"]
+    records = [r for r in evidence.records if r.get("rdzv_round") != 2 or r["kind"] == METRICS]
     records += [_started(9, "node-2", 2), _resumed(10, "node-2", 2, 0, "fresh")]
     actions = [
         {"ts": T0 + 1.5, "kind": "warm", "nodes": []},
@@ -91,10 +92,10 @@ def test_a_thawed_node_comes_back_only_after_the_group_re_formed_without_it(
     runner._thaw_due(time.monotonic())
     assert runner.nodes[2].sent == ["SIGSTOP"]  # nothing re-formed yet
     # Its own old worker's line is no re-form; another node's worker starting after it is.
-    runner._observe(2, {"kind": "event", "event": "started", "node": "node-2", "ts": time.time()})
+    runner._observe(2, {"kind": EVENT, "event": STARTED, "node": "node-2", "ts": time.time()})
     runner._thaw_due(time.monotonic())
     assert runner.nodes[2].sent == ["SIGSTOP"]
-    runner._observe(0, {"kind": "event", "event": "started", "node": "node-0", "ts": time.time()})
+    runner._observe(0, {"kind": EVENT, "event": STARTED, "node": "node-0", "ts": time.time()})
     runner._thaw_due(time.monotonic())
     assert runner.nodes[2].sent == ["SIGSTOP", "SIGCONT"] and runner.live == {0, 1, 2}
     assert [(a["kind"], a["nodes"]) for a in runner.actions] == [

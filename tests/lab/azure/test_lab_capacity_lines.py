@@ -15,9 +15,9 @@ from lab.azure.cluster.cloud_run import watch
 from lab.azure.cluster.follow import CloudOptions
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import cluster_event
-from tests.lab.azure.test_lab_watch import _outputs
-from tests.lab.report.test_lab_run_logs import W0, W1
+from tests.support.cluster_runs import _outputs
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
+from tests.support.pod_logs import W0, W1
 
 RECORDED = Path(__file__).parents[2] / "recordings" / "kube" / "autoscaler_events.json"
 UNFIT = RECORDED.with_name("unfit_worker_events.json")

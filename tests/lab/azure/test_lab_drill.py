@@ -23,33 +23,17 @@ from lab.azure.preflight.command import build_parser as preflight_parser
 from lab.azure.prices.command import build_parser as prices_parser
 from lab.cli import build_parser
 from lab.live.status_line import StatusLine
-from tests.lab.azure.test_lab_mount_failures import REFUSED_OLD
-from tests.lab.azure.test_lab_watch import _outputs
-from tests.lab.report.test_lab_run_logs import NEW_NODE, W0, W1, W2, k8s_event
+from tests.support.cluster_runs import REFUSED_OLD, _line, _outputs, metrics_record
 from tests.support.kube_replay import FakeKube, job_manifest, pod_manifest, serve_kube
+from tests.support.pod_logs import NEW_NODE, W0, W1, W2, k8s_event
+from training.records import EMERGENCY_SAVE, EVENT, PEER_FAILURE, RESUMED, STARTED
 
 VICTIM_NODE = "aks-gpu-vmss000002"
-
-
-def _line(ts: float, **record: Any) -> str:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
-    return f"{stamp} {json.dumps({'ts': ts, 'rank': 0, **record})}"
 
 
 def _api_time() -> str:
     """Now, as the API server writes an object's times: whole seconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def metrics_record(step: int, world: int) -> dict[str, Any]:
-    """A training step's metrics line, as the training program logs it."""
-    return {
-        "kind": "metrics",
-        "step": step,
-        "world_size": world,
-        "loss": 1.0,
-        "samples_per_s": 400.0,
-    }
 
 
 class Job:
@@ -76,10 +60,10 @@ class Job:
             self.kube.logs[pod] = self.kube.logs.get(pod, "") + line + "\n"
 
     def _started(self, pod: str) -> None:
-        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+        self._log(pod, kind=EVENT, event=STARTED, max_steps=10_000, global_batch_size=256)
 
     def _resumed(self, step: int, source: str, world: int) -> None:
-        self._log(W0, kind="event", event="resumed", step=step, source=source, world_size=world)
+        self._log(W0, kind=EVENT, event=RESUMED, step=step, source=source, world_size=world)
 
     def _train(self) -> None:
         while not self.stop.wait(0.2):
@@ -107,10 +91,10 @@ class Job:
     def evict(self, node: str) -> int:
         """What the cluster does when the Spot VM behind ``node`` is evicted."""
         self._event("Killing", "Pod", W2, "Stopping container pytorch")
-        self._log(W2, kind="event", event="emergency_save", step=self.step, reason="sigterm")
+        self._log(W2, kind=EVENT, event=EMERGENCY_SAVE, step=self.step, reason="sigterm")
         self._gone(W2)
         self.world = 0
-        self._log(W0, kind="event", event="peer_failure", step=self.step)
+        self._log(W0, kind=EVENT, event=PEER_FAILURE, step=self.step)
         self._resumed(self.step, "local", 2)
         self.world = 2
         threading.Timer(1.5, self._replace).start()

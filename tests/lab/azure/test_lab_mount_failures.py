@@ -15,28 +15,13 @@ import pytest
 
 from lab.azure.cluster.mount_failures import NO_DRIVER, OTHER, REFUSED, MountFailures, mount_cause
 from lab.report.run_logs import ClusterEvent
+from tests.support.cluster_runs import DATASET, NO_BLOB_DRIVER, REFUSED_OLD, TIMED_OUT
 
-DATASET = "spot-lab-dataset"
-REFUSED_OLD = (
-    f'MountVolume.SetUp failed for volume "{DATASET}" : rpc error: code = Internal desc = Mount '
-    "failed with error: rpc error: code = Unknown desc = exit status 1 Error: failed to initialize "
-    "new pipeline [failed to authenticate credentials for azstorage], output: Please refer to "
-    "http://aka.ms/blobmounterror for possible causes and solutions for mount errors."
-)
 REFUSED_NEW = (
     f'MountVolume.SetUp failed for volume "{DATASET}" : rpc error: code = Internal desc = Mount '
     "failed with error: rpc error: code = Unknown desc = exit status 1 Error: failed to initialize "
     "new pipeline [failed to authenticate azstorage credentials with error [BlockBlob::"
     "TestPipeline : [AuthorizationPermissionMismatch]]]"
-)
-NO_BLOB_DRIVER = (
-    f'MountVolume.SetUp failed for volume "{DATASET}" : kubernetes.io/csi: mounter.SetUpAt failed '
-    "to get CSI client: driver name blob.csi.azure.com not found in the list of registered CSI "
-    "drivers"
-)
-TIMED_OUT = (
-    "Unable to attach or mount volumes: unmounted volumes=[dataset], unattached volumes=[dataset "
-    "dshm local kube-api-access-7xk2p]: timed out waiting for the condition"
 )
 OTHER_VOLUME = (
     'MountVolume.SetUp failed for volume "kube-api-access-7xk2p" : object "spot-lab"/'

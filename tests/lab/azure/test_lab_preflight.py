@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +24,9 @@ from tests.support.lab_azure_fixtures import (
     SUB,
     SUB_PATH,
     USAGES,
+    _can_unshare,
+    _offline,
+    _preflight,
     az_account,
     fake_tools,
     provider,
@@ -38,23 +36,6 @@ from tests.support.lab_azure_fixtures import (
 
 # No preflight here reaches Docker Hub: it answers from loopback.
 pytestmark = pytest.mark.usefixtures("hub")
-
-
-def _preflight(
-    fake: FakeAzure,
-    capsys: pytest.CaptureFixture[str],
-    *flags: str,
-    project: Path = PROJECT_DIR,
-    credential: Any = None,
-    registry: Any = None,
-    **environ: str,
-) -> tuple[int, dict[str, Any]]:
-    """Run with --json; (exit code, {check name: check})."""
-    azure = replay_azure(fake, credential, **environ)
-    code = main(["--json", *flags], azure, project, registry=registry)
-    out = capsys.readouterr().out
-    report = json.loads(out)
-    return code, {c["name"]: c for c in report.get("checks", [])} | {"_report": report}
 
 
 def _statuses(checks: dict[str, Any]) -> dict[str, str]:
@@ -185,24 +166,6 @@ def test_unreachable_azure_fails_in_one_line(
     out = capsys.readouterr().out
     assert "fails    azure" in out and "cannot reach Azure (127.0.0.1): Connection refused" in out
     assert "Traceback" not in out
-
-
-def _offline(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # an empty cache: prices must ask the API
-    return subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "lab", *argv],
-        cwd=PROJECT_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,  # a hang guard, not a speed target
-    )
-
-
-def _can_unshare() -> bool:
-    tool = shutil.which("unshare")
-    return tool is not None and subprocess.run([tool, "-n", "true"]).returncode == 0
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (a network namespace)")

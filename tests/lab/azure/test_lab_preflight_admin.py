@@ -16,9 +16,8 @@ import pytest
 from azure.identity import AzureCliCredential, ClientSecretCredential, ManagedIdentityCredential
 
 from lab.azure.clients import NotSignedIn, credential_from_env
-from tests.lab.azure.test_lab_preflight import _preflight
 from tests.support.azure_replay import FakeAzure, StaticToken
-from tests.support.lab_azure_fixtures import OID, TENANT, scratch_project
+from tests.support.lab_azure_fixtures import OID, TENANT, _preflight, scratch_project
 
 # No preflight here reaches Docker Hub: it answers from loopback.
 pytestmark = pytest.mark.usefixtures("hub")

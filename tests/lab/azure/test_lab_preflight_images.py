@@ -19,8 +19,8 @@ import pytest
 from catalog.base_images import parse_image_ref
 from lab.azure.preflight.base_images import resolve, tags_page
 from lab.azure.preflight.image_registry import MANIFEST_TYPES, Registry, RegistryError
-from tests.lab.azure.test_lab_preflight import _preflight
 from tests.support.azure_replay import FakeAzure
+from tests.support.lab_azure_fixtures import _preflight
 from tests.support.registry_replay import PYTHON, TORCH, FakeRegistry, recorded_tag, serve_registry
 
 # No preflight here reaches Docker Hub: it answers from loopback.

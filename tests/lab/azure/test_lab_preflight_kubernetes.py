@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from lab.azure.preflight.kubernetes_version import AKS_API_VERSION, describe_offered
-from tests.lab.azure.test_lab_preflight import _preflight
 from tests.support.azure_replay import FakeAzure
-from tests.support.lab_azure_fixtures import AKS_VERSIONS, scratch_project
+from tests.support.lab_azure_fixtures import AKS_VERSIONS, _preflight, scratch_project
 
 # No preflight here reaches Docker Hub: it answers from loopback.
 pytestmark = pytest.mark.usefixtures("hub")

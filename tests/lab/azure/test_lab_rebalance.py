@@ -20,9 +20,7 @@ from lab.azure.cluster.follow import CloudOptions
 from lab.azure.cluster.gpu_nodes import GpuNode, Move, Stay, gpu_node, next_move, placements
 from lab.azure.cluster.rebalance import RebalanceOptions, rebalance
 from lab.live.status_line import StatusLine
-from tests.lab.azure.test_lab_drill import _line, metrics_record
-from tests.lab.azure.test_lab_watch import _outputs
-from tests.lab.report.test_lab_run_logs import W0, W1
+from tests.support.cluster_runs import _line, _outputs, metrics_record
 from tests.support.kube_replay import (
     NODES_PATH,
     FakeKube,
@@ -31,6 +29,8 @@ from tests.support.kube_replay import (
     pod_manifest,
 )
 from tests.support.kube_replay import serve_kube as serve
+from tests.support.pod_logs import W0, W1
+from training.records import EMERGENCY_SAVE, EVENT, PEER_FAILURE, RESUMED, STARTED
 
 GENERATION = "gpu244695ac"
 ON_DEMAND = "aks-ondc0143d44-12345678-vmss000000"
@@ -62,7 +62,7 @@ class Cluster:
         self._stepping = threading.Lock()  # a step and a change of the group never interleave
         self.stop = threading.Event()
         for pod in (W0, W1):
-            self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+            self._log(pod, kind=EVENT, event=STARTED, max_steps=10_000, global_batch_size=256)
         self._resumed(0, "fresh", 2)
         threading.Thread(target=self._train, daemon=True).start()
 
@@ -71,7 +71,7 @@ class Cluster:
             self.kube.logs[pod] = self.kube.logs.get(pod, "") + _line(time.time(), **record) + "\n"
 
     def _resumed(self, step: int, source: str, world: int) -> None:
-        self._log(W0, kind="event", event="resumed", step=step, source=source, world_size=world)
+        self._log(W0, kind=EVENT, event=RESUMED, step=step, source=source, world_size=world)
 
     def _train(self) -> None:
         while not self.stop.wait(0.2):
@@ -90,14 +90,14 @@ class Cluster:
 
     def _evicted(self, pod: str) -> int:
         self.evicted.append(pod)
-        self._log(pod, kind="event", event="emergency_save", step=self.step, reason="sigterm")
+        self._log(pod, kind=EVENT, event=EMERGENCY_SAVE, step=self.step, reason="sigterm")
         self.version += 1
         for manifest in self.kube.pods:
             if manifest["metadata"]["name"] == pod:
                 manifest["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
                 manifest["metadata"]["resourceVersion"] = str(self.version)
         self.world = 0
-        self._log(W0, kind="event", event="peer_failure", step=self.step)
+        self._log(W0, kind=EVENT, event=PEER_FAILURE, step=self.step)
         self._resumed(self.step, "local", 1)
         self.world = 1
         if self.spot_evicted_meanwhile:  # a second fault: the free Spot node is reclaimed
@@ -113,7 +113,7 @@ class Cluster:
                 return
         self.version += 1
         self.kube.pods.append(pod_manifest(pod, node, version=str(self.version)))
-        self._log(pod, kind="event", event="started", max_steps=10_000, global_batch_size=256)
+        self._log(pod, kind=EVENT, event=STARTED, max_steps=10_000, global_batch_size=256)
         with self._stepping:
             self.world = 0
             self._resumed(self.step, "local", 2)
@@ -290,10 +290,10 @@ def test_a_pod_recreated_under_its_name_is_followed_again(kube: FakeKube, tmp_pa
     pod ends once that pod is gone; the new one must get its own."""
     from lab.azure.cluster.job_watcher import JobWatcher
     from lab.azure.cluster.recorder import Recorder
-    from tests.lab.azure.test_lab_watch import _cluster
+    from tests.support.cluster_runs import _cluster
 
     kube.pods = [pod_manifest(W1, ON_DEMAND)]
-    kube.logs = {W1: _line(time.time(), kind="event", event="started", max_steps=9) + "\n"}
+    kube.logs = {W1: _line(time.time(), kind=EVENT, event=STARTED, max_steps=9) + "\n"}
     recorder = Recorder(tmp_path)
     watcher = JobWatcher(_cluster(kube), recorder)
     watcher.start()
@@ -306,7 +306,7 @@ def test_a_pod_recreated_under_its_name_is_followed_again(kube: FakeKube, tmp_pa
         old = next(t for t in watcher._threads if t.name == f"{W1} log")
         assert _soon(lambda: not old.is_alive())  # the old pod is gone: its follower ended
         kube.pods.append(pod_manifest(W1, SPOT_2, version="12"))
-        again = _line(time.time(), kind="event", event="started", max_steps=9)
+        again = _line(time.time(), kind=EVENT, event=STARTED, max_steps=9)
         kube.logs[W1] += again + "\n"
         assert _soon(lambda: len(recorder.records) == 2), "the new pod's log was not followed"
     finally:

@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import config as k8s_config
 
 from lab.azure.cluster.cloud_run import CloudOptions, DrillOptions, drill, watch
 from lab.azure.cluster.kube import Cluster, ClusterError, Target, read_target
 from lab.azure.cluster.recorder import Recorder
 from lab.live.status_line import StatusLine
 from lab.report.run_logs import load_cluster_run
-from tests.lab.azure.test_lab_mount_failures import NO_BLOB_DRIVER, REFUSED_OLD, TIMED_OUT
-from tests.lab.azure.test_lab_preflight import _can_unshare, _offline
-from tests.lab.report.test_lab_run_logs import NEW_NODE, W0, W1, W2, eviction_logs, k8s_event
+from tests.support.cluster_runs import (
+    NO_BLOB_DRIVER,
+    REFUSED_OLD,
+    TIMED_OUT,
+    _cluster,
+    _outputs,
+    _write_outputs,
+)
 from tests.support.kube_replay import (
     EVENTS_PATH,
     JOB,
@@ -32,6 +36,8 @@ from tests.support.kube_replay import (
     pod_manifest,
     serve_kube,
 )
+from tests.support.lab_azure_fixtures import _can_unshare, _offline
+from tests.support.pod_logs import NEW_NODE, W0, W1, W2, eviction_logs, k8s_event
 
 
 @pytest.fixture
@@ -51,29 +57,6 @@ def kube() -> Iterator[FakeKube]:
         fake.events = [e for e in events if e["involvedObject"]["kind"] == "Pod"]
         fake.node_events = [e for e in events if e["involvedObject"]["kind"] == "Node"]
         yield fake
-
-
-def _write_outputs(tmp_path: Path, config: dict[str, Any]) -> Path:
-    """A stack's outputs file with ``config`` as its kubeconfig."""
-    path = tmp_path / "outputs.json"
-    outputs = {
-        "kubeconfig": json.dumps(config),
-        "namespace": NS,
-        "jobName": JOB,
-        "nodeResourceGroup": "MC_spotlab-rg_spotlab-aks_westus3",
-        "gpuPoolName": "gpu",
-    }
-    path.write_text(json.dumps(outputs))
-    return path
-
-
-def _outputs(tmp_path: Path, kube: FakeKube) -> Path:
-    return _write_outputs(tmp_path, kubeconfig(kube.url))
-
-
-def _cluster(kube: FakeKube) -> Cluster:
-    api = k8s_config.new_client_from_config_dict(kubeconfig(kube.url))
-    return Cluster(Target(kubeconfig(kube.url), NS, JOB), api)
 
 
 def _until_logged(

@@ -13,9 +13,9 @@ import pytest
 from azure.mgmt.compute import ComputeManagementClient
 
 from lab.azure.simulate_eviction import EvictionError, kubectl_pod_node, main, parse_node_name
-from tests.lab.azure.test_lab_preflight import _can_unshare, _offline
 from tests.support.azure_replay import FakeAzure as FakeArm
 from tests.support.azure_replay import LoopbackTransport, NoSignIn, StaticToken, serve
+from tests.support.lab_azure_fixtures import _can_unshare, _offline
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 RG = "MC_spotlab_aks_westus3"

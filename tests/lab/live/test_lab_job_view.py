@@ -8,18 +8,19 @@ from pathlib import Path
 
 from lab.live.job_view import JobView
 from lab.live.status_line import StatusLine, status_text
-from lab.report.node_logs import LogTail, parse_record, read_records
+from lab.report.node_logs import LogTail, read_records
+from training.records import DATA_WAITING, EVENT, FINISHED, METRICS, RESUMED, parse
 
 
 def metrics(ts: float, step: int, world: int) -> dict:
-    return {"ts": ts, "kind": "metrics", "step": step, "world_size": world, "loss": 0.5}
+    return {"ts": ts, "kind": METRICS, "step": step, "world_size": world, "loss": 0.5}
 
 
 def resumed(ts: float, step: int) -> dict:
     return {
         "ts": ts,
-        "kind": "event",
-        "event": "resumed",
+        "kind": EVENT,
+        "event": RESUMED,
         "step": step,
         "source": "local",
         "world_size": 2,
@@ -56,7 +57,7 @@ def test_lines_before_a_reset_do_not_count() -> None:
 
 def test_finished() -> None:
     view = JobView()
-    view.observe({"ts": 1.0, "kind": "event", "event": "finished", "step": 9, "node": "node-0"})
+    view.observe({"ts": 1.0, "kind": EVENT, "event": FINISHED, "step": 9, "node": "node-0"})
     assert view.finished and view.last_event == "finished step 9 on node-0"
 
 
@@ -106,8 +107,8 @@ def test_log_tail_waits_for_whole_lines(tmp_path: Path) -> None:
 
 
 def test_only_records_are_parsed(tmp_path: Path) -> None:
-    good = {"ts": 2.0, "kind": "metrics", "step": 1}
-    assert parse_record(json.dumps(good), "node-0") == {**good, "node": "node-0"}
+    good = {"ts": 2.0, "kind": METRICS, "step": 1}
+    assert parse(json.dumps(good), "node-0") == {**good, "node": "node-0"}
     for line in [
         "",
         "W1122 torch warning",
@@ -115,7 +116,7 @@ def test_only_records_are_parsed(tmp_path: Path) -> None:
         '{"kind": "metrics"}',
         '{"ts": 1, "kind"',
     ]:
-        assert parse_record(line, "node-0") is None
+        assert parse(line, "node-0") is None
     (tmp_path / "node-1.jsonl").write_text(json.dumps(good) + "\nnoise\n")
     (tmp_path / "node-0.jsonl").write_text(json.dumps({**good, "ts": 1.0}) + "\n")
     assert [(r["node"], r["ts"]) for r in read_records(tmp_path)] == [
@@ -126,11 +127,11 @@ def test_only_records_are_parsed(tmp_path: Path) -> None:
 
 def test_a_worker_waiting_for_its_data_shows_why_and_the_command() -> None:
     line = json.dumps(
-        {"ts": 5.0, "kind": "event", "event": "data_waiting", "rank": None, "waited_s": 60,
+        {"ts": 5.0, "kind": EVENT, "event": DATA_WAITING, "rank": None, "waited_s": 60,
          "why": "no .staged.json in /mnt/dataset yet", "hint": "upload it with `lab data upload`"}
     )  # fmt: skip
     view = JobView()
-    record = parse_record(line, "mytask-train-worker-0")
+    record = parse(line, "mytask-train-worker-0")
     assert record is not None
     view.observe(record)
     assert view.last_event.startswith("data_waiting 60 s: no .staged.json in /mnt/dataset yet")

@@ -22,6 +22,17 @@ import pytest
 
 from lab.local.scenario_file import load_scenario
 from lab.report.node_logs import read_jsonl, read_records
+from tests.support.lab_runs import _processes_of_the_run
+from training.records import (
+    CHECKPOINT_SAVED,
+    EMERGENCY_SAVE,
+    FINISHED,
+    METRICS,
+    PEER_FAILURE,
+    RESUMED,
+    STARTED,
+    completed_step,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CI = load_scenario("ci")
@@ -92,7 +103,7 @@ def test_training_completes_and_every_fault_recovers(run: dict[str, Any]) -> Non
     end = report["run"]["extended_to_step"] or CI.train.max_steps
     assert end >= CI.train.max_steps
     assert report["run"]["final_step"] == end
-    finished = [r for r in run["records"] if r.get("event") == "finished"]
+    finished = [r for r in run["records"] if r.get("event") == FINISHED]
     assert [r["step"] for r in finished] == [end]
     assert len(report["faults"]) == len(CI.faults) == report["run"]["faults_recovered"]
     for fault in report["faults"]:
@@ -111,7 +122,7 @@ def test_new_nodes_joined_and_the_world_grew(run: dict[str, Any]) -> None:
     injected = [e for e in run["events"] if e["event"] == "fault_injected" and e["kind"] == "join"]
     for event, join in zip(injected, joins, strict=True):
         (node,) = event["started"]
-        started = [r for r in run["records"] if r["node"] == node and r.get("event") == "started"]
+        started = [r for r in run["records"] if r["node"] == node and r.get("event") == STARTED]
         assert started and min(r["ts"] for r in started) > event["injected_at"]
         assert any(r["world_size"] == join["world_size_after"] for r in started)
 
@@ -150,7 +161,7 @@ def test_an_etcd_restart_is_survived(run: dict[str, Any]) -> None:
     later = [
         r
         for r in run["raw"]
-        if r["kind"] == "metrics"
+        if r["kind"] == METRICS
         and r["ts"] > restart["recovered_at"]
         and r["world_size"] == restart["world_size_after"]
     ]
@@ -168,7 +179,7 @@ def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any])
         r["step"]
         for r in run["raw"]
         if r["ts"] < kill_all["injected_at"]
-        and (r.get("event") == "checkpoint_saved" or r.get("durable") is True)
+        and (r.get("event") == CHECKPOINT_SAVED or r.get("durable") is True)
     ]
     assert first["step"] == max(saved)
     assert kill_all["steps_lost"] >= kill_all["last_step_before"] - max(saved) >= 0
@@ -176,7 +187,7 @@ def test_a_full_restart_resumes_from_the_durable_checkpoint(run: dict[str, Any])
         assert kill_all["steps_lost"] == kill_all["last_step_before"] - max(saved)
     injected = next(e for e in run["events"] if e.get("kind") == "kill-all")
     resumed = [
-        r for r in run["raw"] if r.get("event") == "resumed" and r["ts"] > injected["injected_at"]
+        r for r in run["raw"] if r.get("event") == RESUMED and r["ts"] > injected["injected_at"]
     ]
     assert {r["node"] for r in resumed} <= set(injected["started"])
 
@@ -187,23 +198,22 @@ def _recompute(raw: list[dict], event: dict[str, Any], start: float, end: float)
     that resumed after the fault when one did."""
     injected_at, planned = event["injected_at"], event["planned_world_size"]
     window = [r for r in raw if injected_at <= r["ts"] < end]
-    resumes = [r for r in window if r.get("event") == "resumed"]
+    resumes = [r for r in window if r.get("event") == RESUMED]
     since = resumes[0]["ts"] if resumes else injected_at
     line = next(
         r
         for r in window
-        if r["kind"] == "metrics" and r["ts"] >= since and r["world_size"] == planned
+        if r["kind"] == METRICS and r["ts"] >= since and r["world_size"] == planned
     )
     rounds = [r for r in resumes if r["ts"] < line["ts"]]
-    reacted = [r for r in window if r.get("event") in ("peer_failure", "emergency_save")]
-    before = [r for r in raw if r["kind"] == "metrics" and r["ts"] < injected_at]
+    reacted = [r for r in window if r.get("event") in (PEER_FAILURE, EMERGENCY_SAVE)]
+    before = [r for r in raw if r["kind"] == METRICS and r["ts"] < injected_at]
     lost, progress_from, previous = 0, start, None
     for round_ in rounds:
         seen = [
-            r["step"]
+            step
             for r in raw
-            if progress_from <= r["ts"] < round_["ts"]
-            and (r["kind"] == "metrics" or r.get("event") in ("checkpoint_saved", "emergency_save"))
+            if progress_from <= r["ts"] < round_["ts"] and (step := completed_step(r)) is not None
         ]
         known = seen + ([previous] if previous is not None else [])
         assert known, f"no progress seen before the round {round_}"
@@ -246,14 +256,14 @@ def test_report_matches_the_node_logs(run: dict[str, Any]) -> None:
         ):
             assert fault[key] == expected[key], (key, fault)
         start = fault["recovered_at"]
-    metrics = [r for r in raw if r["kind"] == "metrics"]
+    metrics = [r for r in raw if r["kind"] == METRICS]
     assert report["run"]["final_loss"] == metrics[-1]["loss"]
 
 
 @pytest.mark.timeout(400)
 def test_throughput_is_the_work_done_over_the_wall_time(run: dict[str, Any]) -> None:
     totals = run["report"]["run"]
-    (finished,) = [r for r in run["raw"] if r.get("event") == "finished"]
+    (finished,) = [r for r in run["raw"] if r.get("event") == FINISHED]
     wall_s = finished["ts"] - run["report"]["start_ts"]
     assert totals["final_step"] == finished["step"]
     assert totals["wall_s"] == pytest.approx(wall_s, abs=1e-3)
@@ -297,12 +307,12 @@ def test_world_sizes_match_the_rendezvous_rounds_the_agents_logged(run: dict[str
     def agent_world_size(node: str, ts: float) -> int:
         return max((r for r in rounds[node] if r[0] <= ts), key=lambda r: r[0])[1]
 
-    started = [r for r in raw if r.get("event") == "started"]
+    started = [r for r in raw if r.get("event") == STARTED]
     assert started
     for record in started:  # every worker of every round, on every node
         assert agent_world_size(record["node"], record["ts"]) == record["world_size"], record
     for fault in run["report"]["faults"]:
-        line = next(r for r in raw if r["kind"] == "metrics" and r["ts"] == fault["recovered_at"])
+        line = next(r for r in raw if r["kind"] == METRICS and r["ts"] == fault["recovered_at"])
         assert agent_world_size(line["node"], line["ts"]) == fault["world_size_after"], fault
 
 
@@ -325,23 +335,6 @@ def test_nothing_is_left_behind(run: dict[str, Any]) -> None:
     # ... and none of this run's is in the system's temp dir.
     ours = [d for d in run["new_temp_dirs"] if any(d.glob(f"{session['rdzv_id']}_*"))]
     assert ours == []
-
-
-def _processes_of_the_run(rdzv_id: str, workspace: str) -> list[int]:
-    """Live processes whose env holds the run's rendezvous id, or whose env or command
-    line mentions its workspace."""
-    markers = (f"PET_RDZV_ID={rdzv_id}".encode(), workspace.encode())
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            text = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if any(marker in text for marker in markers):
-            found.append(int(proc.name))
-    return found
 
 
 def _report_from_logs(logs: Path, out: Path) -> dict[str, Any]:

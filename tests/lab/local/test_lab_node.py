@@ -13,6 +13,7 @@ from lab.local import process_tree
 from lab.local.node import NodeLaunch, TorchrunNode, node_env, stop_nodes, wait_for_exit
 from lab.report.node_logs import read_jsonl
 from training.elastic.launch import ElasticPolicy, train_command
+from training.records import EMERGENCY_SAVE, STARTED
 
 # Like torchrun: one worker in its own session; SIGTERM is forwarded and the agent exits.
 AGENT = """
@@ -80,7 +81,7 @@ def _started(node: TorchrunNode, count: int = 1) -> list[dict]:
     while time.monotonic() < deadline:
         lines = node.stdout_path.read_text().splitlines() if node.stdout_path.exists() else []
         records = [json.loads(line) for line in lines]
-        if sum(r["event"] == "started" for r in records) >= count:
+        if sum(r["event"] == STARTED for r in records) >= count:
             return records
         time.sleep(0.05)
     raise AssertionError(f"{node.name} did not start")
@@ -144,7 +145,7 @@ def test_eviction_notice_lets_the_agent_drain(node: TorchrunNode) -> None:
     _started(node)
     node.notify_eviction()
     assert wait_for_exit(node, 10) == 75
-    assert json.loads(node.stdout_path.read_text().splitlines()[-1])["event"] == "emergency_save"
+    assert json.loads(node.stdout_path.read_text().splitlines()[-1])["event"] == EMERGENCY_SAVE
 
 
 def test_freeze_then_terminate(node: TorchrunNode) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.local.test_lab_e2e import _processes_of_the_run
+from tests.support.lab_runs import _processes_of_the_run
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

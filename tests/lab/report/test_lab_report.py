@@ -12,50 +12,8 @@ from matplotlib.patches import Rectangle
 from lab.report.outcomes import build_report, fault_outcome, groups_at_once, pause_after_s
 from lab.report.text import format_table, format_world_sizes
 from lab.report.timeline_plot import plot_timeline, timeline_figure
-
-START = 1000.0
-
-
-def metrics(ts: float, step: int, world: int, loss: float = 1.0, node: str = "node-0") -> dict:
-    return {
-        "ts": START + ts,
-        "kind": "metrics",
-        "rank": 0,
-        "node": node,
-        "step": step,
-        "world_size": world,
-        "loss": loss,
-        "samples_per_s": 100.0,
-        "epoch": 0,
-    }
-
-
-def event(ts: float, name: str, node: str = "node-0", **fields) -> dict:
-    return {"ts": START + ts, "kind": "event", "event": name, "rank": 0, "node": node, **fields}
-
-
-def injection(index: int, ts: float, kind: str, planned: int) -> dict:
-    return {
-        "index": index,
-        "kind": kind,
-        "description": f"{kind} #{index}",
-        "injected_at": START + ts,
-        "planned_world_size": planned,
-    }
-
-
-def _kill_story() -> list[dict]:
-    """3 nodes train to step 12; node-0 dies at t=12.5; survivors resume at 12 on 2 nodes."""
-    records = [event(0.5, "started"), event(1.0, "resumed", step=0, source="fresh", world_size=3)]
-    records += [metrics(1.0 + i, i, 3) for i in range(1, 13)]
-    records += [
-        event(12.6, "peer_failure", node="node-1", step=12),
-        event(12.7, "emergency_save", node="node-1", step=12, reason="peer_failure"),
-        event(17.0, "started", node="node-1"),
-        event(18.0, "resumed", node="node-1", step=12, source="local", lost_steps=0, world_size=2),
-    ]
-    records += [metrics(18.5 + i, 12 + i, 2, node="node-1") for i in range(1, 9)]
-    return sorted(records, key=lambda r: r["ts"])
+from tests.support.report_records import START, _kill_story, event, injection, metrics
+from training.records import CHECKPOINT_SAVED, EMERGENCY_SAVE, EVALUATED, FINISHED, METRICS, RESUMED
 
 
 def test_hard_loss_with_survivors() -> None:
@@ -81,8 +39,8 @@ def test_an_emergency_save_counts_as_progress_seen() -> None:
     """Logged every 5 steps, the save at step 13 is the last progress the logs show."""
     records = [
         metrics(1.0, 10, 2),
-        event(2.0, "emergency_save", step=13, reason="sigterm"),
-        event(5.0, "resumed", step=13, source="local", world_size=1),
+        event(2.0, EMERGENCY_SAVE, step=13, reason="sigterm"),
+        event(5.0, RESUMED, step=13, source="local", world_size=1),
         metrics(6.0, 15, 1),
     ]
     outcome = fault_outcome(records, injection(0, 1.5, "evict", 1), float("-inf"), float("inf"))
@@ -92,9 +50,9 @@ def test_an_emergency_save_counts_as_progress_seen() -> None:
 def test_full_restart_from_the_durable_checkpoint_loses_steps() -> None:
     records = [
         metrics(1.0, 45, 2),
-        event(1.2, "checkpoint_saved", step=40),
+        event(1.2, CHECKPOINT_SAVED, step=40),
         metrics(2.0, 47, 2),
-        event(9.0, "resumed", node="node-5", step=40, source="durable", world_size=2),
+        event(9.0, RESUMED, node="node-5", step=40, source="durable", world_size=2),
         metrics(10.0, 41, 2, node="node-5"),
     ]
     outcome = fault_outcome(records, injection(0, 2.5, "kill-all", 2), float("-inf"), float("inf"))
@@ -121,7 +79,7 @@ def test_a_fault_without_restart_recovers_at_the_next_line() -> None:
 def test_recovery_at_the_wrong_world_size_is_not_recovered() -> None:
     records = [
         metrics(1.0, 5, 3),
-        event(4.0, "resumed", step=5, source="local", world_size=3),
+        event(4.0, RESUMED, step=5, source="local", world_size=3),
         metrics(5.0, 6, 3),
     ]
     outcome = fault_outcome(records, injection(0, 2.0, "kill", 2), float("-inf"), float("inf"))
@@ -139,8 +97,8 @@ def test_no_recovery_in_the_window() -> None:
 def test_the_resumed_round_that_trained_counts_not_a_failed_one() -> None:
     records = [
         metrics(1.0, 5, 3),
-        event(4.0, "resumed", step=5, source="local", world_size=2),  # failed at once
-        event(9.0, "resumed", step=5, source="local", world_size=2),
+        event(4.0, RESUMED, step=5, source="local", world_size=2),  # failed at once
+        event(9.0, RESUMED, step=5, source="local", world_size=2),
         metrics(10.0, 6, 2),
     ]
     outcome = fault_outcome(records, injection(0, 2.0, "kill", 2), float("-inf"), float("inf"))
@@ -148,7 +106,7 @@ def test_the_resumed_round_that_trained_counts_not_a_failed_one() -> None:
 
 
 def test_build_report_windows_and_totals() -> None:
-    records = _kill_story() + [event(27.0, "finished", node="node-1", step=20)]
+    records = _kill_story() + [event(27.0, FINISHED, node="node-1", step=20)]
     report = build_report(
         records,
         [injection(0, 12.5, "kill", 2)],
@@ -202,14 +160,14 @@ def _kill_all_with_a_round_of_one() -> list[dict]:
     to step 43, then node-6 joins and the round of two resumes from node-5's save."""
     return [
         metrics(1.0, 45, 2),
-        event(1.2, "checkpoint_saved", step=40),
+        event(1.2, CHECKPOINT_SAVED, step=40),
         metrics(2.0, 47, 2),
-        event(8.0, "resumed", node="node-5", step=40, source="durable", world_size=1),
+        event(8.0, RESUMED, node="node-5", step=40, source="durable", world_size=1),
         metrics(9.0, 41, 1, node="node-5"),
         metrics(9.5, 42, 1, node="node-5"),
         metrics(10.0, 43, 1, node="node-5"),
-        event(10.2, "emergency_save", node="node-5", step=43, reason="sigterm"),
-        event(13.0, "resumed", node="node-5", step=43, source="local", world_size=2),
+        event(10.2, EMERGENCY_SAVE, node="node-5", step=43, reason="sigterm"),
+        event(13.0, RESUMED, node="node-5", step=43, source="local", world_size=2),
         metrics(14.0, 44, 2, node="node-5"),
     ]
 
@@ -240,7 +198,7 @@ def test_a_line_of_the_old_round_is_not_a_recovery_even_at_the_planned_size() ->
     records = [
         metrics(1.0, 45, 2),
         metrics(2.6, 46, 2),  # logged just after the kill-all was sent: the old round's
-        event(8.0, "resumed", node="node-5", step=40, source="durable", world_size=2),
+        event(8.0, RESUMED, node="node-5", step=40, source="durable", world_size=2),
         metrics(9.0, 41, 2, node="node-5"),
     ]
     outcome = fault_outcome(records, injection(0, 2.5, "kill-all", 2), float("-inf"), float("inf"))
@@ -272,7 +230,7 @@ def test_a_run_that_did_not_finish_is_measured_to_its_end_not_to_the_shutdown() 
     # Settled at t=27; the nodes, stopped after that, still logged a line and a save.
     records = _kill_story() + [
         metrics(28.0, 21, 2, node="node-1"),
-        event(30.0, "emergency_save", node="node-1", step=21, reason="sigterm"),
+        event(30.0, EMERGENCY_SAVE, node="node-1", step=21, reason="sigterm"),
     ]
     run = _report(records, end_ts=START + 27.0, max_steps=100)["run"]
     assert run["finished"] is False
@@ -287,8 +245,8 @@ def _join_story() -> list[dict]:
     records = [metrics(1.0 + 0.5 * i, i, 2, loss=2.0 - 0.01 * i) for i in range(1, 139)]
     # Last line at 2 nodes: t=70.0, step 138; the round of three resumes from there.
     records += [
-        event(70.2, "emergency_save", step=138, reason="rendezvous"),
-        event(71.5, "resumed", step=138, source="local", world_size=3, lost_steps=0),
+        event(70.2, EMERGENCY_SAVE, step=138, reason="rendezvous"),
+        event(71.5, RESUMED, step=138, source="local", world_size=3, lost_steps=0),
     ]
     records += [metrics(72.0 + 0.5 * i, 138 + i, 3, loss=0.6) for i in range(1, 11)]
     return sorted(records, key=lambda r: r["ts"])
@@ -363,14 +321,14 @@ def test_every_mark_on_the_plot_is_a_figure_of_the_report(story: str) -> None:
     assert f"{run['total_downtime_s']:.1f} s to full size" in title
     loss = fig.axes[2].lines[0]
     drawn = [y for y in loss.get_ydata() if y == y]  # NaN: a break where no step ran
-    assert drawn == [r["loss"] for r in records if r["kind"] == "metrics"]
+    assert drawn == [r["loss"] for r in records if r["kind"] == METRICS]
 
 
 def _with_rounds(records: list[dict], *spans: tuple[float, float, int]) -> list[dict]:
     """Tag metrics lines in [start, end) with their rendezvous round, as workers log it."""
     for record in records:
         for start, end, rdzv_round in spans:
-            if record["kind"] == "metrics" and START + start <= record["ts"] < START + end:
+            if record["kind"] == METRICS and START + start <= record["ts"] < START + end:
                 record["rdzv_round"] = rdzv_round
     return records
 
@@ -407,11 +365,9 @@ def test_two_groups_training_at_once_fail_the_fault() -> None:
 def test_the_tasks_evaluations_are_the_reports_validation_loss() -> None:
     assert _report(_kill_story())["run"]["validation"] is None  # a task without evaluations
     records = _kill_story() + [
-        event(5.0, "evaluated", step=4, world_size=3, eval_loss=4.25, sample="Frst Ctzn"),
-        event(
-            20.5, "evaluated", node="node-1", step=14, world_size=2, eval_loss=2.5, sample="All:"
-        ),
-        event(21.0, "evaluated", step=15, eval_loss=float("nan")),  # diverged: not a number
+        event(5.0, EVALUATED, step=4, world_size=3, eval_loss=4.25, sample="Frst Ctzn"),
+        event(20.5, EVALUATED, node="node-1", step=14, world_size=2, eval_loss=2.5, sample="All:"),
+        event(21.0, EVALUATED, step=15, eval_loss=float("nan")),  # diverged: not a number
     ]
     report = _report(sorted(records, key=lambda r: r["ts"]))
     assert report["run"]["validation"] == {

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from lab.cli import main
+from training.records import EVENT, FINISHED, METRICS, RESUMED
 
 T0 = 1_790_000_000.0
 
@@ -25,7 +26,7 @@ def _lab_run(root: Path) -> Path:
     steps = [
         {
             "ts": T0 + s,
-            "kind": "metrics",
+            "kind": METRICS,
             "step": s,
             "world_size": 2 if s < 4 else 1,
             "loss": 1.0,
@@ -33,8 +34,8 @@ def _lab_run(root: Path) -> Path:
         }
         for s in range(1, 9)
     ]
-    resumed = {"ts": T0 + 3.5, "kind": "event", "event": "resumed", "step": 3, "world_size": 1}
-    finished = {"ts": T0 + 8.1, "kind": "event", "event": "finished", "step": 8}
+    resumed = {"ts": T0 + 3.5, "kind": EVENT, "event": RESUMED, "step": 3, "world_size": 1}
+    finished = {"ts": T0 + 8.1, "kind": EVENT, "event": FINISHED, "step": 8}
     (nodes / "node-0.jsonl").write_text(_lines(*steps[:3], resumed, *steps[3:], finished))
     (nodes / "node-1.jsonl").write_text("")
     (root / "lab-events.jsonl").write_text(

@@ -19,13 +19,14 @@ from training.checkpoints.storage import FileStore
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
 from training.loop.run_records import StoredRecords, records_uri
+from training.records import EMERGENCY_SAVE, EVENT, FINISHED, RECORDS_DROPPED, STARTED
 
 
 def _log_a_run(log: EventLog, steps: int) -> None:
-    log.event("started", world_size=1, max_steps=steps, task="mytask", global_batch_size=8)
+    log.event(STARTED, world_size=1, max_steps=steps, task="mytask", global_batch_size=8)
     for step in range(1, steps + 1):
         log.metrics(step=step, epoch=0, world_size=1, loss=1.0 / step, samples_per_s=100.0)
-    log.event("finished", step=steps, loss=1.0 / steps)
+    log.event(FINISHED, step=steps, loss=1.0 / steps)
 
 
 def test_every_line_logged_is_stored_and_comes_back_as_the_nodes_log(tmp_path: Path) -> None:
@@ -52,14 +53,14 @@ def test_lines_a_failing_store_refused_go_with_the_next_object(tmp_path: Path) -
     store = Flaky(tmp_path / "records")
     records = StoredRecords(store, "worker-1", interval_s=3600, max_bytes=400)
     for index in range(10):
-        records.write(json.dumps({"ts": index, "kind": "event", "event": "e", "n": index}))
+        records.write(json.dumps({"ts": index, "kind": EVENT, "event": "e", "n": index}))
     assert records.flush() is False and store.list() == []
-    records.write(json.dumps({"ts": 10, "kind": "event", "event": "e", "n": 10}))
+    records.write(json.dumps({"ts": 10, "kind": EVENT, "event": "e", "n": 10}))
     records.close()
     (name,) = store.list()
     lines = [json.loads(line) for line in store.get(name).decode().splitlines()]
     kept = [r["n"] for r in lines if r["event"] == "e"]
-    assert lines[0]["event"] == "records_dropped" and lines[0]["lines"] == 10 - len(kept) + 1
+    assert lines[0]["event"] == RECORDS_DROPPED and lines[0]["lines"] == 10 - len(kept) + 1
     assert kept == list(range(11 - len(kept), 11))  # the newest, in order, none twice
 
 
@@ -106,9 +107,9 @@ def test_the_last_upload_at_the_end_does_not_replace_one_still_under_way(tmp_pat
 
     store = Slow(tmp_path / "records")
     records = StoredRecords(store, "worker-0", interval_s=3600, flush_bytes=100)
-    records.write(json.dumps({"ts": 0, "kind": "event", "event": "e", "n": 0}) + " " * 100)
+    records.write(json.dumps({"ts": 0, "kind": EVENT, "event": "e", "n": 0}) + " " * 100)
     assert started.wait(30)  # the thread took the first line and is uploading it
-    records.write(json.dumps({"ts": 1, "kind": "event", "event": "e", "n": 1}))
+    records.write(json.dumps({"ts": 1, "kind": EVENT, "event": "e", "n": 1}))
     records.close()
     release.set()
     records._thread.join(30)
@@ -125,6 +126,6 @@ def test_a_stop_deadline_already_spent_leaves_the_exit_its_margin(tmp_path: Path
             raise AssertionError("stored after the stop's deadline")
 
     records = StoredRecords(Unreachable(tmp_path / "records"), "worker-0", interval_s=3600)
-    records.write(json.dumps({"ts": 0, "kind": "event", "event": "emergency_save"}))
+    records.write(json.dumps({"ts": 0, "kind": EVENT, "event": EMERGENCY_SAVE}))
     records.close(Deadline.after(0))
     assert len(records._lines) == 1  # kept, not stored: the process ends now

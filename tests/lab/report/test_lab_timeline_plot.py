@@ -12,7 +12,8 @@ from matplotlib.text import Text
 
 from lab.report.outcomes import build_report
 from lab.report.timeline_plot import fault_key, loss_line, timeline_figure
-from tests.lab.report.test_lab_report import START, _kill_story, event, injection, metrics
+from tests.support.report_records import START, _kill_story, event, injection, metrics
+from training.records import RESUMED
 
 
 def _segments(xs: list[float]) -> list[tuple[float, float]]:
@@ -65,7 +66,7 @@ def _crowded_report() -> tuple[list[dict], dict]:
         inj["description"] = (
             f"{inj['kind']} with a long description to show in full #{inj['index']}"
         )
-    records.append(event(0.5, "resumed", step=0, source="fresh", world_size=3))
+    records.append(event(0.5, RESUMED, step=0, source="fresh", world_size=3))
     report = build_report(
         sorted(records, key=lambda r: r["ts"]),
         injections,

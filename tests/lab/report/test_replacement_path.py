@@ -16,7 +16,8 @@ from lab.report.replacement import STEPS, pod_change
 from lab.report.run_logs import DRILL_EVENTS, POD_CHANGES, load_run
 from lab.report.run_report import report_from_run
 from lab.report.text import format_report
-from tests.lab.report.test_lab_run_logs import W0, W1, W2, eviction_story, stamp
+from tests.support.pod_logs import W0, W1, W2, eviction_story, stamp
+from training.records import EMERGENCY_SAVE, EVENT, METRICS, PEER_FAILURE, RESUMED, STARTED
 
 RECORDING = Path(__file__).parents[2] / "recordings" / "kube" / "replacement_path.json"
 
@@ -29,19 +30,19 @@ def recorded_drill(root: Path, with_pod_watch: bool = True) -> float:
     """A drill's run directory around the recorded eviction; returns when it was requested."""
     recorded = json.loads(RECORDING.read_text())
     e = recorded["eviction_requested_at"]
-    started = {"kind": "event", "event": "started", "max_steps": 2000, "global_batch_size": 256}
+    started = {"kind": EVENT, "event": STARTED, "max_steps": 2000, "global_batch_size": 256}
     logs: dict[str, list[str]] = {W0: [], W1: []}
     for pod in (W0, W1):
         logs[pod].append(_line(e - 3570, **started, world_size=3, rdzv_round=3))
     w2 = [_line(e - 3570, **started, world_size=3, rdzv_round=3)]
-    metrics = {"kind": "metrics", "loss": 1.0, "rdzv_round": 3}
+    metrics = {"kind": METRICS, "loss": 1.0, "rdzv_round": 3}
     logs[W0] += [
         _line(e - 60 + i, step=i, world_size=3, samples_per_s=500.0, **metrics) for i in range(60)
     ]
-    w2.append(_line(e + 1.2, kind="event", event="emergency_save", step=59, reason="sigterm"))
-    logs[W0].append(_line(e + 1.9, kind="event", event="peer_failure", step=59))
+    w2.append(_line(e + 1.2, kind=EVENT, event=EMERGENCY_SAVE, step=59, reason="sigterm"))
+    logs[W0].append(_line(e + 1.9, kind=EVENT, event=PEER_FAILURE, step=59))
     logs[W0].append(
-        _line(e + 2.5, kind="event", event="resumed", step=59, source="local", world_size=2)
+        _line(e + 2.5, kind=EVENT, event=RESUMED, step=59, source="local", world_size=2)
     )
     logs[W0] += [
         _line(
@@ -52,7 +53,7 @@ def recorded_drill(root: Path, with_pod_watch: bool = True) -> float:
     # The new pod's worker starts in round 5 with the others; its first step ends at +436.
     w2.append(_line(e + 428.4, **started, world_size=3, rdzv_round=5))
     logs[W0].append(
-        _line(e + 429.0, kind="event", event="resumed", step=483, source="local", world_size=3)
+        _line(e + 429.0, kind=EVENT, event=RESUMED, step=483, source="local", world_size=3)
     )
     logs[W0] += [
         _line(

@@ -8,7 +8,6 @@ run, and every node's log shows each step completed once, none lost. The world s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +26,13 @@ from tests.support.exactness import (
 )
 from tests.support.peer_failures import gloo_peer_closed
 from tests.support.trainer_harness import Harness, sigterm_during
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
+from training.elastic.exit_codes import OK, WORKER_RESTART
+from training.records import (
+    EMERGENCY_SAVE,
+    RESUMED,
+    read_lines,
+    trained_step,
+)
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,12 +59,7 @@ def _relative_difference(root: Path, expected: dict[str, torch.Tensor]) -> float
 
 def _completed(lines: str) -> list[int]:
     """The steps a node's log says it completed (rank 0's metrics, the others' lines)."""
-    records = [json.loads(line) for line in lines.splitlines() if line.startswith("{")]
-    return [
-        r["step"]
-        for r in records
-        if (r.get("kind") == "metrics" and "loss" in r) or r.get("event") == "step_completed"
-    ]
+    return [s for r in read_lines(lines) if (s := trained_step(r)) is not None]
 
 
 def _logs(spawned: dict[int, tuple[int, str]]) -> list[str]:
@@ -74,7 +74,7 @@ def _no_step_lost(segments: list[list[str]]) -> None:
         steps = [_completed(lines) for lines in logs]
         assert all(s == steps[0] for s in steps), steps
         for lines in logs[:1]:
-            for resumed in events(lines, "resumed"):
+            for resumed in events(lines, RESUMED):
                 # None: a fresh start, or a durable resume (no node-local save to compare)
                 assert resumed["step"] == done and resumed["lost_steps"] in (None, 0)
         assert steps[0] == list(range(done + 1, done + 1 + len(steps[0])))
@@ -100,10 +100,10 @@ def test_a_sigterm_then_a_resume_at_world_size_3(
         sigterm_during(h, 4, stop)
 
     first, code = run_here(tmp_path, data, ARGS, before=sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     second = run_spawned(tmp_path, data, 3, ARGS)
-    assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
-    (resumed,) = events(second[0][1], "resumed")
+    assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["world_size"]) == ("durable", 3)
     _no_step_lost([[first.stream.getvalue()], _logs(second)])
     assert _relative_difference(tmp_path, expected) < RELATIVE_TOLERANCE
@@ -117,15 +117,15 @@ def test_a_peer_lost_mid_accumulation_then_a_resume_at_world_size_2(
     # after one micro-batch's unnormalized gradients were accumulated.
     faulty = raising_in_micro_batch(TASKS["charlm"], step=5, micro_batch=1, error=gloo_peer_closed)
     first, code = run_here(tmp_path, data, ARGS, spec=faulty)
-    assert code == EXIT_RESTART
-    (save,) = first.events("emergency_save")
+    assert code == WORKER_RESTART
+    (save,) = first.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"]) == (5, "peer_failure")
     second, code = run_here(tmp_path, data, [*ARGS, "--max-steps=7"])
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     third = run_spawned(tmp_path, data, 2, ARGS)
-    assert {rank: code for rank, (code, _) in third.items()} == {0: EXIT_OK, 1: EXIT_OK}
+    assert {rank: code for rank, (code, _) in third.items()} == {0: OK, 1: OK}
     _no_step_lost(
         [
             [first.stream.getvalue()],

@@ -36,7 +36,8 @@ from tests.support.trainer_harness import (
     sigterm_during,
     under,
 )
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
+from training.elastic.exit_codes import OK, WORKER_RESTART
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -67,8 +68,8 @@ def test_killed_everywhere_then_restored_from_the_durable_store_at_another_world
     head = durable_head(tmp_path / "durable")
     assert head is not None and head.step == 4
     second = run_spawned(tmp_path, data[task], 3, args)
-    assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
-    (resumed,) = events(second[0][1], "resumed")
+    assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 3)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -80,10 +81,10 @@ def test_a_resume_exactly_at_an_epoch_boundary_matches_uninterrupted(
     args = flags(task, f"--max-steps={MAX_STEPS}")
     expected = reference(references / f"{task}-plain", data[task], args)
     _, code = run_here(tmp_path, data[task], flags(task, f"--max-steps={STEPS_PER_EPOCH}"))
-    assert code == EXIT_OK
+    assert code == OK
     second, code = run_here(tmp_path, data[task], args)
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("durable", STEPS_PER_EPOCH)
     epochs = {r["step"]: r["epoch"] for r in _metrics(second)}
     assert min(epochs) == STEPS_PER_EPOCH + 1 and epochs[STEPS_PER_EPOCH + 1] == 1
@@ -100,12 +101,12 @@ def test_a_fault_in_the_middle_of_gradient_accumulation_loses_no_step(
     # after one micro-batch's gradients were accumulated.
     faulty = raising_in_micro_batch(TASKS[task], step=5, micro_batch=1, error=gloo_peer_closed)
     first, code = run_here(tmp_path, data[task], args, spec=faulty)
-    assert code == EXIT_RESTART
-    (save,) = first.events("emergency_save")
+    assert code == WORKER_RESTART
+    (save,) = first.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"]) == (5, "peer_failure")
     second, code = run_here(tmp_path, data[task], args)
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -120,9 +121,9 @@ def test_with_dropout_on_a_resume_at_another_world_size_matches_uninterrupted(
     without = reference(references / f"{task}-plain", data[task], flags(task, "--dropout=0"))
     assert max(float((expected[k] - without[k]).abs().max()) for k in expected) > 1e-4
     _, code = run_here(tmp_path, data[task], flags(task, "--dropout=0.5", "--max-steps=6"))
-    assert code == EXIT_OK
+    assert code == OK
     second = run_spawned(tmp_path, data[task], 2, args)
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["step"], resumed["world_size"]) == (6, 2)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -139,7 +140,7 @@ def test_the_lr_scheduler_stopped_mid_warmup_resumes_where_it_was(
         sigterm_during(h, 4, stop)  # the loop finishes step 4, saves it, and exits
 
     _, code = run_here(tmp_path, data[task], args, before=sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     saved = saved_checkpoint(tmp_path / "durable")
     assert saved["step"] == 4 and saved["trainer.scheduler.last_epoch"] == 4
     groups = under(saved, "model.optimizer.param_groups.")
@@ -147,7 +148,7 @@ def test_the_lr_scheduler_stopped_mid_warmup_resumes_where_it_was(
     base = saved["trainer.scheduler.base_lrs"][0]
     assert lrs and all(lr == pytest.approx(base * 5 / 8) for lr in lrs)
     second = run_spawned(tmp_path, data[task], 2, args)
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 2)
     assert matches(tmp_path, expected) < TOLERANCE
 
@@ -158,5 +159,5 @@ def _metrics(h: Harness) -> list[dict]:
     return [
         r
         for r in map(json.loads, h.stream.getvalue().splitlines())
-        if r["kind"] == "metrics" and "loss" in r
+        if r["kind"] == METRICS and "loss" in r
     ]

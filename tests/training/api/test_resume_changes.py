@@ -21,8 +21,9 @@ import torch
 from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.exactness import TOLERANCE, flags, make_data, matches, run_here
 from tests.support.trainer_harness import harness, one_process_world
+from training.elastic.exit_codes import BAD_INPUT, OK
 from training.loop.config import ConfigError
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK
+from training.records import INITIALIZED, RESUMED, SETTINGS_CHANGED
 from training.tasks import TASKS
 from training.tasks.charlm import warmup_cosine
 
@@ -90,22 +91,22 @@ def test_a_changed_setting_on_resume_is_logged_and_used_from_the_next_step(
     reference, code = run_here(
         tmp_path / "reference", data[task], full, spec=switching_at(task, CHANGED_AT, factor)
     )
-    assert code == EXIT_OK
+    assert code == OK
     expected = final_parameters(tmp_path / "reference" / "durable")
     unchanged = tmp_path / "unchanged"
-    assert run_here(unchanged, data[task], full)[1] == EXIT_OK
+    assert run_here(unchanged, data[task], full)[1] == OK
     # The change matters: a run that kept the old value ends elsewhere.
     assert matches(unchanged, expected) > 1e-6
 
     first = flags(task, *before, f"--max-steps={CHANGED_AT}")
-    assert run_here(tmp_path / "run", data[task], first)[1] == EXIT_OK
+    assert run_here(tmp_path / "run", data[task], first)[1] == OK
     resumed, code = run_here(
         tmp_path / "run", data[task], flags(task, *after, f"--max-steps={MAX_STEPS}")
     )
-    assert code == EXIT_OK
-    (event,) = resumed.events("settings_changed")
+    assert code == OK
+    (event,) = resumed.events(SETTINGS_CHANGED)
     assert (event["step"], event["changed"]) == (CHANGED_AT, changed)  # and nothing else
-    (resumed_at,) = resumed.events("resumed")
+    (resumed_at,) = resumed.events(RESUMED)
     assert resumed_at["step"] == CHANGED_AT
     assert matches(tmp_path / "run", expected) < TOLERANCE
 
@@ -117,7 +118,7 @@ def test_a_changed_model_shape_is_still_refused(
     # The durable checkpoint's shapes are not this model's: refused with the setting that
     # differs, read from the checkpoint's identity, not with DCP's size mismatch.
     args = flags("charlm", f"--parallelism={parallelism}")
-    assert run_here(tmp_path, data["charlm"], [*args, "--max-steps=2"])[1] == EXIT_OK
+    assert run_here(tmp_path, data["charlm"], [*args, "--max-steps=2"])[1] == OK
     with pytest.raises(ConfigError, match="written with n_embd=16; this run has n_embd=32"):
         run_here(tmp_path, data["charlm"], [*args, "--n-embd=32", "--max-steps=4"])
 
@@ -126,7 +127,7 @@ def test_init_from_starts_at_step_0_from_another_runs_newest_weights(
     data: dict[str, Path], tmp_path: Path
 ) -> None:
     source = tmp_path / "source"
-    assert run_here(source, data["charlm"], flags("charlm", "--max-steps=5"))[1] == EXIT_OK
+    assert run_here(source, data["charlm"], flags("charlm", "--max-steps=5"))[1] == OK
     weights = final_parameters(source / "durable")
     args = flags("charlm", f"--init-from={source / 'durable'}", "--max-steps=2")
     with one_process_world():
@@ -135,24 +136,24 @@ def test_init_from_starts_at_step_0_from_another_runs_newest_weights(
         live = {f"model.model.{k}": v for k, v in h.trainer.model.state_dict().items()}
         assert max_abs_difference(live, weights) == 0.0
         assert h.trainer.state.step == 0 and not h.trainer.optimizer.state  # fresh
-        (initialized,) = h.events("initialized")
+        (initialized,) = h.events(INITIALIZED)
         assert initialized["from_step"] == 5
     new, code = run_here(tmp_path / "new", data["charlm"], args)
-    assert code == EXIT_OK
-    (resumed,) = new.events("resumed")
+    assert code == OK
+    (resumed,) = new.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("fresh", 0)
     assert new.durable.head().step == 2  # its own steps, from 0
     # Its next round resumes its own state, not the other run's weights again.
     again, code = run_here(tmp_path / "new", data["charlm"], [*args, "--max-steps=3"])
-    assert code == EXIT_OK and not again.events("initialized")
-    assert again.events("resumed")[0]["step"] == 2
+    assert code == OK and not again.events(INITIALIZED)
+    assert again.events(RESUMED)[0]["step"] == 2
 
 
 def test_init_from_a_model_of_another_shape_is_one_line(
     data: dict[str, Path], tmp_path: Path
 ) -> None:
     source = tmp_path / "source"
-    assert run_here(source, data["charlm"], flags("charlm", "--max-steps=1"))[1] == EXIT_OK
+    assert run_here(source, data["charlm"], flags("charlm", "--max-steps=1"))[1] == OK
     args = flags("charlm", f"--init-from={source / 'durable'}", "--n-embd=32")
     with pytest.raises(ConfigError, match="its model does not fit this task's .*Size mismatch"):
         run_here(tmp_path / "new", data["charlm"], args)
@@ -186,6 +187,6 @@ def test_train_exits_2_for_init_from_a_uri_with_no_checkpoint(
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--init-from" in line]
     assert len(lines) == 1 and "no checkpoint there to start from" in lines[0]

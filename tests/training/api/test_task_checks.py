@@ -20,7 +20,7 @@ from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.exactness import flags, make_data, run_here
 from tests.support.trainer_harness import durable_head, harness, one_process_world
 from training.api import TaskContractError, TrainParts, TrainSpec
-from training.loop.trainer_state import EXIT_OK
+from training.elastic.exit_codes import OK
 from training.tasks import TASKS
 
 CHARLM = TASKS["charlm"]
@@ -92,12 +92,12 @@ def test_unchecked_that_state_does_break_the_resumed_trajectory(
 ) -> None:
     unchecked = flags("charlm", "--resume-check=false")
     whole, code = run_here(tmp_path / "whole", data, [*unchecked, "--max-steps=6"], spec=variant())
-    assert code == EXIT_OK
+    assert code == OK
     for steps in (3, 6):  # stopped at 3, resumed in a new process (a new task object)
         _, code = run_here(
             tmp_path / "split", data, [*unchecked, f"--max-steps={steps}"], spec=variant()
         )
-        assert code == EXIT_OK
+        assert code == OK
     difference = max_abs_difference(
         final_parameters(tmp_path / "split" / "durable"),
         final_parameters(tmp_path / "whole" / "durable"),
@@ -151,7 +151,7 @@ def test_a_loss_that_is_not_a_scalar_or_a_sum_and_count_is_refused(
 
 def test_the_real_tasks_pass_the_checks(data: Path, tmp_path: Path) -> None:
     _, code = run_here(tmp_path, data, flags("charlm", "--max-steps=2", "--dropout=0.5"))
-    assert code == EXIT_OK
+    assert code == OK
 
 
 def _small_state_bytes(tmp_path: Path, data: Path, width: int) -> tuple[int, int]:

@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.support.waiting import init_gloo, wait_until
-from tests.training.checkpoints.test_sharded_state import (
+from tests.support.sharded_runs import (
     SAVE_AT,
     SAVED_SEED,
     Run,
 )
+from tests.support.waiting import init_gloo, wait_until
 from training.checkpoints.manifest import part_name
 from training.checkpoints.sharded.parts import complete, part_set_id, save_part
 from training.checkpoints.sharded.repository import ShardedCheckpoints

@@ -121,6 +121,6 @@ def test_the_staging_job_waits_on_its_first_read(
     monkeypatch.setattr(stage_data, "RBAC_WAIT_S", 0)
     args = ["--source", "http://127.0.0.1:9/none", "--checksum", "md5:" + "0" * 32]
     code = stage_data.main([*args, "--container-uri", f"{blob.url}/devstoreaccount1/data"])
-    assert code == stage_data.EXIT_BAD_INPUT
+    assert code == stage_data.BAD_INPUT
     assert "reading " in capsys.readouterr().err
     assert blob.paths() == [MARKER_PATH]

@@ -5,7 +5,6 @@ version of the stream it is not resumed; with no stream at all it is one line an
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,8 +24,9 @@ from tests.support.exactness import (
 )
 from tests.support.trainer_harness import Harness, durable_head, sigterm_during
 from tests.training.data.stream_task import REFERENCE, write_points
+from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop.config import ConfigError
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
+from training.records import RESUMED, read_lines, trained_step
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -48,12 +48,8 @@ def expected(tmp_path_factory: pytest.TempPathFactory, data: Path) -> dict:
 
 def completed_steps(*logs: str) -> set[int]:
     """The steps some node said it completed: rank 0's metrics, the other nodes' events."""
-    records = [json.loads(line) for log in logs for line in log.splitlines() if line[:1] == "{"]
-    return {
-        r["step"]
-        for r in records
-        if (r.get("kind") == "metrics" and "loss" in r) or r.get("event") == "step_completed"
-    }
+    records = [r for log in logs for r in read_lines(log)]
+    return {s for r in records if (s := trained_step(r)) is not None}
 
 
 @pytest.mark.usefixtures("processes")
@@ -67,8 +63,8 @@ def test_killed_everywhere_then_resumed_at_another_world_size(
     head = durable_head(tmp_path / "durable")
     assert head is not None and head.step in (2, 4)
     second = run_spawned(tmp_path, data, 3, [*ARGS, "--checkpoint-every-steps=2"])
-    assert {rank: code for rank, (code, _) in second.items()} == {0: EXIT_OK, 1: EXIT_OK, 2: 0}
-    (resumed,) = events(second[0][1], "resumed")
+    assert {rank: code for rank, (code, _) in second.items()} == {0: OK, 1: OK, 2: 0}
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", head.step, 3)
     # The steps after the durable head again, in every node's log of the second round.
     for _, log in second.values():
@@ -84,10 +80,10 @@ def test_a_sigterm_loses_no_step_and_the_resume_at_another_world_size_matches(
         sigterm_during(h, 4, stop)  # the loop finishes step 4, saves it, and exits
 
     first, code = run_here(tmp_path, data, ARGS, before=sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     assert completed_steps(first.stream.getvalue()) == {1, 2, 3, 4}
     second = run_spawned(tmp_path, data, 2, ARGS)
-    (resumed,) = events(second[0][1], "resumed")
+    (resumed,) = events(second[0][1], RESUMED)
     assert (resumed["source"], resumed["step"], resumed["world_size"]) == ("durable", 4, 2)
     logs = [first.stream.getvalue(), *(log for _, log in second.values())]
     assert completed_steps(*logs) == set(range(1, MAX_STEPS + 1))  # no step lost
@@ -96,7 +92,7 @@ def test_a_sigterm_loses_no_step_and_the_resume_at_another_world_size_matches(
 
 def test_another_version_of_the_stream_is_not_resumed(data: Path, tmp_path: Path) -> None:
     _, code = run_here(tmp_path, data, [*ARGS, "--max-steps=2"])
-    assert code == EXIT_OK
+    assert code == OK
     other = tmp_path / "v2"
     write_points(other, 60, version="2")
     with pytest.raises(ConfigError, match=r"dataset='points@1'.*dataset='points@2'"):
@@ -114,7 +110,7 @@ def test_a_missing_stream_is_one_line_and_exit_2(tmp_path: Path) -> None:
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--data-dir" in line]
     assert len(lines) == 1, result.stderr[-2000:]
     assert "manifest.json does not exist: a stream needs its manifest" in lines[0]

@@ -25,6 +25,7 @@ from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.etcd_v3 import Etcd
 from training.elastic.launch import RendezvousSettings
 from training.elastic.membership import ROOT
+from training.records import METRICS, RESUMED, STARTED
 
 # A stopped survivor's key outlives its last heartbeat by 5 s, so the round the first eviction
 # opens stays open (it expects the survivor) until the second fault has landed.
@@ -115,9 +116,9 @@ def test_a_second_eviction_while_the_group_reforms_leaves_the_survivor_training(
                 os.kill(pid, signal.SIGCONT)
         cluster.wait_exit(then, 60)
         assert cluster.wait_exit(survivor, 180) == 0, cluster.tail(30)
-        later = [e for e in cluster.events("started") if e["ts"] > signalled]
+        later = [e for e in cluster.events(STARTED) if e["ts"] > signalled]
         assert {e["world_size"] for e in later if e["node"] == survivor} == {1}, later
-        alone = [r for r in cluster.records(survivor) if r.get("event") == "resumed"]
+        alone = [r for r in cluster.records(survivor) if r.get("event") == RESUMED]
         assert alone[-1]["world_size"] == 1, alone
         assert alone[-1]["step"] >= trained, (alone[-1], trained)  # no completed step lost
         assert cluster.max_step() == MAX_STEPS
@@ -139,4 +140,4 @@ def _agents_store_calls(root: Path, name: str, agent_pid: int) -> list[dict]:
 
 
 def _steps_at(cluster: Cluster, world: int) -> int:
-    return sum(1 for r in cluster.records() if r["kind"] == "metrics" and r["world_size"] == world)
+    return sum(1 for r in cluster.records() if r["kind"] == METRICS and r["world_size"] == world)

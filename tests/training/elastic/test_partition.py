@@ -21,6 +21,7 @@ from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import RendezvousSettings
+from training.records import METRICS, STEP_COMPLETED
 
 MAX_RESTARTS = 3
 # torch's agent, spending one: "[default] Worker group FAILED. 2/3 attempts left; will restart
@@ -63,7 +64,7 @@ def _steps(cluster: Cluster, name: str, world: int, after: float = 0.0) -> int:
     return sum(
         1
         for r in cluster.records(name)
-        if (r["kind"] == "metrics" or r.get("event") == "step_completed")
+        if (r["kind"] == METRICS or r.get("event") == STEP_COMPLETED)
         and r["world_size"] == world
         and r["ts"] > after
     )

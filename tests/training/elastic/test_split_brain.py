@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.report.node_logs import read_records
+from training.records import METRICS, RESUMED
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -94,7 +95,7 @@ def test_no_two_groups_train_at_once_and_no_live_node_is_taken_for_dead(tmp_path
     assert (out / "report.json").exists(), result.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     records = read_records(out / "nodes")
-    assert any(r.get("rdzv_round") for r in records if r["kind"] == "metrics")  # it is logged
+    assert any(r.get("rdzv_round") for r in records if r["kind"] == METRICS)  # it is logged
     assert report["run"]["two_groups_at_once"] == 0, [f["two_groups"] for f in report["faults"]]
     assert report["run"]["all_recovered"], json.dumps(report["faults"], indent=1)[-4000:]
     for fault in report["faults"]:
@@ -104,6 +105,6 @@ def test_no_two_groups_train_at_once_and_no_live_node_is_taken_for_dead(tmp_path
     rounds = {
         r["rdzv_round"]
         for r in records
-        if r.get("event") == "resumed" and r["ts"] > first_fault and r.get("rdzv_round")
+        if r.get("event") == RESUMED and r["ts"] > first_fault and r.get("rdzv_round")
     }
     assert len(rounds) == len(report["faults"]), sorted(rounds)

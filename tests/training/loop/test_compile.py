@@ -22,8 +22,9 @@ from tests.support.exactness import (
 )
 from tests.support.peer_failures import gloo_peer_closed
 from tests.support.trainer_harness import one_process_world
+from training.elastic.exit_codes import OK, WORKER_RESTART
 from training.loop.parallel import compile_model
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
+from training.records import EMERGENCY_SAVE, RESUMED
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(900)
@@ -36,13 +37,13 @@ def test_compiled_charlm_loses_no_step_to_a_fault(tmp_path: Path) -> None:
     expected = reference(tmp_path / "reference", data, args)
     faulty = raising_in_micro_batch(TASKS["charlm"], step=5, micro_batch=1, error=gloo_peer_closed)
     first, code = run_here(tmp_path / "run", data, args, spec=faulty)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     assert getattr(first.trainer.model, "_compiled_call_impl", None) is not None  # compiled
-    (save,) = first.events("emergency_save")
+    (save,) = first.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"]) == (5, "peer_failure")
     second, code = run_here(tmp_path / "run", data, args)
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", 5, 0)
     assert matches(tmp_path / "run", expected) < TOLERANCE
 

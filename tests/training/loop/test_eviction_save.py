@@ -9,7 +9,6 @@ itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -23,12 +22,13 @@ import pytest
 from tests.support.peer_failures import gloo_peer_closed  # what gloo raises when a peer is gone
 from tests.support.trainer_harness import Harness, harness, sigterm_during
 from training.checkpoints.storage import FileStore
+from training.elastic.exit_codes import RETRY_ME, WORKER_RESTART
 from training.elastic.faults import StopRequest
 from training.loop import inputs, trainer_state
 from training.loop.metrics import Phases
 from training.loop.run_records import StoredRecords
-from training.loop.saves.emergency import EXIT_NOT_DURABLE, commit_node_save
-from training.loop.trainer_state import EXIT_RESTART
+from training.loop.saves.emergency import commit_node_save
+from training.records import CHECKPOINT_FAILED, EMERGENCY_SAVE, events_named, read_lines
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def _node_save_of_step_5(tmp_path: Path, data_dir: Path) -> Harness:
     head is step 4 (the periodic save every 4 steps)."""
     first = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _peer_lost_at(first, 5)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
     assert first.trainer.saver.wait(30)
     return first
 
@@ -91,10 +91,10 @@ def test_past_the_deadline_the_save_gives_up_keeps_the_local_copy_and_says_so(
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)
     try:
-        assert h.trainer.run(stop, Phases()) == EXIT_NOT_DURABLE
+        assert h.trainer.run(stop, Phases()) == RETRY_ME
     finally:
         release.set()
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"], save["local"]) == (3, False, True)
     assert save["gave_up"] == "deadline" and save["deadline_s"] == 1.0
     assert h.local.load().entry.step == 3
@@ -123,8 +123,8 @@ def test_neither_pruning_nor_a_read_back_stands_between_the_sigterm_and_the_publ
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", store=store)
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 2, stop)
-    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
-    (save,) = h.events("emergency_save")
+    assert h.trainer.run(stop, Phases()) == WORKER_RESTART
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (2, True)
     assert FileStore(tmp_path / "durable").list("dcp-manifest-") == ["dcp-manifest-0000000001.json"]
     assert h.durable.head().step == 2
@@ -146,8 +146,8 @@ def test_the_deadline_runs_from_the_signal_not_from_when_the_loop_saw_it(
         return real_step()
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
-    assert h.trainer.run(stop, Phases()) == EXIT_NOT_DURABLE
-    (save,) = h.events("emergency_save")
+    assert h.trainer.run(stop, Phases()) == RETRY_ME
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"], save["gave_up"]) == (3, False, "deadline")
     assert h.durable.head() is None
 
@@ -200,10 +200,10 @@ def test_a_sigterm_after_a_peer_failure_still_commits_the_last_step_durably(
     h.trainer.run(stop, Phases())
     (sigterm,) = signals
     sigterm.join(30)
-    assert not sigterm.is_alive() and exits == [EXIT_RESTART]
+    assert not sigterm.is_alive() and exits == [WORKER_RESTART]
     assert h.durable.head().step == 3, "the last completed step is not durable"
     assert _verified_step(h) == 3
-    assert {e["step"] for e in h.events("emergency_save")} == {3}
+    assert {e["step"] for e in h.events(EMERGENCY_SAVE)} == {3}
 
 
 def _verified_step(h: Harness) -> int:
@@ -223,7 +223,7 @@ def test_a_sigterm_before_the_restore_commits_the_nodes_newer_save(
     assert (first.durable.head().step, first.local.load().entry.step) == (4, 5)
     second = harness(tmp_path, data_dir, "--checkpoint-every-steps=4")
     _sigterm_thread(second, SimpleNamespace(at=None)).join(30)
-    assert exits == [EXIT_RESTART]
+    assert exits == [WORKER_RESTART]
     assert second.durable.head().step == 5 and _verified_step(second) == 5
 
 
@@ -262,8 +262,8 @@ def test_a_failing_periodic_save_is_reported_and_escalates(
     h.trainer.maybe_save = maybe_save  # type: ignore[method-assign]
     caplog.set_level(logging.WARNING)
     # The final commit fails too: the steps stay on the node for the retry.
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    failed = h.events("checkpoint_failed")
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
+    failed = h.events(CHECKPOINT_FAILED)
     assert [(e["step"], e["failures_in_a_row"]) for e in failed] == [
         (4, 1),
         (6, 2),
@@ -312,8 +312,8 @@ def test_a_store_failing_for_a_moment_does_not_cost_the_eviction_its_durable_com
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)
     store.failures = 2  # the store refuses the next two calls, then answers again
-    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
-    (save,) = h.events("emergency_save")
+    assert h.trainer.run(stop, Phases()) == WORKER_RESTART
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (3, True)
     assert h.durable.head().step == 3
 
@@ -406,10 +406,10 @@ def test_a_stop_whose_save_raises_says_why_before_the_process_ends(
 
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", store=Garbled(tmp_path / "d"))
     _peer_lost_at(h, 3)  # the node stays: its save is node-local, the store not asked
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
     with caplog.at_level(logging.ERROR):
         _sigterm_thread(h, SimpleNamespace(at=None)).join(30)  # now it goes: durable
-    assert exits == [EXIT_RESTART]
+    assert exits == [WORKER_RESTART]
     assert "a store that breaks in a way nobody wrote down" in caplog.text
 
 
@@ -423,9 +423,9 @@ def test_the_sigterms_exit_stores_the_runs_records_its_save_included(
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0")
     h.trainer.events.sink = StoredRecords(records, "worker-0", interval_s=3600)
     _peer_lost_at(h, 3)
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
     assert records.list() == []  # nothing stored yet: once per interval, or at the end
     _sigterm_thread(h, SimpleNamespace(at=None)).join(30)
-    assert exits == [EXIT_RESTART]
-    stored = [json.loads(line) for n in records.list() for line in records.get(n).splitlines()]
-    assert "emergency_save" in {r.get("event") for r in stored}
+    assert exits == [WORKER_RESTART]
+    stored = [r for n in records.list() for r in read_lines(records.get(n).decode())]
+    assert events_named(stored, EMERGENCY_SAVE)

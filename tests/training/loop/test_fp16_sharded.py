@@ -28,7 +28,8 @@ from training.checkpoints.sharded.reader import StoreReader
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import HYPERPARAMETERS
 from training.checkpoints.storage import FileStore
-from training.loop.trainer_state import EXIT_OK, EXIT_RESTART
+from training.elastic.exit_codes import OK, WORKER_RESTART
+from training.records import EMERGENCY_SAVE, RESUMED
 
 pytestmark = pytest.mark.timeout(300)
 MAX_STEPS = 8
@@ -89,7 +90,7 @@ def uninterrupted(
         h.trainer.train_step = train_step  # type: ignore[method-assign]
 
     _, code = run_here(root, data, ARGS, before=watch)
-    assert code == EXIT_OK
+    assert code == OK
     step, whole = _whole(root)
     assert step == MAX_STEPS
     return whole, seen
@@ -141,8 +142,8 @@ def _interrupt(kind: str, root: Path, data: Path) -> int:
     """The first segment; the step its checkpoint holds."""
     if kind == "parts":  # SIGTERM in step 4: each rank's part, no collective
         h, code = run_here(root, data, ARGS, before=lambda h, stop: sigterm_during(h, 4, stop))
-        assert code == EXIT_RESTART
-        (save,) = h.events("emergency_save")
+        assert code == WORKER_RESTART
+        (save,) = h.events(EMERGENCY_SAVE)
         assert save["durable"] and save["step"] == 4
         return 4
     if kind == "periodic":  # a collective save at step 3, then a crash in step 5
@@ -151,11 +152,11 @@ def _interrupt(kind: str, root: Path, data: Path) -> int:
         return 3
     if kind == "final":  # the run's end inside the window, then a longer run
         _, code = run_here(root, data, [*ARGS, "--max-steps=2"])
-        assert code == EXIT_OK
+        assert code == OK
         return 2
     assert kind == "after"  # SIGTERM in step 7: the optimizer has taken 2 steps
     h, code = run_here(root, data, ARGS, before=lambda h, stop: sigterm_during(h, 7, stop))
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     return 7
 
 
@@ -173,8 +174,8 @@ def test_a_save_in_or_after_the_skipped_steps_resumes_at_its_step_and_repeats_th
     assert "trainer.extras.scaler.scale" in names
     restored: dict[str, Any] = {}
     second, code = run_here(tmp_path, data, ARGS, before=_restored(restored))
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert resumed["step"] == saved_at, resumed
     # A fresh AdamW in the window (its first step is step 1), its count after it.
     assert restored["optimizer_steps"] == ([] if in_window else [saved_at - SKIPPED])
@@ -194,8 +195,8 @@ def test_a_save_in_the_window_at_world_2_resumes_resharded_at_world_1(
     run_spawned(tmp_path, data, 2, [*ARGS, "--checkpoint-every-steps=3"], kill_at=3)
     assert f"model.{HYPERPARAMETERS}" in _newest_names(tmp_path)
     second, code = run_here(tmp_path, data, ARGS)
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["step"], resumed["world_size"]) == (3, 1), resumed
     _, found = _whole(tmp_path)
     # The same steps on another split of the batch: float32 sums in another order, ~1e-7

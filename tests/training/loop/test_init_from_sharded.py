@@ -19,10 +19,11 @@ from tests.support.trainer_harness import harness
 from tests.support.waiting import gloo_group
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore
+from training.elastic.exit_codes import OK
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
-from training.loop.trainer_state import EXIT_OK
+from training.records import INITIALIZED
 
 WORLD = 3
 ARGS = flags("charlm", "--n-layer=2", "--dropout=0.1")
@@ -47,7 +48,7 @@ def _worker(rank: int, root: str, data: str, sources: dict[str, str]) -> None:
             # Then a run: it restores (nothing of its own yet: the source again) and trains.
             again = harness(node, Path(data), *args, tiny=(), store=durable, env=env, group=group)
             code = again.trainer.run(SimpleNamespace(requested=False, at=None), Phases())
-            initialized = again.events("initialized") + h.events("initialized")
+            initialized = again.events(INITIALIZED) + h.events(INITIALIZED)
             found[kind] = (weights, fresh, code, initialized)
         if rank == 0:
             torch.save(found, base / "found.pt")
@@ -59,9 +60,9 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
     tmp_path: Path,
 ) -> None:
     data = make_data("charlm", tmp_path / "data")
-    assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == EXIT_OK
+    assert run_here(tmp_path / "ddp", data, [*ARGS, "--max-steps=3"])[1] == OK
     sharded = [*ARGS, "--parallelism=fsdp2", "--max-steps=4"]  # saved at world size 1
-    assert run_here(tmp_path / "fsdp2", data, sharded)[1] == EXIT_OK
+    assert run_here(tmp_path / "fsdp2", data, sharded)[1] == OK
     ddp_weights = _weights(final_parameters(tmp_path / "ddp" / "durable"))
     read = ShardedCheckpoints(FileStore(tmp_path / "fsdp2" / "durable"), tmp_path / "s").read_whole(
         "model.model."
@@ -78,7 +79,7 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
         for name, value in weights.items():
             assert value.dtype == torch.float64 and torch.equal(value, source[name]), (kind, name)
         assert fresh == (0, 0), (kind, fresh)  # step 0, an optimizer with no state
-        assert code == EXIT_OK, kind
+        assert code == OK, kind
         assert [e["from_step"] for e in initialized] == [step, step], (kind, initialized)
 
 
@@ -87,7 +88,7 @@ def test_a_sharded_run_starts_from_a_ddp_and_a_resharded_checkpoint_exactly(
 def test_a_source_of_another_shape_is_one_line(tmp_path: Path, source: str) -> None:
     data = make_data("charlm", tmp_path / "data")
     made = [*ARGS, f"--parallelism={source}", "--max-steps=1"]
-    assert run_here(tmp_path / "source", data, made)[1] == EXIT_OK
+    assert run_here(tmp_path / "source", data, made)[1] == OK
     args = [*ARGS, "--parallelism=fsdp2", "--n-embd=32"]
     with pytest.raises(ConfigError) as refused:
         run_here(tmp_path / "new", data, [*args, f"--init-from={tmp_path / 'source' / 'durable'}"])

@@ -7,12 +7,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tests.support.trainer_harness import harness
+from training.elastic.exit_codes import OK
 from training.loop.metrics import Phases
-from training.loop.trainer_state import EXIT_OK
+from training.records import FINISHED
 
 
 def _finished_at(h) -> int:
-    (finished,) = h.events("finished")
+    (finished,) = h.events(FINISHED)
     return finished["step"]
 
 
@@ -29,7 +30,7 @@ def test_a_count_written_while_training_runs_raises_the_end(
         return real_step()
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
     assert _finished_at(h) == 6
 
 
@@ -43,5 +44,5 @@ def test_a_missing_unreadable_or_lower_count_leaves_the_flags_end(
         if text is not None:
             limit.write_text(text)
         h = harness(root, data_dir, "--max-steps=4", f"--max-steps-file={limit}")
-        assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+        assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
         assert _finished_at(h) == 4, text

@@ -21,11 +21,11 @@ from tests.support.exactness import CORPUS_SAMPLE
 from tests.support.trainer_harness import harness, one_process_world
 from tests.support.waiting import gloo_group
 from training.api import TrainParts
+from training.elastic.exit_codes import BAD_INPUT
 from training.loop.config import ConfigError, parse_config
 from training.loop.dist import DistEnv
 from training.loop.metrics import Phases
 from training.loop.parallel import clip_grad_norm
-from training.loop.trainer_state import EXIT_BAD_INPUT
 from training.tasks.charlm import SPEC, init_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -236,7 +236,7 @@ def test_train_exits_2_with_one_line_for_a_task_that_cannot_be_sharded(tmp_path:
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--parallelism" in line]
     assert len(lines) == 1 and "use --parallelism ddp" in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr

@@ -28,8 +28,9 @@ from tests.support.exactness import (
 from tests.support.peer_failures import gloo_peer_closed
 from tests.support.trainer_harness import Harness, saved_checkpoint, sigterm_during, under
 from training.checkpoints.sharded.state import unpack
+from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop.config import ConfigError, parse_config
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
+from training.records import EMERGENCY_SAVE, RESUMED
 from training.tasks import TASKS
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,7 +71,7 @@ def test_bf16_mixed_computes_in_bf16_and_keeps_float32_state(data: Path, tmp_pat
 
     spec = replace(TASKS["charlm"], loss=loss)
     _, code = run_here(tmp_path, data, _args("bf16-mixed", "--max-steps=2"), spec=spec)
-    assert code == EXIT_OK
+    assert code == OK
     assert set(seen) == {torch.bfloat16}
     saved = _saved(tmp_path)
     weights = under(saved, "model.model.")
@@ -80,7 +81,7 @@ def test_bf16_mixed_computes_in_bf16_and_keeps_float32_state(data: Path, tmp_pat
     assert not under(saved, "trainer.extras.scaler.")
     assert unpack(saved["run"])["precision"] == "bf16-mixed"
     fp32, code = run_here(tmp_path / "fp32", data, _args("fp32", "--max-steps=2"))
-    assert code == EXIT_OK
+    assert code == OK
     parameters = {k: v for k, v in saved.items() if k.startswith(PARAMETERS)}
     assert max_abs_difference(final_parameters(tmp_path / "fp32" / "durable"), parameters) > 0
 
@@ -100,12 +101,12 @@ def test_bf16_mixed_through_a_fault_loses_no_step_and_repeats_the_run(
     else:
         first, code = run_here(tmp_path, data, args, before=_sigterm_in_step_4)
         stopped_at = 4
-    assert code == EXIT_RESTART
-    (save,) = first.events("emergency_save")
+    assert code == WORKER_RESTART
+    (save,) = first.events(EMERGENCY_SAVE)
     assert save["step"] == stopped_at
     second, code = run_here(tmp_path, data, args)
-    assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+    assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"], resumed["lost_steps"]) == ("local", stopped_at, 0)
     assert max_abs_difference(final_parameters(tmp_path / "durable"), expected) == 0.0
 
@@ -117,12 +118,12 @@ def test_fp16_mixeds_scaler_is_saved_and_resumed(
     whole = tmp_path_factory.mktemp("fp16")
     expected = reference(whole, data, args)
     _, code = run_here(tmp_path, data, args, before=_sigterm_in_step_4)
-    assert code == EXIT_RESTART
+    assert code == WORKER_RESTART
     # The scaler moved from its start (a grown tracker, or a scale halved by an overflow):
     # one not restored would start over at step 4.
     assert _scaler(tmp_path) != torch.amp.GradScaler("cpu").state_dict()
     _, code = run_here(tmp_path, data, args)
-    assert code == EXIT_OK
+    assert code == OK
     # The same scale and growth tracker at the end, and the same steps skipped on overflow.
     assert _scaler(tmp_path) == _scaler(whole)
     assert max_abs_difference(final_parameters(tmp_path / "durable"), expected) == 0.0
@@ -130,7 +131,7 @@ def test_fp16_mixeds_scaler_is_saved_and_resumed(
 
 def test_the_precision_is_part_of_the_runs_identity(data: Path, tmp_path: Path) -> None:
     _, code = run_here(tmp_path, data, _args("fp16-mixed", "--max-steps=2"))
-    assert code == EXIT_OK
+    assert code == OK
     with pytest.raises(ConfigError, match="precision='fp16-mixed'; this run has precision=None"):
         run_here(tmp_path, data, _args("fp32", "--max-steps=4"))
 
@@ -169,7 +170,7 @@ def test_train_exits_2_with_one_line_for_fp8(tmp_path: Path) -> None:
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--precision" in line]
     assert len(lines) == 1 and "fp32, bf16-mixed, fp16-mixed" in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr

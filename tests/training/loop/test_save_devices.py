@@ -14,6 +14,7 @@ import torch
 from tests.support.trainer_harness import harness, make_data_dir, one_process_world
 from training.checkpoints import devices
 from training.checkpoints.deadline import Deadline, within
+from training.elastic.exit_codes import WORKER_RESTART
 from training.loop import trainer_state
 from training.loop.saves.periodic import BackgroundSaver
 
@@ -94,5 +95,5 @@ def test_the_sigterm_thread_sets_the_device_before_its_save(
     assert calls == [
         ("sigterm", f"set_device {LOCAL_RANK}"),
         ("save", "sigterm"),
-        ("exit", trainer_state.EXIT_RESTART),
+        ("exit", WORKER_RESTART),
     ]

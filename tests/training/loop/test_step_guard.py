@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from tests.support.trainer_harness import harness, sigterm_during
 from tests.support.waiting import gloo_group, holds_within
 from training.checkpoints.checkpoint import deserialize
+from training.elastic.exit_codes import WORKER_RESTART
 from training.elastic.faults import PeerLostError
 from training.loop import step_guard, trainer
 from training.loop.metrics import Phases
@@ -39,7 +40,6 @@ from training.loop.step_guard import (
     state_reads,
     stream_ordered_allreduce_hook,
 )
-from training.loop.trainer_state import EXIT_RESTART
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_off_cuda_no_event_is_recorded_and_the_save_holds_the_last_step(
     h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0")
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)
-    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+    assert h.trainer.run(stop, Phases()) == WORKER_RESTART
     assert step_guard._WRITES.event is None
     assert marked and {d.type for d in marked} == {"cpu"}  # after every optimizer step
     loaded = h.local.load()

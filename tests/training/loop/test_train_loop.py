@@ -6,7 +6,6 @@ the test needs a peer to wait on storage. A peer's loss is the exception gloo ra
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -33,12 +32,22 @@ from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.sharded.state import pack, unpack
 from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop import inputs, metrics
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
 from training.loop.parallel import wrap
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART
+from training.records import (
+    CHECKPOINT_SAVED,
+    EMERGENCY_SAVE,
+    PEER_FAILURE,
+    RESUMED,
+    SETTINGS_CHANGED,
+    STORAGE_FAILURE,
+    metrics_lines,
+    read_lines,
+)
 
 # --- Emergency saves --------------------------------------------------------------------------
 
@@ -58,8 +67,8 @@ def test_rank0_commits_durably_when_its_collective_fails_during_a_stop(
         return real_step()
 
     h.trainer.train_step = train_step  # type: ignore[method-assign]
-    assert h.trainer.run(stop, Phases()) == EXIT_RESTART
-    (save,) = h.events("emergency_save")
+    assert h.trainer.run(stop, Phases()) == WORKER_RESTART
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"], save["durable"]) == (2, "peer_failure", stop_requested)
     head = h.durable.head()
     # Without a stop the node stays, and its node-local save is what the next round reads.
@@ -83,11 +92,11 @@ def test_the_sigterm_save_does_not_wait_for_a_stalled_periodic_save(
     stop = SimpleNamespace(requested=False, at=None)
     sigterm_during(h, 3, stop)  # the periodic save of step 2 is stuck by then
     try:
-        assert h.trainer.run(stop, Phases()) == EXIT_RESTART
+        assert h.trainer.run(stop, Phases()) == WORKER_RESTART
         assert h.trainer.saver.busy  # still stuck: the SIGTERM save went ahead beside it
     finally:
         release.set()
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["reason"], save["durable"]) == (3, "sigterm", True)
     assert h.local.load().entry.step == 3
     assert h.trainer.saver.wait(30)  # the stalled step-2 save ends, and must not win
@@ -146,14 +155,14 @@ def test_a_run_started_again_over_an_emptied_store_never_resumes_an_old_node_loc
 ) -> None:
     env = DistEnv(run_id="job-1", max_restarts=3)  # the same runId both times
     first = harness(tmp_path, data_dir, "--max-steps=5", env=env)
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
     first.trainer.emergency_save("peer_failure")  # step 5, kept on this node only
     assert first.local.load().entry.step == 5
     for path in (tmp_path / "durable").iterdir():  # the checkpoint container emptied
         path.unlink()
     again = harness(tmp_path, data_dir, "--max-steps=3", env=env)
-    assert again.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
-    (resumed,) = again.events("resumed")
+    assert again.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
+    (resumed,) = again.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("fresh", 0)
     assert again.durable.head().step == 3  # its own saves count: none was dropped
 
@@ -162,7 +171,7 @@ def test_resuming_with_another_dataset_size_is_a_clear_error(
     tmp_path: Path, data_dir: Path, world_of_one: None
 ) -> None:
     first = harness(tmp_path, data_dir, "--max-steps=1")
-    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert first.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
     smaller = tmp_path / "smaller"
     write_synthetic_cifar10(smaller, train_records=40, test_records=8, train_files=1)
     # The step -> sample mapping depends on the dataset size: step 1 would be other samples.
@@ -199,7 +208,7 @@ def test_resuming_under_another_optimiser_setting_logs_and_uses_it(
     _trained_to(tmp_path, data_dir, 1)
     h = harness(tmp_path, data_dir, flag)
     h.trainer.restore()
-    (changed,) = h.events("settings_changed")
+    (changed,) = h.events(SETTINGS_CHANGED)
     assert (changed["step"], changed["changed"]) == (1, {key: {"old": old, "new": new}})
     (group,) = h.trainer.optimizer.param_groups
     assert group[key] == pytest.approx(new)  # the saved optimizer's value gave way
@@ -218,7 +227,7 @@ def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
         harness(tmp_path, data_dir, "--model-blocks=3").trainer.dcp.apply(state)
     h = harness(tmp_path, data_dir, "--model-blocks=2", "--dropout=0.5")
     h.trainer.dcp.apply(state)
-    (changed,) = h.events("settings_changed")
+    (changed,) = h.events(SETTINGS_CHANGED)
     assert changed["changed"] == {"dropout": {"old": 0.0, "new": 0.5}}
 
 
@@ -227,7 +236,7 @@ def test_a_state_written_before_a_task_option_existed_resumes_at_its_default(
 
 def _trained_to(root: Path, data_dir: Path, steps: int) -> None:
     done = harness(root, data_dir, f"--max-steps={steps}")
-    assert done.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert done.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
 
 
 def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
@@ -240,9 +249,9 @@ def test_a_peer_failure_while_wrapping_in_ddp_saves_the_restored_state(
         raise gloo_peer_closed()  # DDP's constructor broadcasts the parameters
 
     monkeypatch.setattr(wrap, "DistributedDataParallel", ddp)
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert [e["step"] for e in h.events("peer_failure")] == [3]
-    assert [(e["step"], e["reason"]) for e in h.events("emergency_save")] == [(3, "peer_failure")]
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
+    assert [e["step"] for e in h.events(PEER_FAILURE)] == [3]
+    assert [(e["step"], e["reason"]) for e in h.events(EMERGENCY_SAVE)] == [(3, "peer_failure")]
     assert h.local.load().entry.step == 3
 
 
@@ -255,9 +264,9 @@ def test_a_peer_failure_in_the_final_barrier_follows_the_peer_failure_path(
         raise gloo_peer_closed()
 
     monkeypatch.setattr(dist, "barrier", barrier)
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert [e["step"] for e in h.events("peer_failure")] == [2]
-    (save,) = h.events("emergency_save")
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
+    assert [e["step"] for e in h.events(PEER_FAILURE)] == [2]
+    (save,) = h.events(EMERGENCY_SAVE)
     assert (save["step"], save["durable"]) == (2, True)  # rank 0 had committed it already
     assert h.local.load().entry.step == 2 and h.durable.head().step == 2
 
@@ -277,7 +286,7 @@ def test_a_run_never_reads_its_checkpoints_back_to_finish(
 
     store = Reads(tmp_path / "durable")
     h = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=1", store=store)
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
     assert h.durable.head().step == 3
     assert store.reads == []
 
@@ -297,8 +306,8 @@ def test_a_runs_checkpoints_reach_the_store_from_a_file_never_as_bytes_in_memory
 
     store = Puts(tmp_path / "durable")
     h = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=2", store=store)
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
-    assert [e["step"] for e in h.events("checkpoint_saved")] == [2]
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
+    assert [e["step"] for e in h.events(CHECKPOINT_SAVED)] == [2]
     assert h.durable.head().step == 3
     assert store.puts == ["PosixPath", "PosixPath"]
     assert list((Path(h.trainer.cfg.checkpoint.local_dir) / ".scratch").iterdir()) == []
@@ -313,7 +322,7 @@ def test_finish_commits_when_the_claimed_head_does_not_verify(
     assert head is not None and head.step == 3
     store.put(head.name, store.get(head.name)[:100])  # the object behind the claim is damaged
     h = harness(tmp_path, data_dir, "--max-steps=3")
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
     read = h.durable.read_whole("model.model.")
     assert read is not None and read[0].step == 3
 
@@ -351,7 +360,7 @@ def test_an_unusable_checkpoint_path_names_the_setting_and_the_reason(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    assert _main(tmp_path, data_dir, f"--checkpoint-uri={blocker}/ckpt") == EXIT_BAD_INPUT
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={blocker}/ckpt") == BAD_INPUT
     err = capsys.readouterr().err
     assert "--checkpoint-uri (or TRAIN_CHECKPOINT_URI)" in err
     assert "cannot read the checkpoint store" in err and "Not a directory" in err
@@ -375,7 +384,7 @@ def test_an_unreachable_blob_store_names_the_setting_and_the_reason(
     unreachable_blob: str,
 ) -> None:
     uri = unreachable_blob
-    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_BAD_INPUT
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == BAD_INPUT
     err = capsys.readouterr().err
     assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
     assert "cannot reach the blob endpoint" in err and "Traceback" not in err
@@ -394,7 +403,7 @@ def test_an_unreachable_blob_store_in_a_later_round_is_a_restart_not_bad_input(
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(inputs, "STORE_RETRY_S", 0.3)
     uri = unreachable_blob
-    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == EXIT_RESTART
+    assert _main(tmp_path, data_dir, f"--checkpoint-uri={uri}") == WORKER_RESTART
     err = capsys.readouterr().err
     assert f"--checkpoint-uri (or TRAIN_CHECKPOINT_URI) {uri}" in err
     assert "still fails after 0.3 s" in err and "Traceback" not in err
@@ -403,7 +412,7 @@ def test_an_unreachable_blob_store_in_a_later_round_is_a_restart_not_bad_input(
 def test_a_global_batch_larger_than_the_dataset_is_exit_2(
     tmp_path: Path, data_dir: Path, clean_main: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _main(tmp_path, data_dir, "--global-batch-size=64") == EXIT_BAD_INPUT
+    assert _main(tmp_path, data_dir, "--global-batch-size=64") == BAD_INPUT
     err = capsys.readouterr().err
     assert "--global-batch-size (or TRAIN_GLOBAL_BATCH_SIZE) must be between 1" in err
     assert f"and {TRAIN_RECORDS} (the training samples" in err and "Traceback" not in err
@@ -420,7 +429,7 @@ def test_a_world_larger_than_the_global_batch_is_exit_2_before_any_collective(
     for name, value in {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
-    assert _main(tmp_path, data_dir) == EXIT_BAD_INPUT
+    assert _main(tmp_path, data_dir) == BAD_INPUT
     err = capsys.readouterr().err
     assert "--global-batch-size (or TRAIN_GLOBAL_BATCH_SIZE) must be between 16" in err
     assert "got 8" in err and "Traceback" not in err
@@ -470,7 +479,7 @@ def test_the_final_save_may_take_longer_than_the_collective_timeout(
 ) -> None:
     results = mp.Manager().dict()
     mp.spawn(_finish_worker, args=(str(tmp_path), str(data_dir), results), nprocs=2, join=True)
-    assert dict(results) == {0: EXIT_OK, 1: EXIT_OK}
+    assert dict(results) == {0: OK, 1: OK}
     head = ShardedCheckpoints(FileStore(tmp_path / "durable"), tmp_path / "scratch").head()
     assert head is not None and head.step == 2
 
@@ -488,12 +497,14 @@ def test_a_failed_final_commit_keeps_the_steps_on_the_node_for_the_retry(
     failing = harness(
         tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0", store=store
     )
-    assert failing.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_RESTART
-    assert [e["step"] for e in failing.events("storage_failure")] == [3]
+    assert (
+        failing.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == WORKER_RESTART
+    )
+    assert [e["step"] for e in failing.events(STORAGE_FAILURE)] == [3]
     assert failing.local.load().entry.step == 3
     retry = harness(tmp_path, data_dir, "--max-steps=3", "--checkpoint-every-steps=0")
-    assert retry.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
-    (resumed,) = retry.events("resumed")
+    assert retry.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
+    (resumed,) = retry.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("local", 3)
     assert retry.durable.head().step == 3
 
@@ -507,7 +518,7 @@ def test_a_nodes_last_round_commits_its_emergency_save_durably(
     env = DistEnv(rank=1, world_size=2, run_id="r", restart_count=restart_count, max_restarts=3)
     h = harness(tmp_path, data_dir, env=env)
     h.trainer.emergency_save("peer_failure")
-    (save,) = h.events("emergency_save")
+    (save,) = h.events(EMERGENCY_SAVE)
     assert save["durable"] is durable
     assert (h.durable.head() is not None) is durable
 
@@ -524,9 +535,8 @@ def test_a_metrics_line_written_late_says_when_its_step_was_applied(
     late = SimpleNamespace(time=lambda: time.time() + 100.0, monotonic=time.monotonic)
     monkeypatch.setattr(metrics, "time", late)  # every line is written 100 s late
     h = harness(tmp_path, data_dir, "--max-steps=2", "--log-every=1")
-    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == EXIT_OK
-    lines = [json.loads(line) for line in h.stream.getvalue().splitlines()]
-    logged = [r for r in lines if r["kind"] == "metrics"]
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
+    logged = metrics_lines(read_lines(h.stream.getvalue()))
     assert [r["step"] for r in logged] == [1, 2]
     assert all(r["ts"] - r["applied_ts"] >= 99.0 for r in logged)
     assert logged[0]["applied_ts"] <= logged[1]["applied_ts"] <= time.time()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,10 @@ import torch
 from tests.support.elastic_cluster import final_parameters, max_abs_difference
 from tests.support.exactness import CORPUS_SAMPLE, flags, make_data, run_here
 from training.data.cifar10 import DatasetError
+from training.elastic.exit_codes import OK
 from training.loop.config import ConfigError, parse_config
 from training.loop.inputs import load_data
-from training.loop.trainer_state import EXIT_OK
+from training.records import EVALUATED, FINISHED, events_named, read_lines
 from training.tasks import TASKS
 from training.tasks.charlm import CharLMOptions, warmup_cosine
 
@@ -89,15 +89,15 @@ def test_evaluations_log_the_validation_loss_and_a_line_and_change_nothing(
     evaluated, code = run_here(
         tmp_path / "eval", data, flags("charlm", "--max-steps=4", "--eval-every=2")
     )
-    assert code == EXIT_OK
-    records = [json.loads(line) for line in evaluated.stream.getvalue().splitlines()]
-    evals = [r for r in records if r.get("event") == "evaluated"]
+    assert code == OK
+    records = read_lines(evaluated.stream.getvalue())
+    evals = events_named(records, EVALUATED)
     assert [r["step"] for r in evals] == [2, 4]
     assert all(r["eval_loss"] > 0 and isinstance(r["sample"], str) for r in evals)
-    (finished,) = [r for r in records if r.get("event") == "finished"]
+    (finished,) = events_named(records, FINISHED)
     assert finished["eval_loss"] == evals[-1]["eval_loss"]
     _, code = run_here(tmp_path / "plain", data, flags("charlm", "--max-steps=4"))
-    assert code == EXIT_OK
+    assert code == OK
     same = max_abs_difference(
         *(final_parameters(tmp_path / r / "durable") for r in ("eval", "plain"))
     )
@@ -107,5 +107,5 @@ def test_evaluations_log_the_validation_loss_and_a_line_and_change_nothing(
 def test_on_the_cpu_the_loss_stays_in_the_runs_dtype(tmp_path: Path) -> None:
     data = make_data("charlm", tmp_path / "data")
     h, code = run_here(tmp_path, data, flags("charlm", "--max-steps=1"))
-    assert code == EXIT_OK
+    assert code == OK
     assert all(p.dtype == torch.float64 for p in h.trainer.model.parameters())

@@ -15,8 +15,9 @@ from tests.support.exactness import run_here
 from tests.support.trainer_harness import saved_checkpoint
 from tests.training.tasks.user_package import REFERENCE, user_package_on_path, write_user_package
 from training.checkpoints.sharded.state import unpack
+from training.elastic.exit_codes import BAD_INPUT, OK
 from training.loop.config import ConfigError, parse_config
-from training.loop.trainer_state import EXIT_BAD_INPUT, EXIT_OK
+from training.records import METRICS, RESUMED
 from training.tasks import TASKS, is_task_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -47,14 +48,14 @@ def test_a_task_from_the_users_own_package_trains_and_resumes(
 ) -> None:
     with user_package_on_path(tmp_path / "src", monkeypatch):
         first, code = run_here(tmp_path, tmp_path, [*ARGS, "--max-steps=30", "--log-every=1"])
-        assert code == EXIT_OK
+        assert code == OK
         assert first.trainer.spec.name == "line"
         assert type(first.trainer.cfg.options).__module__ == "userpkg.line"
         losses = [r["loss"] for r in _metrics(first)]
         assert losses[-1] < losses[0] / 10  # it learned the line
         second, code = run_here(tmp_path, tmp_path, [*ARGS, "--max-steps=35", "--width=3"])
-        assert code == EXIT_OK
-    (resumed,) = second.events("resumed")
+        assert code == OK
+    (resumed,) = second.events(RESUMED)
     assert (resumed["source"], resumed["step"]) == ("durable", 30)
     saved = saved_checkpoint(tmp_path / "durable")
     assert saved["step"] == 35 and unpack(saved["run"])["task"] == REFERENCE
@@ -104,7 +105,7 @@ def test_train_exits_2_with_one_line_for_a_task_that_does_not_load(
         text=True,
         timeout=300,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr[-2000:]
+    assert result.returncode == BAD_INPUT, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "--task" in line]
     assert len(lines) == 1 and found in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -114,4 +115,4 @@ def _metrics(h: object) -> list[dict]:
     import json
 
     stream = h.stream  # type: ignore[attr-defined]
-    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["kind"] == "metrics"]
+    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r["kind"] == METRICS]

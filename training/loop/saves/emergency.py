@@ -7,7 +7,7 @@ is not one: ``sigterm_from_outside``), and any node's local rank 0 in its agent'
 (its new pod's disk is empty). On SIGTERM both
 run under one hard deadline from the signal (``--stop-deadline-s``, 25 s of the 30 s notice by
 default): past it the worker gives up the durable commit, keeps the node-local copy, logs
-so, and exits ``EXIT_NOT_DURABLE``.
+so, and exits ``RETRY_ME`` (the store, a cause outside the node a new pod may not meet).
 
 Either part happens once per step, whoever asks: a peer's loss may start a save that stays on
 the node, and this node's own SIGTERM, arriving during that save or after it, still makes it
@@ -53,10 +53,6 @@ from training.loop.saves.periodic import BackgroundSaver
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-EXIT_NOT_DURABLE = RETRY_ME
-"""A worker stopped by SIGTERM whose durable commit gave up (deadline or store error): its
-state is only on this node. A cause outside the node (the store), which a new pod may not meet."""
 
 
 @dataclass
@@ -230,7 +226,7 @@ class EmergencySave:
                 step,
                 exc,
                 where,
-                EXIT_NOT_DURABLE,
+                RETRY_ME,
             )
             return False, why_not(exc)
         self.committed.advance(step)

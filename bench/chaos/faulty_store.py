@@ -1,7 +1,9 @@
-"""A checkpoint store that is slow or fails on cue: for tests and the chaos bench only.
+"""A checkpoint store that is slow or fails on cue, for the chaos campaign and the tests.
 
-``open_store`` wraps the durable store in ``FaultyStore`` when ``TRAIN_FAULTY_STORE`` names a
-control file; nothing in the cluster sets it, and without it this module is never imported.
+A worker's stores reach it through ``open_store``'s seam: ``faulty_env`` is what a node is
+started with, ``TRAIN_STORE_WRAP`` naming ``from_env`` (training/checkpoints/stores.py), which
+wraps each store in a ``FaultyStore`` of the control file ``TRAIN_FAULTY_STORE`` names. Nothing
+in the cluster sets either, and the training image does not hold this module.
 The control file holds JSON lines, each a window of trouble the bench appends while the job
 runs (``python -m bench chaos``):
 
@@ -31,6 +33,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.storage import ObjectStore
+from training.checkpoints.stores import STORE_WRAP_ENV
 
 FAULTY_STORE_ENV = "TRAIN_FAULTY_STORE"
 FAULTY_STORE_LOG_ENV = "TRAIN_FAULTY_STORE_LOG"
@@ -94,11 +97,6 @@ class FaultyStore:
         deadline: Deadline | None = None,
     ) -> None:
         self.inner, self.windows, self.log, self._deadline = inner, windows, log, deadline
-
-    @classmethod
-    def from_env(cls, inner: ObjectStore) -> FaultyStore:
-        log = os.environ.get(FAULTY_STORE_LOG_ENV)
-        return cls(inner, Windows(Path(os.environ[FAULTY_STORE_ENV])), Path(log) if log else None)
 
     def _call(self, op: str, name: str, call: Callable[[], T]) -> T:
         """``call`` behind the windows' trouble; logged with its duration and outcome."""
@@ -165,3 +163,19 @@ class FaultyStore:
 
     def bounded(self, deadline: Deadline) -> FaultyStore:
         return FaultyStore(self.inner.bounded(deadline), self.windows, self.log, deadline)
+
+
+def from_env(inner: ObjectStore) -> FaultyStore:
+    """``inner`` behind the windows of ``TRAIN_FAULTY_STORE``, its calls logged to
+    ``TRAIN_FAULTY_STORE_LOG`` when set: the ``Wrap`` a worker's ``open_store`` applies."""
+    log = os.environ.get(FAULTY_STORE_LOG_ENV)
+    return FaultyStore(
+        inner, Windows(Path(os.environ[FAULTY_STORE_ENV])), Path(log) if log else None
+    )
+
+
+def faulty_env(control: Path, log: Path | None = None) -> dict[str, str]:
+    """The env that puts a started worker's stores behind ``control``'s windows (its calls
+    logged to ``log``)."""
+    env = {STORE_WRAP_ENV: f"{__name__}:from_env", FAULTY_STORE_ENV: str(control)}
+    return env if log is None else env | {FAULTY_STORE_LOG_ENV: str(log)}

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from bench.chaos.faulty_store import FaultyStore, Windows, faulty_env, from_env
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
-from training.checkpoints.faulty_store import (
-    FAULTY_STORE_ENV,
-    FAULTY_STORE_LOG_ENV,
-    FaultyStore,
-    Windows,
-)
 from training.checkpoints.storage import FileStore
-from training.checkpoints.stores import open_store
+from training.checkpoints.stores import STORE_WRAP_ENV, open_store, wrap_from_env
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _window(control: Path, **fields: object) -> None:
@@ -116,14 +116,58 @@ def test_a_window_appended_while_the_store_runs_is_read(tmp_path: Path, control:
         store.put("c", b"x")
 
 
-def test_open_store_wraps_only_when_the_bench_asks(
-    tmp_path: Path, control: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_open_store_wraps_a_store_only_when_asked(tmp_path: Path, control: Path) -> None:
     assert isinstance(open_store(str(tmp_path / "plain")), FileStore)
-    monkeypatch.setenv(FAULTY_STORE_ENV, str(control))
-    monkeypatch.setenv(FAULTY_STORE_LOG_ENV, str(tmp_path / "log.jsonl"))
-    store = open_store(str(tmp_path / "wrapped"))
-    assert isinstance(store, FaultyStore) and store.log == tmp_path / "log.jsonl"
+    wrapped = open_store(
+        str(tmp_path / "w"), wrap=lambda inner: FaultyStore(inner, Windows(control))
+    )
+    assert isinstance(wrapped, FaultyStore) and isinstance(wrapped.inner, FileStore)
+    _window(control, fail=True)
+    with pytest.raises(OSError, match="injected store failure"):
+        wrapped.put("a", b"x")
+
+
+@pytest.mark.usefixtures("processes")
+def test_a_worker_started_with_the_faulty_env_opens_faulty_stores(
+    tmp_path: Path, control: Path
+) -> None:
+    """What a node the campaign starts inherits: its own ``open_store`` calls, in a process of
+    its own, wrap every store, and log the calls."""
+    env = faulty_env(control, tmp_path / "log.jsonl")
+    assert wrap_from_env({}) is None
+    assert wrap_from_env(env) is from_env
+    script = (
+        "from training.checkpoints.stores import STORE_WRAP_ENV, open_store, wrap_from_env\n"
+        f"store = open_store({str(tmp_path / 's')!r})\n"
+        "store.put('a', b'x')\n"
+        "print(type(store).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang guard
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "FaultyStore"
+    (call,) = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert (call["op"], call["name"], call["outcome"]) == ("put", "a", "ok")
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("bench.chaos.faulty_store", "must be module:callable"),
+        ("bench.chaos.nowhere:from_env", "No module named"),
+        ("bench.chaos.faulty_store:nothing", "has no attribute"),
+        ("bench.chaos.faulty_store:FAULTY_STORE_ENV", "is not callable"),
+    ],
+)
+def test_a_wrap_named_wrong_is_refused_with_the_setting(spec: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"TRAIN_STORE_WRAP.*{says}"):
+        wrap_from_env({STORE_WRAP_ENV: spec})
 
 
 def test_a_slow_window_holds_each_call(tmp_path: Path, control: Path) -> None:
