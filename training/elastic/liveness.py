@@ -164,7 +164,10 @@ class Detector:
         hold_alive_s: float,
         retry_s: float,
         on_probe: Callable[[str, Verdict, bool], None] | None = None,
+        prober: Callable[[str, int, str, float], Verdict] | None = None,
     ) -> None:
+        self._probe = prober or probe
+        """How a peer is asked (``probe``; a test breaks one link with its own)."""
         self.probe_timeout_s, self.hold_alive_s, self.retry_s = (
             probe_timeout_s,
             hold_alive_s,
@@ -240,7 +243,9 @@ class Detector:
             return
         with ThreadPoolExecutor(min(side_by_side, len(todo)), "rdzv-probes") as pool:
             verdicts = pool.map(
-                lambda n: probe(todo[n][0]["addr"], todo[n][0]["port"], n, self.probe_timeout_s),
+                lambda n: self._probe(
+                    todo[n][0]["addr"], todo[n][0]["port"], n, self.probe_timeout_s
+                ),
                 list(todo),
             )
             for node, verdict in zip(list(todo), verdicts, strict=True):
@@ -254,7 +259,7 @@ class Detector:
     def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         if (held := self._held(node)) is not None:
             return held
-        verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
+        verdict = self._probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
         return self._record(node, verdict, keyed)
 
     def _record(self, node: str, verdict: Verdict, keyed: bool) -> Verdict:

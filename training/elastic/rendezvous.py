@@ -122,6 +122,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         verdict: Path | None = None,
         round_file: Path | None = None,
         watch_client: Etcd | None = None,
+        prober: Callable[[str, int, str, float], Verdict] | None = None,
     ) -> None:
         self.client, self.run_id, self.timing = client, run_id, timing
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
@@ -130,7 +131,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.verdict, self.round_file = verdict, round_file
         self.progress = Progress(timing.stall_timeout_s)
         self.detector = Detector(
-            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe
+            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe, prober
         )
         self.keys = Membership(
             client,
