@@ -153,7 +153,6 @@ def _registered(server: EmbeddedEtcd, cluster: Cluster) -> set[str]:
     return {kv.key for kv in kvs}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50: no self-fence")
 def test_two_nodes_cut_off_from_etcd_but_not_from_each_other_never_train_beside_a_third(
     network: netns.Network, bridged_etcd: EmbeddedEtcd, tmp_path: Path
 ) -> None:
