@@ -45,7 +45,9 @@ def test_a_node_whose_gpu_fails_leaves_and_the_others_train_on(
         # after a and b trained past FAILS_AT: that resume, at world 3, is its join.)
         joined = min(r["ts"] for r in cluster.records("c"))
         resumed = [e for e in cluster.events(RESUMED) if e["ts"] > joined]
-        without_c = [e for e in resumed if e["world_size"] == 2]
+        # Under load c may form its first round with one of the others, at world 2 too.
+        c_rounds = {r.get("rdzv_round") for r in cluster.records("c")}
+        without_c = [e for e in resumed if e["world_size"] == 2 and e["rdzv_round"] not in c_rounds]
         assert without_c and without_c[0]["lost_steps"] == 0, resumed
         assert cluster.max_step() == 28
     finally:

@@ -54,7 +54,9 @@ def test_torch_closing_the_workers_keeps_the_save_on_the_node_an_eviction_does_n
         cluster.start("b", ARGS, env=env)
         cluster.wait_until(lambda: cluster.steps_at(4) >= 2, 180, "a and b training together")
         closed = _saves_after(cluster, "a", joined_ts)
-        assert closed and all(e["reason"] == "sigterm" for e in closed), closed
+        # The rank torch stopped saves for its SIGTERM; its sibling, whose step's vote that stop
+        # turned to no, saves the same step as a lost peer's. Both stay on the node.
+        assert any(e["reason"] == "sigterm" for e in closed), closed
         assert all(e["local"] and not e["durable"] for e in closed), closed
         resumed = [e for e in cluster.events(RESUMED) if e["ts"] > joined_ts]
         assert resumed[0]["world_size"] == 4 and resumed[0]["source"] == "local", resumed
