@@ -98,6 +98,9 @@ class Trainer(StatefulTrainer):
         applies = self.gate.enter()
         try:
             self.guard.vote(applies and settled)
+            # A pause inside the vote leaves the permit run out: hold it again with nothing
+            # between it and the step (a worker alone in a round the run left steps in none).
+            self._hold_permit()
             with self._state_lock:
                 self._apply_gradients(norm)
                 self.state.step += 1
