@@ -26,7 +26,7 @@ passes, ``tick`` says the group must re-form: the agent stops its workers (they 
 node-locally, as on any re-form) and joins the next round once etcd answers.
 
 Why ``GAP_S`` is short enough: the others leave this node out only once its key expired
-(``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 2 s by default, after its last
+(``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 5 s by default, after its last
 keep-alive, at most ``keep_alive_interval_s`` before the pause) and a new round then starts its
 workers; a permit renewed before the pause runs out ``GAP_S`` (0.5 s) after it. What remains:
 a read that confirms the round a moment before another node completes the next one; the
