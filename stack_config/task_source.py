@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training import python_source
+
 SPEC_FIELDS = (
     "name",
     "options",
@@ -119,13 +121,7 @@ def _opaque(reference: str, path: Path, why: str) -> TaskSource:
 
 def _parse(path: Path) -> ast.Module:
     try:
-        text = path.read_text(encoding="utf-8")
-        try:
-            return ast.parse(text, filename=str(path))
-        except SystemError:
-            # CPython 3.11 miscounts the AST's recursion depth when another thread builds an
-            # AST at the same time (python/cpython#106905): a spurious error, gone on retry.
-            return ast.parse(text, filename=str(path))
+        return python_source.parse(path.read_text(encoding="utf-8"), str(path))
     except SyntaxError as exc:
         raise TaskSourceError(f"{path.name} line {exc.lineno}: {exc.msg}") from None
     except (OSError, UnicodeDecodeError) as exc:

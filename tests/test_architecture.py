@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from training import python_source
+
 REPO = Path(__file__).resolve().parents[1]
 CHECKED = ("lab", "bench", "infra", "workloads", "stack_config", "catalog", "training")
 MAY_IMPORT = {
@@ -15,6 +17,7 @@ MAY_IMPORT = {
     "lab.local": ("lab.live", "lab.report", "lab.exit_status"),
     "lab.azure": ("lab.live", "lab.report", "lab.exit_status"),
     "training.records": (),
+    "training.python_source": (),
     "training.api": (),
     "training.elastic": (),
     "training.checkpoints": (),
@@ -35,6 +38,7 @@ MAY_IMPORT = {
         "training.checkpoints",
         "training.data",
         "training.records",
+        "training.python_source",
     ),
 }
 """What each room of ``lab/`` and ``training/`` may import from its own package besides itself.
@@ -66,7 +70,7 @@ def _imported(name: str, path: Path) -> set[str]:
     """The checked modules ``name`` imports, at its top or inside a function (on use)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(python_source.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -185,7 +189,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def _imports_pulumi(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(python_source.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import) and any(a.name.startswith("pulumi") for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pulumi"):
@@ -248,11 +252,11 @@ def test_exit_codes_come_from_the_one_table() -> None:
     wrong = [
         f"{name}: {found}"
         for name, path in MODULES.items()
-        for found in _exit_code_names(ast.parse(path.read_text(), str(path)))
+        for found in _exit_code_names(python_source.parse(path.read_text(), str(path)))
     ]
     assert not wrong, "\n".join(wrong)
     aliases = "EXIT_OK, EXIT_FAILED = 0, 1\nEXIT_BAD_INPUT = BAD_INPUT\nEXIT_WAIT_S = 1.5\n"
-    assert _exit_code_names(ast.parse(aliases)) == [
+    assert _exit_code_names(python_source.parse(aliases)) == [
         "EXIT_OK (line 1)",
         "EXIT_FAILED (line 1)",
         "EXIT_BAD_INPUT (line 2)",
@@ -263,7 +267,7 @@ def _test_module_imports(root: Path) -> list[str]:
     """Imports of a test module (``test_*.py``) anywhere under ``root``, by any module there."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(python_source.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -17,6 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.support.lab_runs import fresh_python
+from training import python_source
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRAM_REQUIREMENTS = REPO_ROOT / "requirements.txt"
@@ -70,7 +71,7 @@ def blocked_imports() -> set[str]:
 
 def program_imports() -> list[str]:
     """The modules ``__main__.py`` (the Pulumi program) imports."""
-    tree = ast.parse((REPO_ROOT / "__main__.py").read_text())
+    tree = python_source.parse((REPO_ROOT / "__main__.py").read_text())
     found = []
     for node in tree.body:
         if isinstance(node, ast.Import):

@@ -65,7 +65,8 @@ class Metrics(Line):
     samples_per_s: float
     step_time_s: NotRequired[float]
     applied_ts: NotRequired[float]
-    """When the last step's optimizer step was applied (epoch seconds)."""
+    """When the last step was let through to apply: its permit held, right before its
+    optimizer step (epoch seconds)."""
 
 
 class Event(Line):

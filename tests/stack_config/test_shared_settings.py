@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from training import settings
+from training import python_source, settings
 from training.loop import config as flags
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_the_shared_settings_import_no_torch() -> None:
 
 
 def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = python_source.parse(path.read_text(), str(path))
     return {
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     } | {

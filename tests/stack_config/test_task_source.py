@@ -155,22 +155,3 @@ def test_a_package_module_is_its_init(tmp_path: Path) -> None:
     root = _package(tmp_path, {"pkg/sub/__init__.py": ""})
     assert module_file("pkg.sub", [root]) == root / "pkg" / "sub" / "__init__.py"
     assert module_file("pkg.other", [root]) is None
-
-
-def test_a_spurious_ast_error_of_cpython_311_is_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import ast
-
-    real_parse, calls = ast.parse, []
-
-    def parse_once_spurious(*args: object, **kwargs: object) -> ast.Module:
-        calls.append(args)
-        if len(calls) == 1:
-            raise SystemError("AST constructor recursion depth mismatch (before=90, after=65)")
-        return real_parse(*args, **kwargs)  # type: ignore[arg-type]
-
-    package = write_user_package(tmp_path)
-    monkeypatch.setattr(ast, "parse", parse_once_spurious)
-    source = read_task("mytask.model:spec", [package])
-    assert source.state_options == ("width",) and len(calls) >= 2

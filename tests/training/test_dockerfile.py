@@ -22,6 +22,7 @@ from catalog.base_images import (
     runs_on_aks_driver,
     training_base_images,
 )
+from training import python_source
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DOCKERFILE = TRAINING / "Dockerfile"
@@ -98,7 +99,7 @@ def _modules_of(distribution: str) -> set[str]:
 def imported_modules(source: str) -> set[str]:
     """Absolute modules a source file imports anywhere (top level and inside functions)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(python_source.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -349,7 +349,8 @@ def test_a_node_that_comes_back_to_a_round_the_run_left_trains_no_step_in_it(
         120,
         "node a in a round after the one it left",
     )
-    # By when the step was applied: a node frozen inside a step's log writes its line late.
+    # By when the step passed its permit: a node frozen inside a step applies it late, and
+    # one frozen inside the step's log writes its line late.
     zombie = [
         r["step"] for r in trained("a") if r["rdzv_round"] == left and r["applied_ts"] > thawed
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training import records
+from training import python_source, records
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
 from training.records import (
@@ -60,7 +60,7 @@ def _written_events(root: Path) -> list[tuple[str, str, set[str]]]:
     """Every event written with a literal name under ``root``: (where, name, its keywords)."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(python_source.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
             func = node.func

@@ -97,22 +97,28 @@ class Permit:
         stopped: Callable[[], bool],
         waiting: Callable[[float], None],
         pauses: Pauses | None = None,
-    ) -> bool:
-        """Return True once the permit holds, or at once when it ran out while this process
-        ran on (``pauses``: only its agent was away, a wedged agent stops no one); False when
-        ``stopped()`` first. ``waiting`` is told once, with how long ago the permit ran out,
-        when this call has to wait."""
+    ) -> float | None:
+        """The wall time (epoch seconds) of the check that found the permit holding, or that
+        found it run out while this process ran on (``pauses``: only its agent was away, a
+        wedged agent stops no one; not past a fence, which holds everyone); None when ``stopped()`` first. ``waiting`` is told once,
+        with how long ago the permit ran out, when this call has to wait.
+
+        The wall time is read just before the check: a pause between the two leaves the
+        permit run out at the check (a pause longer than ``GAP_S``), so the time returned is
+        never older than a pause the check missed."""
         told = False
-        while (now := time.monotonic()) >= (until := (read := self.read())[0]):
-            if pauses is not None and not read[1] and not pauses.since(until - GAP_S):
-                return True
+        while True:
+            wall, now, (until, fenced) = time.time(), time.monotonic(), self.read()
+            if now < until:
+                return wall
+            if pauses is not None and not fenced and not pauses.since(until - GAP_S):
+                return wall
             if stopped():
-                return False
+                return None
             if not told:
                 waiting(now - until)
                 told = True
             time.sleep(POLL_S)
-        return True
 
     @classmethod
     def of_agent(cls) -> Permit | None:

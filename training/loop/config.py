@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from training import python_source
 from training.settings import PARALLELISMS, PRECISIONS
 from training.tasks import (
     DEFAULT_TASK,
@@ -173,7 +174,7 @@ class TrainConfig:
 @cache
 def _field_docs(module_name: str) -> dict[str, str]:
     """Every dataclass field's docstring (the string under it) in a module, for ``--help``."""
-    module = ast.parse(inspect.getsource(sys.modules[module_name]))
+    module = python_source.parse(inspect.getsource(sys.modules[module_name]))
     docs: dict[str, str] = {}
     for section in (node for node in module.body if isinstance(node, ast.ClassDef)):
         for node, doc in itertools.pairwise(section.body):

@@ -65,8 +65,9 @@ class Trainer(StatefulTrainer):
     pauses: Pauses | None = None
     """This process's own pauses: a permit that ran out holds only a worker paused too."""
     applied_ts: float = 0.0
-    """The wall time the last step was applied, taken under the state lock: its metrics line
-    may be written much later (a node paused inside the log's collective)."""
+    """The wall time the last step was let through to apply (its permit held, nothing between
+    that and its optimizer step): its metrics line may be written much later (a node paused
+    inside the step or the log's collective)."""
 
     # -- one optimiser step --------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -100,11 +101,11 @@ class Trainer(StatefulTrainer):
             self.guard.vote(applies and settled)
             # A pause inside the vote leaves the permit run out: hold it again with nothing
             # between it and the step (a worker alone in a round the run left steps in none).
-            self._hold_permit()
+            let_through = self._hold_permit()
             with self._state_lock:
                 self._apply_gradients(norm)
                 self.state.step += 1
-                self.applied_ts = time.time()
+                self.applied_ts = let_through
                 if self.local is not None and self.env.local_rank == 0:
                     self.local.mark_progress(self.state.step)
                 self.dcp.mark_boundary()
@@ -112,12 +113,13 @@ class Trainer(StatefulTrainer):
             self.gate.leave()
         return losses.loss_sum, losses.count
 
-    def _hold_permit(self) -> None:
+    def _hold_permit(self) -> float:
         """Wait, before the step changes the state, while the agent has not confirmed this
         round lately: a paused node that came back may be in a round the run left. A stop
-        while held is a lost peer's (the last completed step is saved)."""
+        while held is a lost peer's (the last completed step is saved). Returns the wall time
+        the step was let through."""
         if self.permit is None:
-            return
+            return time.time()
 
         def waiting(lapsed_s: float) -> None:
             self.events.event("permit_wait", step=self.state.step, lapsed_s=round(lapsed_s, 3))
@@ -129,8 +131,10 @@ class Trainer(StatefulTrainer):
             )
 
         stop = self._stop
-        if not self.permit.hold(lambda: stop is not None and stop.requested, waiting, self.pauses):
+        held = self.permit.hold(lambda: stop is not None and stop.requested, waiting, self.pauses)
+        if held is None:
             raise PeerLostError(f"stopped while step {self.state.step + 1} waited for a permit")
+        return held
 
     def micro_batch(self, indices: torch.Tensor) -> MicroBatch:
         step = self.state.step

@@ -34,6 +34,7 @@ from training.checkpoints.storage import FileStore
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.exit_codes import BAD_INPUT, OK, WORKER_RESTART
 from training.loop import inputs, metrics
+from training.loop import trainer as trainer_module
 from training.loop.config import ConfigError
 from training.loop.dist import DistEnv, new_checkpoint_group
 from training.loop.metrics import Phases
@@ -540,3 +541,30 @@ def test_a_metrics_line_written_late_says_when_its_step_was_applied(
     assert [r["step"] for r in logged] == [1, 2]
     assert all(r["ts"] - r["applied_ts"] >= 99.0 for r in logged)
     assert logged[0]["applied_ts"] <= logged[1]["applied_ts"] <= time.time()
+
+
+def test_a_step_paused_inside_its_optimizer_step_says_when_its_permit_let_it_through(
+    tmp_path: Path, data_dir: Path, world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node frozen after its permit held and before its optimizer step finished applies that
+    # step only once thawed, yet it was let through in a round that was still the run's. The
+    # thaw test (test_elastic_training.py) asks whether a step *passed its permit* after the
+    # thaw: the step's time is its permit's, not the apply's end.
+    offset = [0.0]
+    clock = SimpleNamespace(
+        time=lambda: time.time() + offset[0], monotonic=time.monotonic, sleep=time.sleep
+    )
+    monkeypatch.setattr(trainer_module, "time", clock)
+    apply, ends = trainer_module.Trainer._apply_gradients, []
+
+    def paused_inside(self: trainer_module.Trainer, norm: object) -> None:
+        apply(self, norm)
+        offset[0] += 100.0  # SIGSTOP ... SIGCONT inside the optimizer step
+        ends.append(clock.time())
+
+    monkeypatch.setattr(trainer_module.Trainer, "_apply_gradients", paused_inside)
+    h = harness(tmp_path, data_dir, "--max-steps=2", "--log-every=1")
+    assert h.trainer.run(SimpleNamespace(requested=False, at=None), Phases()) == OK
+    logged = metrics_lines(read_lines(h.stream.getvalue()))
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(r["applied_ts"] <= end - 99.0 for r, end in zip(logged, ends, strict=True))
