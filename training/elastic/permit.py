@@ -100,8 +100,9 @@ class Permit:
     ) -> float | None:
         """The wall time (epoch seconds) of the check that found the permit holding, or that
         found it run out while this process ran on (``pauses``: only its agent was away, a
-        wedged agent stops no one; not past a fence, which holds everyone); None when ``stopped()`` first. ``waiting`` is told once,
-        with how long ago the permit ran out, when this call has to wait.
+        wedged agent stops no one; never past a fence, which holds every worker); None when
+        ``stopped()`` first. ``waiting`` is told once, with how long ago the permit ran out,
+        when this call has to wait.
 
         The wall time is read just before the check: a pause between the two leaves the
         permit run out at the check (a pause longer than ``GAP_S``), so the time returned is
