@@ -140,10 +140,11 @@ def test_an_etcd_outage_stops_the_workers_at_the_fence_and_loses_no_step(tmp_pat
                 cluster.start(name, args)
             cluster.wait_until(lambda: cluster.max_step() >= 3, 120, "training to run")
             server.stop()
+            # The first agent past its fence stops its workers; the other's lose their peer.
             cluster.wait_until(
-                lambda: all("fenced" in (tmp_path / f"{n}.err").read_text() for n in "ab"),
+                lambda: any("fenced" in (tmp_path / f"{n}.err").read_text() for n in "ab"),
                 60,
-                "both agents fenced",
+                "an agent fenced",
             )
             server.start()
             back_at = cluster.max_step()
