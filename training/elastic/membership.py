@@ -237,6 +237,14 @@ class Membership:
         (training/elastic/permit.py, ``Keeper``)."""
         return self.renewed_at + self.granted_ttl_s - self.margin_s
 
+    def renew_if_fenced(self) -> None:
+        """Renew the lease now when the fence has passed (etcd was away): a round this node
+        joins must start its workers on a lease etcd renewed, not wait for the heartbeat's
+        next period, or the first poll of its monitor loop finds the old fence and re-forms
+        the group again. Raises ``EtcdError`` while etcd is still away."""
+        if time.monotonic() >= self.fence():
+            self.beat()
+
     def note_up(self) -> None:
         if self.etcd_down_since is not None:
             logger.info(

@@ -264,6 +264,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 raise RendezvousGracefulExitError(f"node {self.node} has left {self.run_id}")
             try:
                 self.keys.start()
+                self.keys.renew_if_fenced()
                 seen = self.keys.changes  # a change while this step acts wakes the next at once
                 view = self.keys.current_view()
                 if time.monotonic() > deadline:

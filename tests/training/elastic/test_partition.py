@@ -197,11 +197,18 @@ def test_two_nodes_cut_off_from_etcd_but_not_from_each_other_never_train_beside_
         for name in ("a", "b"):
             network.heal_host(name)
         healed_at = _last_ts(cluster)
+        logged = {n: len((cluster.root / f"{n}.err").read_text()) for n in "ab"}
         cluster.wait_until(
             lambda: all(_steps(cluster, n, 3, healed_at) >= 5 for n in "abc"),
             180,
             "one group of three once etcd answers again",
         )
         assert _groups_at_once(cluster) == [], cluster.tail(30)
+        # A round joined once etcd answers starts its workers on a renewed lease: before, the
+        # fence stayed where the cut left it until the next heartbeat, and re-formed the
+        # group again at once (three rounds in half a second).
+        for name in ("a", "b"):
+            later = (cluster.root / f"{name}.err").read_text()[logged[name] :]
+            assert "fenced" not in later, cluster.tail(30)
     finally:
         cluster.close()
