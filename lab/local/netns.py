@@ -7,6 +7,8 @@ other node's address (``ip route add blackhole``): whatever the node sends its p
 without a word, and so are its replies to them (a SYN from a peer arrives, its SYN-ACK is
 dropped), so to its peers it is a gray failure, a node that sends nothing back, while its own
 traffic to etcd, through the bridge, flows on. ``heal(node)`` removes those routes.
+``cut_from_host(node)`` is the other partition: a blackhole route to the host's address only
+(etcd), so the node still reaches its peers; ``heal_host(node)`` removes it.
 
 Needs root (``CAP_NET_ADMIN``) and iproute2; ``unavailable()`` says why not, for a test to
 skip. A node that comes later gets its namespace with ``add``. Every name carries a random
@@ -128,6 +130,16 @@ class Network:
                 with contextlib.suppress(OSError):
                     _ip("route", "del", "blackhole", f"{addr}/32", ns=self.namespaces[node])
         self.cut_off.discard(node)
+
+    def cut_from_host(self, node: str) -> None:
+        """Cut ``node`` off from the host (etcd), not from its peers. Idempotent."""
+        with contextlib.suppress(OSError):  # already cut
+            _ip("route", "add", "blackhole", f"{self.host_addr}/32", ns=self.namespaces[node])
+
+    def heal_host(self, node: str) -> None:
+        """``node`` reaches the host (etcd) again."""
+        with contextlib.suppress(OSError):
+            _ip("route", "del", "blackhole", f"{self.host_addr}/32", ns=self.namespaces[node])
 
     def close(self) -> None:
         """Remove every namespace (its veth goes with it) and the bridge."""

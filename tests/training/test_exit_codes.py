@@ -27,7 +27,7 @@ from training.elastic.exit_codes import (
     signal_exit,
 )
 from training.elastic.rendezvous import BadInputAfterJoin
-from training.records import EMERGENCY_SAVE, METRICS, RESUMED, STARTED
+from training.records import EMERGENCY_SAVE, METRICS, RESUMED, STARTED, completed_step
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,28 +121,46 @@ def test_an_eviction_ends_the_node_with_143(etcd_server: EmbeddedEtcd, tmp_path:
 
 
 @pytest.mark.usefixtures("torchrun")
-def test_training_rides_out_an_etcd_outage_without_a_restart(tmp_path: Path) -> None:
+def test_an_etcd_outage_stops_the_workers_at_the_fence_and_loses_no_step(tmp_path: Path) -> None:
     # torch's handler raised a RendezvousConnectionError out of the agent's monitor loop as
     # soon as a heartbeat failed: every agent exited and came back cold (12-17 s paused).
-    # Between rounds our handler needs no etcd: the group trains on, nobody restarts.
+    # Ours trains on through an outage shorter than the fence's window; past it, a node that
+    # cannot renew its lease may have been left by the others, so its workers stop before
+    # their next step (docs/rendezvous.md, "etcd away, and the fence"). Once etcd answers the
+    # same nodes train on from their own saves: no agent exits, no step is lost.
     data = tmp_path / "data"
     write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
     root = tmp_path / "etcd"
     with EmbeddedEtcd(find_etcd_binary(), root / "data", root / "etcd.log") as server:
         cluster = Cluster(tmp_path, server.client_port, data, min_nodes=2, max_nodes=2)
+        args = [*TINY, "--max-steps", "100000", "--log-every", "1"]
+        args += ["--min-step-time-s", "0.05", "--checkpoint-every-steps", "0"]
         try:
             for name in ("a", "b"):
-                cluster.start(name, [*TINY, "--max-steps", "100000", "--log-every", "1"])
+                cluster.start(name, args)
             cluster.wait_until(lambda: cluster.max_step() >= 3, 120, "training to run")
             server.stop()
-            down_at = cluster.max_step()
-            cluster.wait_until(lambda: cluster.max_step() >= down_at + 5, 60, "steps, etcd down")
+            # The first agent past its fence stops its workers; the other's lose their peer.
+            cluster.wait_until(
+                lambda: any("fenced" in (tmp_path / f"{n}.err").read_text() for n in "ab"),
+                60,
+                "an agent fenced",
+            )
             server.start()
             back_at = cluster.max_step()
-            cluster.wait_until(lambda: cluster.max_step() >= back_at + 5, 60, "steps, etcd back")
+            cluster.wait_until(lambda: cluster.max_step() >= back_at + 5, 120, "steps, etcd back")
+            assert all(cluster.nodes[n].poll() is None for n in ("a", "b")), cluster.tail()
             resumed = [r for r in cluster.records() if r.get("event") == RESUMED]
-            assert len(resumed) == 1, cluster.tail()  # the first round's, and no other
-            assert all(cluster.nodes[n].poll() is None for n in ("a", "b"))
+            assert len(resumed) == 2, cluster.tail()  # the first round's, and the fence's
+            again = resumed[-1]
+            assert (again["source"], again["world_size"]) == ("local", 2), again
+            # Every step any node completed before the re-form is in the state it resumed.
+            before = [
+                step
+                for r in cluster.records()
+                if r["ts"] < again["ts"] and (step := completed_step(r)) is not None
+            ]
+            assert again["step"] == max(before), (again, max(before))
         finally:
             cluster.close()
 

@@ -92,7 +92,7 @@ def test_the_workers_serve_the_operators_etcd_with_our_rendezvous_handler() -> N
     assert _container(manifest)["command"][:3] == ["python", "-m", "training.agent"]
     # Defaults the stack's rendezvous keys give the handler: a 2 s TTL, a 1 s last call.
     conf = {c["key"]: c["value"] for c in _elastic(manifest)["rdzvConf"]}
-    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == ("1", "2")
+    assert (conf["keep_alive_interval"], conf["keep_alive_max_attempt"]) == ("1", "5")
 
 
 def test_operator_env_matches_what_the_lab_gives_its_agents() -> None:

@@ -45,11 +45,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from training.checkpoints.deadline import Deadline, DeadlineExceeded
 from training.checkpoints.manifest import (
     CheckpointError,
     Entry,
+    Fence,
     Loaded,
     LogRead,
     Manifest,
@@ -104,7 +106,10 @@ class CheckpointRepository:
         prefix: str = "ckpt",
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        fence: Fence | None = None,
     ) -> None:
+        """``fence``: the run and round this process's commits carry (default: this worker's,
+        read once now: ``Fence.of_process``)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if grace_s <= 0:
@@ -115,6 +120,7 @@ class CheckpointRepository:
         self.grace_s = grace_s
         self.clock = clock
         self.writer = uuid.uuid4().hex[:8]
+        self.fence = fence if fence is not None else Fence.of_process()
         # Guards only the number below, never a store call: a stalled writer blocks no one.
         self._lock = threading.Lock()
         self._newest_published = -1
@@ -248,6 +254,7 @@ class CheckpointRepository:
         payload = data if isinstance(data, Payload) else Payload.of(data)
         entry = Entry(name or object_name(self.prefix, step), step, payload.sha256, payload.size)
         entry = Entry.from_json({**entry.to_json(), "files": [vars(f) for f in files]})
+        entry = replace(entry, fence=self.fence)
         store = self.store.bounded(deadline) if deadline is not None else self.store
         uploaded, newer = self._publish_entry(
             entry, payload, store, deadline, newer_only, since, log
@@ -321,6 +328,22 @@ class CheckpointRepository:
         while True:
             base = manifests[0] if manifests else None
             head = base.entries[0] if base and base.entries else None
+            if head is not None and entry.fence.older_than(head.fence):
+                logger.warning(
+                    "checkpoint of step %d refused: it comes from round %d of run %s, the head "
+                    "(step %d) from round %d; this group's round is over",
+                    entry.step,
+                    entry.fence.round,
+                    entry.fence.run,
+                    head.step,
+                    head.fence.round,
+                )
+                if uploaded is not None or entry.files:
+                    self._discard(entry, store)
+                raise StaleCheckpoint(
+                    f"checkpoint of step {entry.step} from round {entry.fence.round} is older "
+                    f"than the head's round {head.fence.round}; dropped"
+                )
             newer = self._newer_than(entry, head, store, newer_only)
             if newer is not None:
                 if uploaded is not None or entry.files:  # a sharded one's are in already

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,11 @@ _HEADS = (".pt", ".metadata")
 _MANIFEST = re.compile(r"^(?P<prefix>[a-z]+)-manifest-(?P<seq>\d{10})\.json$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ENTRY_FIELDS = frozenset({"name", "step", "sha256", "size"})
+_OPTIONAL_FIELDS = frozenset({"files", "fence"})
+ROUND_FILE_ENV = "TRAIN_RDZV_ROUND_FILE"
+"""The file the agent writes its round to (training/elastic/launch.py, ``ROUND_FILE_ENV``):
+read once, when a worker starts, as its group's fencing token."""
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 _FILE_FIELDS = frozenset({"name", "sha256", "size"})
 
 
@@ -37,7 +43,50 @@ class CheckpointError(RuntimeError):
 
 
 class StaleCheckpoint(CheckpointError):
-    """A commit refused because a newer step is already committed: nothing failed."""
+    """A commit refused because a newer step is already committed, or the head comes from a
+    newer rendezvous round of the run (``Fence``): nothing failed."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The fencing token of a commit: the run and the rendezvous round its writer's group
+    formed in. A commit from an older round of the same run than the head's is refused, so a
+    group the run has left (cut off from etcd, its self-fence late) can never publish once the
+    group that replaced it has. Round 0: not known (a run without the rendezvous's round
+    file); another run's head fences nothing (a new run of the job starts at round 1)."""
+
+    run: str = ""
+    round: int = 0
+
+    @staticmethod
+    def of_process(env: dict[str, str] | None = None) -> Fence:
+        """This process's fence, from the agent's round file and torch's run id."""
+        env = dict(os.environ) if env is None else env
+        path = env.get(ROUND_FILE_ENV, "")
+        try:
+            with open(path) as f:
+                round_ = int(json.load(f)["round"]) if path else 0
+        except (OSError, ValueError, KeyError, TypeError):
+            round_ = 0
+        return Fence(env.get(RUN_ID_ENV, ""), round_)
+
+    def older_than(self, head: Fence) -> bool:
+        return bool(self.run) and self.run == head.run and self.round < head.round
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "round": self.round}
+
+    @staticmethod
+    def from_json(value: Any) -> Fence:
+        if (
+            not isinstance(value, dict)
+            or set(value) != {"run", "round"}
+            or not isinstance(value["run"], str)
+            or not _is_int(value["round"])
+            or value["round"] < 0
+        ):
+            raise ValueError(f"fence {value!r} is not {{run: str, round: int >= 0}}")
+        return Fence(value["run"], value["round"])
 
 
 def sha256(data: bytes) -> str:
@@ -166,6 +215,8 @@ class Entry:
     size: int
     files: tuple[StoredFile, ...] = ()
     """A sharded checkpoint's files (``name`` is then its metadata); none for a single file."""
+    fence: Fence = Fence()
+    """The run and round of the group that committed it (``Fence``)."""
 
     @staticmethod
     def from_json(value: Any) -> Entry:
@@ -174,7 +225,7 @@ class Entry:
         The name is what the store is asked for, so it must be one this program writes
         (``<prefix>-<step>-<nonce>.pt``, no path separators) and carry the entry's own step.
         """
-        if not isinstance(value, dict) or set(value) - {"files"} != _ENTRY_FIELDS:
+        if not isinstance(value, dict) or set(value) - _OPTIONAL_FIELDS != _ENTRY_FIELDS:
             raise ValueError(f"entry {value!r} does not have exactly {sorted(_ENTRY_FIELDS)}")
         name, step, digest, size = value["name"], value["step"], value["sha256"], value["size"]
         if not _is_int(step) or not 0 <= step < 10**10:
@@ -189,7 +240,8 @@ class Entry:
         listed = tuple(StoredFile.from_json(f, match["id"]) for f in files)
         if len({f.name for f in listed}) != len(listed):
             raise ValueError(f"entry {name!r} lists a file twice")
-        return Entry(name, step, digest, size, listed)
+        fence = Fence.from_json(value["fence"]) if "fence" in value else Fence()
+        return Entry(name, step, digest, size, listed, fence)
 
     @property
     def prefix(self) -> str:
@@ -208,9 +260,14 @@ class Entry:
         return found
 
     def to_json(self) -> dict[str, Any]:
-        """As a manifest holds it; a single-file entry keeps the fields it always had."""
-        body = {k: v for k, v in asdict(self).items() if k != "files"}
-        return {**body, "files": [asdict(f) for f in self.files]} if self.files else body
+        """As a manifest holds it; a single-file entry without a fence keeps the fields it
+        always had."""
+        body = {k: v for k, v in asdict(self).items() if k not in _OPTIONAL_FIELDS}
+        if self.files:
+            body["files"] = [asdict(f) for f in self.files]
+        if self.fence != Fence():
+            body["fence"] = self.fence.to_json()
+        return body
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from torch.distributed import Store
 
 from training.elastic import etcd_v3
-from training.elastic.etcd_v3 import Etcd
+from training.elastic.etcd_v3 import Backoff, Etcd, EtcdError
 
 __all__ = ["AgentStore", "StoreTimeout"]
 
@@ -68,9 +68,11 @@ class AgentStore(Store):
         return all(self._key(k) in present for k in keys)
 
     def wait(self, keys: Sequence[str], timeout: datetime.timedelta | None = None) -> None:
-        """Block until every key exists: a watch from the revision of each read, not a poll."""
+        """Block until every key exists: a watch from the revision of each read, not a poll; a
+        failed watch is watched again after a backoff (etcd_v3.py)."""
         limit = (timeout or self.timeout).total_seconds()
         deadline = time.monotonic() + limit
+        backoff = Backoff()
         while True:
             kvs, revision = self._client.range(self._prefix)
             present = {kv.key for kv in kvs}
@@ -79,7 +81,11 @@ class AgentStore(Store):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StoreTimeout(f"keys {list(keys)} not set within {limit:g} s")
-            self._client.wait(self._prefix, revision, left)
+            try:
+                self._client.wait(self._prefix, revision, left)
+                backoff.reset()
+            except EtcdError:
+                time.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
         return [self.get(key) for key in keys]

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from training.elastic.etcd_v3 import Etcd, EtcdError, Event, KeyValue
-from training.elastic.reachability import parse_report
+from training.elastic.etcd_v3 import Backoff, Etcd, EtcdError, Event, KeyValue, WatchCompacted
+from training.elastic.reachability import REFUSED, parse_report
 from training.elastic.rounds import Me, Reached, View, needs_joins
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class KeyCopy:
         changes in revision order, a read is sorted by creation revision)."""
         self._reports: dict[str, set[str]] = {}
         """Per reporter, the peers it cannot reach (training/elastic/reachability.py)."""
+        self._refused: set[tuple[str, str]] = set()
+        """The reports whose probe was refused, as (reporter, target)."""
         self._read_at = 0.0
         self._view: View | None = None
 
@@ -61,6 +63,7 @@ class KeyCopy:
                 return {}
             self._state, self._state_index = None, 0
             self._nodes, self._joined, self._reports = {}, {}, {}
+            self._refused = set()
             for kv in sorted(kvs, key=lambda kv: kv.create_revision):
                 self._put(kv)
             self.revision = revision
@@ -85,6 +88,11 @@ class KeyCopy:
             self._touched()
         return written
 
+    def advance(self, revision: int) -> None:
+        """A watch's progress notification: no change under the root up to ``revision``."""
+        with self._lock:
+            self.revision = max(self.revision, revision)
+
     def view(self) -> View:
         """The copy as a View (a snapshot: later changes do not alter it)."""
         with self._lock:
@@ -95,6 +103,7 @@ class KeyCopy:
                     nodes=dict(self._nodes),
                     joined={round_: dict(nodes) for round_, nodes in self._joined.items()},
                     reports={reporter: set(t) for reporter, t in self._reports.items()},
+                    refused=set(self._refused),
                     etcd_index=self.revision,
                     read_at=self._read_at,
                 )
@@ -116,6 +125,7 @@ class KeyCopy:
             self._joined.setdefault(int(rel[1]), {})[rel[2]] = json.loads(kv.value or "{}")
         elif report := parse_report(rel):
             self._reports.setdefault(report[0], set()).add(report[1])
+            (self._refused.add if kv.value == REFUSED else self._refused.discard)(report)
         return None
 
     def _drop(self, key: str) -> None:
@@ -130,6 +140,7 @@ class KeyCopy:
             if not joined:
                 self._joined.pop(int(rel[1]), None)
         elif report := parse_report(rel):
+            self._refused.discard(report)
             targets = self._reports.get(report[0], set())
             targets.discard(report[1])
             if not targets:
@@ -187,10 +198,14 @@ class Joins:
 
     def _follow(self, copy: KeyCopy) -> None:
         """Apply the joins' changes to ``copy`` while it is the one followed; a quiet stream
-        ends after a second and the next starts where it ended."""
+        ends after a second and the next starts where it ended. A broken one (compacted, etcd
+        away, an error line) lets the next look read the joins again, after a first backoff
+        (etcd_v3.py) when it was no compaction: never a storm of reopened streams."""
         try:
             while self._copy is copy:
-                for events in self._watch_client.watch(self._prefix, copy.revision, 1.0):
+                for events in self._watch_client.watch(
+                    self._prefix, copy.revision, 1.0, progress=copy.advance
+                ):
                     if self._copy is not copy:
                         return
                     copy.apply(events)
@@ -198,6 +213,8 @@ class Joins:
         except Exception as exc:  # noqa: BLE001 - compacted, etcd away, or worse: read again
             if not isinstance(exc, EtcdError):
                 logger.warning("rendezvous joins watch: %s", exc)
+            if not isinstance(exc, WatchCompacted):
+                time.sleep(Backoff().next())
             if self._copy is copy:
                 self._copy = None  # the next look reads them again
                 self._changed()

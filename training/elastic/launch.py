@@ -77,12 +77,11 @@ class RendezvousSettings:
     Later rounds wait for exactly the nodes they expect, with no last call."""
     keep_alive_interval_s: int = 1
     """Heartbeat period: each agent refreshes its own key (a TTL) this often."""
-    keep_alive_max_attempt: int = 2
-    """A node's key expires after interval x max_attempt seconds without a heartbeat, and
-    only then may a node that does not answer its probe be taken for dead (a frozen or
-    vanished VM); a killed or departed node is dropped at once. With torch's handler 2 took
-    a busy live node for dead (two groups trained side by side); here an expired key alone
-    kills nobody: the probe must go unanswered too."""
+    keep_alive_max_attempt: int = 5
+    """A node's key expires after interval x max_attempt seconds (its lease's TTL: 5 s, the
+    least etcd's maintainers advise; docs/rendezvous.md, "The TTL") without a heartbeat, and
+    only then may a node that does not answer its probe be taken for dead; a node that cannot
+    renew for the TTL less a margin stops its own workers (the fence)."""
     join_timeout_s: int = 900
     """First round waits this long for min nodes: GPU Spot nodes autoscale from zero."""
 

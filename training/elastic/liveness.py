@@ -3,9 +3,11 @@
 Each agent listens on a TCP port of its own and answers every connection with its node id,
 while the agent's own loop (the monitor loop, a round) makes progress. A peer's verdict then
 comes from the kernel as much as from the agent:
-- refused (RST): nothing listens there any more, the agent process is gone (a kill, a crash,
-  an agent that left): **dead**, at once, with no heartbeat to wait out; asked again at the
-  next round, since a firewall's REJECT or a route flap refuses a live agent too;
+- refused (RST): nothing listens there any more (a kill, a crash, an agent that left), or a
+  firewall's REJECT refuses a live agent in one direction: **dead** once its key is gone;
+  while the key is fresh, a report (training/elastic/reachability.py), which the rounds turn
+  into one decision every node shares (``rounds.excluded``): a killed node, refused by every
+  peer, is left out at once, and a one-way refusal cannot make two nodes disagree;
 - an answer with the node's id: **alive**, however busy: a starved or slow agent answers
   within the scheduler's latency, not within a heartbeat period;
 - no answer in time (a VM that vanished sends no RST; a frozen process accepts but never
@@ -150,8 +152,8 @@ def probe(addr: str, port: int, node_id: str, timeout_s: float = PROBE_TIMEOUT_S
 class Detector:
     """Verdicts on peers from their keys and their probes, each answer held for a while.
 
-    A node is dead when it marked itself ``left``, when its probe is refused, or when its key
-    has expired and its probe goes unanswered. An 'alive' answer and a refusal are each held
+    A node is dead when it marked itself ``left``, or when its key has expired and its probe
+    is refused or goes unanswered. An 'alive' answer and a refusal are each held
     for a heartbeat period, so a monitor loop does not probe on every tick; no answer is asked
     again at the next look. A refusal is no verdict for good: a REJECT rule or a route flap
     refuses a live agent once, and a node that answers again is alive again (the round waits
@@ -164,7 +166,10 @@ class Detector:
         hold_alive_s: float,
         retry_s: float,
         on_probe: Callable[[str, Verdict, bool], None] | None = None,
+        prober: Callable[[str, int, str, float], Verdict] | None = None,
     ) -> None:
+        self._prober = prober
+        """How a peer is asked (None: ``probe``; a test breaks one link with its own)."""
         self.probe_timeout_s, self.hold_alive_s, self.retry_s = (
             probe_timeout_s,
             hold_alive_s,
@@ -183,20 +188,32 @@ class Detector:
     def saw(self, nodes: dict[str, dict[str, Any]]) -> None:
         self._last_seen.update(nodes)
 
-    def dead(self, node: str, info: dict[str, Any] | None, probe_live: bool) -> bool:
-        """Left, or its process gone: a refused probe, or an expired key and no answer.
+    def saw_published(self, probes: dict[str, dict[str, Any]]) -> None:
+        """The probe addresses a completed round published for its members: where a member
+        whose key this node never saw (it expired first) is asked before it counts as gone."""
+        for node, where in probes.items():
+            self._last_seen.setdefault(node, {**where, "left": False})
 
-        ``info`` is the node's key as read (None once expired). ``probe_live`` probes a node
-        whose key is still there too, for a refused probe (a killed agent): done only for the
-        few nodes a new round waits for, never per member in the monitor loop.
+    def dead(self, node: str, info: dict[str, Any] | None, probe_live: bool) -> bool:
+        """Left, or its key gone and its probe unanswered or refused.
+
+        ``info`` is the node's key as read (None once expired). A node with a fresh key is
+        never dead by its probe: a refusal (a REJECT rule in one direction refuses a live
+        agent) or silence is a report (``on_probe``), which takes it out of a round only as
+        ``rounds.excluded`` says, the same for every node. ``probe_live`` probes a node whose
+        key is there, for that report: done only for the few nodes a new round waits for,
+        never per member in the monitor loop. A node whose key this node never saw is probed
+        where the round published it (``saw_published``); dead unprobed only when no address
+        of it is known at all.
         """
-        if info is not None and (info["left"] or not probe_live):
+        if info is not None:
+            if not info["left"] and probe_live:
+                self._probe_cached(node, info, True)
             return bool(info["left"])
-        seen = info or self._last_seen.get(node)
+        seen = self._last_seen.get(node)
         if seen is None:
-            return True  # expired before this node ever saw it
-        verdict = self._probe_cached(node, seen, info is not None)
-        return verdict is Verdict.DEAD or (verdict in SILENT and info is None)
+            return True  # no key, no address: nothing to ask
+        return self._probe_cached(node, seen, False) is not Verdict.ALIVE
 
     def reached(self, node: str, info: dict[str, Any] | None) -> bool:
         """This node's own probe of ``node`` was answered (now, or within the answer's hold).
@@ -240,11 +257,15 @@ class Detector:
             return
         with ThreadPoolExecutor(min(side_by_side, len(todo)), "rdzv-probes") as pool:
             verdicts = pool.map(
-                lambda n: probe(todo[n][0]["addr"], todo[n][0]["port"], n, self.probe_timeout_s),
+                lambda n: self._probe(todo[n][0], n),
                 list(todo),
             )
             for node, verdict in zip(list(todo), verdicts, strict=True):
                 self._record(node, verdict, todo[node][1])
+
+    def _probe(self, seen: dict[str, Any], node: str) -> Verdict:
+        ask = self._prober or probe  # looked up now: a test may replace ``probe``
+        return ask(seen["addr"], seen["port"], node, self.probe_timeout_s)
 
     def _held(self, node: str) -> Verdict | None:
         """The answer held for ``node``, while it holds (``_record``)."""
@@ -254,7 +275,7 @@ class Detector:
     def _probe_cached(self, node: str, seen: dict[str, Any], keyed: bool) -> Verdict:
         if (held := self._held(node)) is not None:
             return held
-        verdict = probe(seen["addr"], seen["port"], node, self.probe_timeout_s)
+        verdict = self._probe(seen, node)
         return self._record(node, verdict, keyed)
 
     def _record(self, node: str, verdict: Verdict, keyed: bool) -> Verdict:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from training.elastic import etcd_v3
-from training.elastic.etcd_v3 import Etcd, EtcdError, WatchCompacted, prefix_end
+from training.elastic.etcd_v3 import Backoff, Etcd, EtcdError, WatchCompacted, prefix_end
 from training.elastic.key_copy import KeyCopy
 from training.elastic.liveness import ProbeServer, Progress
 from training.elastic.rounds import Timing, View
@@ -39,6 +39,9 @@ ROOT = "/spot-lab"
 CATCH_UP_S = 0.5
 """How long a node waits for its watch to deliver its own last write (or the write that beat
 it) before it reads the keys itself: the watch is milliseconds behind unless etcd is away."""
+EXPIRY_CHECK_S = 0.5
+"""How often etcd's leader looks for expired leases (``server/lease/lessor.go``, ``runLoop``):
+part of the fence's margin, with one request timeout (``Membership.fence``)."""
 
 
 def parse_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
@@ -97,6 +100,11 @@ class Membership:
         self.joined_round = 0
         self.lease = 0
         """The lease this node's key lives on (0: none granted yet)."""
+        self.granted_ttl_s = float(timing.ttl_s)
+        """The TTL etcd granted the lease (it may grant more than asked, never less)."""
+        self.renewed_at = float("-inf")
+        """When the last keep-alive (or grant) that etcd answered was sent (monotonic): etcd
+        renewed the lease after that moment, so the key lives at least a TTL past it."""
         self.port_held: socket.socket | None = None
         """The socket whose port this node's join key publishes: listening from the join on,
         so a peer's connection waits in its backlog, until rank 0's agent hands it to the
@@ -208,8 +216,34 @@ class Membership:
         """How long etcd has been unreachable, saying so once."""
         if self.etcd_down_since is None:
             self.etcd_down_since = time.monotonic()
-            logger.warning("etcd unreachable (%s); retrying, the group trains on", exc)
+            logger.warning(
+                "etcd unreachable (%s); retrying, the group trains on for %.1f s more at most "
+                "(the fence)",
+                exc,
+                max(0.0, self.fence() - self.etcd_down_since),
+            )
         return time.monotonic() - self.etcd_down_since
+
+    @property
+    def margin_s(self) -> float:
+        """What the fence keeps back from the TTL: one request timeout and etcd's check for
+        expired leases."""
+        return self.client.timeout_s + EXPIRY_CHECK_S
+
+    def fence(self) -> float:
+        """Until when (monotonic) this node's key is sure to live: the TTL etcd granted past
+        the last keep-alive it answered, less ``margin_s``. Past it, the others may have found
+        the key gone and formed a round without this node: its workers must not step
+        (training/elastic/permit.py, ``Keeper``)."""
+        return self.renewed_at + self.granted_ttl_s - self.margin_s
+
+    def renew_if_fenced(self) -> None:
+        """Renew the lease now when the fence has passed (etcd was away): a round this node
+        joins must start its workers on a lease etcd renewed, not wait for the heartbeat's
+        next period, or the first poll of its monitor loop finds the old fence and re-forms
+        the group again. Raises ``EtcdError`` while etcd is still away."""
+        if time.monotonic() >= self.fence():
+            self.beat()
 
     def note_up(self) -> None:
         if self.etcd_down_since is not None:
@@ -245,17 +279,25 @@ class Membership:
         """
         if self.progress.stalled():
             return  # a wedged agent: its lease expires, as a frozen node's does
-        if self.lease and self.client.keep_alive(self.lease) > 0:
+        sent = time.monotonic()
+        if self.lease and (ttl := self.client.keep_alive(self.lease)) > 0:
+            self.renewed_at = sent
             return
-        lease = self.client.grant(self.timing.ttl_s)
+        lease, ttl = self.client.grant_ttl(self.timing.ttl_s)
         key = self.node_key
         if self._txn([etcd_v3.absent(key)], [etcd_v3.put(key, self._node_info(), lease)], [key]):
-            self.lease = lease
+            self.lease, self.granted_ttl_s, self.renewed_at = lease, float(ttl), sent
         else:
             self.client.revoke(lease)
 
+    @property
+    def beat_every_s(self) -> float:
+        """The keep-alive period: the configured interval, and never more than a third of the
+        granted TTL (two keep-alives may fail before the key expires)."""
+        return min(float(self.timing.keep_alive_interval_s), self.granted_ttl_s / 3)
+
     def _heartbeats(self) -> None:
-        while not self.stop.wait(self.timing.keep_alive_interval_s):
+        while not self.stop.wait(self.beat_every_s):
             try:
                 self.beat()
                 self.note_up()
@@ -272,8 +314,10 @@ class Membership:
         """Keep ``view`` current: read the keys once, then apply the watch's events from the
         read's revision on, one stream at a time (a quiet stream ends after five heartbeat
         intervals and the next starts where it ended). Read again only when the watch broke:
-        etcd away, or its history compacted past the copy."""
+        etcd away, or its history compacted past the copy. A broken watch (an error line, etcd
+        away) is opened again after a ``Backoff``, never at once."""
         fresh = True
+        backoff = Backoff()
         while not self.stop.is_set():
             try:
                 if fresh:
@@ -282,7 +326,10 @@ class Membership:
                     self.notify()
                 idle_s = self.timing.keep_alive_interval_s * 5
                 start, end = self._watched
-                for events in self._watch_client.watch(start, self._copy.revision, idle_s, end):
+                for events in self._watch_client.watch(
+                    start, self._copy.revision, idle_s, end, progress=self._copy.advance
+                ):
+                    backoff.reset()
                     self._saw(self._copy.apply(events))
                     self.notify()
                     if self.stop.is_set():
@@ -292,11 +339,11 @@ class Membership:
             except EtcdError as exc:
                 fresh = True
                 self.note_down(exc)
-                self.stop.wait(self.timing.keep_alive_interval_s / 2)
+                self.stop.wait(backoff.next())
             except Exception as exc:  # noqa: BLE001 - a watch must never kill the agent
                 fresh = True
                 logger.warning("rendezvous watch: %s", exc)
-                self.stop.wait(self.timing.keep_alive_interval_s / 2)
+                self.stop.wait(backoff.next())
 
     def wait_for_change(self, timeout_s: float, since: int | None = None) -> bool:
         """Until a change after ``changes`` was ``since`` (at once if one came meanwhile: a

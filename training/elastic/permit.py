@@ -16,8 +16,17 @@ re-forms when it is not. Meanwhile the workers wait, but only those that were pa
 since the last grant (``Pauses``): an agent stopped alone, its workers running (a wedged
 agent), stops no one; its key decides, as before.
 
+The fence: a node cut off from etcd but not from its peers (a member cut off from the quorum,
+a subnet cut) cannot renew its lease, and once the lease expires the others form a round
+without it. So the permit never reaches past ``fence`` (training/elastic/membership.py: the
+granted TTL past the last keep-alive etcd answered, less one request timeout and etcd's check
+for expired leases). A grant that the fence cuts short is written as *fenced*: the workers wait
+at it whatever their own pauses (a lapse that is no wedged agent's), and once the fence
+passes, ``tick`` says the group must re-form: the agent stops its workers (they save
+node-locally, as on any re-form) and joins the next round once etcd answers.
+
 Why ``GAP_S`` is short enough: the others leave this node out only once its key expired
-(``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 2 s by default, after its last
+(``keep_alive_interval_s`` x ``keep_alive_max_attempt``, 5 s by default, after its last
 keep-alive, at most ``keep_alive_interval_s`` before the pause) and a new round then starts its
 workers; a permit renewed before the pause runs out ``GAP_S`` (0.5 s) after it. What remains:
 a read that confirms the round a moment before another node completes the next one; the
@@ -49,7 +58,8 @@ TICK_S = 0.05
 """How often a worker's own watch looks at the clock (``Pauses``)."""
 _LAYOUT = struct.Struct("<dd")
 """The deadline twice (``time.monotonic``, one clock for every process of the host): a reader
-that sees two different values read it mid-write and reads again."""
+that sees two different values read it mid-write and reads again. A fenced deadline is written
+as (deadline, -deadline)."""
 
 
 class Permit:
@@ -67,14 +77,20 @@ class Permit:
         finally:
             os.close(fd)
 
-    def grant(self, until: float) -> None:
-        self._map[: _LAYOUT.size] = _LAYOUT.pack(until, until)
+    def grant(self, until: float, fenced: bool = False) -> None:
+        """Workers may step until ``until``; ``fenced``: and not a moment past it, whatever
+        their own pauses (the agent's lease may expire then)."""
+        self._map[: _LAYOUT.size] = _LAYOUT.pack(until, -until if fenced else until)
 
-    def until(self) -> float:
+    def read(self) -> tuple[float, bool]:
+        """The deadline, and whether it is fenced."""
         while True:
             first, second = _LAYOUT.unpack(self._map[: _LAYOUT.size])
-            if first == second:
-                return first
+            if first == second or first == -second:
+                return first, first == -second and first != 0
+
+    def until(self) -> float:
+        return self.read()[0]
 
     def hold(
         self,
@@ -84,18 +100,19 @@ class Permit:
     ) -> float | None:
         """The wall time (epoch seconds) of the check that found the permit holding, or that
         found it run out while this process ran on (``pauses``: only its agent was away, a
-        wedged agent stops no one); None when ``stopped()`` first. ``waiting`` is told once,
-        with how long ago the permit ran out, when this call has to wait.
+        wedged agent stops no one; never past a fence, which holds every worker); None when
+        ``stopped()`` first. ``waiting`` is told once, with how long ago the permit ran out,
+        when this call has to wait.
 
         The wall time is read just before the check: a pause between the two leaves the
         permit run out at the check (a pause longer than ``GAP_S``), so the time returned is
         never older than a pause the check missed."""
         told = False
         while True:
-            wall, now, until = time.time(), time.monotonic(), self.until()
+            wall, now, (until, fenced) = time.time(), time.monotonic(), self.read()
             if now < until:
                 return wall
-            if pauses is not None and not pauses.since(until - GAP_S):
+            if pauses is not None and not fenced and not pauses.since(until - GAP_S):
                 return wall
             if stopped():
                 return None
@@ -179,9 +196,9 @@ class Pauses:
 
 
 class Keeper:
-    """The agent's side: renews the permit on every poll; once it has run out (no poll for
-    ``gap_s``), only after ``still_current()`` says the round is still the run's (None: it
-    could not tell, and the next poll asks again)."""
+    """The agent's side: renews the permit on every poll, never past ``fence()``; once it has
+    run out (no poll for ``gap_s``), only after ``still_current()`` says the round is still the
+    run's (None: it could not tell, and the next poll asks again)."""
 
     def __init__(
         self,
@@ -189,6 +206,7 @@ class Keeper:
         still_current: Callable[[], bool | None],
         clock: Callable[[], float] = time.monotonic,
         gap_s: float = GAP_S,
+        fence: Callable[[], float] = lambda: float("inf"),
     ) -> None:
         self.permit, self.still_current, self.clock, self.gap_s = (
             permit,
@@ -196,17 +214,36 @@ class Keeper:
             clock,
             gap_s,
         )
+        self.fence = fence
+        self._fenced = False
+
+    def _grant(self, now: float) -> None:
+        if self.permit is not None:
+            limit = self.fence()
+            self.permit.grant(min(now + self.gap_s, limit), fenced=limit < now + self.gap_s)
 
     def started(self) -> None:
         """A round completed: its workers may step."""
-        if self.permit is not None:
-            self.permit.grant(self.clock() + self.gap_s)
+        self._fenced = False
+        self._grant(self.clock())
 
     def tick(self) -> bool:
-        """One poll of the monitor loop; False when etcd says the run left this round."""
+        """One poll of the monitor loop; False when etcd says the run left this round, or when
+        the fence passed (this node's lease may have expired: the others may go on without
+        it)."""
+        now = self.clock()
+        if now >= (limit := self.fence()):
+            if not self._fenced:
+                logger.warning(
+                    "no keep-alive answered %.1f s past the lease's TTL less the margin: "
+                    "fenced, the workers stop before their next step; re-forming once etcd "
+                    "answers",
+                    now - limit,
+                )
+                self._fenced = True
+            return False
         if self.permit is None:
             return True
-        now = self.clock()
         if now >= (until := self.permit.until()):
             current = self.still_current()
             if current is False:
@@ -217,5 +254,5 @@ class Keeper:
                 "the agent was away (its permit ran out %.1f s ago); etcd says its round goes on",
                 now - until,
             )
-        self.permit.grant(now + self.gap_s)
+        self._grant(now)
         return True

@@ -61,7 +61,7 @@ from training.elastic.etcd_v3 import Etcd, EtcdError
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.key_copy import Joins
 from training.elastic.launch import ROUND_FILE_ENV
-from training.elastic.liveness import SILENT, Detector, ProbeServer, Progress, Verdict
+from training.elastic.liveness import Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
 from training.elastic.permit import Keeper, Permit
 from training.elastic.reachability import Reports
@@ -122,6 +122,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         verdict: Path | None = None,
         round_file: Path | None = None,
         watch_client: Etcd | None = None,
+        prober: Callable[[str, int, str, float], Verdict] | None = None,
     ) -> None:
         self.client, self.run_id, self.timing = client, run_id, timing
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
@@ -130,7 +131,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.verdict, self.round_file = verdict, round_file
         self.progress = Progress(timing.stall_timeout_s)
         self.detector = Detector(
-            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe
+            timing.probe_timeout_s, timing.keep_alive_interval_s, POLL_S, self._on_probe, prober
         )
         self.keys = Membership(
             client,
@@ -143,6 +144,14 @@ class SpotRendezvousHandler(RendezvousHandler):
             saw=self.detector.saw,
         )
         self.root = self.keys.root
+        fence_s = timing.ttl_s - self.keys.margin_s
+        if fence_s <= self.keys.beat_every_s:
+            raise ValueError(
+                f"rdzv-conf keep_alive_interval x keep_alive_max_attempt ({timing.ttl_s} s, the "
+                f"lease's TTL) must exceed the fence's margin ({self.keys.margin_s:g} s: one etcd "
+                f"request timeout and etcd's 0.5 s expiry check) by more than one keep-alive "
+                f"({self.keys.beat_every_s:g} s); raise keep_alive_max_attempt"
+            )
         self.joins = Joins(client, client.another(), self.root, self.keys.notify)
         self.reports = Reports(client, self.root, self.node, lambda: self.keys.lease)
         self.store = RoundStore()
@@ -150,7 +159,9 @@ class SpotRendezvousHandler(RendezvousHandler):
         """The round this node last joined (0: none yet)."""
         self._known_index = 0
         self.closing = closing.Closing(self.keys, run_id)
-        self.permit = Keeper(Permit.of_agent(), lambda: self.keys.in_round(self.round))
+        self.permit = Keeper(
+            Permit.of_agent(), lambda: self.keys.in_round(self.round), fence=self.keys.fence
+        )
         self.check_stop: Callable[[], None] = lambda: None
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
@@ -205,14 +216,16 @@ class SpotRendezvousHandler(RendezvousHandler):
 
     def num_nodes_waiting(self) -> int:
         """>0 when the running group must re-form: a new round opened, a node waits to join,
-        or a member is gone. From the watched view, with no etcd request: an etcd outage
-        changes nothing here, and the group trains on. Each call is the monitor loop's
-        heartbeat (training/elastic/liveness.py: ``Progress``)."""
+        or a member is gone; or this node's fence passed (no keep-alive answered within the
+        lease's TTL less the margin: training/elastic/permit.py). From the watched view, with
+        no etcd request: an etcd outage shorter than the fence changes nothing here. Each call
+        is the monitor loop's heartbeat (training/elastic/liveness.py: ``Progress``)."""
         self.progress.beat()
         self.check_stop()
-        if not self.permit.tick():  # a paused node come back (training/elastic/permit.py)
+        if not self.permit.tick():  # a paused node come back, or fenced (permit.py)
             return 1
         view = self.keys.view
+        self.detector.saw_published((view.state or {}).get("probes") or {})
         if view.state_index < self._known_index:
             return 0
         reform = rounds.must_reform(
@@ -251,6 +264,7 @@ class SpotRendezvousHandler(RendezvousHandler):
                 raise RendezvousGracefulExitError(f"node {self.node} has left {self.run_id}")
             try:
                 self.keys.start()
+                self.keys.renew_if_fenced()
                 seen = self.keys.changes  # a change while this step acts wakes the next at once
                 view = self.keys.current_view()
                 if time.monotonic() > deadline:
@@ -278,6 +292,7 @@ class SpotRendezvousHandler(RendezvousHandler):
         """Act on the view once: the RendezvousInfo when joined, else when the round opened."""
         quorum = Quorum(self.min_nodes, self.max_nodes, self.timing.last_call_timeout_s)
         state = view.state or {}
+        self.detector.saw_published(state.get("probes") or {})
         if state.get("members", ()) is None and not opened:
             opened = time.monotonic()
         self.reports.ask_again(view.nodes, self.detector.reached)  # a healed partition
@@ -352,11 +367,12 @@ class SpotRendezvousHandler(RendezvousHandler):
         return self.detector.dead(node, view.nodes.get(node), probe_live)
 
     def _on_probe(self, node: str, verdict: Verdict, keyed: bool) -> None:
-        """A probe with a fresh key unanswered is a report; an answer withdraws it."""
+        """A probe of a fresh key unanswered or refused is a report; answers withdraw it
+        (training/elastic/reachability.py)."""
         if verdict is Verdict.ALIVE:
-            self.reports.withdraw(node)
-        elif verdict in SILENT and keyed:
-            self.reports.file(node)
+            self.reports.answered(node)
+        elif keyed:
+            self.reports.file(node, refused=verdict is Verdict.DEAD)
 
 
 def _client(params: RendezvousParameters, timeout_s: float = ETCD_TIMEOUT_S) -> Etcd:

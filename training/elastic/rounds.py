@@ -24,7 +24,7 @@ The invariants, whatever the interleaving of joins, leaves and deaths:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -89,6 +89,8 @@ class View:
     reports: dict[str, set[str]] = field(default_factory=dict)
     """Per reporter, the nodes whose probe it could not get answered while their key was fresh
     (training/elastic/reachability.py)."""
+    refused: set[tuple[str, str]] = field(default_factory=set)
+    """The reports whose probe was refused, as (reporter, target)."""
     etcd_index: int = 0
     read_at: float = 0.0
 
@@ -161,12 +163,18 @@ Reached = Callable[[str], bool]
 one that goes unanswered while the node's key is fresh is reported."""
 
 
-def excluded(order: list[str], reports: dict[str, set[str]]) -> set[str]:
+def excluded(
+    order: list[str],
+    reports: dict[str, set[str]],
+    refused: Collection[tuple[str, str]] = (),
+) -> set[str]:
     """The nodes of ``order`` the reports leave out, so that the rest reach each other.
 
     A link is broken when either end reported the other. The node with the most broken links
     goes first (the one cut off: the others report it, and it reports them all), then the next,
-    until no broken link is left among the rest; a tie takes the latest in the order, so the
+    until no broken link is left among the rest; a tie takes the one refused most (a one-way
+    REJECT, a killed node: refused, refusing no one; a silent link is judged by its order
+    alone, whichever end reported first), then the latest in the order, so the
     previous members, and rank 0 first, keep their places. Every node computes the same set
     from the same keys, so they agree on who completes the round.
     """
@@ -178,13 +186,15 @@ def excluded(order: list[str], reports: dict[str, set[str]]) -> set[str]:
         for target in targets
         if target in among and target != reporter
     }
+    reported = {(r, t) for r, t in refused if r in among and t in among and r != t}
     out: set[str] = set()
     while broken:
         degree: dict[str, int] = {}
         for link in broken:
             for node in link:
                 degree[node] = degree.get(node, 0) + 1
-        worst = max(degree, key=lambda n: (degree[n], order.index(n)))
+        blamed = {n: sum(1 for r, t in reported if t == n and r not in out) for n in degree}
+        worst = max(degree, key=lambda n: (degree[n], blamed[n], order.index(n)))
         out.add(worst)
         broken = {link for link in broken if worst not in link}
     return out
@@ -229,11 +239,20 @@ def decide(
     joined = view.joined.get(round_, {})
     previous = state.get("previous") or []
     everyone = [n for n in previous if n in joined] + [n for n in joined if n not in previous]
-    cut = excluded(everyone, view.reports)
+    cut = excluded(everyone, view.reports, view.refused)
+    # A node the round expects that did not join holds it up, unless the same reports leave it
+    # out and its probe was refused: a killed node with a fresh key, refused by every peer.
+    # One order for all (the previous members first), so every node frees the same.
+    waited = [n for n in _expected(previous, view) if n not in everyone and not dead(n)]
+    canon = [n for n in previous if n in everyone or n in waited]
+    canon += [n for n in everyone if n not in previous]
+    canon += sorted(n for n in waited if n not in previous)
+    refused = {target for _, target in view.refused}
+    freed = excluded(canon, view.reports, view.refused) & set(waited) & refused
     if me.node in cut:
         return Wait()  # the others cannot reach this node (or it them): they go on without it
     order = [n for n in everyone if n not in cut]
-    if not _may_complete(order, everyone, previous, view, dead, quorum, now - opened):
+    if not _may_complete(order, everyone, previous, view, dead, quorum, now - opened, cut | freed):
         return Wait()
     # One node completes the round: the first of its order it reaches itself. It alone asks
     # about every joiner, so a re-form costs each node one probe, not one per joiner.
@@ -246,12 +265,30 @@ def decide(
     if any(n not in alive and not dead(n) for n in order):
         return Wait()
     if alive != order and not _may_complete(
-        alive, everyone, previous, view, dead, quorum, now - opened
+        alive, everyone, previous, view, dead, quorum, now - opened, cut | freed
     ):
         return Wait()
     chosen = alive[: quorum.max_nodes]
-    done = {"round": round_, "members": chosen, "previous": previous, "master": joined[chosen[0]]}
+    # Where each member answers probes: a node that never saw a member's key (it expired
+    # first) asks there before it counts the member as gone (liveness.py, ``saw_published``).
+    probes = {
+        n: {"addr": view.nodes[n]["addr"], "port": view.nodes[n]["port"]}
+        for n in chosen
+        if n in view.nodes
+    }
+    done = {
+        "round": round_,
+        "members": chosen,
+        "previous": previous,
+        "master": joined[chosen[0]],
+        "probes": probes,
+    }
     return Swap(done, index, completes=True)
+
+
+def _expected(previous: list[str], view: View) -> set[str]:
+    """The nodes a round waits for: the last round's members and every live registered node."""
+    return set(previous) | {n for n, info in view.nodes.items() if not info["left"]}
 
 
 def _may_complete(
@@ -262,15 +299,16 @@ def _may_complete(
     dead: Dead,
     quorum: Quorum,
     open_for_s: float,
+    cut: Collection[str] = (),
 ) -> bool:
     """``joiners``: the candidates for members; ``joined``: every node that joined, the
-    excluded ones too (a node the round waits for has joined once it wrote its key)."""
+    excluded ones too (a node the round waits for has joined once it wrote its key); ``cut``:
+    the nodes the reports leave out, waited for by no one."""
     if len(joiners) < quorum.min_nodes:
         return False
     if len(joiners) >= quorum.max_nodes:
         return True
-    expected = set(previous) | {n for n, info in view.nodes.items() if not info["left"]}
-    if any(n not in joined and not dead(n) for n in expected):
+    if any(n not in joined and n not in cut and not dead(n) for n in _expected(previous, view)):
         return False
     # A group that starts afresh (the first round, or none of the last round's members
     # survived) waits a last call for nodes that have not even registered yet.
@@ -356,7 +394,7 @@ def must_reform(
             if n not in members
             and not waiting_dead(n)
             and reach(n)
-            and n not in excluded([*members, n], view.reports)
+            and n not in excluded([*members, n], view.reports, view.refused)
         )
         if waiting:
             return Reform("joining", waiting)

@@ -36,7 +36,7 @@ from training.records import (
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CI = load_scenario("ci")
-# Rendezvous (a key's TTL of 2 x 1 s and a probe) plus worker start and process-group init on
+# Rendezvous (a key's TTL of 5 x 1 s and a probe) plus worker start and process-group init on
 # a busy 2-core machine.
 RENDEZVOUS_SLACK_S = 20.0
 
@@ -156,8 +156,16 @@ def test_an_etcd_restart_is_survived(run: dict[str, Any]) -> None:
     (restart,) = _by_kind(run, "etcd-restart")
     assert restart["recovered"]
     assert restart["world_size_after"] == restart["world_size_before"]
-    # The agents ride the restart out: no round resumes, nobody is taken for dead.
-    assert restart["rounds"] == [], restart
+    # etcd is down 2 s plus its start: past the fence's window (an outage shorter than 1.5 s
+    # pauses nothing, docs/rendezvous.md) or not, depending on where it falls between two
+    # keep-alives. Either the agents ride it out (no round resumes), or every agent stops its
+    # workers at its fence, they save on their node, and the same nodes form the next round
+    # from those saves: nobody is taken for dead, no step is lost.
+    for round_ in restart["rounds"]:
+        assert round_["world_size"] == restart["world_size_before"], restart
+        assert round_["source"] == "local", restart
+    if restart["rounds"]:
+        assert restart["steps_lost"] == 0, restart
     later = [
         r
         for r in run["raw"]

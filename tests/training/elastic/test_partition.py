@@ -20,6 +20,7 @@ from lab.local import netns
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
+from training.elastic.etcd_v3 import Etcd
 from training.elastic.launch import RendezvousSettings
 from training.records import METRICS, STEP_COMPLETED
 
@@ -121,5 +122,93 @@ def test_a_node_cut_off_from_its_peers_is_left_out_and_rejoins_once_the_partitio
         # collective timed out, so the partition spent no restart of any node.
         spent = {n: _restarts_spent(cluster, n) for n in "abc"}
         assert spent == dict.fromkeys("abc", 0), (spent, cluster.tail(30))
+    finally:
+        cluster.close()
+
+
+def _groups_at_once(cluster: Cluster) -> list[tuple[int, int]]:
+    """Pairs of rounds whose groups applied steps in overlapping windows with disjoint sets of
+    nodes, from every node's own step log (each line names the round its group formed in)."""
+    windows: dict[int, tuple[float, float, set[str]]] = {}
+    for r in cluster.records():
+        if r["kind"] != "metrics" and r.get("event") != "step_completed":
+            continue
+        first, last, nodes = windows.get(r["rdzv_round"], (r["ts"], r["ts"], set()))
+        windows[r["rdzv_round"]] = (min(first, r["ts"]), max(last, r["ts"]), nodes | {r["node"]})
+    return [
+        (x, y)
+        for x, (x0, x1, xs) in windows.items()
+        for y, (y0, y1, ys) in windows.items()
+        if x < y and not xs & ys and x0 <= y1 and y0 <= x1
+    ]
+
+
+def _fenced(cluster: Cluster, name: str) -> bool:
+    """``name``'s agent stopped its workers: its lease may have expired (permit.py)."""
+    return "fenced" in (cluster.root / f"{name}.err").read_text()
+
+
+def _registered(server: EmbeddedEtcd, cluster: Cluster) -> set[str]:
+    root = f"/spot-lab/rendezvous/{cluster.policy.rdzv_id}/nodes/"
+    kvs, _ = Etcd(server.host, server.client_port).range(root)
+    return {kv.key for kv in kvs}
+
+
+def test_two_nodes_cut_off_from_etcd_but_not_from_each_other_never_train_beside_a_third(
+    network: netns.Network, bridged_etcd: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """a and b lose etcd (a member cut off from the quorum, a subnet cut) but not each other;
+    c arrives once their keys are gone. Before, nothing in a and b stopped, and c, reading no
+    key of theirs, took them for dead unprobed and trained alone beside them. Now a and b stop
+    once their lease may have expired (their permit's fence), c probes the round's members at
+    the addresses the round published before it counts them gone, and once etcd answers again
+    the three form one group."""
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=240, test_records=24, seed=1)
+    cluster = Cluster(
+        tmp_path,
+        bridged_etcd.client_port,
+        data,
+        min_nodes=1,
+        rendezvous=RendezvousSettings(join_timeout_s=120),
+        rdzv_host=network.host_addr,
+        wrap=network.command,
+    )
+    args = [*TINY, "--max-steps", "100000", "--log-every", "1"]
+    args += ["--min-step-time-s", "0.1", "--checkpoint-every-steps", "0"]
+    try:
+        for name in ("a", "b"):
+            cluster.start(name, args, env=network.env(name))
+        cluster.wait_until(
+            lambda: all(_steps(cluster, n, 2) >= 3 for n in "ab"), 240, "a and b at world 2"
+        )
+        for name in ("a", "b"):
+            network.cut_from_host(name)
+        cluster.wait_until(
+            lambda: not _registered(bridged_etcd, cluster), 60, "a's and b's keys expired"
+        )
+        cluster.start("c", args, env=network.env("c"))
+        # The first of a and b past its fence stops its workers; the other's lose their peer.
+        cluster.wait_until(
+            lambda: _steps(cluster, "c", 1) >= 5 or any(_fenced(cluster, n) for n in "ab"),
+            120,
+            "c training alone, or a or b fenced",
+        )
+        for name in ("a", "b"):
+            network.heal_host(name)
+        healed_at = _last_ts(cluster)
+        logged = {n: len((cluster.root / f"{n}.err").read_text()) for n in "ab"}
+        cluster.wait_until(
+            lambda: all(_steps(cluster, n, 3, healed_at) >= 5 for n in "abc"),
+            180,
+            "one group of three once etcd answers again",
+        )
+        assert _groups_at_once(cluster) == [], cluster.tail(30)
+        # A round joined once etcd answers starts its workers on a renewed lease: before, the
+        # fence stayed where the cut left it until the next heartbeat, and re-formed the
+        # group again at once (three rounds in half a second).
+        for name in ("a", "b"):
+            later = (cluster.root / f"{name}.err").read_text()[logged[name] :]
+            assert "fenced" not in later, cluster.tail(30)
     finally:
         cluster.close()

@@ -134,3 +134,34 @@ def test_a_worker_that_ran_on_is_not_held_by_an_agent_stopped_alone(tmp_path: Pa
     told: list[float] = []
     assert Permit(tmp_path / "permit").hold(lambda: False, told.append, running) is not None
     assert told == []
+
+
+def test_the_permit_never_reaches_past_the_fence_and_then_the_group_reforms(
+    tmp_path: Path,
+) -> None:
+    """The fence: the lease's TTL past the last keep-alive etcd answered, less the margin."""
+    permit = Permit(tmp_path / "permit", writable=True)
+    clock = Clock()
+    fence = [clock.now + 2.0]
+    keeper = Keeper(permit, lambda: True, clock, gap_s=0.5, fence=lambda: fence[0])
+    keeper.started()
+    assert permit.read() == (clock.now + 0.5, False)
+    clock.now += 1.7
+    assert keeper.tick() and permit.read() == (fence[0], True)  # cut short, and fenced
+    clock.now += 0.3
+    assert not keeper.tick() and not keeper.tick()  # past it: re-form, and keep saying so
+    fence[0] = clock.now + 2.0  # etcd answered a keep-alive again; the next round starts
+    keeper.started()
+    assert permit.read() == (clock.now + 0.5, False)
+
+
+def test_a_fenced_permit_holds_a_worker_that_never_paused(tmp_path: Path) -> None:
+    """A lapse the fence wrote is no wedged agent's: the worker waits whatever its pauses."""
+    agent = Permit(tmp_path / "permit", writable=True)
+    running = Pauses(gap_s=0.5, clock=Clock(now=0.0), watch=False)
+    agent.grant(-1.0, fenced=True)
+    told: list[float] = []
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    assert Permit(tmp_path / "permit").hold(stop.is_set, told.append, running) is None
+    assert len(told) == 1

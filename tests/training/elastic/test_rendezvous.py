@@ -47,7 +47,7 @@ from training.elastic.rendezvous import (
     register,
 )
 
-TIMING = Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2, join_timeout_s=30)
+TIMING = Timing(keep_alive_interval_s=1, keep_alive_max_attempt=5, join_timeout_s=30)
 
 
 class Nodes:
@@ -297,33 +297,45 @@ def test_a_new_node_cannot_open_a_round_while_the_members_live(nodes: Nodes) -> 
     wait_until(lambda: c.node in a.keys.view.nodes, 10)  # registered, and seen
     assert a.num_nodes_waiting() == 0  # full: nobody restarts for it
     kill(a)
-    kill(b)  # every member gone: now it may open the next round (and wait for min nodes)
-    wait_until(lambda: _state(c)["round"] == 2, 5)
+    kill(b)  # every member gone: once their keys expire it may open the next round
+    wait_until(lambda: _state(c)["round"] == 2, TIMING.ttl_s + 10)
     assert set(_state(c)["previous"]) == {a.node, b.node}
     c.leave()
 
 
-def test_training_goes_on_through_an_etcd_outage(nodes: Nodes) -> None:
+def test_an_etcd_outage_pauses_nothing_until_the_fence_then_the_group_re_forms(
+    nodes: Nodes,
+) -> None:
+    """Until the fence (the TTL past the last keep-alive etcd answered, less one request
+    timeout and etcd's expiry check) the group trains on; past it each node says its group
+    must re-form (its workers stop), and once etcd answers the two form the next round."""
     a, b = nodes.new(), nodes.new()
     nodes.join(a, b)
     server = nodes.server
     server.stop()
-
-    def training_on() -> bool:
-        assert a.num_nodes_waiting() == 0 and b.num_nodes_waiting() == 0
-        return True
-
     try:
-        # Down for longer than the keys' TTL (the fault's length, not an assertion on time).
-        wait_until(lambda: training_on() and a.keys.etcd_down_since is not None, 10)
-        time.sleep(TIMING.ttl_s + 1)
-        training_on()
+        wait_until(lambda: a.keys.etcd_down_since is not None, 10)
+        while time.monotonic() < min(a.keys.fence(), b.keys.fence()) - 0.2:
+            assert a.num_nodes_waiting() == 0 and b.num_nodes_waiting() == 0
+            time.sleep(0.05)
+        wait_until(lambda: a.num_nodes_waiting() > 0 and b.num_nodes_waiting() > 0, 10)
     finally:
         server.start()
-    # Back with every key expired: the probes answer, nobody is taken for dead, and both
-    # register again.
-    wait_until(lambda: training_on() and {a.node, b.node} <= set(a.keys.view.nodes), 20)
-    wait_until(lambda: {a.node, b.node} <= _registered(a), 20)  # a beat may lag on a busy core
+    assert ranks(nodes.join(a, b)) == [(0, 2), (1, 2)]
+    assert a.round == b.round == 2
+
+
+def test_a_ttl_the_fence_would_eat_is_refused_naming_the_settings(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    with pytest.raises(ValueError, match="keep_alive_max_attempt"):
+        SpotRendezvousHandler(
+            Etcd("127.0.0.1", etcd_server.client_port, timeout_s=2),
+            "short-ttl",
+            1,
+            1,
+            Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2),
+        )
 
 
 def test_a_round_that_cannot_reach_etcd_gives_up_for_a_new_pod() -> None:
@@ -556,8 +568,9 @@ def test_the_workers_store_is_served_by_rank_0_on_the_port_the_round_published(
 def test_a_node_whose_probe_was_refused_once_and_then_answers_is_in_the_next_round(
     nodes: Nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A REJECT rule, a route flap: one probe refused (RST) although the agent lives. Held as
-    # death for good, the node would be left out of every round the completer forms.
+    # A REJECT rule, a route flap: one probe refused (RST) although the agent lives. With its
+    # key fresh that is a report, not a death; once it answered for the heal time the report
+    # goes, and the node is in the next round.
     handlers = {h.node: h for h in (nodes.new(), nodes.new(), nodes.new())}
     nodes.join(*handlers.values())
     order = _state(next(iter(handlers.values())))["members"]
@@ -572,9 +585,18 @@ def test_a_node_whose_probe_was_refused_once_and_then_answers_is_in_the_next_rou
 
     monkeypatch.setattr(liveness, "probe", refused_once)
     completer.detector.forget()  # as a new round does: ask again
-    assert completer._dead(flapped.node, completer.keys.current_view(), probe_live=True)
-    infos = nodes.join(*handlers.values())  # the three re-form; the probe answers again
-    assert refused and ranks(infos) == [(0, 3), (1, 3), (2, 3)]
+    view = completer.keys.current_view()
+    assert not completer._dead(flapped.node, view, probe_live=True)
+    assert refused and _reports(completer) == {(completer.node, flapped.node)}
+
+    def healed() -> bool:
+        completer.detector.forget()
+        completer.detector.reached(flapped.node, view.nodes[flapped.node])
+        return not _reports(completer)
+
+    wait_until(healed, 10, "the report withdrawn once the node answered for the heal time")
+    infos = nodes.join(*handlers.values())  # the three re-form
+    assert ranks(infos) == [(0, 3), (1, 3), (2, 3)]
 
 
 def _reports(handler: SpotRendezvousHandler) -> set[tuple[str, str]]:
@@ -606,9 +628,13 @@ def test_a_member_cut_off_while_its_key_is_fresh_is_reported_until_it_answers_ag
     # restart, long before the workers' collective would time out.
     wait_until(lambda: a.num_nodes_waiting() > 0, 10, "a to re-form without the silent b")
     monkeypatch.setattr(liveness, "probe", real_probe)
-    a.detector.forget()
-    assert a.detector.reached(b.node, a.keys.current_view().nodes[b.node])
-    assert _reports(a) == set()  # it answers again: the report is withdrawn
+
+    def answering() -> bool:
+        a.detector.forget()
+        assert a.detector.reached(b.node, a.keys.current_view().nodes[b.node])
+        return not _reports(a)
+
+    wait_until(answering, 10, "the report withdrawn once b answered for the heal time")
 
 
 def test_a_frozen_agent_is_no_reason_for_the_ring_its_key_decides(nodes: Nodes) -> None:

@@ -94,7 +94,7 @@ def test_elastic_policy_is_torchruns_env() -> None:
     assert env["PET_NNODES"] == "1:4"
     assert (
         env["PET_RDZV_CONF"]
-        == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=900"
+        == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=900"
     )
 
 
