@@ -197,13 +197,19 @@ class StepGate:
 
     A stop that claims it before the main thread entered makes that rank vote no (``enter``
     is False), so no rank applies the step and the save holds the last applied one. A stop
-    that comes while the main thread is inside waits for it to leave (within its deadline):
-    that rank voted yes, and its peers apply the step, so its save must hold it too.
+    that comes once the rank is applying waits for it to leave (within its deadline). A stop
+    that comes during the vote (a peer frozen inside it holds the vote's collective until the
+    collective timeout) depends on the state: replicated (DDP), it takes the state at once and
+    the rank will not apply the step (``applying`` is False), since a resume takes the newest
+    replica; sharded (FSDP2, ``wait_for_vote``), it waits, since the peers may apply the step
+    and every shard must hold the same one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wait_for_vote: bool = True) -> None:
+        self.wait_for_vote = wait_for_vote
         self._lock = threading.Lock()
         self._claimed = False
+        self._voting = False
         self._outside = threading.Event()
         self._outside.set()
 
@@ -212,18 +218,33 @@ class StepGate:
         with self._lock:
             if self._claimed:
                 return False
+            self._voting = True
             self._outside.clear()
+            return True
+
+    def applying(self) -> bool:
+        """The main thread, after its vote and before it changes the state: False when a stop
+        took the state during the vote (replicated state only): the step must not be applied."""
+        with self._lock:
+            if self._claimed and not self.wait_for_vote:
+                return False
+            self._voting = False
             return True
 
     def leave(self) -> None:
         """The main thread, once the step is applied, or will not be."""
+        with self._lock:
+            self._voting = False
         self._outside.set()
 
     def claim(self, timeout_s: float | None) -> bool:
         """The stop's thread: no step is applied from now on; wait up to ``timeout_s`` (None:
-        for good) for the one being voted on. False when it was still in flight then."""
+        for good) for the one in flight, unless the state is replicated and the rank has not
+        begun to apply it. False when it was still in flight then."""
         with self._lock:
             self._claimed = True
+            if self._voting and not self.wait_for_vote:
+                return True
         return self._outside.wait(timeout_s)
 
 

@@ -102,6 +102,8 @@ class Trainer(StatefulTrainer):
             # A pause inside the vote leaves the permit run out: hold it again with nothing
             # between it and the step (a worker alone in a round the run left steps in none).
             let_through = self._hold_permit()
+            if not self.gate.applying():
+                raise PeerLostError(f"stopped during the vote on step {self.state.step + 1}")
             with self._state_lock:
                 self._apply_gradients(norm)
                 self.state.step += 1

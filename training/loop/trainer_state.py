@@ -143,8 +143,9 @@ class StatefulTrainer:
         self._state_lock = threading.Lock()
         """Held while the state changes (restore, optimizer step, step count), never across a
         collective: whoever holds it sees the state of a completed step."""
-        self.gate = StepGate()
-        """Which side of a step's vote a stop's save is on (training/loop/step_guard.py)."""
+        self.gate = StepGate(wait_for_vote=cfg.run.parallelism == "fsdp2")
+        """Which side of a step's vote a stop's save is on (training/loop/step_guard.py): a
+        sharded state's save waits for a vote in flight, a replicated one's does not."""
 
     # -- state -------------------------------------------------------------------------------
     def small_state(self) -> dict[str, Any]:
@@ -310,8 +311,9 @@ class StatefulTrainer:
 
         The loop may be stuck in a collective on a frozen peer, which only the collective
         timeout (30 s in the cluster) would end, and the agent restarting the group waits for
-        it: so nobody waits for the loop, except a step this rank voted to apply (its peers
-        apply it too): the save waits for it, within the deadline. Any other step in flight
+        it: so nobody waits for the loop, except a step this rank is applying, and under FSDP2 a
+        vote in flight (its peers may apply the step, and every shard must hold it): the save
+        waits for it, within the deadline. Any other step in flight
         is abandoned, and this rank's no keeps every peer from applying it (``StepGate``).
         """
         code = WORKER_RESTART

@@ -333,3 +333,35 @@ def test_on_nccl_a_vanished_peer_raises_before_the_step_and_the_save_does_not_ha
     assert results["step"] == 3
     assert results["caught_after_s"] < 5 + 2
     assert results["saved_after_s"] < 10 and results["on_cpu"]
+
+
+def test_a_stop_during_the_vote_takes_a_replicated_state_at_once() -> None:
+    # A peer frozen inside the vote's all-reduce held a DDP rank in it until the collective
+    # timeout (30 s), and its stop's save waited for the vote: the survivors re-formed only
+    # then. A replicated state needs no wait: this rank will not apply the step, and a resume
+    # takes the newest replica.
+    gate = StepGate(wait_for_vote=False)
+    assert gate.enter()
+    assert gate.claim(timeout_s=0)  # at once, the vote still in flight
+    assert not gate.applying()  # the vote came back: the step is not applied
+    gate.leave()
+
+
+def test_a_stop_during_the_vote_waits_for_a_sharded_state() -> None:
+    # FSDP2: the peers may apply the step, and every shard must hold the same one.
+    gate = StepGate(wait_for_vote=True)
+    assert gate.enter()
+    assert not gate.claim(timeout_s=0)  # still in flight
+    assert gate.applying()
+    gate.leave()
+    assert gate.claim(timeout_s=0)
+
+
+def test_a_stop_once_the_step_is_applying_waits_for_it_either_way() -> None:
+    for wait_for_vote in (False, True):
+        gate = StepGate(wait_for_vote=wait_for_vote)
+        assert gate.enter() and gate.applying()
+        assert not gate.claim(timeout_s=0)
+        gate.leave()
+        assert gate.claim(timeout_s=0)
+        assert not gate.enter()  # claimed: the next step is voted no
