@@ -94,8 +94,8 @@ class Trainer(StatefulTrainer):
         norm = self._reduce_gradients()
         self._hold_permit()
         # Every rank applies the step or none does (training/loop/step_guard.py): a rank whose
-        # stop claimed the state votes no, and one that voted yes applies the step before its
-        # stop's save reads the state.
+        # stop claimed the state votes no, and one applying the step finishes it before its
+        # stop's save reads the state (under FSDP2 from its vote on: ``StepGate``).
         applies = self.gate.enter()
         try:
             self.guard.vote(applies and settled)
