@@ -363,7 +363,7 @@ def test_a_frozen_peer_is_found_by_the_rendezvous_long_before_the_collective_tim
     cluster_factory, reference
 ) -> None:
     # The cluster's 30 s timeout: the survivors' collectives would wait that long for the
-    # frozen peer. Its key expires (2 s), its probe goes unanswered, the survivors' agents
+    # frozen peer. Its key expires (5 s), its probe goes unanswered, the survivors' agents
     # stop their workers, which save the last completed step although stuck in a collective.
     cluster = cluster_factory("freeze", collective_timeout_s=30, rendezvous=WHOLE_FIRST_ROUND)
     for node in ("a", "b", "c"):
