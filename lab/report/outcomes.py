@@ -93,13 +93,16 @@ def groups_at_once(records: list[Record]) -> list[dict[str, Any]]:
     """Every pair of rendezvous rounds whose groups trained at the same time.
 
     A round's members left the round before (their workers stopped), so its last step comes
-    before the next round's first on one clock; an overlap is a second group training.
+    before the next round's first on one clock; an overlap is a second group training. A
+    step counts when it was let through to apply (``applied_ts``), not when its line was
+    written: a node frozen inside its log write writes the line after its thaw.
     """
     spans: dict[int, list[float]] = {}
     for r in records:
         if r["kind"] == METRICS and r.get("rdzv_round"):
-            span = spans.setdefault(int(r["rdzv_round"]), [r["ts"], r["ts"]])
-            span[0], span[1] = min(span[0], r["ts"]), max(span[1], r["ts"])
+            at = r.get("applied_ts") or r["ts"]
+            span = spans.setdefault(int(r["rdzv_round"]), [at, at])
+            span[0], span[1] = min(span[0], at), max(span[1], at)
     ordered = sorted(spans.items(), key=lambda item: item[1][0])
     found = []
     for i, (first, (_, first_end)) in enumerate(ordered):

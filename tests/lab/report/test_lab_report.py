@@ -362,6 +362,20 @@ def test_two_groups_training_at_once_fail_the_fault() -> None:
     assert format_table(report).splitlines()[2].endswith("SPLIT")
 
 
+def test_a_line_written_late_counts_at_its_steps_time_not_its_writes() -> None:
+    # A node frozen inside its log write (round 1) writes its step's line after the thaw,
+    # when round 2 already trains: the step itself passed its permit before the freeze.
+    records = _with_rounds(_kill_story(), (0, 15, 1), (15, 40, 2))
+    late = {**metrics(20.0, 13, 1, node="node-2"), "rdzv_round": 1, "applied_ts": START + 12.0}
+    records = sorted([*records, late], key=lambda r: r["ts"])
+    assert groups_at_once(records) == []
+    # Let through after round 2 began: a second group, whenever its line was written.
+    records.remove(late)
+    records = sorted([*records, {**late, "applied_ts": START + 19.9}], key=lambda r: r["ts"])
+    (pair,) = groups_at_once(records)
+    assert pair["rounds"] == [1, 2]
+
+
 def test_the_tasks_evaluations_are_the_reports_validation_loss() -> None:
     assert _report(_kill_story())["run"]["validation"] is None  # a task without evaluations
     records = _kill_story() + [
