@@ -12,6 +12,7 @@ from workloads.manifests.etcd import (
     etcd_client_host,
     etcd_client_service,
     etcd_disruption_budget,
+    etcd_member_endpoints,
     etcd_network_policy,
     etcd_peer_service,
     etcd_statefulset,
@@ -70,5 +71,6 @@ class Rendezvous(pulumi.ComponentResource):
             opts=child_options(self, opts, depends_on=[peer_service]),
         )
         self.host = client_service.metadata.apply(lambda _: etcd_client_host(spec))
+        self.members = etcd_member_endpoints(spec)
         self.port = pulumi.Output.from_input(spec.client_port)
         self.register_outputs({"host": self.host, "port": self.port})

@@ -43,6 +43,8 @@ class ElasticTrainingJobArgs:
     """Training image with its content-hash tag."""
     rdzv_host: pulumi.Input[str]
     """DNS name of the etcd client Service."""
+    etcd_members: tuple[str, ...]
+    """Each etcd member's ``host:port``, for the agents to move on to."""
     priority_class: pulumi.Input[str]
     """The preemptible training PriorityClass."""
     blob_endpoint: pulumi.Input[str]
@@ -86,7 +88,7 @@ class ElasticTrainingJob(pulumi.ComponentResource):
             args.data_claim,
             args.checkpoints_container,
             args.gpu_pool_name,
-        ).apply(lambda values: _spec(cfg, *values[1:]))
+        ).apply(lambda values: _spec(cfg, args.etcd_members, *values[1:]))
         manifest = spec.apply(pytorchjob_manifest)
         job = k8s.apiextensions.CustomResource(
             f"{name}-pytorchjob",
@@ -135,12 +137,13 @@ def _checked(cfg: LabConfig, recorded: dict[str, str] | None) -> bool:
     return True
 
 
-def _spec(cfg: LabConfig, *values: Any) -> ElasticJobSpec:
+def _spec(cfg: LabConfig, etcd_members: tuple[str, ...], *values: Any) -> ElasticJobSpec:
     image, rdzv_host, priority_class, endpoint, data_claim, checkpoints, gpu_pool = values
     return elastic_job_spec(
         cfg,
         image=image,
         rdzv_host=rdzv_host,
+        etcd_members=etcd_members,
         priority_class=priority_class,
         data_claim=data_claim,
         checkpoint_uri=blob_url(endpoint, checkpoints, checkpoint_path(cfg)),

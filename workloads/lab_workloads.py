@@ -340,6 +340,7 @@ class LabWorkloads(pulumi.ComponentResource):
                 config=args.config,
                 image=args.image,
                 rdzv_host=rendezvous.host,
+                etcd_members=rendezvous.members,
                 priority_class=priority.metadata.name,
                 blob_endpoint=args.blob_endpoint,
                 data_claim=dataset.claim_name,

@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -107,21 +108,28 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
 
 
 def etcd_command(
-    binary: Path, data_dir: Path, client_port: int, peer_port: int, host: str = HOST
+    binary: Path,
+    data_dir: Path,
+    client_port: int,
+    peer_port: int,
+    host: str = HOST,
+    name: str = "lab",
+    initial_cluster: str | None = None,
 ) -> list[str]:
-    """A single-member etcd on loopback, with the cluster's flags."""
+    """An etcd member on loopback, with the cluster's flags: alone, or one of the members
+    ``initial_cluster`` names (``name=peer-url,...``, as the cluster's StatefulSet gives)."""
     client_url = f"http://{host}:{client_port}"
     peer_url = f"http://{host}:{peer_port}"
     return [
         str(binary),
-        "--name=lab",
+        f"--name={name}",
         f"--data-dir={data_dir}",
         f"--listen-client-urls={client_url}",
         # The agents' client adds the advertised URLs to its server list: advertise loopback.
         f"--advertise-client-urls={client_url}",
         f"--listen-peer-urls={peer_url}",
         f"--initial-advertise-peer-urls={peer_url}",
-        f"--initial-cluster=lab={peer_url}",
+        f"--initial-cluster={initial_cluster or f'{name}={peer_url}'}",
         *RENDEZVOUS_SERVER_FLAGS,  # the same as the cluster's members
         "--log-level=warn",
     ]
@@ -158,8 +166,11 @@ class EmbeddedEtcd:
         peer_port: int | None = None,
         start_timeout_s: float = 20.0,
         host: str = HOST,
+        name: str = "lab",
+        initial_cluster: str | None = None,
     ) -> None:
         self.binary = binary
+        self.name, self.initial_cluster = name, initial_cluster
         self.data_dir = data_dir
         self.log_path = log_path
         self.host = host
@@ -182,15 +193,26 @@ class EmbeddedEtcd:
         """The server's pid while it runs."""
         return self._process.pid if self._process and self._process.poll() is None else None
 
-    def start(self) -> None:
-        """Start etcd and wait until it is healthy; raise EtcdError if it is not."""
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    def start(self, wait: bool = True) -> None:
+        """Start etcd and wait until it is healthy (``wait``: a member of several is healthy
+        only once a quorum runs, ``wait_healthy``); raise EtcdError if it is not."""
         if self.pid is not None:
             return
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         command = etcd_command(
-            self.binary, self.data_dir, self.client_port, self.peer_port, self.host
+            self.binary,
+            self.data_dir,
+            self.client_port,
+            self.peer_port,
+            self.host,
+            self.name,
+            self.initial_cluster,
         )
         self._process = subprocess.Popen(
             process_tree.dying_with_this_process(command),
@@ -199,9 +221,10 @@ class EmbeddedEtcd:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._wait_healthy()
+        if wait:
+            self.wait_healthy()
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
@@ -263,3 +286,27 @@ class EmbeddedEtcd:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def etcd_members(
+    binary: Path, root: Path, count: int = 3, host: str = HOST
+) -> Iterator[list[EmbeddedEtcd]]:
+    """``count`` members of one etcd cluster, as the cluster runs three; all stopped after."""
+    members = [
+        EmbeddedEtcd(binary, root / f"m{i}", root / f"m{i}.log", host=host, name=f"m{i}")
+        for i in range(count)
+    ]
+    initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in members)
+    try:
+        for member in members:
+            member.initial_cluster = initial_cluster
+            member.start(wait=False)  # none is healthy before a quorum runs
+        for member in members:
+            member.wait_healthy()
+        yield members
+    finally:
+        for member in members:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(member.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            member.stop()

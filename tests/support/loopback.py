@@ -4,6 +4,7 @@ itself (``free_port``: the lab's own, so the lab, the bench and the tests pick p
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -14,16 +15,34 @@ from lab.local.etcd_server import free_port
 __all__ = ["free_port", "loopback_server", "reply"]
 
 
+class _TlsServer(ThreadingHTTPServer):
+    """Each connection's TLS handshake in its own thread: one that fails ends only itself."""
+
+    tls: ssl.SSLContext
+
+    def finish_request(self, request: socket.socket, client_address: tuple) -> None:  # type: ignore[override]
+        try:
+            request = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return  # a client that refused the certificate, or the reachability check
+        super().finish_request(request, client_address)
+
+
 @contextmanager
-def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """Serve ``handler`` until the block ends; yields the server's base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def loopback_server(
+    handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """Serve ``handler`` until the block ends (over TLS with ``tls``); yields the base URL."""
+    server = (_TlsServer if tls else ThreadingHTTPServer)(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.tls = tls  # type: ignore[attr-defined]
     server.daemon_threads = True  # a streaming answer must not hold up the shutdown
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         _reachable(server.server_address[1])
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        scheme = "https" if tls else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

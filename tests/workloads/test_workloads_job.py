@@ -112,6 +112,24 @@ def test_operator_env_matches_what_the_lab_gives_its_agents() -> None:
     assert from_manifest == elastic_policy(spec).pet_env()
 
 
+def test_the_agents_get_every_etcd_member_to_move_on_to() -> None:
+    """The members the StatefulSet names reach the agent's client through the operator's
+    PET_RDZV_CONF and torchrun's own parser (its pairs split on commas)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    from training.elastic.rendezvous import _client
+    from workloads.manifests.etcd import EtcdSpec, etcd_member_endpoints
+
+    members = etcd_member_endpoints(EtcdSpec(namespace="spot-lab", priority_class="p"))
+    assert members[0] == "etcd-0.etcd-peers.spot-lab.svc.cluster.local:2379" and len(members) == 3
+    env = elastic_policy(_job_spec(etcd_members=members)).pet_env()
+    conf = _parse_rendezvous_config(env["PET_RDZV_CONF"])
+    client = _client(RendezvousParameters("etcd", env["PET_RDZV_ENDPOINT"], "r", 1, 2, **conf))
+    listed = [f"{host}:{port}" for host, port in client.members.endpoints]
+    assert listed == [env["PET_RDZV_ENDPOINT"], *members]
+
+
 def test_hpa_metrics_only_when_a_cpu_target_is_set() -> None:
     assert "metrics" not in _elastic(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=0)))
     (metric,) = _elastic(pytorchjob_manifest(_job_spec(hpa_cpu_utilization=70)))["metrics"]
@@ -171,12 +189,12 @@ def test_rdzv_id_changes_with_the_image_or_the_spec(change: dict[str, Any]) -> N
 
 
 def test_without_the_fallback_a_job_keeps_the_id_it_had_before_the_fallback_existed() -> None:
-    """The id hashed every field of the spec; ``prefer_spot``, trainArgs' fields and
-    ``nccl_ib_env`` came later and are left out at their defaults, so turning nothing on
-    replaces no running job."""
+    """The id hashed every field of the spec; ``prefer_spot``, trainArgs' fields,
+    ``nccl_ib_env`` and ``etcd_members`` came later and are left out at their defaults, so
+    turning nothing on replaces no running job."""
     spec = _job_spec()
     fields = dataclasses.asdict(spec)
-    for added in ("prefer_spot", "program", "nccl_ib_env"):
+    for added in ("prefer_spot", "program", "nccl_ib_env", "etcd_members"):
         del fields[added]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:12]

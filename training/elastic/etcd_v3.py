@@ -14,22 +14,43 @@ A stream that fails is reported in-band: HTTP 200, then one line ``{"error": {"g
 its issue #519 shows the shape). ``watch`` raises it as an EtcdError, and every watcher reopens
 only after a ``Backoff``: a watcher that took the line for a clean end reopened at once, 24
 streams a second for one agent.
+
+**Members.** A client knows every member it may use (``Members``, shared by the clients of one
+agent) and leaves one that cannot serve it. Every request carries etcd's require-leader
+metadata (``Grpc-Metadata-hasleader: true``: grpc-gateway's ``DefaultHeaderMatcher`` passes a
+``Grpc-Metadata-`` header on as gRPC metadata; etcd's ``api/v3rpc/rpctypes/metadatafields.go``
+names the key, and ``server/etcdserver/api/v3rpc/interceptor.go`` refuses a unary request at
+once with ``etcdserver: no leader`` on a member without a leader, and cancels its watches). Without
+it, a member cut off from the quorum holds a read 7 s (its request timeout) and a watch stays
+open and silent; with it, the answer is immediate (tests/training/elastic/test_members.py, on
+a real three-member etcd). A refusal, a connection refused and "no leader" were not applied, so
+the request goes on to the next member at once; a timeout may have been applied, so the
+request fails (its caller retries, as it does today) and the next one goes to the next member:
+a member cut off from the quorum is left within one request timeout.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import random
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import Etcd3Exception
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
-__all__ = ["Backoff", "Etcd", "EtcdError", "Event", "KeyValue", "WatchCompacted"]
+__all__ = ["Backoff", "Etcd", "EtcdError", "Event", "KeyValue", "Members", "Tls", "WatchCompacted"]
+
+logger = logging.getLogger(__name__)
+
+REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
+"""etcd's require-leader metadata through the gateway (the module docstring)."""
+NO_LEADER = "etcdserver: no leader"
 
 EtcdError = Etcd3Exception
 """Every failure of a request: unreachable, timed out, or an error answer."""
@@ -131,26 +152,144 @@ def value_is(key: str, value: str) -> dict[str, Any]:
     return {"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(value)}
 
 
+@dataclass(frozen=True)
+class Tls:
+    """How a client reaches an etcd that serves TLS (``protocol=https``): the CA that signed
+    the members' certificates (None: the system's), and a client certificate and its key for a
+    member that asks for one (etcd's ``--client-cert-auth``)."""
+
+    ca_cert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    def validate(self) -> None:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError(
+                "rdzv conf client_cert and client_key go together: give both files or neither"
+            )
+
+
+class Members:
+    """The etcd members an agent's clients may use, and the one they use now: a client that
+    leaves a member moves every client of the agent on (``Etcd.another`` shares this)."""
+
+    def __init__(self, endpoints: Sequence[tuple[str, int]]) -> None:
+        if not endpoints:
+            raise ValueError("etcd needs at least one endpoint (host:port)")
+        self.endpoints = list(dict.fromkeys(endpoints))
+        self._at = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def at(self) -> int:
+        """The index of the member in use."""
+        with self._lock:
+            return self._at
+
+    def leave(self, index: int, why: str) -> None:
+        """Go on from member ``index`` to the next, unless another client already did."""
+        with self._lock:
+            if self._at != index or len(self.endpoints) == 1:
+                return
+            self._at = (index + 1) % len(self.endpoints)
+            gone, now = self.endpoints[index], self.endpoints[self._at]
+        logger.warning("etcd member %s:%d left (%s); now %s:%d", *gone, why, *now)
+
+
+def _said(error: Etcd3Exception) -> str:
+    """What the error says: etcd3gw keeps an answer's body apart from its args."""
+    return " ".join(str(part) for part in (error.detail_text, *error.args) if part)
+
+
+def _no_leader(error: Etcd3Exception) -> bool:
+    return NO_LEADER in _said(error)
+
+
+def _why_leave(error: Etcd3Exception) -> tuple[str, bool] | None:
+    """Why to leave the member that raised ``error``, and whether the request may go to the
+    next one (it was not applied); None: the member served it, and the error is the answer."""
+    if _no_leader(error):
+        return "no leader", True
+    # etcd3gw maps 503 (etcd's "request timed out" among others) to ConnectionFailedError: a
+    # proposal that timed out may still apply.
+    if isinstance(error, ConnectionTimeoutError) or "timed out" in _said(error):
+        return "timed out", False
+    if isinstance(error, ConnectionFailedError):
+        return "unreachable", True
+    return None
+
+
 class Etcd:
-    """One connection to etcd's v3 gateway at ``host:port``."""
+    """A connection to etcd's v3 gateway: at ``host:port``, or at one of ``members``."""
 
     def __init__(
-        self, host: str, port: int, protocol: str = "http", timeout_s: float = 2.0
+        self,
+        host: str,
+        port: int,
+        protocol: str = "http",
+        timeout_s: float = 2.0,
+        *,
+        members: Members | None = None,
+        tls: Tls = Tls(),
     ) -> None:
-        # The API path is fixed: /v3/ is served by every etcd from 3.4 on, and etcd3gw's
-        # discovery would cost a /version request on the first call.
-        self.client = Etcd3Client(host, port, protocol, timeout=timeout_s, api_path="/v3/")
-        self.endpoint = f"{host}:{port}"
+        self.members = members or Members([(host, port)])
         self.timeout_s = timeout_s
-        self._args = (host, port, protocol, timeout_s)
+        self._protocol, self._tls = protocol, tls
+        session = requests.Session()
+        session.headers.update(REQUIRE_LEADER)
+        # Per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a
+        # session's ``verify`` (psf/requests#3829), and many images set it.
+        self._tls_args: dict[str, Any] = {}
+        if tls.ca_cert is not None:
+            self._tls_args["verify"] = tls.ca_cert
+        if tls.client_cert is not None and tls.client_key is not None:
+            self._tls_args["cert"] = (tls.client_cert, tls.client_key)
+        # The API path is fixed: /v3/ is served by every etcd from 3.4 on, and etcd3gw's
+        # discovery would cost a /version request on the first call. One session for every
+        # member: one thread's client, its connections pooled per member.
+        self._clients = [
+            Etcd3Client(h, p, protocol, timeout=timeout_s, api_path="/v3/", session=session)
+            for h, p in self.members.endpoints
+        ]
+
+    @property
+    def client(self) -> Etcd3Client:
+        """etcd3gw's client of the member in use."""
+        return self._clients[self.members.at()]
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.members.endpoints[self.members.at()]
+        return f"{host}:{port}"
 
     def another(self) -> Etcd:
-        """A client of its own to the same etcd, for another thread (a ``requests`` session
-        is not shared across threads)."""
-        return Etcd(*self._args)
+        """A client of its own to the same members, for another thread (a ``requests``
+        session is not shared across threads); it moves on from a member with this one."""
+        host, port = self.members.endpoints[0]
+        return Etcd(host, port, self._protocol, self.timeout_s, members=self.members, tls=self._tls)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.client.post(self.client.get_url(path), json=body)
+        return self._send(path, json=body)
+
+    def _send(self, path: str, **payload: Any) -> dict[str, Any]:
+        """POST to the member in use; on to the next when it did not take the request (the
+        module docstring), each member once."""
+        start = self.members.at()
+        for tried in range(len(self.members)):
+            index = (start + tried) % len(self.members)
+            client = self._clients[index]
+            try:
+                return client.post(client.get_url(path), **payload, **self._tls_args)
+            except Etcd3Exception as error:
+                if (leave := _why_leave(error)) is None:
+                    raise
+                self.members.leave(index, leave[0])
+                if not leave[1]:
+                    raise
+                failure = error
+        raise failure
 
     # -- keys ----------------------------------------------------------------------------------
     def range(
@@ -178,7 +317,7 @@ class Etcd:
     ) -> tuple[bool, int]:
         """One transaction (etcd's ``Txn``): whether ``compare`` held, and the revision."""
         body = {"compare": compare, "success": success, "failure": failure or []}
-        answer = self.client.post(self.client.get_url("/kv/txn"), data=json.dumps(body))
+        answer = self._send("/kv/txn", data=json.dumps(body))
         return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
 
     def txn_or_read(
@@ -188,7 +327,7 @@ class Etcd:
         it held, the revision, and on a failure the keys as they are (those that exist)."""
         failure = [{"request_range": {"key": _b64(key)}} for key in keys]
         body = {"compare": compare, "success": success, "failure": failure}
-        answer = self.client.post(self.client.get_url("/kv/txn"), data=json.dumps(body))
+        answer = self._send("/kv/txn", data=json.dumps(body))
         done, revision = bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
         if done:
             return True, revision, []
@@ -258,18 +397,40 @@ class Etcd:
                 "progress_notify": True,
             }
         }
+        index = self.members.at()
         try:
-            response = self.client.session.post(
-                self.client.get_url("/watch"),
+            yield from self._watch(index, body, idle_s, progress)
+        except EtcdError as error:
+            # Not a compaction or a cancel: the member could not serve the watch. The
+            # watcher's next stream (after its backoff) goes to the next one.
+            if _no_leader(error):
+                self.members.leave(index, "no leader")
+            elif isinstance(error.__cause__, requests.RequestException):
+                self.members.leave(index, "watch failed")
+            raise
+
+    def _watch(
+        self,
+        index: int,
+        body: dict[str, Any],
+        idle_s: float,
+        progress: Callable[[int], None] | None,
+    ) -> Iterator[list[Event]]:
+        client = self._clients[index]
+        try:
+            response = client.session.post(
+                client.get_url("/watch"),
                 json=body,
                 stream=True,
                 timeout=(self.timeout_s, idle_s),
+                **self._tls_args,
             )
         except requests.exceptions.RequestException as exc:
             raise EtcdError(str(exc)) from exc
         with response:
             if response.status_code != 200:
-                raise EtcdError(response.text, response.reason)
+                said = f"watch answered {response.status_code}: {response.text.strip()}"
+                raise EtcdError(response.text, said)
             try:
                 for line in response.iter_lines():
                     if not line.strip():

@@ -115,6 +115,12 @@ class RendezvousSettings:
         return ",".join(f"{k}={v}" for k, v in self.conf().items())
 
 
+ETCD_MEMBERS = "etcd_members"
+"""The rendezvous conf key that lists each etcd member's ``host:port``, beside the endpoint."""
+MEMBERS_SEPARATOR = ";"
+"""Between ``etcd_members``' endpoints: torchrun's ``--rdzv-conf`` splits its pairs on commas."""
+
+
 @dataclass(frozen=True)
 class ElasticPolicy:
     """What the PyTorchJob's ``elasticPolicy`` says, and what the lab's agents get as PET_* env."""
@@ -127,6 +133,16 @@ class ElasticPolicy:
     rdzv_port: int = RDZV_PORT
     nproc_per_node: int = 1
     rendezvous: RendezvousSettings = RendezvousSettings()
+    etcd_members: tuple[str, ...] = ()
+    """Each etcd member's ``host:port``, beside the endpoint (training/elastic/etcd_v3.py,
+    ``Members``)."""
+
+    def rdzv_conf(self) -> dict[str, str]:
+        """torchrun's ``--rdzv-conf``: the clocks, and the etcd members."""
+        conf = self.rendezvous.conf()
+        if self.etcd_members:
+            conf[ETCD_MEMBERS] = MEMBERS_SEPARATOR.join(self.etcd_members)
+        return conf
 
     def validate(self) -> None:
         """Raise ValueError naming the setting when a bound is out of range."""
@@ -153,7 +169,7 @@ class ElasticPolicy:
             "PET_NNODES": f"{self.min_nodes}:{self.max_nodes}",
             "PET_MAX_RESTARTS": str(self.max_restarts),
             "PET_NPROC_PER_NODE": str(self.nproc_per_node),
-            "PET_RDZV_CONF": self.rendezvous.conf_arg(),
+            "PET_RDZV_CONF": ",".join(f"{k}={v}" for k, v in self.rdzv_conf().items()),
         }
 
 

@@ -57,10 +57,10 @@ from torch.distributed.elastic.rendezvous import (
 
 from training.elastic import closing, rounds
 from training.elastic.agent_store import AgentStore
-from training.elastic.etcd_v3 import Etcd, EtcdError
+from training.elastic.etcd_v3 import Etcd, EtcdError, Members, Tls
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.key_copy import Joins
-from training.elastic.launch import ROUND_FILE_ENV
+from training.elastic.launch import ETCD_MEMBERS, MEMBERS_SEPARATOR, ROUND_FILE_ENV
 from training.elastic.liveness import Detector, ProbeServer, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
 from training.elastic.permit import Keeper, Permit
@@ -375,10 +375,31 @@ class SpotRendezvousHandler(RendezvousHandler):
             self.reports.file(node, refused=verdict is Verdict.DEAD)
 
 
+PROTOCOLS = ("http", "https")
+TLS_FILES = ("ca_cert", "client_cert", "client_key")
+
+
 def _client(params: RendezvousParameters, timeout_s: float = ETCD_TIMEOUT_S) -> Etcd:
-    host, port = parse_endpoint(params.endpoint, default_port=2379)
+    """The agent's etcd client from torchrun's parameters: the endpoint first, then every
+    member of ``etcd_members`` (``host:port;host:port``) to move on to (etcd_v3.Members);
+    ``protocol`` http or https, with ``ca_cert``, ``client_cert`` and ``client_key`` files."""
     protocol = str(params.get("protocol", "http")).strip().lower()
-    return Etcd(host, port, protocol=protocol, timeout_s=timeout_s)
+    if protocol not in PROTOCOLS:
+        allowed = ", ".join(PROTOCOLS)
+        raise ValueError(f"rdzv conf protocol must be one of {allowed}, got {protocol!r}")
+    listed = str(params.get(ETCD_MEMBERS, "") or "").split(MEMBERS_SEPARATOR)
+    endpoints = [params.endpoint, *(m for m in listed if m.strip())]
+    members = Members([parse_endpoint(e, default_port=2379) for e in endpoints])
+    tls = Tls(**{k: str(params.get(k)) for k in TLS_FILES if params.get(k)})
+    tls.validate()
+    for name in TLS_FILES:
+        path = getattr(tls, name)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"rdzv conf {name}: {path} is not a file")
+    if protocol == "http" and tls != Tls():
+        raise ValueError(f"rdzv conf {', '.join(TLS_FILES)} need protocol=https")
+    host, port = members.endpoints[0]
+    return Etcd(host, port, protocol, timeout_s, members=members, tls=tls)
 
 
 _created: list[SpotRendezvousHandler] = []
@@ -388,8 +409,9 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
     """The handler for torchrun's parameters (the PET_* env the operator sets)."""
     verdict = os.environ.get(VERDICT_ENV)
     round_file = os.environ.get(ROUND_FILE_ENV)
+    client = _client(params)
     handler = SpotRendezvousHandler(
-        _client(params),
+        client,
         params.run_id,
         params.min_nodes,
         params.max_nodes,
@@ -397,7 +419,7 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
         local_addr=params.local_addr,
         verdict=Path(verdict) if verdict else None,
         round_file=Path(round_file) if round_file else None,
-        watch_client=_client(params),
+        watch_client=client.another(),
     )
     _created.append(handler)
     return handler

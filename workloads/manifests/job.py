@@ -51,7 +51,12 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 RUN_ID_LABEL = "spot-lab/run-id"
 """On the job and its pods: which run (``runId``) they belong to."""
 # Added after rendezvous ids were in use: left out of the id's hash at these defaults.
-_ADDED_FIELDS = {"prefer_spot": False, "program": asdict(WorkerProgram()), "nccl_ib_env": {}}
+_ADDED_FIELDS = {
+    "prefer_spot": False,
+    "program": asdict(WorkerProgram()),
+    "nccl_ib_env": {},
+    "etcd_members": (),
+}
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class ElasticJobSpec:
     program: WorkerProgram = field(default_factory=WorkerProgram)
     """What the workers run (the loop or a script, with the stack's flags) and its data's folder."""
     nccl_ib_env: dict[str, str] = field(default_factory=dict)  # rdma: the size's NCCL_IB_*
+    etcd_members: tuple[str, ...] = ()
+    """Each etcd member's ``host:port`` (the rendezvous conf's ``etcd_members``)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field and the allowed values."""
@@ -157,6 +164,7 @@ def elastic_policy(spec: ElasticJobSpec) -> ElasticPolicy:
     """The launch contract the operator hands to torchrun as ``PET_*`` env."""
     return ElasticPolicy(
         rdzv_host=spec.rdzv_host,
+        etcd_members=spec.etcd_members,
         rdzv_id=rendezvous_id(spec),
         min_nodes=spec.min_replicas,
         max_nodes=spec.max_replicas,
@@ -187,7 +195,7 @@ def elastic_policy_manifest(spec: ElasticJobSpec) -> dict[str, Any]:
         "rdzvHost": policy.rdzv_host,
         "rdzvPort": policy.rdzv_port,
         "rdzvId": policy.rdzv_id,
-        "rdzvConf": [{"key": k, "value": v} for k, v in policy.rendezvous.conf().items()],
+        "rdzvConf": [{"key": k, "value": v} for k, v in policy.rdzv_conf().items()],
         "minReplicas": policy.min_nodes,
         "maxReplicas": policy.max_nodes,
         "maxRestarts": policy.max_restarts,
@@ -338,6 +346,7 @@ def elastic_job_spec(
     *,
     image: str,
     rdzv_host: str,
+    etcd_members: tuple[str, ...] = (),
     priority_class: str,
     data_claim: str,
     checkpoint_uri: str,
@@ -355,6 +364,7 @@ def elastic_job_spec(
         namespace=config.namespace,
         image=image,
         rdzv_host=rdzv_host,
+        etcd_members=tuple(etcd_members),
         min_replicas=job.min_replicas,
         max_replicas=job.max_replicas,
         # Clamped into [min, max]: a new bound in the stack file never strands the start size.
