@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training.elastic.launch import MEASURED_HEARTBEATS_PER_S
+from training.elastic.launch import MEASURED_HEARTBEATS_PER_S, RendezvousSettings
 
 WATCH_IDLE_INTERVALS = 5
 """A watch stream that saw no event for this many heartbeat intervals ends, and the next one
@@ -173,6 +173,16 @@ def allowed_interval_s(nodes: int, interval_s: float) -> float:
     return max(interval_s, math.ceil(nodes / MEASURED_HEARTBEATS_PER_S))
 
 
+def freeze_found_s(interval_s: float | None) -> float | None:
+    """When a frozen node is taken for dead at the earliest: its key must expire first, after
+    the heartbeat times ``keep_alive_max_attempt`` (the lease's TTL; a kill is found at once,
+    its probe refused). Every N's re-form is reported beside it: at the heartbeat the stack
+    forces a large job, the freeze, not the re-form, is what its survivors wait for."""
+    if interval_s is None:
+        return None
+    return interval_s * RendezvousSettings().keep_alive_max_attempt
+
+
 def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
     """One modelled row; false deaths are not modelled (None). A re-form takes the fitted
     line's time, or etcd's CPU seconds for it over the cores etcd has left beside its work
@@ -196,6 +206,7 @@ def predict(cal: Calibration, nodes: int) -> dict[str, Any]:
         "reform_leave_s": round(cal.reform_leave_s.at(nodes), 3),
         "false_deaths": None,
         "keep_alive_interval_s": interval,
+        "freeze_found_s": freeze_found_s(interval),
         "quiet_req_s": round(cal.quiet_req_s.a + cal.quiet_req_s.b * nodes * slower, 1),
         "expected_quiet_req_s": round(expected_quiet_req_s(nodes, interval), 1),
         "reform_requests": round(requests),

@@ -63,6 +63,7 @@ def measured_row(result: dict[str, Any], interval_s: float | None = None) -> dic
         **{key: _median(summary, key) for key in keys},
         "false_deaths": summary["false_deaths"],
         "keep_alive_interval_s": interval_s,
+        "freeze_found_s": model.freeze_found_s(interval_s),
     }
 
 
@@ -99,6 +100,7 @@ COLUMNS = (
     ("reform_leave_s", "re-form after leave s", "{:.2f}"),
     ("false_deaths", "false deaths", "{:d}"),
     ("keep_alive_interval_s", "heartbeat s", "{:g}"),
+    ("freeze_found_s", "freeze found after s", "{:g}"),
     ("quiet_req_s", "etcd req/s quiet", "{:.1f}"),
     ("reform_req_s", "etcd req/s re-form", "{:.0f}"),
     ("reform_etcd_cores", "etcd cores re-form", "{:.2f}"),

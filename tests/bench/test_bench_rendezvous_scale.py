@@ -170,7 +170,8 @@ def test_the_table_marks_what_was_not_measured_or_modelled() -> None:
     rows = [
         {"nodes": 8, "source": "measured", "first_round_s": 1.2, "reform_death_s": None,
          "reform_leave_s": 0.3, "false_deaths": 0, "keep_alive_interval_s": 1.0,
-         "quiet_req_s": 11.2, "reform_req_s": 900.0, "reform_etcd_cores": 0.25},
+         "freeze_found_s": 5.0, "quiet_req_s": 11.2, "reform_req_s": 900.0,
+         "reform_etcd_cores": 0.25},
         {"nodes": 1024, "source": "model", "first_round_s": 3.0, "reform_death_s": 9.0,
          "reform_leave_s": 8.0, "false_deaths": None, "keep_alive_interval_s": 16,
          "quiet_req_s": 1433.6, "reform_req_s": 1e5, "reform_etcd_cores": None},
@@ -178,9 +179,21 @@ def test_the_table_marks_what_was_not_measured_or_modelled() -> None:
     lines = tables.table_text(rows).splitlines()
     assert lines[0].split()[:2] == ["N", "source"] and set(lines[1]) <= {"-", " "}
     assert lines[2].split() == [
-        "8", "measured", "1.20", "-", "0.30", "0", "1", "11.2", "900", "0.25", "-"
+        "8", "measured", "1.20", "-", "0.30", "0", "1", "5", "11.2", "900", "0.25", "-"
     ]  # fmt: skip
     assert lines[3].split()[5] == "n/a" and lines[3].split()[-1] == "n/a"
+
+
+def test_a_modelled_size_reports_when_a_freeze_is_found_at_its_heartbeat() -> None:
+    # 1,024 agents beat every 16 s (at most 64 heartbeats a second): a frozen node's key
+    # lives 5 heartbeats, 80 s, whatever the re-form's own time.
+    points = [
+        model.Point(n, 0.01 * n, 0.004 * n, 0.004 * n, 1.2 * n, 3 * n, 0.002 * n, 0.001 * n)
+        for n in (8, 16, 32)
+    ]
+    row = model.predict(model.calibrate(points, 1.0), 1024)
+    assert (row["keep_alive_interval_s"], row["freeze_found_s"]) == (16, 80)
+    assert model.freeze_found_s(1.0) == 5
 
 
 @pytest.fixture
