@@ -1,5 +1,6 @@
 """A fault of one node's GPU replaces that node, not the job: real agents on a real etcd, the
-fault injected on the CPU (training/loop/faulty_device.py) as torch raises an ECC error."""
+fault raised on the CPU by the nodes' task (tests/support/faulty_device_task.py) as torch raises
+an ECC error."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import pytest
 
 from lab.local.etcd_server import EmbeddedEtcd
 from tests.support.elastic_cluster import TINY, Cluster
+from tests.support.faulty_device_task import FAULTY_DEVICE_ENV, TASK
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.exit_codes import RETRY_ME
-from training.loop.faulty_device import FAULTY_DEVICE_ENV
 from training.records import RESUMED
 
 pytestmark = [pytest.mark.slow]
 
-ARGS = [*TINY, "--max-steps=28", "--log-every=1", "--checkpoint-every-steps=4"]
+ARGS = [*TINY, f"--task={TASK}", "--max-steps=28", "--log-every=1", "--checkpoint-every-steps=4"]
 FAILS_AT = 6
 
 

@@ -28,7 +28,6 @@ from training.elastic.exit_codes import OK, WORKER_RESTART
 from training.elastic.faults import PeerLostError, StopRequest, is_peer_failure
 from training.elastic.permit import Pauses, Permit
 from training.loop.evaluation import evaluate
-from training.loop.faulty_device import raise_if_failed
 from training.loop.metrics import Phases, progress_line
 from training.loop.parallel import (
     clip_to_norm,
@@ -75,7 +74,6 @@ class Trainer(StatefulTrainer):
         returns (loss sum, samples or the loss's count)."""
         assert self.ddp is not None
         step, world, rank = self.state.step, self.env.world_size, self.env.rank
-        raise_if_failed(step, self.env.local_rank)  # a GPU failing on cue (tests, the bench)
         indices = self.sampler.rank_indices(step, world, rank)
         scale = loss_scale(len(indices), world, self.cfg.optim.global_batch_size)
         chunks = micro_batches(len(indices), self.cfg.optim.micro_batch_size)

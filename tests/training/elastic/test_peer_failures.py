@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.faulty_device_task import ECC_ERROR
 from tests.support.peer_failures import (
     NCCL_ABORTED_AFTER_INVALID_USAGE,
     NCCL_ABORTED_AFTER_TIMEOUT,
@@ -28,7 +29,6 @@ from tests.support.peer_failures import (
     store_unreachable,
 )
 from training.elastic.faults import PeerLostError, is_device_fault, is_peer_failure
-from training.loop.faulty_device import ECC_ERROR
 
 
 @pytest.mark.parametrize(
