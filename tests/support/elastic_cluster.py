@@ -59,6 +59,7 @@ class Cluster:
         rendezvous: RendezvousSettings | None = None,
         checkpoint_uri: str | None = None,
         rdzv_host: str = "127.0.0.1",
+        etcd_members: tuple[str, ...] = (),
         wrap: Callable[[str, list[str]], list[str]] | None = None,
     ) -> None:
         self.root = root
@@ -73,6 +74,7 @@ class Cluster:
             max_restarts=max_restarts,
             nproc_per_node=nproc_per_node,
             rendezvous=rendezvous or RendezvousSettings(join_timeout_s=60),
+            etcd_members=etcd_members,
         )
         self.data_dir = data_dir
         self.checkpoints = root / "checkpoints"

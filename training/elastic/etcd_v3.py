@@ -24,9 +24,9 @@ once with ``etcdserver: no leader`` on a member without a leader, and cancels it
 it, a member cut off from the quorum holds a read 7 s (its request timeout) and a watch stays
 open and silent; with it, the answer is immediate (tests/training/elastic/test_members.py, on
 a real three-member etcd). A refusal, a connection refused and "no leader" were not applied, so
-the request goes on to the next member at once; a timeout may have been applied, so the
-request fails (its caller retries, as it does today) and the next one goes to the next member:
-a member cut off from the quorum is left within one request timeout.
+the request goes on to the next member at once; a write that timed out may have been applied, so it
+fails (its caller retries) and the next request goes to the next member, while a read or a
+keep-alive goes on at once: a member cut off from the quorum is left within one request timeout.
 """
 
 from __future__ import annotations
@@ -270,12 +270,13 @@ class Etcd:
         host, port = self.members.endpoints[0]
         return Etcd(host, port, self._protocol, self.timeout_s, members=self.members, tls=self._tls)
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._send(path, json=body)
+    def _post(self, path: str, body: dict[str, Any], read: bool = False) -> dict[str, Any]:
+        return self._send(path, read, json=body)
 
-    def _send(self, path: str, **payload: Any) -> dict[str, Any]:
+    def _send(self, path: str, read: bool = False, **payload: Any) -> dict[str, Any]:
         """POST to the member in use; on to the next when it did not take the request (the
-        module docstring), each member once."""
+        module docstring), each member once. A ``read`` (or a keep-alive) changes nothing
+        when applied twice, so it goes on after a timeout too."""
         start = self.members.at()
         for tried in range(len(self.members)):
             index = (start + tried) % len(self.members)
@@ -286,7 +287,7 @@ class Etcd:
                 if (leave := _why_leave(error)) is None:
                     raise
                 self.members.leave(index, leave[0])
-                if not leave[1]:
+                if not (leave[1] or read):
                     raise
                 failure = error
         raise failure
@@ -301,11 +302,11 @@ class Etcd:
         body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(end or prefix_end(prefix))}
         if first:
             body.update(limit=first, sort_order="ASCEND", sort_target="CREATE")
-        answer = self._post("/kv/range", body)
+        answer = self._post("/kv/range", body, read=True)
         return [_kv(kv) for kv in answer.get("kvs", [])], int(answer["header"]["revision"])
 
     def get(self, key: str) -> KeyValue | None:
-        answer = self._post("/kv/range", {"key": _b64(key)})
+        answer = self._post("/kv/range", {"key": _b64(key)}, read=True)
         kvs = answer.get("kvs", [])
         return _kv(kvs[0]) if kvs else None
 
@@ -354,12 +355,12 @@ class Etcd:
 
     def keep_alive(self, lease: int) -> int:
         """Renew ``lease``; its new TTL, or -1 when it has expired (etcd answers no TTL)."""
-        answer = self._post("/lease/keepalive", {"ID": lease})
+        answer = self._post("/lease/keepalive", {"ID": lease}, read=True)
         return int(answer.get("result", {}).get("TTL", -1))
 
     def time_to_live(self, lease: int) -> int:
         """Seconds left on ``lease`` (-1: expired or unknown)."""
-        return int(self._post("/kv/lease/timetolive", {"ID": lease}).get("TTL", -1))
+        return int(self._post("/kv/lease/timetolive", {"ID": lease}, read=True).get("TTL", -1))
 
     def revoke(self, lease: int) -> None:
         self._post("/lease/revoke", {"ID": lease})

@@ -1,5 +1,6 @@
 """An agent's etcd client over several members (training/elastic/etcd_v3.py, ``Members``): on a
-real three-member etcd, a member without a leader refuses at once and the client moves on.
+real three-member etcd, a member without a leader refuses at once and the client moves on, and
+real agents train on when the member they were given, the leader, freezes.
 
 What etcd does here is what its source says: with the require-leader metadata a member with no
 leader refuses a request (``server/etcdserver/api/v3rpc/interceptor.go``); without it the same
@@ -17,12 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from lab.local.etcd_server import EmbeddedEtcd, etcd_members, find_etcd_binary
+from lab.report.outcomes import groups_at_once
+from tests.support.elastic_cluster import TINY, Cluster
 from tests.support.loopback import loopback_server
+from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.etcd_v3 import NO_LEADER, Etcd, EtcdError, Members, Tls, put
 from training.elastic.rendezvous import _client
+from training.records import RESUMED
 
 HOST = "127.0.0.1"
 
@@ -87,6 +93,9 @@ def test_a_member_that_does_not_answer_fails_one_request_and_the_next_goes_on(
             client.txn([], [put("/members-test/once", "1")])
         assert members.at() == 1 and "left (timed out)" in caplog.text
         assert client.range("/members-test/")[0] is not None
+        # A read changes nothing if applied twice: it goes on within the call.
+        again = Etcd(HOST, port, timeout_s=0.5, members=Members(members.endpoints))
+        assert again.range("/members-test/")[1] > 0 and again.members.at() == 1
 
 
 def test_a_refused_member_is_passed_over_within_the_request(etcd_server: EmbeddedEtcd) -> None:
@@ -209,3 +218,64 @@ def test_https_verifies_the_members_ca_and_shows_the_client_certificate(tmp_path
         with pytest.raises(EtcdError):
             stranger.range("/x/")
         assert len(seen) == 1
+
+
+def _status(member: EmbeddedEtcd) -> dict:
+    return requests.post(f"{member.client_url}/v3/maintenance/status", json={}, timeout=5).json()
+
+
+def _make_leader(members: list[EmbeddedEtcd], chosen: EmbeddedEtcd) -> None:
+    """Move the leadership to ``chosen`` (etcd's ``MoveLeader``, sent to the leader)."""
+    target = _status(chosen)["header"]["member_id"]
+    for _ in range(100):
+        leader = _status(chosen)["leader"]
+        if leader == target:
+            return
+        current = next(m for m in members if _status(m)["header"]["member_id"] == leader)
+        requests.post(
+            f"{current.client_url}/v3/maintenance/transfer-leadership",
+            json={"targetID": target},
+            timeout=10,
+        )
+    pytest.fail(f"{chosen.name} never became the leader")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agents_train_on_when_their_endpoint_the_leader_freezes(tmp_path: Path, etcd: None) -> None:
+    # Three members, as the cluster runs; the agents' endpoint is m0, which leads. Frozen (a VM
+    # gone without a FIN), it times the agents' requests out and the other two elect a leader.
+    data = tmp_path / "data"
+    write_synthetic_cifar10(data, train_records=480, test_records=48, seed=1)
+    args = [*TINY, "--max-steps=60", "--log-every=1", "--checkpoint-every-steps=4"]
+    with etcd_members(find_etcd_binary(), tmp_path / "etcd") as members:
+        m0, *others = members
+        _make_leader(members, m0)
+        frozen_id = _status(m0)["header"]["member_id"]
+        cluster = Cluster(
+            tmp_path / "run",
+            m0.client_port,
+            data,
+            min_nodes=2,
+            max_nodes=2,
+            etcd_members=tuple(f"{HOST}:{m.client_port}" for m in others),
+        )
+        cluster.root.mkdir()
+        try:
+            for node in ("a", "b"):
+                cluster.start(node, args)
+            cluster.wait_until(lambda: cluster.steps_at(2) >= 5, 180, "step 5 at world size 2")
+            os.kill(m0.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+            frozen_at, step = time.time(), cluster.max_step()
+            cluster.wait_until(lambda: cluster.max_step() >= step + 10, 180, "10 steps more")
+            for node in ("a", "b"):
+                assert cluster.wait_exit(node, 180) == 0, cluster.tail()
+            assert _status(others[0])["leader"] != frozen_id  # the leader changed
+            logs = "".join((cluster.root / f"{n}.err").read_text() for n in ("a", "b"))
+            assert f"etcd member {HOST}:{m0.client_port} left" in logs
+            assert groups_at_once(cluster.records()) == []
+            resumed = [e for e in cluster.events(RESUMED) if e["ts"] > frozen_at]
+            assert all(e["lost_steps"] == 0 for e in resumed), resumed
+            assert cluster.max_step() == 60
+        finally:
+            cluster.close()
