@@ -37,11 +37,11 @@ from training.checkpoints.node_local import NodeLocalState
 from training.checkpoints.sharded.repository import ShardedCheckpoints
 from training.checkpoints.storage import FileStore, ObjectStore
 from training.elastic.exit_codes import BAD_INPUT
-from training.loop.config import CheckpointConfig
 from training.loop.dist import DistEnv
 from training.loop.metrics import EventLog
 from training.loop.saves.emergency import DurableProgress, EmergencySave
 from training.loop.saves.periodic import BackgroundSaver
+from training.loop.settings import CheckpointConfig
 from training.records import read_lines
 
 STORES = ("directory", "azurite")

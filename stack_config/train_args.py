@@ -1,6 +1,6 @@
 """``trainArgs``: the training flags a stack sets, checked against the loop and the task.
 
-Each key is a flag of the training loop (``training/loop/config.py``: lr, micro-batch-size,
+Each key is a flag of the training loop (``training/loop/settings.py``: lr, micro-batch-size,
 eval-every, seed, compile, init-from, ...) or an option of the task (read from its source,
 ``stack_config/task_source.py``), written with '-' or '_'. A key the stack config already
 owns (maxSteps, globalBatchSize, precision, ...) is refused: one flag, one way to set it. Under
@@ -24,7 +24,7 @@ from typing import Any
 
 from stack_config.model import ConfigError, LabConfig, TrainingRun
 from stack_config.task_source import UNKNOWN, TaskSource
-from training.loop.config import LOOP_SECTIONS
+from training.loop.settings import LOOP_SECTIONS
 
 _LOOP_FIELDS = [f for section in LOOP_SECTIONS for f in fields(section)]
 LOOP_FLAGS: dict[str, type] = {f.name: type(f.default) for f in _LOOP_FIELDS}
@@ -49,7 +49,7 @@ IDENTITY_FLAGS = ("seed", "dtype")
 LOOP_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in _LOOP_FIELDS if f.name in IDENTITY_FLAGS
 }
-"""Their defaults, the loop's own (``training/loop/config.py``)."""
+"""Their defaults, the loop's own (``training/loop/settings.py``)."""
 _KEY = re.compile(r"^-{0,2}([A-Za-z][A-Za-z0-9_-]*)$")
 
 

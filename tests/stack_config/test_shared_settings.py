@@ -17,11 +17,12 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.usefixtures("processes")
-def test_the_shared_settings_import_no_torch() -> None:
+def test_the_shared_settings_and_the_stack_config_import_no_torch_nor_the_flag_parser() -> None:
     # A fresh interpreter: this one may have torch imported already.
     code = (
-        "import sys, training.settings; "
-        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+        "import sys, training.settings, stack_config, stack_config.train_args; "
+        "print(sorted(m for m in sys.modules if m in ('torch', 'training.loop.config') "
+        "or m.startswith('torch.')))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60
@@ -43,13 +44,14 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_the_stack_config_reads_the_trainers_choices_from_the_shared_settings() -> None:
-    """Only ``train_args.py`` reads the loop's flags, to check ``trainArgs`` against them."""
-    readers = {
-        path.name
-        for path in (PROJECT_DIR / "stack_config").glob("*.py")
-        if any(m.startswith("training.loop") for m in _imported_modules(path))
-    }
+    """Only ``train_args.py`` reads the loop's settings, to check ``trainArgs`` against them,
+    and from their torch-free module, not from the trainer's flag parser."""
+    imports = {p.name: _imported_modules(p) for p in (PROJECT_DIR / "stack_config").glob("*.py")}
+    readers = {name for name, found in imports.items() if any("training.loop" in m for m in found)}
     assert readers == {"train_args.py"}
+    assert {m for m in imports["train_args.py"] if "training.loop" in m} == {
+        "training.loop.settings"
+    }
 
 
 def test_the_flags_check_the_shared_choices() -> None:

@@ -14,7 +14,7 @@ from stack_config import ConfigError, LabConfig, load, validate
 from stack_config.task_package import resolve
 from stack_config.train_args import LOOP_FLAGS, OWNED, identity_problem, script_flags
 from tests.support.user_package import write_user_package
-from training.loop.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig
+from training.loop.settings import CheckpointConfig, DataConfig, OptimConfig, RunConfig
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
