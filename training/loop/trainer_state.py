@@ -57,7 +57,7 @@ _EXIT_LOCK = threading.RLock()
 
 
 @dataclass
-class TrainerState:
+class LoopPosition:
     """The loop's own position; the data position derives from the step alone."""
 
     step: int = 0
@@ -113,7 +113,7 @@ class StatefulTrainer:
             cfg.data.loader_workers,
             cfg.data.prefetch_steps,
         )
-        self.state = TrainerState()
+        self.state = LoopPosition()
         self.policy = SavePolicy(
             cfg.checkpoint.checkpoint_every_steps, cfg.checkpoint.checkpoint_every_seconds
         )
