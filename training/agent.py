@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from training.elastic.exit_codes import (
     BAD_INPUT,
@@ -38,6 +39,9 @@ from training.elastic.launch import (
     LAUNCHER_ENV,
     LAUNCHERS,
 )
+
+if TYPE_CHECKING:  # imports torch: the checks before the launch run without it
+    from training.elastic.rendezvous import SpotRendezvousHandler
 
 logger = logging.getLogger("training.agent")
 
@@ -178,8 +182,9 @@ def _run_warm_to_a_code(args: list[str]) -> int:
 
     from training.launcher import STOP
 
+    handlers: list[SpotRendezvousHandler] = []  # the one launch makes, once it made it
     try:
-        return run_warm(args)
+        return run_warm(args, handlers)
     except SignalException as exc:
         STOP.hold()
         code = signal_exit(exc.sigval)
@@ -188,33 +193,30 @@ def _run_warm_to_a_code(args: list[str]) -> int:
         STOP.hold()
         code = RETRY_ME
         logger.exception("the agent failed: exiting %d for a new pod", code)
-    _leave_rendezvous()
+    _leave_rendezvous(handlers)
     return code
 
 
-def _leave_rendezvous() -> None:
+def _leave_rendezvous(handlers: list[SpotRendezvousHandler]) -> None:
     """Leave the rendezvous (best effort), so the peers do not wait out this node's heartbeat."""
-    from training.elastic.rendezvous import created
-
-    for handler in created():
+    for handler in handlers:
         try:
             handler.leave()
         except Exception as exc:  # noqa: BLE001 - the node exits next, whatever happens here
             logger.warning("could not leave the rendezvous: %s", exc)
 
 
-def run_warm(args: list[str]) -> int:
+def run_warm(args: list[str], handlers: list[SpotRendezvousHandler]) -> int:
     """The warm launcher, its ways of ending mapped onto the codes the operator understands."""
     from training.launcher import STOP
 
-    code, close = _launch_warm(args)
+    code, close = _launch_warm(args, handlers)
     STOP.hold()  # the agent's work is done: a SIGTERM from now on is recorded, not raised
     # torch's launcher would have closed the rendezvous id on every ending but a signal;
     # here it closes only when the run is over for good, and the node leaves the round
     # itself, so nobody waits out its heartbeat (training/elastic/rendezvous.py). The closing
     # says why, for a node that starts after the end (training/elastic/closing.py).
     from training.elastic.closing import why
-    from training.elastic.rendezvous import created
 
     # The node goes (its SIGTERM came before or after its ending): its save must not go with
     # it. A finished run committed its final state already. Committed before the node leaves:
@@ -223,10 +225,10 @@ def run_warm(args: list[str]) -> int:
     # (chaos seed 23 lost 26 steps so). The peers wait for it at most the stop deadline.
     committed = _going(code)
     if committed:
-        for handler in created():
+        for handler in handlers:
             handler.withdraw()  # a member of no new round, which waits for it all the same
         _commit_node_save(args)
-    for handler in created():
+    for handler in handlers:
         handler.settle(close=close, why=why(code))
     if not committed and _going(code):  # the SIGTERM landed while the node left
         _commit_node_save(args)
@@ -256,12 +258,14 @@ def _commit_node_save(args: list[str]) -> None:
     commit_node_save(cfg, config.run_id, STOP.at)
 
 
-def _launch_warm(args: list[str]) -> tuple[int, bool]:
+def _launch_warm(
+    args: list[str], handlers: list[SpotRendezvousHandler] | None = None
+) -> tuple[int, bool]:
     """(exit code, whether the rendezvous should close)."""
     from training.launcher import STOP, launch
 
     try:
-        launch(args)
+        launch(args, handlers)
     except BaseException as exc:  # noqa: BLE001 - each is an ending below, or raised again
         STOP.hold()  # first: a SIGTERM must not replace the ending it lands in
         return _ending(exc)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
     from training.elastic.liveness import Progress
+    from training.elastic.rendezvous import SpotRendezvousHandler
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +176,9 @@ def torchrun_config(args: Sequence[str]) -> tuple[Namespace, LaunchConfig]:
     return parsed, config
 
 
-def launch(args: Sequence[str]) -> None:
-    """``torchrun ARGS`` for ``--module training.train ...``, its workers forked warm."""
+def launch(args: Sequence[str], handlers: list[SpotRendezvousHandler] | None = None) -> None:
+    """``torchrun ARGS`` for ``--module training.train ...``, its workers forked warm; the
+    rendezvous handler it makes goes into ``handlers``, for the agent's endings."""
     # Before the fork server starts: its workers inherit the environment it starts with.
     verdict = Path(tempfile.gettempdir()) / f"spot-lab-verdict-{os.getpid()}"
     verdict.unlink(missing_ok=True)
@@ -229,7 +231,7 @@ def launch(args: Sequence[str]) -> None:
 
     config.rdzv_backend = register()
     wait_until_warm()
-    run_agent(config, parsed.training_script_args)
+    run_agent(config, parsed.training_script_args, handlers)
 
 
 EXIT_BARRIER_TIMEOUT_S = 10.0
@@ -303,7 +305,9 @@ class AgentStop:
 STOP = AgentStop()
 
 
-def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
+def run_agent(
+    config: LaunchConfig, args: Sequence[str], handlers: list[SpotRendezvousHandler] | None = None
+) -> None:
     """torch's ``launch_agent`` for our entry point, with the exit barrier bounded.
 
     ``exit_barrier_timeout`` is a parameter of torch's public ``LocalElasticAgent``
@@ -341,6 +345,8 @@ def run_agent(config: LaunchConfig, args: Sequence[str]) -> None:
 
         rdzv_handler.check_stop = check_stop
         STOP.progress = rdzv_handler.progress
+        if handlers is not None:
+            handlers.append(rdzv_handler)
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,

@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 SIGTERM_IN_SETTLE = """
 import os, signal, sys
 from training import agent, launcher
-from training.elastic import rendezvous
 
 class Settling:
     def withdraw(self):
@@ -34,7 +33,8 @@ class Settling:
         os.kill(os.getpid(), signal.SIGTERM)
         print("settled", close, why, flush=True)
 
-def launch_warm(args):
+def launch_warm(args, handlers):
+    handlers.append(Settling())  # the handler launch made
     if {evicted}:  # the SIGTERM came before the ending (torch's agent raises it after a stop)
         launcher.STOP.hold()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -42,7 +42,6 @@ def launch_warm(args):
 
 launcher.STOP.install()
 agent._launch_warm = launch_warm
-rendezvous.created = lambda: [Settling()]
 agent._commit_node_save = lambda args: print("committed", launcher.STOP.at is not None, flush=True)
 sys.exit(agent.main([], env={{}}))
 """
@@ -94,11 +93,11 @@ def test_a_sigterm_while_the_agent_settles_is_recorded_not_raised(
 def test_whatever_leaves_the_agent_never_exits_1(
     monkeypatch: pytest.MonkeyPatch, raised: BaseException, code: int
 ) -> None:
-    def run_warm(args: list[str]) -> int:
+    def run_warm(args: list[str], handlers: list) -> int:
         raise raised
 
     monkeypatch.setattr(agent, "run_warm", run_warm)
-    monkeypatch.setattr(agent, "_leave_rendezvous", lambda: None)
+    monkeypatch.setattr(agent, "_leave_rendezvous", lambda handlers: None)
     assert agent.main([], env={}) == code
 
 
@@ -109,7 +108,7 @@ def test_the_stop_is_held_once_the_agents_work_is_done(monkeypatch: pytest.Monke
     stop = launcher.AgentStop()
     monkeypatch.setattr(launcher, "STOP", stop)
 
-    def launch(args: list[str]) -> None:
+    def launch(args: list[str], handlers: list | None = None) -> None:
         raise ValueError("--lr must be > 0")
 
     monkeypatch.setattr(launcher, "launch", launch)

@@ -23,7 +23,7 @@ from tests.support.elastic_cluster import TINY, Cluster
 from tests.support.trainer_harness import durable_head, saved_checkpoint
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.launch import RendezvousSettings
-from training.elastic.rendezvous import created, register
+from training.elastic.rendezvous import register
 from training.launcher import STOP, run_agent, torchrun_config
 from training.records import EMERGENCY_SAVE, FINISHED
 
@@ -134,12 +134,13 @@ def test_an_agent_whose_sigterm_exception_was_lost_forms_no_new_group(
     ]
     parsed, config = torchrun_config(args)
     config.rdzv_backend = register()
+    handlers: list = []
     try:
         with pytest.raises(SignalException):
-            run_agent(config, parsed.training_script_args)
-        assert created()[-1].round == 0  # it never joined a round: no worker started
+            run_agent(config, parsed.training_script_args, handlers)
+        assert handlers[-1].round == 0  # it never joined a round: no worker started
     finally:
-        created()[-1].leave()
+        handlers[-1].leave()
 
 
 @pytest.mark.timeout(300)

@@ -251,7 +251,7 @@ def _failure(exitcode: int) -> object:
 
 
 def _raises(exc: BaseException):
-    def launch(args: list[str]) -> None:
+    def launch(args: list[str], handlers: list | None = None) -> None:
         raise exc
 
     return launch
@@ -306,7 +306,9 @@ def test_each_ending_is_its_code_and_closes_the_rendezvous_only_when_over(
     from training import agent, launcher
 
     exc = make()
-    monkeypatch.setattr(launcher, "launch", (lambda args: None) if exc is None else _raises(exc))
+    monkeypatch.setattr(
+        launcher, "launch", (lambda args, handlers=None: None) if exc is None else _raises(exc)
+    )
     assert agent._launch_warm([]) == (code, closes)
 
 

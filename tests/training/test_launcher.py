@@ -184,7 +184,9 @@ def test_an_agent_that_left_the_rendezvous_ends_for_a_new_pod(
     monkeypatch.setattr(rendezvous_handler_registry, "create_handler", lambda params: object())
     monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT")  # restored after
     _, config = torchrun_config(["--nnodes=1", "--module", "training.train"])
-    monkeypatch.setattr(launcher, "launch", lambda args: launcher.run_agent(config, []))
+    monkeypatch.setattr(
+        launcher, "launch", lambda args, handlers=None: launcher.run_agent(config, [])
+    )
     monkeypatch.setattr(launcher, "STOP", AgentStop())
     assert agent._launch_warm([]) == (RETRY_ME, False)
 

@@ -77,7 +77,6 @@ __all__ = [
     "SpotRendezvousHandler",
     "Timing",
     "create_handler",
-    "created",
     "register",
 ]
 
@@ -402,9 +401,6 @@ def _client(params: RendezvousParameters, timeout_s: float = ETCD_TIMEOUT_S) -> 
     return Etcd(host, port, protocol, timeout_s, members=members, tls=tls)
 
 
-_created: list[SpotRendezvousHandler] = []
-
-
 def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
     """The handler for torchrun's parameters (the PET_* env the operator sets)."""
     verdict = os.environ.get(VERDICT_ENV)
@@ -421,7 +417,6 @@ def create_handler(params: RendezvousParameters) -> SpotRendezvousHandler:
         round_file=Path(round_file) if round_file else None,
         watch_client=client.another(),
     )
-    _created.append(handler)
     return handler
 
 
@@ -429,8 +424,3 @@ def register() -> str:
     """Register this backend (idempotent); the name to launch with."""
     rendezvous_handler_registry.register(BACKEND, create_handler)
     return BACKEND
-
-
-def created() -> list[SpotRendezvousHandler]:
-    """The handlers this process's agent made (one per launch)."""
-    return list(_created)
