@@ -31,8 +31,10 @@ from tests.support.elastic_cluster import (
     final_parameters,
     max_abs_difference,
 )
+from tests.support.emulated_stream import REFERENCE as EMULATED
 from tests.support.trainer_harness import durable_head
 from training.data.cifar10 import write_synthetic_cifar10
+from training.loop.step_guard import STREAM_ENV
 from training.records import EMERGENCY_SAVE, METRICS, PERMIT_WAIT, READY, RESUMED, STARTED
 
 pytestmark = pytest.mark.usefixtures("torchrun")
@@ -204,9 +206,9 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     cluster_factory, reference, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # NCCL completes DDP's all-reduce future without the lost peer's share, so backward()
-    # returns normally. Emulated on gloo (training/loop/step_guard.py): without the step guard the
-    # survivors apply a half-reduced gradient, and the trajectory leaves the reference.
-    monkeypatch.setenv("TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE", "1")
+    # returns normally. Emulated on gloo (tests/support/emulated_stream.py): without the step
+    # guard the survivors apply a half-reduced gradient, and the trajectory leaves the reference.
+    monkeypatch.setenv(STREAM_ENV, EMULATED)
     cluster = cluster_factory(
         "nccl-semantics", collective_timeout_s=5, rendezvous=WHOLE_FIRST_ROUND
     )
@@ -228,6 +230,9 @@ def test_with_nccl_semantics_a_lost_peer_is_caught_before_the_optimiser_step(
     resumed = _resumes_after(cluster, fault_ts)[0]
     assert resumed["source"] == "local" and resumed["lost_steps"] == 0
     assert max_abs_difference(final_parameters(cluster.checkpoints), reference) < TOLERANCE
+    # The survivors ran with the test's stream, not gloo's own ordering.
+    guarded = "step guard: each step waits for its gradients on EmulatedStream"
+    assert all(guarded in (cluster.root / f"{n}.err").read_text() for n in ("a", "b"))
 
 
 @pytest.mark.timeout(300)

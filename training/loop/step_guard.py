@@ -37,18 +37,15 @@ state. Without it, FSDP2 without clipping loses steps on the CPU too: the evicte
 reduce-scatter in backward is the last collective its peers need, they apply the step, and
 its part holds the one before, so no set of parts is whole.
 
-There is no GPU here. ``EmulatedStream`` and ``stream_ordered_allreduce_hook`` give gloo NCCL's
-ordering as the CPU sees it: ``backward()`` returns once each bucket's all-reduce is *queued*
-on a stream (a thread that runs them in order); the all-reduce writes into the gradients (DDP's
-``gradient_as_bucket_view``) when it runs, later; one that fails leaves the peer's share
-missing. Tests turn it on with ``EMULATE_ENV``, which also turns the guard on.
+There is no GPU here. A test supplies a stream with NCCL's ordering on gloo (``STREAM_ENV``,
+tests/support/emulated_stream.py), which also turns the guard on; the product holds none.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,21 +60,36 @@ from training.elastic.faults import PeerLostError
 
 logger = logging.getLogger(__name__)
 
-EMULATE_ENV = "TRAIN_EMULATE_STREAM_ORDERED_ALLREDUCE"
-"""1: register ``stream_ordered_allreduce_hook`` on gloo and guard every step (tests, the lab)."""
+STREAM_ENV = "TRAIN_GRADIENT_STREAM"
+"""``module:attribute`` of a ``Stream`` class the gradient all-reduce is queued on off CUDA, with
+NCCL's ordering (tests supply one); set, it guards every step on gloo too. Unset: gloo, whose
+all-reduce never completes without every share, needs no guard."""
 
 
-def emulating() -> bool:
-    return os.environ.get(EMULATE_ENV, "") == "1"
+def supplied_stream() -> Callable[[], Stream] | None:
+    """The ``Stream`` class ``STREAM_ENV`` names, or None; ValueError naming it if it does not
+    import."""
+    reference = os.environ.get(STREAM_ENV, "")
+    if not reference:
+        return None
+    module, _, name = reference.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(
+            f"{STREAM_ENV}={reference!r} names no Stream class (module:attribute): {exc}"
+        ) from None
 
 
 def needs_guard(backend: str) -> bool:
     """Whether the gradient all-reduce can complete without every peer's share."""
-    return backend == "nccl" or emulating()
+    return backend == "nccl" or bool(os.environ.get(STREAM_ENV))
 
 
 class Stream(Protocol):
-    """Where this rank's gradient all-reduce runs after ``backward()`` returned."""
+    """Where this rank's gradient all-reduce runs after ``backward()`` returned. A stream may
+    also carry ``comm_hook``, DDP's hook that queues the all-reduce on it
+    (``parallel/wrap.py`` registers it)."""
 
     def synchronize(self, timeout_s: float) -> bool:
         """True when all that was queued so far has finished, and succeeded, within
@@ -98,37 +110,6 @@ class CudaStream:
         return True
 
 
-class EmulatedStream:
-    """A CPU stand-in for a CUDA stream: work queued here runs later, in order, on a thread."""
-
-    def __init__(self) -> None:
-        self._work: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._failed = False
-        threading.Thread(target=self._run, name="emulated-stream", daemon=True).start()
-
-    def enqueue(self, work: Callable[[], None]) -> None:
-        self._work.put(work)
-
-    def _run(self) -> None:
-        while True:
-            work = self._work.get()
-            try:
-                work()
-            except Exception as exc:  # the peer is gone: its share never arrives, as on a GPU
-                logger.debug("emulated stream-ordered work failed silently: %s", exc)
-                self._failed = True
-            finally:
-                self._work.task_done()
-
-    def synchronize(self, timeout_s: float) -> bool:
-        drained = threading.Event()
-        self.enqueue(drained.set)
-        if not drained.wait(timeout_s):
-            return False
-        failed, self._failed = self._failed, False
-        return not failed
-
-
 class StepGuard:
     """A synchronous "this step's all-reduce completed everywhere" check, on gloo."""
 
@@ -147,8 +128,10 @@ class StepGuard:
         """Every rank calls this, in the same order as its other group creations."""
         if not needs_guard(backend):
             return cls(None)
+        supplied = supplied_stream()  # before the group: a bad reference fails every rank alike
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        stream: Stream = EmulatedStream() if backend != "nccl" else CudaStream()
+        stream: Stream = CudaStream() if backend == "nccl" or supplied is None else supplied()
+        logger.info("step guard: each step waits for its gradients on %s", type(stream).__name__)
         return cls(group, stream, timeout_s)
 
     @property
@@ -246,28 +229,6 @@ class StepGate:
             if self._voting and not self.wait_for_vote:
                 return True
         return self._outside.wait(timeout_s)
-
-
-def stream_ordered_allreduce_hook(
-    state: EmulatedStream, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP's averaging all-reduce with NCCL's ordering: its future completes once the
-    all-reduce is queued; the all-reduce writes the bucket (the gradients' views) later."""
-    group = dist.group.WORLD
-    buffer = bucket.buffer()
-    buffer.div_(group.size())
-    state.enqueue(lambda: dist.all_reduce(buffer, group=group))
-    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(buffer)
-    return done
-
-
-# DDP checks a hook's annotations as objects (``_check_comm_hook``); this module's are strings.
-stream_ordered_allreduce_hook.__annotations__ = {
-    "state": Any,
-    "bucket": dist.GradBucket,
-    "return": torch.futures.Future[torch.Tensor],
-}
 
 
 def abort_collectives() -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.emulated_stream import REFERENCE, EmulatedStream
 from tests.support.trainer_harness import harness, sigterm_during
 from tests.support.waiting import gloo_group, holds_within
 from training.checkpoints.checkpoint import deserialize
@@ -30,7 +31,7 @@ from training.elastic.faults import PeerLostError
 from training.loop import step_guard, trainer
 from training.loop.metrics import Phases
 from training.loop.step_guard import (
-    EMULATE_ENV,
+    STREAM_ENV,
     StepGate,
     StepGuard,
     _to_cpu,
@@ -38,7 +39,6 @@ from training.loop.step_guard import (
     mark_state_written,
     needs_guard,
     state_reads,
-    stream_ordered_allreduce_hook,
 )
 
 
@@ -54,27 +54,33 @@ def world_of_one() -> Iterator[None]:
 
 
 def test_gloo_needs_no_guard_nccl_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    monkeypatch.delenv(STREAM_ENV, raising=False)
     assert not needs_guard("gloo") and needs_guard("nccl")
-    monkeypatch.setenv(EMULATE_ENV, "1")
+    monkeypatch.setenv(STREAM_ENV, REFERENCE)
     assert needs_guard("gloo")
+
+
+def test_a_stream_that_does_not_import_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STREAM_ENV, "tests.support.nowhere:Stream")
+    with pytest.raises(ValueError, match="TRAIN_GRADIENT_STREAM='tests.support.nowhere:Stream'"):
+        StepGuard.create("gloo", timeout_s=10)
 
 
 def test_the_guard_passes_when_every_rank_finished(
     world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(EMULATE_ENV, "1")
+    monkeypatch.setenv(STREAM_ENV, REFERENCE)
     guard = StepGuard.create("gloo", timeout_s=10)
     assert guard.active
     guard.vote(guard.settle())
-    monkeypatch.delenv(EMULATE_ENV)
+    monkeypatch.delenv(STREAM_ENV)
     assert not StepGuard.create("gloo", timeout_s=10).active
 
 
 def test_the_vote_runs_on_every_backend_and_a_no_stops_every_rank(
     world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    monkeypatch.delenv(STREAM_ENV, raising=False)
     guard = StepGuard.create("gloo", timeout_s=10)
     assert not guard.active  # no group of its own on gloo: the default one carries the vote
     guard.vote(True)
@@ -233,13 +239,13 @@ def test_on_a_gpu_a_sigterm_right_after_a_slow_step_saves_that_step_whole(
 
 
 def _window_rank(rank: int, root: str, results: dict) -> None:
-    os.environ[EMULATE_ENV] = "1"
+    os.environ[STREAM_ENV] = REFERENCE
     with gloo_group(f"{root}/init", rank, 2):
         guard = StepGuard.create("gloo", timeout_s=30)
         torch.manual_seed(0)
         model = torch.nn.Linear(64, 64)
         ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-        ddp.register_comm_hook(guard.stream, stream_ordered_allreduce_hook)
+        ddp.register_comm_hook(guard.stream, EmulatedStream.comm_hook)
         passed = Path(root) / "rank-1-passed-the-guard"
         if rank == 0:
             # Rank 0's stream is busy with earlier work until rank 1 passed its guard (or a
@@ -268,7 +274,7 @@ def test_no_rank_passes_the_guard_before_every_all_reduce_finished(tmp_path: Pat
 def test_the_window_loss_goes_over_the_guards_gloo_group(
     world_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(EMULATE_ENV, "1")
+    monkeypatch.setenv(STREAM_ENV, REFERENCE)
     guard = StepGuard.create("gloo", timeout_s=10)
     groups: list[object] = []
     real = dist.all_reduce

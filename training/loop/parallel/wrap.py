@@ -23,19 +23,18 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel
 
-from training.loop.step_guard import EmulatedStream, stream_ordered_allreduce_hook
-
 
 def wrap_model(model: nn.Module, parallelism: str, device: torch.device, stream: Any) -> nn.Module:
     """The module the step runs: ``model`` in DDP, or, sharded, ``model`` itself. ``stream``
-    is the step guard's: an ``EmulatedStream`` gives NCCL's ordering on gloo (tests, the lab)."""
+    is the step guard's: one a test supplies gives NCCL's ordering on gloo through its
+    ``comm_hook`` (training/loop/step_guard.py, ``STREAM_ENV``)."""
     if parallelism == "fsdp2":
         return model
     device_ids = [device.index] if device.type == "cuda" else None
-    if isinstance(stream, EmulatedStream):
+    if (hook := getattr(stream, "comm_hook", None)) is not None:
         # Gradients are views of the buckets, which the queued all-reduce fills later.
         ddp = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
-        ddp.register_comm_hook(stream, stream_ordered_allreduce_hook)
+        ddp.register_comm_hook(stream, hook)
         return ddp
     return DistributedDataParallel(model, device_ids=device_ids)
 
