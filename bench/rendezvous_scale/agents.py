@@ -102,13 +102,12 @@ class _Host:
         return positives
 
     def kill(self, index: int) -> float:
-        """What SIGKILL leaves: no more heartbeats, a refused port, a key until its TTL.
-        (The handler's private fields, as in tests/training/elastic/test_rendezvous.py: it has
-        no public way to die without leaving.)"""
+        """What SIGKILL leaves: no more heartbeats, a refused port, a key until its TTL (its
+        keys' stop and probe, as tests/training/elastic/test_rendezvous.py kills one)."""
         at = time.monotonic()
         handler = self.handlers[index]
-        handler._stop.set()
-        handler._probe.close()
+        handler.keys.stop.set()
+        handler.keys.probe.close()
         self.gone.add(index)
         return at
 

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -61,7 +60,7 @@ from training.elastic.etcd_v3 import Etcd, EtcdError, Members, Tls
 from training.elastic.exit_codes import VERDICT_ENV
 from training.elastic.key_copy import Joins
 from training.elastic.launch import ETCD_MEMBERS, MEMBERS_SEPARATOR, ROUND_FILE_ENV
-from training.elastic.liveness import Detector, ProbeServer, Progress, Verdict
+from training.elastic.liveness import Detector, Progress, Verdict
 from training.elastic.membership import ROOT, Membership, parse_endpoint
 from training.elastic.permit import Keeper, Permit
 from training.elastic.reachability import Reports
@@ -164,16 +163,6 @@ class SpotRendezvousHandler(RendezvousHandler):
         self.check_stop: Callable[[], None] = lambda: None
         """Raises when the agent was told to stop; called at each monitor poll and each step
         of joining, so a stop whose exception was lost forms no new group (launcher.py)."""
-
-    # What a SIGKILL leaves behind, for tests and the scale bench: heartbeats stop, the port
-    # refuses, the key stays until its TTL.
-    @property
-    def _stop(self) -> threading.Event:
-        return self.keys.stop
-
-    @property
-    def _probe(self) -> ProbeServer | None:
-        return self.keys.probe
 
     # -- the interface ---------------------------------------------------------------------
     def get_backend(self) -> str:

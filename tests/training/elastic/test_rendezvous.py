@@ -96,17 +96,17 @@ def nodes(etcd_server: EmbeddedEtcd, request: pytest.FixtureRequest) -> Iterator
 
 def kill(handler: SpotRendezvousHandler) -> None:
     """What a SIGKILL leaves behind: a key until its TTL runs out, a port that refuses."""
-    handler._stop.set()
-    assert handler._probe is not None
-    handler._probe.close()
+    handler.keys.stop.set()
+    assert handler.keys.probe is not None
+    handler.keys.probe.close()
 
 
 def freeze(handler: SpotRendezvousHandler) -> socket.socket:
     """A SIGSTOPped agent: heartbeats stop, its port accepts but nothing answers."""
-    assert handler._probe is not None
-    port = handler._probe.port
-    handler._stop.set()
-    handler._probe.close()
+    assert handler.keys.probe is not None
+    port = handler.keys.probe.port
+    handler.keys.stop.set()
+    handler.keys.probe.close()
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("", port))
@@ -263,7 +263,7 @@ def test_a_frozen_member_is_detected_after_its_ttl_and_the_group_reforms(nodes: 
 def test_a_slow_node_whose_key_expired_but_answers_is_not_dead(nodes: Nodes) -> None:
     a, b, c = nodes.new(), nodes.new(), nodes.new()
     nodes.join(a, b, c)
-    c._stop.set()  # its heartbeats stop (a starved agent); its probe still answers
+    c.keys.stop.set()  # its heartbeats stop (a starved agent); its probe still answers
     wait_until(lambda: c.node not in _registered(a), 10)
     wait_until(lambda: c.node not in a.keys.view.nodes, 10)  # a's view has it expired too
     assert a.num_nodes_waiting() == 0 and b.num_nodes_waiting() == 0
