@@ -126,6 +126,8 @@ class StepCompleted(Event):
 
     step: int
     world_size: int
+    applied_ts: NotRequired[float]
+    """As the metrics line's: when the step was let through to apply."""
 
 
 class Evaluated(Event):

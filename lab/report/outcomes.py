@@ -50,9 +50,11 @@ from training.records import (
     METRICS,
     PEER_FAILURE,
     RESUMED,
+    STEP_COMPLETED,
     Record,
     completed_step,
     finite_number,
+    is_event,
 )
 
 # A gap between metrics lines counts as a pause when it is this many typical gaps long (the
@@ -93,13 +95,14 @@ def groups_at_once(records: list[Record]) -> list[dict[str, Any]]:
     """Every pair of rendezvous rounds whose groups trained at the same time.
 
     A round's members left the round before (their workers stopped), so its last step comes
-    before the next round's first on one clock; an overlap is a second group training. A
-    step counts when it was let through to apply (``applied_ts``), not when its line was
-    written: a node frozen inside its log write writes the line after its thaw.
+    before the next round's first on one clock; an overlap is a second group training. Every
+    node's own step log counts (rank 0's metrics, the others' ``step_completed``), and a step
+    counts when it was let through to apply (``applied_ts``), not when its line was written:
+    a node frozen inside its log write writes the line after its thaw.
     """
     spans: dict[int, list[float]] = {}
     for r in records:
-        if r["kind"] == METRICS and r.get("rdzv_round"):
+        if (r["kind"] == METRICS or is_event(r, STEP_COMPLETED)) and r.get("rdzv_round"):
             at = r.get("applied_ts") or r["ts"]
             span = spans.setdefault(int(r["rdzv_round"]), [at, at])
             span[0], span[1] = min(span[0], at), max(span[1], at)

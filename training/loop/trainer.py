@@ -312,7 +312,10 @@ class Trainer(StatefulTrainer):
         which the chaos campaign counts lost steps from (bench/chaos/invariants.py)."""
         if self.env.local_rank == 0 and self.env.rank != 0:
             self.events.event(
-                "step_completed", step=self.state.step, world_size=self.env.world_size
+                "step_completed",
+                step=self.state.step,
+                world_size=self.env.world_size,
+                applied_ts=round(self.applied_ts, 3),
             )
 
     def _log(self, window_loss: list[float], steps: int, seconds: float) -> None:

@@ -376,6 +376,19 @@ def test_a_line_written_late_counts_at_its_steps_time_not_its_writes() -> None:
     assert pair["rounds"] == [1, 2]
 
 
+def test_every_nodes_own_step_log_counts_not_only_rank_0s_metrics() -> None:
+    # Round 1's rank 0 stopped at 15 s; its other node, cut off with it, applied a step at
+    # 20 s while round 2 trained: only that node's own step_completed line shows it.
+    records = _with_rounds(_kill_story(), (0, 15, 1), (15, 40, 2))
+    completed = {
+        **event(20.5, "step_completed", step=13, world_size=2, node="node-1"),
+        "rdzv_round": 1,
+        "applied_ts": START + 20.0,
+    }
+    (pair,) = groups_at_once(sorted([*records, completed], key=lambda r: r["ts"]))
+    assert pair["rounds"] == [1, 2]
+
+
 def test_the_tasks_evaluations_are_the_reports_validation_loss() -> None:
     assert _report(_kill_story())["run"]["validation"] is None  # a task without evaluations
     records = _kill_story() + [

@@ -18,6 +18,7 @@ import pytest
 
 from lab.local import netns
 from lab.local.etcd_server import EmbeddedEtcd, find_etcd_binary
+from lab.report.outcomes import groups_at_once
 from tests.support.elastic_cluster import TINY, Cluster
 from training.data.cifar10 import write_synthetic_cifar10
 from training.elastic.etcd_v3 import Etcd
@@ -126,23 +127,6 @@ def test_a_node_cut_off_from_its_peers_is_left_out_and_rejoins_once_the_partitio
         cluster.close()
 
 
-def _groups_at_once(cluster: Cluster) -> list[tuple[int, int]]:
-    """Pairs of rounds whose groups applied steps in overlapping windows with disjoint sets of
-    nodes, from every node's own step log (each line names the round its group formed in)."""
-    windows: dict[int, tuple[float, float, set[str]]] = {}
-    for r in cluster.records():
-        if r["kind"] != "metrics" and r.get("event") != "step_completed":
-            continue
-        first, last, nodes = windows.get(r["rdzv_round"], (r["ts"], r["ts"], set()))
-        windows[r["rdzv_round"]] = (min(first, r["ts"]), max(last, r["ts"]), nodes | {r["node"]})
-    return [
-        (x, y)
-        for x, (x0, x1, xs) in windows.items()
-        for y, (y0, y1, ys) in windows.items()
-        if x < y and not xs & ys and x0 <= y1 and y0 <= x1
-    ]
-
-
 def _fenced(cluster: Cluster, name: str) -> bool:
     """``name``'s agent stopped its workers: its lease may have expired (permit.py)."""
     return "fenced" in (cluster.root / f"{name}.err").read_text()
@@ -203,7 +187,7 @@ def test_two_nodes_cut_off_from_etcd_but_not_from_each_other_never_train_beside_
             180,
             "one group of three once etcd answers again",
         )
-        assert _groups_at_once(cluster) == [], cluster.tail(30)
+        assert groups_at_once(cluster.records()) == [], cluster.tail(30)
         # A round joined once etcd answers starts its workers on a renewed lease: before, the
         # fence stayed where the cut left it until the next heartbeat, and re-formed the
         # group again at once (three rounds in half a second).
