@@ -159,9 +159,11 @@ def test_an_eviction_saves_every_part_and_reshards_with_no_step_lost(
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0)
     # The parts serve, unless the eviction came at a periodic save's step: that committed
     # checkpoint is then the same step (CI: evicted at step 12, saved every 4).
-    periodic = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)}
+    # Durable: the periodic save that committed, or the one the nodes' stops committed from
+    # their parts (all durable above), which a restore takes over the parts of the same step.
+    committed = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)} | {s["step"] for s in saves}
     assert resumed["source"] == "parts" or (
-        resumed["source"] == "durable" and resumed["step"] in periodic
+        resumed["source"] == "durable" and resumed["step"] in committed
     ), resumed
     if resumed["source"] == "parts":
         # Each survivor reads a part its node saved from its own disk: keeping their order,
@@ -205,9 +207,11 @@ def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_
     assert saves and all(s["durable"] for s in saves), saves
     resumed = _after(cluster, RESUMED, evicted_ts)[0]
     assert (resumed["world_size"], resumed["lost_steps"]) == (2, 0), resumed
-    periodic = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)}
+    # Durable: the periodic save that committed, or the one the nodes' stops committed from
+    # their parts (all durable above), which a restore takes over the parts of the same step.
+    committed = {e["step"] for e in cluster.events(CHECKPOINT_SAVED)} | {s["step"] for s in saves}
     assert resumed["source"] == "parts" or (
-        resumed["source"] == "durable" and resumed["step"] in periodic
+        resumed["source"] == "durable" and resumed["step"] in committed
     ), resumed
     if resumed["source"] == "parts":
         # Each survivor reads a part its node saved from its own disk: keeping their order,
