@@ -307,6 +307,7 @@ def etcd_members(
         yield members
     finally:
         for member in members:
-            with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(member.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            if (pid := member.pid) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # a frozen member must take its SIGTERM
             member.stop()

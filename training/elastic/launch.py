@@ -112,7 +112,12 @@ class RendezvousSettings:
 
     def conf_arg(self) -> str:
         """The conf as torchrun's ``key=value,key=value`` string."""
-        return ",".join(f"{k}={v}" for k, v in self.conf().items())
+        return conf_arg(self.conf())
+
+
+def conf_arg(conf: dict[str, str]) -> str:
+    """A rendezvous conf as torchrun's ``--rdzv-conf`` (``PET_RDZV_CONF``) string."""
+    return ",".join(f"{k}={v}" for k, v in conf.items())
 
 
 ETCD_MEMBERS = "etcd_members"
@@ -169,7 +174,7 @@ class ElasticPolicy:
             "PET_NNODES": f"{self.min_nodes}:{self.max_nodes}",
             "PET_MAX_RESTARTS": str(self.max_restarts),
             "PET_NPROC_PER_NODE": str(self.nproc_per_node),
-            "PET_RDZV_CONF": ",".join(f"{k}={v}" for k, v in self.rdzv_conf().items()),
+            "PET_RDZV_CONF": conf_arg(self.rdzv_conf()),
         }
 
 

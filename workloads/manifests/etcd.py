@@ -104,18 +104,23 @@ def _member_host(spec: EtcdSpec, member: str) -> str:
     return f"{member}.{spec.peer_service}.{spec.namespace}.svc.cluster.local"
 
 
+def _members(spec: EtcdSpec) -> list[str]:
+    """The members' pod names, as the StatefulSet names its replicas."""
+    return [f"{spec.name}-{i}" for i in range(spec.replicas)]
+
+
 def etcd_member_endpoints(spec: EtcdSpec) -> tuple[str, ...]:
     """Each member's own ``host:port``: an agent moves on to them from the client Service,
     whose connection kube-proxy pins to one member, when that one cannot serve it
     (training/elastic/etcd_v3.py, ``Members``)."""
-    members = (f"{spec.name}-{i}" for i in range(spec.replicas))
-    return tuple(f"{_member_host(spec, m)}:{spec.client_port}" for m in members)
+    return tuple(f"{_member_host(spec, m)}:{spec.client_port}" for m in _members(spec))
 
 
 def etcd_command(spec: EtcdSpec) -> list[str]:
     """The etcd command line; ``$(POD_NAME)`` is expanded by the kubelet from the env."""
-    members = [f"{spec.name}-{i}" for i in range(spec.replicas)]
-    initial_cluster = ",".join(f"{m}=http://{_member_host(spec, m)}:{PEER_PORT}" for m in members)
+    initial_cluster = ",".join(
+        f"{m}=http://{_member_host(spec, m)}:{PEER_PORT}" for m in _members(spec)
+    )
     own_host = _member_host(spec, "$(POD_NAME)")
     return [
         "/usr/local/bin/etcd",
