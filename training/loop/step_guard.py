@@ -13,11 +13,13 @@ So, where the default group's collectives complete like that:
 - ``StepGuard.vote`` runs after ``backward()`` and before ``optimizer.step()``. First it waits,
   within the collective timeout, until this rank's gradient all-reduce has really finished:
   on a GPU it polls an event recorded on the current stream (which DDP made wait for the NCCL
-  stream), so a kernel stuck on a dead peer never blocks it. Then it all-reduces one number on a
-  gloo group of its own: 1 if this rank's all-reduce finished, else 0. Only when every rank says
-  1 has every rank the fully reduced gradient, so a peer can no longer pass the guard with its
-  ring kernel still running and die after; the guard raises otherwise, or when a peer is gone or
-  frozen. It costs one small gloo round trip per step.
+  stream), so a kernel stuck on a dead peer never blocks it, and checks the error NCCL
+  recorded (an aborted communicator's kernels return unfinished). Nothing reads a device value
+  to the host before that wait: the read would wait for the stuck kernel with no bound. Then it
+  all-reduces one number on a gloo group of its own: 1 if this rank's all-reduce finished, else
+  0. Only when every rank says 1 has every rank the fully reduced gradient, so a peer can no
+  longer pass the guard with its ring kernel still running and die after; the guard raises
+  otherwise, or when a peer is gone or frozen. It costs one small gloo round trip per step.
 - ``abort_collectives`` then aborts the NCCL communicators, so the stuck kernels return.
 - ``cpu_state`` copies the state on a CUDA stream of its own. The step that failed changed
   only gradients, never parameters or optimizer state, so those can be read without waiting
@@ -97,7 +99,11 @@ class Stream(Protocol):
 
 
 class CudaStream:
-    """The current CUDA stream, which DDP made wait for the NCCL all-reduce."""
+    """The current CUDA stream, which DDP made wait for the NCCL all-reduce; ``error`` says
+    what NCCL's watchdog recorded on the group (``communicator_error``)."""
+
+    def __init__(self, error: Callable[[], str | None] = lambda: None) -> None:
+        self.error = error
 
     def synchronize(self, timeout_s: float) -> bool:
         done = torch.cuda.Event()
@@ -107,7 +113,25 @@ class CudaStream:
             if time.monotonic() > give_up:
                 return False
             time.sleep(0.0002)
-        return True
+        # An aborted communicator (the watchdog's, on a timeout or a peer's error) lets its
+        # kernels return with the reduction unfinished: the event alone cannot tell.
+        failed = self.error()
+        if failed is not None:
+            logger.warning("the gradient all-reduce returned, but NCCL reports %s", failed)
+        return failed is None
+
+
+def communicator_error(group: dist.ProcessGroup | None = None) -> str | None:
+    """What NCCL's watchdog recorded on ``group``'s NCCL backend (``TIMEOUT``, ``COMM_ERROR``,
+    ``REMOTE_ERROR``: torch's ``ErrorType``, from ``ProcessGroupNCCL::getError``), or None
+    while it reports ``SUCCESS`` or the backend has no such record."""
+    try:
+        backend = (group or dist.group.WORLD)._get_backend(torch.device("cuda"))
+        error = backend.get_error()
+    except (AttributeError, RuntimeError):  # not NCCL, or no NCCL backend on this group
+        return None
+    name = getattr(error, "name", str(error))
+    return None if name == "SUCCESS" else name
 
 
 class StepGuard:
@@ -130,7 +154,9 @@ class StepGuard:
             return cls(None)
         supplied = supplied_stream()  # before the group: a bad reference fails every rank alike
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        stream: Stream = CudaStream() if backend == "nccl" or supplied is None else supplied()
+        stream: Stream = (
+            CudaStream(communicator_error) if backend == "nccl" or supplied is None else supplied()
+        )
         logger.info("step guard: each step waits for its gradients on %s", type(stream).__name__)
         return cls(group, stream, timeout_s)
 

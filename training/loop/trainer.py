@@ -111,7 +111,7 @@ class Trainer(StatefulTrainer):
                 self.dcp.mark_boundary()
         finally:
             self.gate.leave()
-        return losses.loss_sum, losses.count
+        return losses.total(), losses.count  # read once the step is applied
 
     def _hold_permit(self) -> float:
         """Wait, before the step changes the state, while the agent has not confirmed this
@@ -155,7 +155,7 @@ class Trainer(StatefulTrainer):
             value = checked_loss(self.spec.loss, self.spec.name, model, batch, where)
         loss, count = split_loss(value)
         self.precision.backward(loss if count is not None else loss * scale)
-        losses.add(float(loss.detach()), count, len(indices))
+        losses.add(loss, count, len(indices))
 
     def _reduce_gradients(self) -> torch.Tensor | None:
         """The step's collectives after the gradients' own, all before the vote: fp16's
@@ -193,7 +193,7 @@ class Trainer(StatefulTrainer):
             losses = StepLosses(self.spec.name)
             self._backward(self.model, first, scale, losses)
             normalize_gradients(self.model.parameters(), losses, 1, None)  # local: no collective
-            return losses.loss_sum
+            return losses.total()
 
         with self._state_lock:
             seconds = rehearse_resume(

@@ -190,6 +190,120 @@ def test_off_cuda_no_event_is_recorded_and_the_save_holds_the_last_step(
         assert torch.equal(saved["model"]["model"][name], value), name
 
 
+class _HostReads:
+    """The trainer's step, logged in order: each ``backward``, the guard's waits (``settle``)
+    and its ``vote``, and every read of a tensor's value into Python on the test's own thread
+    (``read``). On a GPU a read blocks the host until all the stream has queued has run, a
+    gradient all-reduce stuck on a dead peer included: only the guard's wait is bounded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, h: Any, settles: bool) -> None:
+        self.log: list[str] = []
+        me = threading.get_ident()
+        for name in ("__float__", "item", "tolist"):
+            real = getattr(torch.Tensor, name)
+
+            def read(tensor: torch.Tensor, *args: Any, _real: Any = real) -> Any:
+                if threading.get_ident() == me:
+                    self.log.append("read")
+                return _real(tensor, *args)
+
+            monkeypatch.setattr(torch.Tensor, name, read)
+        precision, guard = h.trainer.precision, h.trainer.guard
+        backward, synchronize, vote = precision.backward, guard.stream.synchronize, guard.vote
+
+        def logged_backward(loss: torch.Tensor) -> None:
+            backward(loss)
+            self.log.append("backward")
+
+        def logged_synchronize(timeout_s: float) -> bool:
+            self.log.append("settle")
+            return synchronize(timeout_s) and settles
+
+        def logged_vote(applies: bool) -> None:
+            self.log.append("vote")
+            vote(applies)
+
+        monkeypatch.setattr(precision, "backward", logged_backward)
+        monkeypatch.setattr(guard.stream, "synchronize", logged_synchronize)
+        monkeypatch.setattr(guard, "vote", logged_vote)
+
+    def after_the_last_backward(self) -> list[str]:
+        last = len(self.log) - 1 - self.log[::-1].index("backward")
+        return self.log[last + 1 :]
+
+
+@pytest.mark.parametrize("settles", [True, False], ids=["finished", "stuck"])
+def test_nothing_reads_the_device_between_backward_and_the_guards_bounded_wait(
+    tmp_path: Path,
+    data_dir: Path,
+    world_of_one: None,
+    monkeypatch: pytest.MonkeyPatch,
+    settles: bool,
+) -> None:
+    # ``float(loss)`` right after backward() waited for the gradient all-reduce on the host:
+    # a peer dead inside it held the step there until NCCL's watchdog, never reaching the
+    # guard's bounded wait. The loss is read only once the step is voted through.
+    monkeypatch.setenv(STREAM_ENV, REFERENCE)
+    h = harness(tmp_path, data_dir, "--checkpoint-every-steps=0", "--micro-batch-size=4")
+    h.trainer.guard = StepGuard.create("gloo", timeout_s=10)
+    h.trainer.restore()
+    h.trainer._wrap(Phases())
+    reads = _HostReads(monkeypatch, h, settles)
+    if settles:
+        loss_sum, _ = h.trainer.train_step()
+        assert loss_sum > 0 and h.trainer.state.step == 1
+    else:
+        with pytest.raises(PeerLostError, match="0 of 1 ranks apply the step"):
+            h.trainer.train_step()
+        assert h.trainer.state.step == 0
+    assert reads.log.count("backward") == 2  # both micro-batches
+    after = reads.after_the_last_backward()
+    assert after[0] == "settle", reads.log
+    if not settles:  # nothing read from the device at all before the vote refuses the step
+        assert "read" not in after[: after.index("vote")], reads.log
+
+
+def test_a_finished_all_reduce_on_an_aborted_communicator_is_not_a_finished_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # After the watchdog aborts a communicator its kernels return, and the event polled says
+    # done with the gradients half reduced: the error NCCL recorded is what tells.
+    class Done:
+        def record(self, stream: object = None) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    monkeypatch.setattr(torch.cuda, "Event", Done)
+    errors: list[str | None] = [None, "COMM_ERROR"]
+    stream = step_guard.CudaStream(lambda: errors[0])
+    assert stream.synchronize(timeout_s=1)
+    errors.pop(0)
+    assert not stream.synchronize(timeout_s=1)
+
+
+def test_the_communicators_error_is_read_from_its_nccl_backend() -> None:
+    class Backend:
+        def __init__(self, error: str) -> None:
+            self.error = SimpleNamespace(name=error)
+
+        def get_error(self) -> object:
+            return self.error
+
+    def group(error: str) -> Any:
+        backends = {torch.device("cuda"): Backend(error)}
+        return SimpleNamespace(_get_backend=lambda device: backends[device])
+
+    assert step_guard.communicator_error(group("SUCCESS")) is None
+    assert step_guard.communicator_error(group("TIMEOUT")) == "TIMEOUT"
+
+    def no_nccl(device: torch.device) -> object:
+        raise RuntimeError("No backend type associated with device type cuda")
+
+    assert step_guard.communicator_error(SimpleNamespace(_get_backend=no_nccl)) is None
+
+
 def _copied_in_state_reads(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """As a sharded part is written: tensor by tensor, inside ``state_reads``."""
     with state_reads():

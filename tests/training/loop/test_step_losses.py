@@ -39,7 +39,7 @@ def _split_gradient(world: int, micro: int) -> torch.Tensor:
         for chunk in share.split(micro):
             loss, count = split_loss(_loss(weight, inputs[chunk], mask[chunk]))
             loss.backward()
-            losses.add(float(loss.detach()), count, len(chunk))
+            losses.add(loss, count, len(chunk))
         ranks.append((weight, losses))
     average = sum(w.grad for w, _ in ranks) / world  # DDP's all-reduce
     counts = [losses.count for _, losses in ranks]
@@ -73,7 +73,7 @@ def test_a_sum_over_samples_is_left_as_the_loop_scaled_it() -> None:
     weight = torch.nn.Parameter(torch.ones(2))
     weight.grad = torch.full((2,), 3.0)
     losses = StepLosses("toy")
-    losses.add(1.5, None, 4)
+    losses.add(torch.tensor(1.5), None, 4)
     assert normalize_gradients([weight], losses, 2, None) == 4  # the samples, for the log
     assert weight.grad.tolist() == [3.0, 3.0]
 
@@ -82,13 +82,13 @@ def test_a_global_count_of_zero_gives_a_zero_gradient() -> None:
     weight = torch.nn.Parameter(torch.ones(2))
     weight.grad = torch.zeros(2)
     losses = StepLosses("toy")
-    losses.add(0.0, 0.0, 4)
+    losses.add(torch.tensor(0.0), 0.0, 4)
     assert normalize_gradients([weight], losses, 2, lambda t: t) == 0
     assert weight.grad.tolist() == [0.0, 0.0]
 
 
 def test_mixing_the_two_kinds_in_a_step_is_refused() -> None:
     losses = StepLosses("toy")
-    losses.add(1.0, 3.0, 2)
+    losses.add(torch.tensor(1.0), 3.0, 2)
     with pytest.raises(TaskContractError, match="task 'toy': loss returned a .sum, count. pair"):
-        losses.add(1.0, None, 2)
+        losses.add(torch.tensor(1.0), None, 2)

@@ -37,14 +37,16 @@ class StepLosses:
     """One rank's losses of one step, over its micro-batches."""
 
     task: str
-    loss_sum: float = 0.0
-    """The sum of the losses' sums."""
     count: float = 0.0
     """Samples (a sum over samples), or the losses' counts."""
     counted: bool | None = None
     """Whether the loss gives ``(sum, count)``; None before the first micro-batch."""
+    _sum: torch.Tensor | None = None
+    """The sum of the losses' sums, on the device, in float64 (a Python float's sum)."""
 
-    def add(self, loss_sum: float, count: float | None, samples: int) -> None:
+    def add(self, loss: torch.Tensor, count: float | None, samples: int) -> None:
+        """Add a micro-batch's loss, kept on the device: reading it would block the host until
+        the stream's queued work ran, the gradient all-reduce's included (``total``)."""
         counted = count is not None
         if self.counted is not None and counted != self.counted:
             raise TaskContractError(
@@ -52,8 +54,14 @@ class StepLosses:
                 "and a plain sum for others; return the same kind every time"
             )
         self.counted = counted
-        self.loss_sum += loss_sum
+        value = loss.detach().to(torch.float64)
+        self._sum = value if self._sum is None else self._sum + value
         self.count += count if count is not None else samples
+
+    def total(self) -> float:
+        """The sum of the losses' sums, read to the host: only once the step's vote passed
+        (training/loop/step_guard.py), so a dead peer's all-reduce cannot block the read."""
+        return float(self._sum) if self._sum is not None else 0.0
 
 
 def normalize_gradients(
