@@ -151,7 +151,9 @@ def steady_scenario(plan: SteadyPlan, profile: Profile) -> Scenario:
     scenario = Scenario(
         name=f"bench-steady-{profile.name}",
         nodes=plan.nodes,
-        min_nodes=1,
+        # Its first round waits for every node: with fewer allowed, a loaded machine let one
+        # node train every step alone before the other's agent was up (nothing measured).
+        min_nodes=plan.nodes,
         max_nodes=plan.nodes,
         timeout_s=600.0,
         launcher=profile.launcher,

@@ -103,6 +103,8 @@ def test_steady_runs_differ_only_in_checkpoints() -> None:
     plan = SteadyPlan()
     elastic = steady_scenario(plan, lab_profile())
     assert elastic.faults == () and elastic.nodes == plan.nodes
+    # Every step at the static run's size: no round of fewer nodes before the last one is up.
+    assert elastic.min_nodes == elastic.max_nodes == plan.nodes
     assert f"--checkpoint-every-steps={plan.checkpoint_every_steps}" in elastic.train.args("/d")
     static = steady_train(plan, lab_profile(), checkpoints=False).args("/d")
     assert "--checkpoint-every-steps=0" in static and "--emergency-saves=false" in static

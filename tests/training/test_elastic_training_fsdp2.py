@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,6 +179,13 @@ def _store_log(path: Path, what: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["what"] == what]
 
 
+def _saved_step(upload: dict) -> int:
+    """The step of the checkpoint an upload belongs to (``sharded_id``: ``dcp-<step>-...``)."""
+    found = re.search(r"-(\d{10})-", upload["name"])
+    assert found, upload
+    return int(found.group(1))
+
+
 @pytest.mark.timeout(300)
 def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_lost(
     cluster: Cluster, reference: dict[str, torch.Tensor], tmp_path: Path
@@ -193,8 +201,16 @@ def test_an_eviction_inside_a_periodic_saves_upload_saves_the_part_with_no_step_
         cluster.start(node, ARGS, env=slow if node == "c" else None)
     cluster.wait_until(lambda: cluster.steps_at(3) >= EVERY + 2, 180, "a step past a save")
     seen = len(_store_log(log, "upload"))
-    cluster.wait_until(lambda: len(_store_log(log, "upload")) > seen, 120, "c's next upload")
-    upload = _store_log(log, "upload")[seen]
+
+    def periodic_upload() -> dict | None:
+        # A periodic save with steps left after it: c's uploads lag (2 s a put), and one of the
+        # final save would end the run with no re-form at all.
+        later = _store_log(log, "upload")[seen:]
+        return next((u for u in later if _saved_step(u) <= MAX_STEPS - 2 * EVERY), None)
+
+    cluster.wait_until(lambda: periodic_upload() is not None, 120, "c's next periodic upload")
+    upload = periodic_upload()
+    assert upload is not None
     evicted_ts = max(r["ts"] for r in cluster.records())
     evicted_at = time.time()
     cluster.evict("c")
