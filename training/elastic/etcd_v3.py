@@ -26,7 +26,8 @@ open and silent; with it, the answer is immediate (tests/training/elastic/test_m
 a real three-member etcd). A refusal, a connection refused and "no leader" were not applied, so
 the request goes on to the next member at once; a write that timed out may have been applied, so it
 fails (its caller retries) and the next request goes to the next member, while a read or a
-keep-alive goes on at once: a member cut off from the quorum is left within one request timeout.
+keep-alive goes on at once: a member cut off from the quorum is left within one request timeout
+(a keep-alive's own, ``KEEP_ALIVE_TIMEOUT_S``, for a keep-alive).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ logger = logging.getLogger(__name__)
 REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
 """etcd's require-leader metadata through the gateway (the module docstring)."""
 NO_LEADER = "etcdserver: no leader"
+KEEP_ALIVE_TIMEOUT_S = 0.5
+"""How long a keep-alive waits for its member before going on to the next: a renewal is answered
+in milliseconds (no disk write), so a member that takes longer is frozen or without a leader,
+and the next member must still be asked well inside the fence's window (the lease's TTL less
+its margin: training/elastic/membership.py)."""
 
 EtcdError = Etcd3Exception
 """Every failure of a request: unreachable, timed out, or an error answer."""
@@ -236,6 +242,7 @@ class Etcd:
     ) -> None:
         self.members = members or Members([(host, port)])
         self.timeout_s = timeout_s
+        self.keep_alive_timeout_s = min(timeout_s, KEEP_ALIVE_TIMEOUT_S)
         self._protocol, self._tls = protocol, tls
         session = requests.Session()
         session.headers.update(REQUIRE_LEADER)
@@ -246,13 +253,18 @@ class Etcd:
             self._tls_args["verify"] = tls.ca_cert
         if tls.client_cert is not None and tls.client_key is not None:
             self._tls_args["cert"] = (tls.client_cert, tls.client_key)
+
         # The API path is fixed: /v3/ is served by every etcd from 3.4 on, and etcd3gw's
         # discovery would cost a /version request on the first call. One session for every
         # member: one thread's client, its connections pooled per member.
-        self._clients = [
-            Etcd3Client(h, p, protocol, timeout=timeout_s, api_path="/v3/", session=session)
-            for h, p in self.members.endpoints
-        ]
+        def each_member(timeout: float) -> list[Etcd3Client]:
+            return [
+                Etcd3Client(h, p, protocol, timeout=timeout, api_path="/v3/", session=session)
+                for h, p in self.members.endpoints
+            ]
+
+        self._clients = each_member(timeout_s)
+        self._keep_alive_clients = each_member(self.keep_alive_timeout_s)
 
     @property
     def client(self) -> Etcd3Client:
@@ -273,14 +285,22 @@ class Etcd:
     def _post(self, path: str, body: dict[str, Any], read: bool = False) -> dict[str, Any]:
         return self._send(path, read, json=body)
 
-    def _send(self, path: str, read: bool = False, **payload: Any) -> dict[str, Any]:
+    def _send(
+        self,
+        path: str,
+        read: bool = False,
+        clients: Sequence[Etcd3Client] | None = None,
+        **payload: Any,
+    ) -> dict[str, Any]:
         """POST to the member in use; on to the next when it did not take the request (the
         module docstring), each member once. A ``read`` (or a keep-alive) changes nothing
-        when applied twice, so it goes on after a timeout too."""
+        when applied twice, so it goes on after a timeout too. ``clients``: the members'
+        clients to send with (their timeout), the general ones by default."""
+        clients = clients or self._clients
         start = self.members.at()
         for tried in range(len(self.members)):
             index = (start + tried) % len(self.members)
-            client = self._clients[index]
+            client = clients[index]
             try:
                 return client.post(client.get_url(path), **payload, **self._tls_args)
             except Etcd3Exception as error:
@@ -355,7 +375,9 @@ class Etcd:
 
     def keep_alive(self, lease: int) -> int:
         """Renew ``lease``; its new TTL, or -1 when it has expired (etcd answers no TTL)."""
-        answer = self._post("/lease/keepalive", {"ID": lease}, read=True)
+        answer = self._send(
+            "/lease/keepalive", read=True, clients=self._keep_alive_clients, json={"ID": lease}
+        )
         return int(answer.get("result", {}).get("TTL", -1))
 
     def time_to_live(self, lease: int) -> int:

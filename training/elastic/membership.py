@@ -41,7 +41,7 @@ CATCH_UP_S = 0.5
 it) before it reads the keys itself: the watch is milliseconds behind unless etcd is away."""
 EXPIRY_CHECK_S = 0.5
 """How often etcd's leader looks for expired leases (``server/lease/lessor.go``, ``runLoop``):
-part of the fence's margin, with one request timeout (``Membership.fence``)."""
+part of the fence's margin, with one keep-alive's timeout (``Membership.fence``)."""
 
 
 def parse_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
@@ -226,9 +226,9 @@ class Membership:
 
     @property
     def margin_s(self) -> float:
-        """What the fence keeps back from the TTL: one request timeout and etcd's check for
-        expired leases."""
-        return self.client.timeout_s + EXPIRY_CHECK_S
+        """What the fence keeps back from the TTL: one keep-alive's timeout and etcd's check
+        for expired leases."""
+        return self.client.keep_alive_timeout_s + EXPIRY_CHECK_S
 
     def fence(self) -> float:
         """Until when (monotonic) this node's key is sure to live: the TTL etcd granted past
@@ -297,12 +297,18 @@ class Membership:
         return min(float(self.timing.keep_alive_interval_s), self.granted_ttl_s / 3)
 
     def _heartbeats(self) -> None:
-        while not self.stop.wait(self.beat_every_s):
+        # After a failed keep-alive the next goes out sooner (backed off, never later than a
+        # period): a leader's election takes about a second, and the fence does not wait.
+        backoff, wait_s = Backoff(), self.beat_every_s
+        while not self.stop.wait(wait_s):
             try:
                 self.beat()
                 self.note_up()
+                backoff.reset()
+                wait_s = self.beat_every_s
             except EtcdError as exc:
                 self.note_down(exc)
+                wait_s = min(backoff.next(), self.beat_every_s)
 
     def notify(self) -> None:
         """Wake whoever waits in ``wait_for_change``."""

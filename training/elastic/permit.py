@@ -19,8 +19,8 @@ agent), stops no one; its key decides, as before.
 The fence: a node cut off from etcd but not from its peers (a member cut off from the quorum,
 a subnet cut) cannot renew its lease, and once the lease expires the others form a round
 without it. So the permit never reaches past ``fence`` (training/elastic/membership.py: the
-granted TTL past the last keep-alive etcd answered, less one request timeout and etcd's check
-for expired leases). A grant that the fence cuts short is written as *fenced*: the workers wait
+granted TTL past the last keep-alive etcd answered, less one keep-alive's timeout and etcd's
+check for expired leases). A grant that the fence cuts short is written as *fenced*: the workers wait
 at it whatever their own pauses (a lapse that is no wedged agent's), and once the fence
 passes, ``tick`` says the group must re-form: the agent stops its workers (they save
 node-locally, as on any re-form) and joins the next round once etcd answers.

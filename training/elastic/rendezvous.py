@@ -146,8 +146,8 @@ class SpotRendezvousHandler(RendezvousHandler):
         if fence_s <= self.keys.beat_every_s:
             raise ValueError(
                 f"rdzv-conf keep_alive_interval x keep_alive_max_attempt ({timing.ttl_s} s, the "
-                f"lease's TTL) must exceed the fence's margin ({self.keys.margin_s:g} s: one etcd "
-                f"request timeout and etcd's 0.5 s expiry check) by more than one keep-alive "
+                f"lease's TTL) must exceed the fence's margin ({self.keys.margin_s:g} s: one "
+                f"keep-alive's timeout and etcd's 0.5 s expiry check) by more than one keep-alive "
                 f"({self.keys.beat_every_s:g} s); raise keep_alive_max_attempt"
             )
         self.joins = Joins(client, client.another(), self.root, self.keys.notify)

@@ -98,6 +98,24 @@ def test_a_member_that_does_not_answer_fails_one_request_and_the_next_goes_on(
         assert again.range("/members-test/")[1] > 0 and again.members.at() == 1
 
 
+def test_a_keep_alive_leaves_a_silent_member_within_its_own_timeout(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    # A frozen leader held a keep-alive for the general request timeout: longer than the
+    # fence leaves, so the node fenced itself though the other members answered. Here that
+    # timeout is longer than the pytest run's: only the keep-alive's own lets this pass.
+    with socket.create_server((HOST, 0), backlog=8) as silent:
+        port = silent.getsockname()[1]
+        members = Members([(HOST, etcd_server.client_port), (HOST, port)])
+        granting = Etcd(HOST, etcd_server.client_port, timeout_s=5, members=members)
+        lease, ttl = granting.grant_ttl(5)
+        members.leave(0, "test: the next request starts at the silent member")
+        client = Etcd(HOST, port, timeout_s=600, members=members)
+        assert client.keep_alive_timeout_s < client.timeout_s
+        assert client.keep_alive(lease) == ttl
+        assert members.at() == 0  # left the silent member, within the keep-alive
+
+
 def test_a_refused_member_is_passed_over_within_the_request(etcd_server: EmbeddedEtcd) -> None:
     with socket.create_server((HOST, 0)) as closed:
         port = closed.getsockname()[1]

@@ -306,7 +306,7 @@ def test_a_new_node_cannot_open_a_round_while_the_members_live(nodes: Nodes) -> 
 def test_an_etcd_outage_pauses_nothing_until_the_fence_then_the_group_re_forms(
     nodes: Nodes,
 ) -> None:
-    """Until the fence (the TTL past the last keep-alive etcd answered, less one request
+    """Until the fence (the TTL past the last keep-alive etcd answered, less one keep-alive's
     timeout and etcd's expiry check) the group trains on; past it each node says its group
     must re-form (its workers stop), and once etcd answers the two form the next round."""
     a, b = nodes.new(), nodes.new()
@@ -334,7 +334,7 @@ def test_a_ttl_the_fence_would_eat_is_refused_naming_the_settings(
             "short-ttl",
             1,
             1,
-            Timing(keep_alive_interval_s=1, keep_alive_max_attempt=2),
+            Timing(keep_alive_interval_s=1, keep_alive_max_attempt=1),
         )
 
 
