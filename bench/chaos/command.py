@@ -27,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Random schedules of overlapping faults (evict, kill, freeze, a freeze that "
         "comes back, also during an upload, join, etcd outage, evict-all then new nodes, SIGTERM "
         "during a restore or an upload, a slow or failing store, a node cut off from its "
-        "peers), 0-3 s apart, on real agents with 1 or 2 processes each; every schedule is "
-        "checked against the job's invariants. Exit 1 when any is violated.",
+        "peers, nodes cut off from etcd as a new one may arrive), 0-3 s apart, on real agents "
+        "with 1 or 2 processes each; every schedule is checked against the job's invariants. "
+        "Exit 1 when any is violated.",
     )
     parser.add_argument(
         "--schedules", type=int, default=DEFAULT_SCHEDULES, help=f"(default {DEFAULT_SCHEDULES})"
@@ -58,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-partitions",
         dest="partitions",
         action="store_false",
-        help="draw no partition (a node cut off from its peers, not from etcd): it needs "
-        "network namespaces, so root",
+        help="draw no partition (a node cut off from its peers, not from etcd) and no "
+        "etcd-cut (nodes cut off from etcd, not from their peers): they need network "
+        "namespaces, so root",
     )
     parser.add_argument(
         "--out", type=Path, help="output dir (default bench-results/chaos-<timestamp>); must be new"

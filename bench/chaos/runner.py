@@ -14,7 +14,9 @@ SIGCONT ``thaw_s`` later and is a live node again, whatever it then does.
 
 A partitioned node (``partition``) stays a live node: a blackhole route to every peer in its
 network namespace (``lab/local/netns.py``) cuts it off from them, not from etcd or the store,
-and ``seconds`` later the routes go (``healed``). Nothing is sent to its processes.
+and ``seconds`` later the routes go (``healed``). Nothing is sent to its processes. An
+``etcd-cut`` is the other way round: its nodes lose etcd (a blackhole route to the host's
+address) and keep their peers, and a new node may start as they are cut.
 
 Everything it does is logged (``actions``, and ``chaos_fault`` lines in the lab's event log)
 for the invariants (``bench/chaos/invariants.py``). After each durable acknowledgement in the
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.chaos.schedule import ChaosFault, Schedule
+from bench.chaos.schedule import ETCD_CUT, ChaosFault, Schedule
 from lab.local.etcd_server import EmbeddedEtcd
 from lab.local.netns import Network
 from lab.local.node import wait_for_exit
@@ -135,9 +137,9 @@ class ChaosRunner(FaultRunner):
     _topped_up: bool = False
     _paused: dict[int, Paused] = field(default_factory=dict)
     network: Network | None = None
-    """The nodes' network, when the schedule holds a partition."""
-    _heals: list[tuple[float, int, int]] = field(default_factory=list)
-    """(time.monotonic() due, node, fault index) of every partition still to heal."""
+    """The nodes' network, when the schedule holds a partition or an etcd-cut."""
+    _heals: list[tuple[float, int, int, str]] = field(default_factory=list)
+    """(time.monotonic() due, node, fault index, kind) of every cut still to heal."""
 
     # -- the schedule's clock ---------------------------------------------------------------
     def _maybe_inject(self) -> None:
@@ -205,8 +207,8 @@ class ChaosRunner(FaultRunner):
                     target, fault
                 )
             self._act(index, kind, [self.nodes[target].name])
-        elif kind == "partition":
-            self._partition(index, fault)
+        elif kind in ("partition", ETCD_CUT):
+            self._cut(index, fault)
         elif kind == "join":
             if len(self.live) + len(self._paused) >= self.scenario.max_nodes:
                 self._act(index, kind, [], landed=False, why="max nodes run")
@@ -289,23 +291,40 @@ class ChaosRunner(FaultRunner):
                 of=paused.fault.kind,
             )
 
-    def _partition(self, index: int, fault: ChaosFault) -> None:
+    def _cut(self, index: int, fault: ChaosFault) -> None:
+        """A partition cuts one live node off from its peers; an etcd-cut ``fault.nodes`` of
+        them (from the one ``pick`` names, in name order) off from etcd, and may start a node."""
         target = self._pick(fault)
         if target is None or self.network is None:
             why = "no live node" if target is None else "no network namespaces"
             self._act(index, fault.kind, [], landed=False, why=why)
             return
-        name = self.nodes[target].name
-        self.network.cut(name)
-        self._heals.append((time.monotonic() + fault.seconds, target, index))
-        self._act(index, fault.kind, [name], seconds=fault.seconds)
+        live = sorted(self.live)
+        first = live.index(target)
+        count = fault.nodes if fault.kind == ETCD_CUT else 1
+        targets = [live[(first + i) % len(live)] for i in range(min(count, len(live)))]
+        for number in targets:
+            name = self.nodes[number].name
+            if fault.kind == ETCD_CUT:
+                self.network.cut_from_host(name)
+            else:
+                self.network.cut(name)
+            self._heals.append((time.monotonic() + fault.seconds, number, index, fault.kind))
+        detail: dict[str, Any] = {"seconds": fault.seconds}
+        if fault.join:
+            room = len(self.live) + len(self._paused) < self.scenario.max_nodes
+            detail["new"] = self._start_new() if room else None
+        self._act(index, fault.kind, [self.nodes[n].name for n in targets], **detail)
 
     def _heal_due(self, now: float, every: bool = False) -> None:
-        for due, number, index in [h for h in self._heals if every or h[0] <= now]:
-            self._heals.remove((due, number, index))
+        for heal in [h for h in self._heals if every or h[0] <= now]:
+            self._heals.remove(heal)
+            due, number, index, kind = heal
             name = self.nodes[number].name
-            if self.network is not None and not any(h[1] == number for h in self._heals):
-                self.network.heal(name)  # an overlapping cut of the same node lasts to its end
+            # An overlapping cut of the same node, of the same kind, lasts to its end.
+            still = any(h[1] == number and h[3] == kind for h in self._heals)
+            if self.network is not None and not still:
+                (self.network.heal_host if kind == ETCD_CUT else self.network.heal)(name)
             self._act(index, "healed", [name], early=now < due)
 
     def _stopped(self, number: int) -> None:

@@ -15,7 +15,8 @@ on the same nodes; only some of its freezes now come back.
 A ``partition`` comes from the second stream too, after all of its earlier draws: in some
 schedules (``PARTITION_SHARE``) it is put between two faults of the first stream, at a point
 where at least two nodes are expected to run, its gap carved out of the next fault's, so every
-other fault keeps its time.
+other fault keeps its time. An ``etcd-cut`` is put in the same way from a third stream
+(``ETCD_CUT_SHARE``), after the partition: every earlier draw of a seed stays as it was.
 """
 
 from __future__ import annotations
@@ -48,10 +49,22 @@ PARTITION = "partition"
 """A node cut off from its peers (not from etcd, nor the durable store) for ``seconds``, then
 healed: a blackhole route to every peer in its network namespace (lab/local/netns.py). It
 stays a live node: the rendezvous leaves it out without a restart, and takes it back."""
-KINDS = (*DRAWN, *THAWS, PARTITION)
+ETCD_CUT = "etcd-cut"
+"""``nodes`` nodes (from the one ``pick`` names, in name order) cut off from etcd, not from their
+peers nor the store, for ``seconds``, then healed: a blackhole route to the host's address,
+where etcd listens, in each one's namespace (lab/local/netns.py). With ``join`` a new node
+starts as they are cut (when the job has room): the case in which a group cut off from etcd
+trained on beside the round the new node opened. A cut node must stop at its fence and never
+train beside another group."""
+NETWORK_FAULTS = (PARTITION, ETCD_CUT)
+"""The kinds that need every node in a network namespace."""
+KINDS = (*DRAWN, *THAWS, *NETWORK_FAULTS)
 PARTITION_SHARE = 0.4
 """The share of schedules that hold a partition."""
 PARTITION_S = (3.0, 15.0)
+ETCD_CUT_SHARE = 0.3
+"""The share of schedules that hold an etcd-cut."""
+ETCD_CUT_S = (3.0, 12.0)
 MAX_GAP_S = 3.0
 ARM_S = 12.0
 MAX_THAW_S = 6.0
@@ -75,6 +88,8 @@ class ChaosFault:
     """evict-all: new nodes that start after it."""
     thaw_s: float = 0.0
     """thaw, thaw-upload: seconds after the group re-formed without the node, to its SIGCONT."""
+    join: bool = False
+    """etcd-cut: a new node starts as the nodes are cut."""
 
     def describe(self) -> str:
         """Short text, e.g. ``+1.2s evict`` or ``+0.0s store-slow 0.4s/call for 5.0s``."""
@@ -89,6 +104,8 @@ class ChaosFault:
             "thaw": f" {self.thaw_s:.1f}s after the re-form (>= {self.seconds:.1f}s)",
             "thaw-upload": f" (store {self.delay_s:.1f}s/upload), {self.thaw_s:.1f}s after",
             "partition": f" for {self.seconds:.1f}s",
+            ETCD_CUT: f" of {self.nodes} node(s) for {self.seconds:.1f}s"
+            + (", a new node with it" if self.join else ""),
         }.get(self.kind, "")
         return f"+{self.gap_s:.1f}s {self.kind}{detail}"
 
@@ -142,6 +159,11 @@ def _extra(seed: int) -> random.Random:
     return random.Random(f"chaos-extra-{seed}")
 
 
+def _etcd_cuts(seed: int) -> random.Random:
+    """The seed's third stream: the etcd-cut, added after the partition."""
+    return random.Random(f"chaos-etcd-cut-{seed}")
+
+
 def _maybe_thaw(extra: random.Random, fault: ChaosFault) -> ChaosFault:
     """A drawn freeze stays one (a third of them), or comes back: a thaw, a thaw-upload."""
     if fault.kind != "freeze":
@@ -188,28 +210,44 @@ def random_schedule(
         live = _live_after(fault, live)
         drawn.append(_maybe_thaw(extra, fault))
     lives.append(live)
-    with_partition = _maybe_partition(extra, drawn, lives)
-    return Schedule(seed, with_partition if partitions else tuple(drawn), nproc)
+    if not partitions:
+        return Schedule(seed, tuple(drawn), nproc)
+    faults, lives = _maybe_insert(extra, drawn, lives, PARTITION, PARTITION_SHARE, PARTITION_S, 2)
+    faults, _ = _maybe_insert(
+        _etcd_cuts(seed), faults, lives, ETCD_CUT, ETCD_CUT_SHARE, ETCD_CUT_S, 1
+    )
+    return Schedule(seed, tuple(faults), nproc)
 
 
-def _maybe_partition(
-    extra: random.Random, drawn: list[ChaosFault], lives: list[int]
-) -> tuple[ChaosFault, ...]:
-    """``drawn`` with a partition put in before fault ``i`` (``len(drawn)``: after the last)
-    where ``lives[i]`` nodes are expected to run, at least two, in ``PARTITION_SHARE`` of the
-    schedules. Its gap is a share of fault ``i``'s, which keeps the rest (so every other
-    fault runs when it did)."""
-    roll, where, share = extra.random(), extra.random(), extra.random()
-    seconds, pick = round(extra.uniform(*PARTITION_S), 2), extra.random()
-    places = [i for i, live in enumerate(lives) if live >= 2]
-    if roll >= PARTITION_SHARE or not places:
-        return tuple(drawn)
+def _maybe_insert(
+    rng: random.Random,
+    drawn: list[ChaosFault],
+    lives: list[int],
+    kind: str,
+    share: float,
+    seconds_range: tuple[float, float],
+    least: int,
+) -> tuple[list[ChaosFault], list[int]]:
+    """``drawn`` with a fault of ``kind`` put in before fault ``i`` (``len(drawn)``: after the
+    last) where ``lives[i]`` nodes are expected to run, at least ``least``, in ``share`` of the
+    schedules; and ``lives`` to match. Its gap is a share of fault ``i``'s, which keeps the
+    rest (so every other fault runs when it did). An etcd-cut also draws how many nodes it
+    cuts (1 up to every one expected to run) and whether a new node starts with it."""
+    roll, where, part = rng.random(), rng.random(), rng.random()
+    seconds, pick = round(rng.uniform(*seconds_range), 2), rng.random()
+    places = [i for i, live in enumerate(lives) if live >= least]
+    if roll >= share or not places:
+        return list(drawn), list(lives)
     at = places[min(int(where * len(places)), len(places) - 1)]
     faults = list(drawn)
     if at < len(faults):
-        gap = round(faults[at].gap_s * share, 2)
+        gap = round(faults[at].gap_s * part, 2)
         faults[at] = replace(faults[at], gap_s=round(faults[at].gap_s - gap, 2))
     else:
-        gap = round(share * MAX_GAP_S, 2)
-    faults.insert(at, ChaosFault(PARTITION, gap, pick, seconds=seconds))
-    return tuple(faults)
+        gap = round(part * MAX_GAP_S, 2)
+    fault = ChaosFault(kind, gap, pick, seconds=seconds)
+    if kind == ETCD_CUT:
+        nodes = 1 + min(int(rng.random() * lives[at]), lives[at] - 1)
+        fault = replace(fault, nodes=nodes, join=rng.random() < 0.5)
+    faults.insert(at, fault)
+    return faults, [*lives[:at], lives[at], *lives[at:]]

@@ -20,7 +20,7 @@ from bench.chaos.faulty_store import faulty_env
 from bench.chaos.invariants import Evidence, check
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.runner import ChaosRunner, StoreControl
-from bench.chaos.schedule import PARTITION, Schedule
+from bench.chaos.schedule import NETWORK_FAULTS, Schedule
 from lab.live.event_log import LabEventLog
 from lab.local.etcd_server import HOST, EmbeddedEtcd
 from lab.local.netns import Network
@@ -90,10 +90,10 @@ def run_schedule(
     validate_scenario(scenario)
     out.mkdir(parents=True, exist_ok=False)
     with lab_workspace() as work, ExitStack() as stack:
-        # A partition needs each node in a network namespace, etcd on the bridge where they
-        # all reach it; the durable store is a directory, which every namespace sees.
+        # A partition or an etcd-cut needs each node in a network namespace, etcd on the bridge
+        # where they all reach it; the durable store is a directory, which every namespace sees.
         network = None
-        if any(f.kind == PARTITION for f in schedule.faults):
+        if any(f.kind in NETWORK_FAULTS for f in schedule.faults):
             network = stack.enter_context(Network([]))
         host = network.host_addr if network is not None else HOST
         etcd = stack.enter_context(

@@ -132,6 +132,12 @@ class _Network:
     def heal(self, node: str) -> None:
         self.calls.append(("heal", node))
 
+    def cut_from_host(self, node: str) -> None:
+        self.calls.append(("cut etcd", node))
+
+    def heal_host(self, node: str) -> None:
+        self.calls.append(("heal etcd", node))
+
 
 def test_a_partition_cuts_a_live_node_off_and_heals_it_after_its_seconds(tmp_path: Path) -> None:
     cut = ChaosFault("partition", 0.0, pick=0.5, seconds=30.0)
@@ -158,6 +164,33 @@ def test_a_partition_cuts_a_live_node_off_and_heals_it_after_its_seconds(tmp_pat
         ("healed", 0, ["node-1"]),
     ]
     assert runner.actions[-1]["early"] is True and runner.actions[0]["seconds"] == 30.0
+
+
+def test_an_etcd_cut_takes_etcd_from_its_nodes_and_starts_a_new_one_beside_them(
+    tmp_path: Path,
+) -> None:
+    cut = ChaosFault("etcd-cut", 0.0, pick=0.5, seconds=0.0, nodes=2, join=True)
+    runner = _runner(tmp_path, cut)
+    runner.network = network = _Network()  # type: ignore[assignment]
+    runner.nodes = {n: _Node(f"node-{n}") for n in range(2)}  # type: ignore[misc]
+    runner.live = {0, 1}
+    started: list[int] = []
+
+    def start(number: int) -> None:
+        started.append(number)
+        runner.nodes[number] = _Node(f"node-{number}")  # type: ignore[assignment]
+
+    runner._start_node = start  # type: ignore[method-assign]
+    runner._run(0, cut)
+    # From the picked node on, in name order; both stay live and get no signal.
+    assert network.calls == [("cut etcd", "node-1"), ("cut etcd", "node-0")]
+    assert runner.live == {0, 1} and all(runner.nodes[n].sent == [] for n in (0, 1))
+    assert started == [2]  # the new node, as they are cut
+    action = runner.actions[-1]
+    assert (action["nodes"], action["new"]) == (["node-1", "node-0"], "node-2")
+    runner._heal_due(time.monotonic())
+    assert network.calls[2:] == [("heal etcd", "node-1"), ("heal etcd", "node-0")]
+    assert [a["kind"] for a in runner.actions] == ["etcd-cut", "healed", "healed"]
 
 
 def test_a_partition_with_no_network_is_recorded_as_not_landed(tmp_path: Path) -> None:

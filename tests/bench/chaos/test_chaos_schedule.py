@@ -4,6 +4,7 @@ campaign stopped early still reports what it ran."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,12 @@ from bench.chaos.command import build_parser, plan_from_args
 from bench.chaos.plan import ChaosPlan
 from bench.chaos.schedule import (
     ARM_S,
+    ETCD_CUT,
+    ETCD_CUT_S,
     KINDS,
     MAX_GAP_S,
     MAX_THAW_S,
+    NETWORK_FAULTS,
     NODE_FAULTS,
     PARTITION,
     PARTITION_S,
@@ -37,8 +41,8 @@ def test_a_seed_draws_the_same_schedule_again() -> None:
 def test_faults_overlap_and_stay_within_the_plan() -> None:
     for seed in range(300):
         schedule = random_schedule(seed, 3, (3, 6))
-        partitions = [f for f in schedule.faults if f.kind == PARTITION]
-        assert 3 <= len(schedule.faults) - len(partitions) <= 6 and len(partitions) <= 1
+        cuts = Counter(f.kind for f in schedule.faults if f.kind in NETWORK_FAULTS)
+        assert 3 <= len(schedule.faults) - cuts.total() <= 6 and max(cuts.values(), default=0) <= 1
         assert all(0.0 <= f.gap_s <= MAX_GAP_S for f in schedule.faults)
         assert all(f.kind in KINDS and 0.0 <= f.pick < 1.0 for f in schedule.faults)
 
@@ -93,11 +97,11 @@ def test_the_new_draws_leave_every_old_seed_its_faults_but_some_freezes_come_bac
 
 
 def _times(faults: tuple[ChaosFault, ...]) -> list[tuple[str, float, float]]:
-    """(kind, seconds after the start, pick) of every fault but a partition."""
+    """(kind, seconds after the start, pick) of every fault but a partition or an etcd-cut."""
     at, found = 0.0, []
     for fault in faults:
         at += fault.gap_s
-        if fault.kind != PARTITION:
+        if fault.kind not in NETWORK_FAULTS:
             found.append((fault.kind, round(at, 2), fault.pick))
     return found
 
@@ -116,13 +120,50 @@ def test_a_partition_is_put_in_some_schedules_and_every_other_fault_keeps_its_ti
         assert schedule.nproc_per_node == without.nproc_per_node
         cuts = [f for f in schedule.faults if f.kind == PARTITION]
         if not cuts:
-            assert schedule.faults == without.faults
+            kept = [replace(f, gap_s=0) for f in schedule.faults if f.kind != ETCD_CUT]
+            assert kept == [replace(f, gap_s=0) for f in without.faults]  # an etcd-cut's gap aside
             continue
         with_partition += 1
         assert PARTITION_S[0] <= cuts[0].seconds <= PARTITION_S[1]
         assert 0.0 <= cuts[0].gap_s <= MAX_GAP_S and 0.0 <= cuts[0].pick < 1.0
         assert "partition for " in schedule.describe()
     assert 60 <= with_partition <= 180  # PARTITION_SHARE of 300, give or take
+
+
+def test_an_etcd_cut_is_put_in_some_schedules_after_the_partition_was_drawn() -> None:
+    with_cut, joins, sizes = 0, Counter(), Counter()
+    for seed in range(300):
+        schedule = random_schedule(seed, 3, (3, 6), (1, 2))
+        without = [f for f in schedule.faults if f.kind != ETCD_CUT]
+        # The partition and every other fault are where the seed drew them before.
+        assert _times(schedule.faults) == _times(
+            random_schedule(seed, 3, (3, 6), (1, 2), partitions=False).faults
+        )
+        assert [f.kind for f in without].count(PARTITION) == [
+            f.kind for f in random_schedule(seed, 3, (3, 6), (1, 2)).faults
+        ].count(PARTITION)
+        live = 3
+        for fault in schedule.faults:
+            if fault.kind == ETCD_CUT:
+                with_cut += 1
+                assert 1 <= fault.nodes <= live and ETCD_CUT_S[0] <= fault.seconds <= ETCD_CUT_S[1]
+                joins[fault.join] += 1
+                sizes[fault.nodes] += 1
+            lost = (*NODE_FAULTS, *TRIGGERED, *THAWS)
+            live = {"join": live + 1, "evict-all": fault.nodes}.get(
+                fault.kind, live - 1 if fault.kind in lost else live
+            )
+    assert 40 <= with_cut <= 140  # ETCD_CUT_SHARE of 300, give or take
+    assert set(joins) == {True, False} and len(sizes) >= 2  # one node or several, a join or not
+    assert not any(
+        f.kind == ETCD_CUT
+        for s in range(300)
+        for f in random_schedule(s, 3, (3, 6), partitions=False).faults
+    )
+    described = next(
+        f.describe() for s in range(300) for f in random_schedule(s, 3, (3, 6)).faults if f.join
+    )
+    assert "etcd-cut of " in described and "a new node with it" in described
 
 
 def test_a_partition_lands_only_where_two_nodes_are_expected_to_run() -> None:
