@@ -281,7 +281,7 @@ class Membership:
             return  # a wedged agent: its lease expires, as a frozen node's does
         sent = time.monotonic()
         if self.lease and (ttl := self.client.keep_alive(self.lease)) > 0:
-            self.renewed_at = sent
+            self.renewed_at, self.granted_ttl_s = sent, float(ttl)  # the TTL it renewed to
             return
         lease, ttl = self.client.grant_ttl(self.timing.ttl_s)
         key = self.node_key

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from threading import current_thread
 
 from tests.support.waiting import wait_until
@@ -173,3 +174,26 @@ def test_a_follower_whose_watch_breaks_lets_the_next_look_read_the_joins_again(
     assert joins.joined() == {}
     wait_until(lambda: not joins.following, 10, "the broken follower to let go")
     assert woken.is_set(), "the loop was not told to look again"
+
+
+def test_the_fence_follows_the_ttl_a_keep_alive_answers() -> None:
+    # etcd's LeaseKeepAliveResponse carries the lease's TTL: the fence counts from that one,
+    # not from the TTL of the grant (a lease given more, or an etcd that changed it).
+    class Answers(Etcd):
+        def keep_alive(self, lease: int) -> int:
+            return 9
+
+    keys = Membership(
+        Answers("127.0.0.1", 9),
+        Etcd("127.0.0.1", 9),
+        "ttl",
+        "c",
+        "127.0.0.1",
+        Timing(),
+        Progress(60),
+    )
+    keys.lease = 7  # granted at the asked 5 s
+    before = time.monotonic()
+    keys.beat()
+    assert keys.granted_ttl_s == 9
+    assert keys.fence() >= before + 9 - keys.margin_s
