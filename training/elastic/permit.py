@@ -20,9 +20,9 @@ The fence: a node cut off from etcd but not from its peers (a member cut off fro
 a subnet cut) cannot renew its lease, and once the lease expires the others form a round
 without it. So the permit never reaches past ``fence`` (training/elastic/membership.py: the
 granted TTL past the last keep-alive etcd answered, less one keep-alive's timeout and etcd's
-check for expired leases). A grant that the fence cuts short is written as *fenced*: the workers wait
-at it whatever their own pauses (a lapse that is no wedged agent's), and once the fence
-passes, ``tick`` says the group must re-form: the agent stops its workers (they save
+check for expired leases). A grant that the fence cuts short is written as *fenced*: the
+workers wait at it whatever their own pauses (a lapse that is no wedged agent's), and once the
+fence passes, ``tick`` says the group must re-form: the agent stops its workers (they save
 node-locally, as on any re-form) and joins the next round once etcd answers.
 
 Why ``GAP_S`` is short enough: the others leave this node out only once its key expired
