@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The rendezvous at scale, an eviction's commit with a large state and the chaos "
         "campaign are also commands of their own: python -m bench rendezvous-scale --help, "
         "python -m bench chaos --help, python -m bench commit-deadline "
-        "--help; charlm's keyed randomness before and after: python -m bench keyed-random; "
+        "--help; what charlm's keyed dropout costs a step: python -m bench keyed-random; "
         "loader threads against fetching in the step: python -m bench input-pipeline; an FSDP2 "
         "run's sharded state path at GB scale: python -m bench sharded-state",
     )

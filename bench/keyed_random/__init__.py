@@ -1,2 +1,2 @@
-"""``python -m bench keyed-random``: charlm's step time with dropout, its keyed randomness
-drawn per sample with a generator each (before) and vectorized (after), side by side."""
+"""``python -m bench keyed-random``: charlm's step time with dropout off and with its keyed
+masks, side by side."""

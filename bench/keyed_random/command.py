@@ -1,16 +1,16 @@
-"""charlm's training step with dropout on, timed with each way of drawing its keyed masks.
+"""charlm's training step with dropout on and off: what the keyed masks cost a step.
 
 - **none**: dropout off, the floor;
-- **before**: one ``torch.Generator`` per sample per site, in a Python loop (the API's draw
-  until issue 35): O(batch) generator setups and kernel launches per site;
-- **after**: ``training.api.keyed_dropout``, one hash over the whole batch per site.
+- **keyed**: ``training.api.keyed_dropout``, one hash over the whole batch per site.
 
-A step is what the loop runs for one rank at world size 1: charlm's ``collate`` and ``loss``
-per micro-batch, ``backward``, the clip, ``optimizer.step()`` and ``scheduler.step()``, over
-the shipped Tiny Shakespeare excerpt, with charlm's default shape (4 layers, width 128,
-64 characters, global batch 32 in micro-batches of 16) unless flags say otherwise. The modes
-alternate in rounds, so a load change on the machine hits them alike; the table gives each
-mode's median step time over every round, and before / after.
+The per-sample generator draw it replaced (a ``torch.Generator`` per sample per site) was
+measured beside it once; that figure is recorded in docs/benchmarks.md, and the bench no longer
+carries the old draw. A step is what the loop runs for one rank at world size 1: charlm's
+``collate`` and ``loss`` per micro-batch, ``backward``, the clip, ``optimizer.step()`` and
+``scheduler.step()``, over the shipped Tiny Shakespeare excerpt, with charlm's default shape (4
+layers, width 128, 64 characters, global batch 32 in micro-batches of 16) unless flags say
+otherwise. The modes alternate in rounds, so a load change on the machine hits them alike; the
+table gives each mode's median step time over every round, and one site's mask alone.
 """
 
 from __future__ import annotations
@@ -21,33 +21,18 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from training.api import BuildContext, MicroBatch
-from training.api.keyed_random import keyed_seed
 from training.elastic.exit_codes import BAD_INPUT
 from training.tasks import charlm
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "training" / "data" / "samples" / "tinyshakespeare"
-MODES = ("none", "before", "after")
-
-
-def per_sample_generator_dropout(
-    x: torch.Tensor, p: float, seeds: Sequence[int] | torch.Tensor, site: int
-) -> torch.Tensor:
-    """The draw before: a generator per sample, seeded by (seed, site), in a Python loop."""
-    if p <= 0.0:
-        return x
-    masks = []
-    for seed in seeds.tolist() if isinstance(seeds, torch.Tensor) else seeds:
-        generator = torch.Generator(device=x.device)
-        generator.manual_seed(keyed_seed((int(seed), site)))
-        masks.append(torch.rand(x.shape[1:], generator=generator, device=x.device) >= p)
-    return x * torch.stack(masks).to(x.dtype) / (1.0 - p)
+MODES = ("none", "keyed")
 
 
 def _step_runner(args: argparse.Namespace, dropout: float) -> Callable[[int], None]:
@@ -97,53 +82,40 @@ def _time(step: Callable[[int], None], first: int, count: int) -> list[float]:
 
 def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     """Each mode's step times, the modes alternating round by round."""
-    real = charlm.keyed_dropout
-    runners = {
-        "none": _step_runner(args, 0.0),
-        "before": _step_runner(args, args.dropout),
-        "after": _step_runner(args, args.dropout),
-    }
-    draws = {"none": real, "before": per_sample_generator_dropout, "after": real}
+    runners = {"none": _step_runner(args, 0.0), "keyed": _step_runner(args, args.dropout)}
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    try:
-        for mode in MODES:  # warm-up: allocator, first-call costs
-            charlm.keyed_dropout = draws[mode]
-            _time(runners[mode], 0, args.warmup)
-        for round_ in range(args.rounds):
-            for mode in MODES:
-                charlm.keyed_dropout = draws[mode]
-                first = args.warmup + round_ * args.steps
-                times[mode] += _time(runners[mode], first, args.steps)
-    finally:
-        charlm.keyed_dropout = real
+    for mode in MODES:  # warm-up: allocator, first-call costs
+        _time(runners[mode], 0, args.warmup)
+    for round_ in range(args.rounds):
+        for mode in MODES:
+            first = args.warmup + round_ * args.steps
+            times[mode] += _time(runners[mode], first, args.steps)
     return times
 
 
-def measure_one_site(args: argparse.Namespace) -> dict[str, list[float]]:
+def measure_one_site(args: argparse.Namespace) -> list[float]:
     """One dropout site alone, forward only, on a micro-batch of charlm's activations."""
     x = torch.randn(
         args.micro_batch, args.block_size, args.n_embd, device=torch.device(args.device)
     )
     where = MicroBatch(torch.arange(args.micro_batch), 0, 0, 0, x.device)
     seeds = where.sample_seeds(charlm.DROPOUT_STREAM)
-    draws = {"before": per_sample_generator_dropout, "after": charlm.keyed_dropout}
-    times: dict[str, list[float]] = {mode: [] for mode in draws}
-    for _ in range(args.rounds):
-        for mode, draw in draws.items():
-            for _ in range(args.steps * 5):
-                started = time.perf_counter()
-                draw(x, args.dropout, seeds, 1)
-                if x.device.type == "cuda":
-                    torch.cuda.synchronize(x.device)
-                times[mode].append(time.perf_counter() - started)
+    times: list[float] = []
+    for _ in range(args.rounds * args.steps * 5):
+        started = time.perf_counter()
+        charlm.keyed_dropout(x, args.dropout, seeds, 1)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        times.append(time.perf_counter() - started)
     return times
 
 
 def report(
-    args: argparse.Namespace, times: dict[str, list[float]], site: dict[str, list[float]]
+    args: argparse.Namespace, times: dict[str, list[float]], site: list[float]
 ) -> tuple[str, dict]:
     median = {mode: statistics.median(values) for mode, values in times.items()}
-    one = {mode: statistics.median(values) for mode, values in site.items()}
+    one = statistics.median(site)
+    cost = median["keyed"] - median["none"]
     results = {
         "device": args.device,
         "threads": torch.get_num_threads(),
@@ -157,25 +129,22 @@ def report(
             "micro_batch": args.micro_batch,
             "dropout": args.dropout,
         },
-        "steps_per_mode": len(times["after"]),
+        "steps_per_mode": len(times["keyed"]),
         "median_step_s": {mode: round(value, 6) for mode, value in median.items()},
-        "before_over_after": round(median["before"] / median["after"], 3),
-        "one_site_median_s": {mode: round(value, 7) for mode, value in one.items()},
-        "one_site_before_over_after": round(one["before"] / one["after"], 3),
+        "dropout_cost_s": round(cost, 6),
+        "one_site_median_s": round(one, 7),
     }
     lines = [
         f"charlm step time, dropout {args.dropout}, {args.n_layer} layers x {args.n_embd}, "
         f"{args.block_size} chars, batch {args.global_batch} in {args.micro_batch}s, "
-        f"{args.device} ({torch.get_num_threads()} threads), median of {len(times['after'])} "
+        f"{args.device} ({torch.get_num_threads()} threads), median of {len(times['keyed'])} "
         f"steps per mode, load average {results['load_average'][0]:g}",
-        f"{'no dropout':>12} {'before':>12} {'after':>12} {'before/after':>13}",
-        f"{median['none'] * 1e3:>10.2f}ms {median['before'] * 1e3:>10.2f}ms "
-        f"{median['after'] * 1e3:>10.2f}ms {results['before_over_after']:>12.2f}x",
-        f"dropout's own cost: before {(median['before'] - median['none']) * 1e3:.2f} ms, "
-        f"after {(median['after'] - median['none']) * 1e3:.2f} ms a step",
+        f"{'no dropout':>12} {'keyed masks':>12} {'keyed/none':>11}",
+        f"{median['none'] * 1e3:>10.2f}ms {median['keyed'] * 1e3:>10.2f}ms "
+        f"{median['keyed'] / median['none']:>10.3f}x",
+        f"dropout's own cost: {cost * 1e3:.2f} ms a step",
         f"one site's mask alone, forward ({args.micro_batch} x {args.block_size} x "
-        f"{args.n_embd}): before {one['before'] * 1e3:.3f} ms, after {one['after'] * 1e3:.3f} "
-        f"ms, before/after {results['one_site_before_over_after']:.2f}x",
+        f"{args.n_embd}): {one * 1e3:.3f} ms",
     ]
     return "\n".join(lines), results
 
@@ -183,8 +152,8 @@ def report(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench keyed-random",
-        description="charlm's step time with dropout: keyed masks drawn per sample with a "
-        "generator each (before) and vectorized (after), side by side.",
+        description="charlm's step time with dropout off and with its keyed masks, side by "
+        "side: what the masks cost a step.",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every mode (default 5)")
